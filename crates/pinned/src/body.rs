@@ -1,0 +1,71 @@
+//! A streaming response body that keeps its instance in flight.
+//!
+//! The body is pulled only as hyper writes to the client, so a slow client
+//! slows its own stream and nothing is buffered here. The instance stays in
+//! flight until the body ends or is dropped (the client went away); when the
+//! instance is aborted the body ends at the next poll.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use crate::slot::Busy;
+
+pin_project_lite::pin_project! {
+    /// A response body counted as an open stream of its instance.
+    pub(crate) struct TrackedBody {
+        #[pin]
+        inner: Body,
+        entry: Option<Busy>,
+        #[pin]
+        aborted: WaitForCancellationFutureOwned,
+    }
+}
+
+impl TrackedBody {
+    pub(crate) fn new(inner: Body, entry: Busy) -> Self {
+        let aborted = entry.slot().cancel.clone().cancelled_owned();
+        Self {
+            inner,
+            entry: Some(entry),
+            aborted,
+        }
+    }
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.project();
+        if this.entry.is_none() {
+            return Poll::Ready(None);
+        }
+        if this.aborted.poll(cx).is_ready() {
+            this.entry.take();
+            return Poll::Ready(None);
+        }
+        let frame = this.inner.poll_frame(cx);
+        if matches!(frame, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+            this.entry.take();
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.entry.is_none() || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,74 @@
+//! The per-request [`Call`]: which instance serves it, who called, and at
+//! which placement epoch it was admitted.
+
+use axum::extract::FromRequestParts;
+use http::request::Parts;
+use pinned_wire::attestation::Caller;
+
+use crate::context::Context;
+use crate::object::NotAnInstanceRoute;
+use crate::slot::Instance;
+
+/// What dispatch attaches to every request it hands to an instance's routes.
+#[derive(Clone)]
+pub(crate) struct Scope {
+    pub(crate) call: Call,
+    pub(crate) instance: Instance,
+}
+
+/// The request's view of its instance, extracted in handlers:
+///
+/// ```
+/// async fn whoami(call: pinned::Call) -> String {
+///     format!("{}{} at epoch {:?}", call.ctx().ns(), call.ctx().id(), call.epoch())
+/// }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub(crate) ctx: Context,
+    pub(crate) attestation: Option<Caller>,
+    pub(crate) epoch: Option<u64>,
+}
+
+impl Call {
+    /// The instance's context.
+    pub fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// The verified caller: another instance, an account, or `None` for an
+    /// anonymous client (always `None` in local mode).
+    pub fn attestation(&self) -> Option<&Caller> {
+        self.attestation.as_ref()
+    }
+
+    /// The placement epoch the request was admitted at; `None` without a
+    /// control plane.
+    pub fn epoch(&self) -> Option<u64> {
+        self.epoch
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Call {
+    type Rejection = NotAnInstanceRoute;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Scope>()
+            .map(|scope| scope.call.clone())
+            .ok_or(NotAnInstanceRoute("pinned::Call"))
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Context {
+    type Rejection = NotAnInstanceRoute;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Scope>()
+            .map(|scope| scope.call.ctx.clone())
+            .ok_or(NotAnInstanceRoute("pinned::Context"))
+    }
+}

@@ -1,0 +1,172 @@
+//! The per-instance [`Context`]: who the instance is, how it learns it is
+//! being evicted, and how it keeps work in flight.
+//!
+//! A `Context` is a cheap handle (one `Arc`); clone it into tasks freely.
+//! It never outlives its purpose badly: once the instance closed, tracked
+//! work is refused and `abort` is a no-op.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio_util::sync::WaitForCancellationFuture;
+
+use crate::directory::{self, HostShared};
+use crate::slot::{Phase, Slot};
+use crate::BoxError;
+
+/// The context of one live instance, handed to
+/// [`Object::activate`](crate::Object::activate) and reachable from every
+/// request through [`Call`](crate::Call).
+///
+/// ```
+/// # async fn demo(ctx: pinned::Context) {
+/// let background = ctx.clone();
+/// ctx.spawn(async move {
+///     // Runs until done or until the instance is aborted.
+///     background.cancelled().await;
+/// });
+/// ctx.on_stop(|| async { Ok(()) });
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Context {
+    slot: Arc<Slot>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("ns", &self.ns())
+            .field("id", &self.id())
+            .finish()
+    }
+}
+
+impl Context {
+    pub(crate) fn new(slot: Arc<Slot>) -> Self {
+        Self { slot }
+    }
+
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+
+    /// The instance id (the path segment after the namespace).
+    pub fn id(&self) -> &str {
+        &self.slot.id
+    }
+
+    /// The namespace, with its leading slash (`/counter`).
+    pub fn ns(&self) -> &str {
+        &self.slot.host.ns
+    }
+
+    /// The placement epoch the instance serves at: the highest
+    /// `Pinboard-Epoch` admitted for it, `None` without a control plane.
+    pub fn epoch(&self) -> Option<u64> {
+        self.slot.epoch()
+    }
+
+    /// Completes when the instance is being evicted (idle timeout, wind-down
+    /// or drain deadline, [`abort`](Self::abort), worker close).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe; create a new one to wait again.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.slot.cancel.cancelled()
+    }
+
+    /// Whether eviction has started.
+    pub fn is_cancelled(&self) -> bool {
+        self.slot.cancel.is_cancelled()
+    }
+
+    /// Force-ends the instance: in-flight requests answer 503
+    /// `instance aborted`, background work is cancelled, then the `on_stop`
+    /// handlers run.
+    pub fn abort(&self) {
+        HostShared::abort(&self.slot);
+    }
+
+    /// Runs `handler` when the instance closes, after its open work settled.
+    /// Handlers run last-registered first; an error or panic is logged and
+    /// the next handler still runs.
+    pub fn on_stop<F, Fut>(&self, handler: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.slot
+            .on_stop
+            .lock()
+            .push(Box::new(move || handler().boxed()));
+    }
+
+    /// Keeps the instance in flight until `work` completes: idle eviction
+    /// and drain wait for it, and so does teardown (the work should watch
+    /// [`cancelled`](Self::cancelled) to end early). An error is logged.
+    /// Counted in `/_pinned/stats` `tasks`.
+    pub fn wait_until<F>(&self, work: F)
+    where
+        F: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.track(work, false);
+    }
+
+    /// Runs `work` as a background task bound to the instance: it keeps the
+    /// instance in flight and is cancelled (dropped) when the instance is
+    /// aborted or closed.
+    pub fn spawn<F>(&self, work: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.track(work.map(Ok), true);
+    }
+
+    fn track<F>(&self, work: F, cancellable: bool)
+    where
+        F: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        if matches!(self.slot.phase(), Phase::Closed) {
+            tracing::warn!(namespace = %self.ns(), id = %self.id(), "work spawned on a closed instance was dropped");
+            return;
+        }
+        let entry = self.slot.hold();
+        let slot = self.slot.clone();
+        tokio::spawn(async move {
+            let _entry = entry;
+            let outcome = if cancellable {
+                tokio::select! {
+                    outcome = std::panic::AssertUnwindSafe(work).catch_unwind() => outcome,
+                    () = slot.cancel.cancelled() => return,
+                }
+            } else {
+                std::panic::AssertUnwindSafe(work).catch_unwind().await
+            };
+            let error = match outcome {
+                Ok(Ok(())) => return,
+                Ok(Err(error)) => error.to_string(),
+                Err(panic) => directory::panic_message(panic.as_ref()),
+            };
+            tracing::error!(namespace = %slot.host.ns, id = %slot.id, %error, "background task failed");
+        });
+    }
+
+    /// Winds the instance down: it closes as soon as nothing is in flight,
+    /// and is aborted at `deadline` from now if still busy (`None`: never
+    /// aborted). Requests keep being served until the deadline; afterwards
+    /// they answer 503 `instance past its wind-down deadline; retry`.
+    pub fn wind_down(&self, deadline: Option<Duration>) {
+        directory::wind_down(&self.slot, deadline);
+    }
+
+    /// Whether the instance is winding down (its own wind-down, or its host
+    /// draining).
+    pub fn winding_down(&self) -> bool {
+        self.slot.winding_down()
+    }
+}

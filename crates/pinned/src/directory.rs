@@ -1,0 +1,561 @@
+//! The directory of one hosted namespace: which ids are resident, how a new
+//! id is admitted and activated, and how instances leave (idle eviction,
+//! wind-down, drain, abort).
+//!
+//! Invariants:
+//! - at most one record per id; a burst of first requests shares one
+//!   activation (the map's entry lock decides who creates the record);
+//! - a record leaves the map only at the end of its teardown, after its
+//!   in-flight count reached zero and its `on_stop` handlers ran;
+//! - refusals for ids that are not resident never touch resident ones.
+//!
+//! The directory never parses HTTP; [`dispatch`](crate::dispatch) turns its
+//! answers into responses.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use futures_util::future::{BoxFuture, FutureExt};
+use parking_lot::Mutex;
+use pinned_wire::refusal::Refusal;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::context::Context;
+use crate::host::HostOptions;
+use crate::metrics::Metrics;
+use crate::slot::{Activation, Busy, Instance, Phase, Slot, WindDown};
+use crate::BoxError;
+
+/// Builds one instance's state from its context.
+pub(crate) type Activator =
+    Arc<dyn Fn(Context) -> BoxFuture<'static, Result<Instance, BoxError>> + Send + Sync>;
+
+/// Why a request could not enter an instance.
+#[derive(Debug)]
+pub(crate) enum Admission {
+    /// A 503 refusal with the reference's detail.
+    Refused(Refusal),
+    /// The activation failed or panicked: 500.
+    ActivationFailed,
+    /// The worker was closed: 500.
+    ShutDown,
+}
+
+impl From<Refusal> for Admission {
+    fn from(refusal: Refusal) -> Self {
+        Self::Refused(refusal)
+    }
+}
+
+#[derive(Default)]
+struct DrainState {
+    deadline: Option<Instant>,
+    timer: Option<AbortHandle>,
+}
+
+/// One row of `/_pinned/stats` `instances`.
+pub(crate) struct InstanceRow {
+    pub(crate) seq: u64,
+    pub(crate) id: Arc<str>,
+    pub(crate) connections: u32,
+    pub(crate) tasks: u64,
+    pub(crate) idle_ms: u64,
+    pub(crate) activated_at: Option<u64>,
+}
+
+/// Everything one hosted namespace shares among its instances.
+pub(crate) struct HostShared {
+    pub(crate) ns: Arc<str>,
+    pub(crate) options: HostOptions,
+    activator: Activator,
+    /// The object's routes, built once for the namespace.
+    pub(crate) router: Router,
+    slots: DashMap<Arc<str>, Arc<Slot>>,
+    /// Records in `slots`, kept apart so capacity checks never walk the map.
+    count: AtomicUsize,
+    seq: AtomicU64,
+    base: Instant,
+    /// Signalled when a closing instance's in-flight count reaches zero.
+    pub(crate) settled: Notify,
+    /// Signalled when a record leaves the map.
+    changed: Notify,
+    draining: AtomicBool,
+    drain: Mutex<DrainState>,
+    shut_down: AtomicBool,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) duration: Histogram,
+    activations: AtomicU64,
+    evictions: AtomicU64,
+    sweeper: Mutex<Option<AbortHandle>>,
+}
+
+impl HostShared {
+    pub(crate) fn new(
+        ns: Arc<str>,
+        options: HostOptions,
+        activator: Activator,
+        router: Router,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let duration = metrics.duration_for(&ns);
+        Self {
+            ns,
+            options,
+            activator,
+            router,
+            slots: DashMap::new(),
+            count: AtomicUsize::new(0),
+            seq: AtomicU64::new(0),
+            base: Instant::now(),
+            settled: Notify::new(),
+            changed: Notify::new(),
+            draining: AtomicBool::new(false),
+            drain: Mutex::new(DrainState::default()),
+            shut_down: AtomicBool::new(false),
+            metrics,
+            duration,
+            activations: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            sweeper: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn drain_deadline(&self) -> Option<Instant> {
+        self.drain.lock().deadline
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn counters(&self) -> (u64, u64) {
+        (
+            self.activations.load(Ordering::Relaxed),
+            self.evictions.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Enters instance `id`, activating it first when it is not resident.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: an activation runs in its own task, so a client that
+    /// goes away mid-activation leaves it to finish for the next request.
+    pub(crate) async fn enter(self: &Arc<Self>, id: &str) -> Result<(Busy, Instance), Admission> {
+        loop {
+            if self.shut_down.load(Ordering::SeqCst) {
+                return Err(Admission::ShutDown);
+            }
+            let resident = self.slots.get(id).map(|entry| entry.value().clone());
+            let Some(slot) = resident else {
+                match self.create(id)? {
+                    Some(busy) => return Self::await_activation(busy).await,
+                    None => continue,
+                }
+            };
+            match slot.enter() {
+                Ok((busy, phase)) => {
+                    if slot.winding.load(Ordering::Relaxed) || self.draining() {
+                        if let Some(deadline) = slot.effective_deadline() {
+                            if Instant::now() >= deadline {
+                                return Err(Refusal::PastWindDown.into());
+                            }
+                        }
+                    }
+                    return match phase {
+                        Phase::Live => match slot.instance() {
+                            Some(instance) => Ok((busy, instance.clone())),
+                            None => Err(Admission::ActivationFailed),
+                        },
+                        _ => Self::await_activation(busy).await,
+                    };
+                }
+                // Local mode: a closing record is waited out, then the id
+                // activates afresh.
+                Err(_) => self.wait_gone(&slot).await,
+            }
+        }
+    }
+
+    /// Creates and starts activating a record for `id`; `None` when another
+    /// request created one first.
+    fn create(self: &Arc<Self>, id: &str) -> Result<Option<Busy>, Refusal> {
+        if self.draining() {
+            return Err(Refusal::Draining);
+        }
+        if self.count.fetch_add(1, Ordering::SeqCst) >= self.options.max_instances {
+            self.count.fetch_sub(1, Ordering::SeqCst);
+            return Err(Refusal::Capacity);
+        }
+        let key: Arc<str> = Arc::from(id);
+        let entry = self.slots.entry(key.clone());
+        let vacant = match entry {
+            Entry::Occupied(_) => {
+                self.count.fetch_sub(1, Ordering::SeqCst);
+                return Ok(None);
+            }
+            Entry::Vacant(vacant) => vacant,
+        };
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        // Two entries: the requester's and the activation task's.
+        let slot = Arc::new(Slot::new(key, self.clone(), seq, 2));
+        vacant.insert(slot.clone());
+        let requester = slot.adopt();
+        self.start_activation(slot);
+        Ok(Some(requester))
+    }
+
+    fn start_activation(self: &Arc<Self>, slot: Arc<Slot>) {
+        let host = self.clone();
+        let mut pending = slot.activation.lock();
+        let task_slot = slot.clone();
+        let handle = tokio::spawn(async move {
+            let slot = task_slot;
+            let _entry = slot.adopt();
+            let ctx = Context::new(slot.clone());
+            let activate = AssertUnwindSafe((host.activator)(ctx)).catch_unwind();
+            let outcome = tokio::select! {
+                outcome = activate => outcome,
+                () = slot.cancel.cancelled() => return Activation::Aborted,
+            };
+            let failure = match outcome {
+                Ok(Ok(instance)) => {
+                    slot.set_instance(instance.clone());
+                    let activated = slot.go_live(wall_ms());
+                    *slot.activation.lock() = None;
+                    if !activated {
+                        return Activation::Aborted;
+                    }
+                    host.activations.fetch_add(1, Ordering::Relaxed);
+                    host.metrics.activations.inc();
+                    host.metrics.active_instances.inc();
+                    tracing::info!(namespace = %host.ns, id = %slot.id, "activated instance");
+                    return Activation::Ready(instance);
+                }
+                Ok(Err(error)) => error.to_string(),
+                Err(panic) => panic_message(panic.as_ref()),
+            };
+            tracing::error!(namespace = %host.ns, id = %slot.id, error = %failure, "instance activation failed");
+            host.metrics.request_failed("lifespan", "http");
+            slot.cancel.cancel();
+            host.remove(&slot);
+            Activation::Failed
+        });
+        *pending = Some(
+            async move { handle.await.unwrap_or(Activation::Failed) }
+                .boxed()
+                .shared(),
+        );
+    }
+
+    async fn await_activation(busy: Busy) -> Result<(Busy, Instance), Admission> {
+        let pending = busy.slot().activation.lock().clone();
+        let outcome = match pending {
+            Some(activation) => activation.await,
+            None => match (busy.slot().phase(), busy.slot().instance()) {
+                (Phase::Live, Some(instance)) => Activation::Ready(instance.clone()),
+                (Phase::Closing, _) => Activation::Aborted,
+                _ => Activation::Failed,
+            },
+        };
+        match outcome {
+            Activation::Ready(instance) => Ok((busy, instance)),
+            Activation::Failed => Err(Admission::ActivationFailed),
+            Activation::Aborted => Err(Refusal::Aborted.into()),
+        }
+    }
+
+    /// Waits until `slot` has left the map.
+    async fn wait_gone(&self, slot: &Arc<Slot>) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let present = self
+                .slots
+                .get(&*slot.id)
+                .is_some_and(|entry| Arc::ptr_eq(entry.value(), slot));
+            if !present {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    fn remove(&self, slot: &Arc<Slot>) {
+        slot.finish();
+        if self
+            .slots
+            .remove_if(&*slot.id, |_, current| Arc::ptr_eq(current, slot))
+            .is_some()
+        {
+            self.count.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Closes `slot` if nothing is in flight (idle eviction, or the last
+    /// entry leaving a winding-down instance).
+    pub(crate) fn close_if_idle(slot: &Arc<Slot>) {
+        if slot.begin_idle_close() {
+            spawn_detached(teardown(slot.clone(), false));
+        }
+    }
+
+    /// Aborts `slot`: cancels its work and closes it.
+    pub(crate) fn abort(slot: &Arc<Slot>) {
+        if slot.begin_abort() {
+            spawn_detached(teardown(slot.clone(), true));
+        }
+    }
+
+    /// One pass of the idle sweep.
+    pub(crate) fn sweep(&self) {
+        let idle_ms = u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        let draining = self.draining();
+        let candidates: Vec<Arc<Slot>> = self
+            .slots
+            .iter()
+            .filter(|entry| {
+                let slot = entry.value();
+                slot.phase() == Phase::Live
+                    && slot.in_flight() == 0
+                    && (draining || slot.winding_down() || slot.idle_ms() >= idle_ms)
+            })
+            .map(|entry| entry.value().clone())
+            .collect();
+        for slot in candidates {
+            Self::close_if_idle(&slot);
+        }
+    }
+
+    fn all(&self) -> Vec<Arc<Slot>> {
+        self.slots
+            .iter()
+            .map(|entry| entry.value().clone())
+            .collect()
+    }
+
+    /// Aborts every instance.
+    pub(crate) fn abort_all(&self) {
+        for slot in self.all() {
+            Self::abort(&slot);
+        }
+    }
+
+    /// Starts the idle sweep (idempotent).
+    pub(crate) fn start(self: &Arc<Self>) {
+        let mut sweeper = self.sweeper.lock();
+        if sweeper.is_some() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let period = self.options.sweep_interval;
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(host) = weak.upgrade() else { return };
+                host.sweep();
+            }
+        });
+        *sweeper = Some(task.abort_handle());
+    }
+
+    /// Drains: refuse new activations, evict idle instances now, abort the
+    /// rest at `deadline` (never, for `None`).
+    pub(crate) fn start_drain(self: &Arc<Self>, deadline: Option<Duration>) {
+        let mut drain = self.drain.lock();
+        if let Some(timer) = drain.timer.take() {
+            timer.abort();
+        }
+        drain.deadline = deadline.map(|after| Instant::now() + after);
+        self.draining.store(true, Ordering::SeqCst);
+        if let Some(at) = drain.deadline {
+            let weak = Arc::downgrade(self);
+            let timer = tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                if let Some(host) = weak.upgrade() {
+                    tracing::warn!(namespace = %host.ns, "drain deadline reached; aborting instances");
+                    host.abort_all();
+                }
+            });
+            drain.timer = Some(timer.abort_handle());
+        }
+        drop(drain);
+        tracing::info!(namespace = %self.ns, ?deadline, "draining");
+        self.sweep();
+    }
+
+    /// Revokes a drain: new activations are accepted again.
+    pub(crate) fn stop_drain(&self) {
+        let mut drain = self.drain.lock();
+        if let Some(timer) = drain.timer.take() {
+            timer.abort();
+        }
+        drain.deadline = None;
+        self.draining.store(false, Ordering::SeqCst);
+        tracing::info!(namespace = %self.ns, "drain revoked");
+    }
+
+    /// Resolves once no record is left.
+    pub(crate) async fn wait_empty(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.len() == 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Closes everything and refuses all further requests.
+    pub(crate) async fn shut_down(&self) {
+        self.shut_down.store(true, Ordering::SeqCst);
+        if let Some(sweeper) = self.sweeper.lock().take() {
+            sweeper.abort();
+        }
+        if let Some(timer) = self.drain.lock().timer.take() {
+            timer.abort();
+        }
+        self.abort_all();
+        self.wait_empty().await;
+    }
+
+    pub(crate) fn rows(&self) -> Vec<InstanceRow> {
+        let mut rows: Vec<InstanceRow> = self
+            .slots
+            .iter()
+            .map(|entry| {
+                let slot = entry.value();
+                let streams = slot.streams();
+                InstanceRow {
+                    seq: slot.seq,
+                    id: slot.id.clone(),
+                    connections: streams,
+                    tasks: slot.in_flight().saturating_sub(u64::from(streams)),
+                    idle_ms: slot.idle_ms(),
+                    activated_at: slot.activated_at(),
+                }
+            })
+            .collect();
+        rows.sort_unstable_by_key(|row| row.seq);
+        rows
+    }
+}
+
+/// Sets or clears an instance's own wind-down.
+pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
+    let deadline = after.map(|after| Instant::now() + after);
+    {
+        let mut wind = slot.wind.lock();
+        let state = wind.get_or_insert_with(|| Box::new(WindDown::default()));
+        if let Some(timer) = state.timer.take() {
+            timer.abort();
+        }
+        state.deadline = deadline;
+        if let Some(at) = deadline {
+            let target = slot.clone();
+            let timer = tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                HostShared::abort(&target);
+            });
+            state.timer = Some(timer.abort_handle());
+        }
+        slot.winding.store(true, Ordering::SeqCst);
+    }
+    HostShared::close_if_idle(slot);
+}
+
+/// Closes one instance: signal, let open work settle, run `on_stop`
+/// handlers last-registered first, then leave the map.
+async fn teardown(slot: Arc<Slot>, aborted: bool) {
+    let host = slot.host.clone();
+    if let Some(wind) = slot.wind.lock().as_mut() {
+        if let Some(timer) = wind.timer.take() {
+            timer.abort();
+        }
+    }
+    let was_live = slot.activated_at().is_some();
+    slot.cancel.cancel();
+    loop {
+        let settled = host.settled.notified();
+        tokio::pin!(settled);
+        settled.as_mut().enable();
+        if slot.in_flight() == 0 {
+            break;
+        }
+        settled.await;
+    }
+    let hooks = std::mem::take(&mut *slot.on_stop.lock());
+    for hook in hooks.into_iter().rev() {
+        match AssertUnwindSafe(hook()).catch_unwind().await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::error!(namespace = %host.ns, id = %slot.id, %error, "on_stop handler failed");
+            }
+            Err(panic) => {
+                let error = panic_message(panic.as_ref());
+                tracing::error!(namespace = %host.ns, id = %slot.id, %error, "on_stop handler panicked");
+            }
+        }
+    }
+    host.evictions.fetch_add(1, Ordering::Relaxed);
+    host.metrics.evictions.inc();
+    if aborted {
+        host.metrics.aborts.inc();
+    }
+    if was_live {
+        host.metrics.active_instances.dec();
+    }
+    if aborted {
+        tracing::info!(namespace = %host.ns, id = %slot.id, "aborted instance");
+    } else {
+        tracing::info!(namespace = %host.ns, id = %slot.id, "evicted instance");
+    }
+    host.remove(&slot);
+}
+
+/// Spawns `work` on the current runtime; a no-op once the runtime is gone
+/// (a guard dropped during runtime shutdown has nothing left to close).
+pub(crate) fn spawn_detached(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(work);
+    }
+}
+
+pub(crate) fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "panic".to_owned()
+    }
+}

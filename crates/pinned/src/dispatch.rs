@@ -1,0 +1,195 @@
+//! The request path of one hosted namespace, in the reference's order:
+//! id validation (400), placement epoch (400), admission (refusals, 500 on
+//! a failed activation), then the object's routes, raced against the
+//! instance's abort and shielded from handler panics.
+//!
+//! Dispatch never decides lifecycle; it asks the directory and maps every
+//! answer to a response in one place.
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::extract::Request;
+use axum::response::Response;
+use futures_util::FutureExt;
+use http::{Extensions, StatusCode, Uri};
+use http_body::Body as _;
+use pinned_wire::refusal::Refusal;
+use pinned_wire::{epoch, headers, ids};
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use crate::body::TrackedBody;
+use crate::call::{Call, Scope};
+use crate::context::Context;
+use crate::directory::{panic_message, Admission, HostShared};
+use crate::response;
+
+/// The id segment and the path the object's routes see.
+struct Target<'a> {
+    raw_id: &'a str,
+    rest: &'a str,
+}
+
+/// Splits `/<ns>/<id><rest>`; the route guarantees the `/<ns>/` prefix.
+fn target<'a>(ns: &str, path: &'a str) -> Target<'a> {
+    let after = path
+        .strip_prefix(ns)
+        .and_then(|after| after.strip_prefix('/'))
+        .unwrap_or("");
+    match after.find('/') {
+        Some(slash) => Target {
+            raw_id: &after[..slash],
+            rest: &after[slash..],
+        },
+        None => Target {
+            raw_id: after,
+            rest: "/",
+        },
+    }
+}
+
+fn rewrite(rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri> {
+    match query {
+        None => Uri::try_from(rest),
+        Some(query) => Uri::try_from(format!("{rest}?{query}")),
+    }
+}
+
+/// Serves one request for the namespace of `host`.
+pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Response {
+    let started = Instant::now();
+    let (mut parts, body) = request.into_parts();
+    let target = target(&host.ns, parts.uri.path());
+    let id: Cow<'_, str> = match ids::decode_id_segment(target.raw_id) {
+        Ok(id) => id,
+        Err(invalid) => return response::detail(StatusCode::BAD_REQUEST, &invalid.to_string()),
+    };
+    if let Err(invalid) = ids::validate_id(&id) {
+        return response::detail(StatusCode::BAD_REQUEST, &invalid.to_string());
+    }
+    let epoch = match parts.headers.get(headers::EPOCH) {
+        None => None,
+        Some(value) => match epoch::parse_epoch(value.as_bytes()) {
+            Ok(epoch) => Some(epoch),
+            Err(malformed) => {
+                return response::detail(StatusCode::BAD_REQUEST, &malformed.to_string())
+            }
+        },
+    };
+    let uri = match rewrite(target.rest, parts.uri.query()) {
+        Ok(uri) => uri,
+        Err(_) => return response::detail(StatusCode::BAD_REQUEST, "invalid request path"),
+    };
+
+    let (entry, instance) = match host.enter(&id).await {
+        Ok(entered) => entered,
+        Err(Admission::Refused(refusal)) => return response::refusal(refusal),
+        Err(Admission::ActivationFailed | Admission::ShutDown) => {
+            return response::internal_error()
+        }
+    };
+    let slot = entry.slot().clone();
+    if let Some(epoch) = epoch {
+        slot.adopt_epoch(epoch);
+    }
+
+    // A fresh extension map: the worker's own router left its path params
+    // here, and the object's routes must not see them. The upgrade handle
+    // and the peer address are the two things worth carrying over.
+    let mut extensions = Extensions::new();
+    if let Some(upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+        extensions.insert(upgrade);
+    }
+    if let Some(peer) = parts.extensions.remove::<ConnectInfo<SocketAddr>>() {
+        extensions.insert(peer);
+    }
+    extensions.insert(Scope {
+        call: Call {
+            ctx: Context::new(slot.clone()),
+            attestation: None,
+            epoch,
+        },
+        instance,
+    });
+    parts.extensions = extensions;
+    parts.uri = uri;
+    let request = Request::from_parts(parts, body);
+
+    let cancelled = slot.cancel.cancelled();
+    tokio::pin!(cancelled);
+    let _turn = match &slot.turn {
+        None => None,
+        Some(turn) => tokio::select! {
+            biased;
+            () = &mut cancelled => return response::refusal(Refusal::Aborted),
+            permit = turn.acquire() => match permit {
+                Ok(permit) => Some(permit),
+                Err(_) => return response::refusal(Refusal::Aborted),
+            },
+        },
+    };
+    let handler = AssertUnwindSafe(host.router.clone().oneshot(request)).catch_unwind();
+    let outcome = tokio::select! {
+        biased;
+        () = &mut cancelled => return response::refusal(Refusal::Aborted),
+        outcome = handler => outcome,
+    };
+    host.duration.observe(started.elapsed().as_secs_f64());
+    let response = match outcome {
+        Ok(Ok(response)) => response,
+        Ok(Err(infallible)) => match infallible {},
+        Err(panic) => {
+            tracing::error!(
+                namespace = %host.ns,
+                id = %slot.id,
+                error = %panic_message(panic.as_ref()),
+                "handler panicked"
+            );
+            return response::internal_error();
+        }
+    };
+    let body = response.body();
+    if body.is_end_stream() || body.size_hint().exact().is_some() {
+        return response;
+    }
+    // A streaming body: the instance stays in flight while it is pulled.
+    let stream = slot.hold_stream();
+    drop(entry);
+    response.map(|body| Body::new(TrackedBody::new(body, stream)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_id_and_rest() {
+        let t = target("/counter", "/counter/abc/increment/x");
+        assert_eq!((t.raw_id, t.rest), ("abc", "/increment/x"));
+        let t = target("/counter", "/counter/abc");
+        assert_eq!((t.raw_id, t.rest), ("abc", "/"));
+        let t = target("/counter", "/counter/abc/");
+        assert_eq!((t.raw_id, t.rest), ("abc", "/"));
+        let t = target("/counter", "/counter//x");
+        assert_eq!((t.raw_id, t.rest), ("", "/x"));
+        let t = target("/counter", "/counter/");
+        assert_eq!((t.raw_id, t.rest), ("", "/"));
+    }
+
+    #[test]
+    fn rewrites_query() {
+        assert_eq!(
+            rewrite("/a", Some("x=1")).map(|u| u.to_string()).ok(),
+            Some("/a?x=1".to_owned())
+        );
+        assert_eq!(
+            rewrite("/", None).map(|u| u.to_string()).ok(),
+            Some("/".to_owned())
+        );
+    }
+}

@@ -1,0 +1,86 @@
+//! Per-namespace hosting options, with the Python reference's defaults.
+
+use std::time::Duration;
+
+/// Default idle timeout: an instance with nothing in flight for this long is
+/// evicted.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Default cap on instance records per namespace.
+pub const DEFAULT_MAX_INSTANCES: usize = 10_000;
+/// Default period of the idle sweep.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How one namespace hosts its object.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = pinned::HostOptions::default()
+///     .idle_timeout(Duration::from_secs(60))
+///     .max_instances(50_000)
+///     .exclusive(true);
+/// assert!(opts.is_exclusive());
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct HostOptions {
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_instances: usize,
+    pub(crate) sweep_interval: Duration,
+    pub(crate) release_placement_on_idle: bool,
+    pub(crate) exclusive: bool,
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        Self {
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_instances: DEFAULT_MAX_INSTANCES,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            release_placement_on_idle: true,
+            exclusive: false,
+        }
+    }
+}
+
+impl HostOptions {
+    /// Evict an instance after this long with no request, open stream, open
+    /// WebSocket or pending tracked work (default 300 s).
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// At most this many instance records at once (default 10 000); further
+    /// activations answer 503 `instance capacity reached; retry` while the
+    /// existing instances keep serving. Must be at least 1.
+    pub fn max_instances(mut self, max: usize) -> Self {
+        self.max_instances = max;
+        self
+    }
+
+    /// How often the idle sweep runs (default 5 s). Must be non-zero.
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
+    /// Release the placement when an idle instance is evicted (default
+    /// true). Only meaningful behind pinboard.
+    pub fn release_placement_on_idle(mut self, release: bool) -> Self {
+        self.release_placement_on_idle = release;
+        self
+    }
+
+    /// Turn-based mode: one request at a time per instance, as Orleans
+    /// grains and Dapr actors run. A turn lasts until the handler returns its
+    /// response (a streaming body or WebSocket keeps running after the turn).
+    pub fn exclusive(mut self, exclusive: bool) -> Self {
+        self.exclusive = exclusive;
+        self
+    }
+
+    /// Whether the namespace runs one request at a time per instance.
+    pub fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+}

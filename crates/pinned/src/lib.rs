@@ -1,0 +1,74 @@
+//! Durable objects on your own servers: the worker SDK.
+//!
+//! An [`Object`] is a small axum app instantiated once per client-chosen id.
+//! The first request for `/<namespace>/<id>/...` activates it; every later
+//! request for that id reaches the same live instance, which keeps its
+//! memory until it goes idle and is evicted.
+//!
+//! ```no_run
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use axum::{routing::{get, post}, Json, Router};
+//! use pinned::{BoxError, Context, Object, Options, This};
+//!
+//! struct Counter {
+//!     value: AtomicU64,
+//! }
+//!
+//! impl Object for Counter {
+//!     async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+//!         Ok(Counter { value: AtomicU64::new(0) })
+//!     }
+//!
+//!     fn routes() -> Router {
+//!         Router::new()
+//!             .route("/increment", post(|this: This<Counter>| async move {
+//!                 Json(serde_json::json!({ "value": this.value.fetch_add(1, Ordering::SeqCst) + 1 }))
+//!             }))
+//!             .route("/value", get(|this: This<Counter>| async move {
+//!                 Json(serde_json::json!({ "value": this.value.load(Ordering::SeqCst) }))
+//!             }))
+//!     }
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), pinned::ServeError> {
+//!     pinned::serve(Options::from_env().host::<Counter>("/counter")).await
+//! }
+//! ```
+//!
+//! Without a pinboard the worker runs in *local mode* (the reference's dev
+//! mode): one process, no attestation checks, a warning at start, and a
+//! refusal to start when the environment says production.
+#![forbid(unsafe_code)]
+
+mod body;
+mod call;
+mod config;
+mod context;
+mod directory;
+mod dispatch;
+mod host;
+mod metrics;
+mod object;
+mod process;
+mod response;
+mod serve;
+mod slot;
+mod worker;
+pub mod ws;
+
+pub use call::Call;
+pub use config::{
+    ConfigError, ConfigErrors, Options, ENV_ALLOW_DEV_IN_PRODUCTION, ENV_HOST, ENV_PINBOARD_URL,
+    ENV_PORT, PRODUCTION_MARKERS,
+};
+pub use context::Context;
+pub use host::{HostOptions, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES, DEFAULT_SWEEP_INTERVAL};
+pub use object::{NotAnInstanceRoute, Object, This};
+pub use pinned_wire::attestation::Caller;
+pub use serve::{serve, serve_worker, shutdown_signal, ServeError, SHUTDOWN_DRAIN_DEADLINE};
+pub use worker::Worker;
+
+/// The error type objects return from activation and hooks. `anyhow::Error`
+/// and any `std::error::Error` convert into it with `?`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

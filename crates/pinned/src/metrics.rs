@@ -1,0 +1,180 @@
+//! The worker's Prometheus metrics, named, typed and labelled as the Python
+//! reference's `pinned_*` family so dashboards work across a mixed fleet.
+//!
+//! Each [`Worker`](crate::Worker) owns one registry (prometheus-client has no
+//! global one). Hot-path handles (the per-namespace duration histogram) are
+//! resolved once when a host is built, so a request never takes the family's
+//! lock. This module never decides anything; it only counts.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The reference's histogram buckets (Python `prometheus_client` defaults).
+const DURATION_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct PhaseTransport {
+    pub(crate) phase: &'static str,
+    pub(crate) transport: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct Hook {
+    pub(crate) hook: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct Phase {
+    pub(crate) phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OperationReason {
+    pub(crate) operation: &'static str,
+    pub(crate) reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct Namespace {
+    pub(crate) namespace: String,
+}
+
+/// Every `pinned_*` metric of one worker. The control-plane ones are
+/// registered (so dashboards see them at zero in local mode) but not yet kept.
+pub(crate) struct Metrics {
+    registry: Registry,
+    pub(crate) activations: Counter,
+    pub(crate) evictions: Counter,
+    pub(crate) aborts: Counter,
+    pub(crate) active_instances: Gauge,
+    pub(crate) request_failures: Family<PhaseTransport, Counter>,
+    request_duration: Family<Namespace, Histogram>,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::default();
+        let activations = Counter::default();
+        let evictions = Counter::default();
+        let aborts = Counter::default();
+        let active_instances = Gauge::default();
+        let lease_healthy: Gauge = Gauge::default();
+        let registered: Gauge = Gauge::default();
+        let registration_failures: Counter = Counter::default();
+        let duplicate_quits: Counter = Counter::default();
+        let request_failures = Family::default();
+        let callback_failures: Family<Hook, Counter> = Family::default();
+        let shutdown_failures: Family<Phase, Counter> = Family::default();
+        let control_plane_failures: Family<OperationReason, Counter> = Family::default();
+        let request_duration = Family::<Namespace, Histogram>::new_with_constructor(
+            (|| Histogram::new(DURATION_BUCKETS)) as fn() -> Histogram,
+        );
+        // prometheus-client appends `_total` to counters itself.
+        registry.register(
+            "pinned_instance_activations",
+            "Pinned instance activations",
+            activations.clone(),
+        );
+        registry.register(
+            "pinned_instance_evictions",
+            "Pinned instance closes (idle eviction, shutdown, or abort)",
+            evictions.clone(),
+        );
+        registry.register(
+            "pinned_instance_aborts",
+            "Pinned instance closes that cancelled in-flight work",
+            aborts.clone(),
+        );
+        registry.register(
+            "pinned_active_instances",
+            "Live pinned instances in this process",
+            active_instances.clone(),
+        );
+        registry.register(
+            "pinned_lease_healthy",
+            "1 while heartbeat acks arrive on schedule, else 0",
+            lease_healthy.clone(),
+        );
+        registry.register(
+            "pinned_registered",
+            "1 while registered with pinboard, else 0",
+            registered.clone(),
+        );
+        registry.register(
+            "pinned_registration_failures",
+            "Failed pinboard register attempts",
+            registration_failures.clone(),
+        );
+        registry.register(
+            "pinned_duplicate_quits",
+            "Pinned instances quit after a register ack reported their placement duplicated",
+            duplicate_quits.clone(),
+        );
+        registry.register(
+            "pinned_request_failures",
+            "Pinned request setup failures by phase and transport",
+            request_failures.clone(),
+        );
+        registry.register(
+            "pinned_callback_failures",
+            "Pinned lifecycle callback failures by hook",
+            callback_failures.clone(),
+        );
+        registry.register(
+            "pinned_shutdown_failures",
+            "Pinned shutdown failures by phase",
+            shutdown_failures.clone(),
+        );
+        registry.register(
+            "pinned_control_plane_failures",
+            "Pinned control-plane failures by operation and reason",
+            control_plane_failures.clone(),
+        );
+        registry.register(
+            "pinned_request_duration_seconds",
+            "Pinned handler dispatch duration",
+            request_duration.clone(),
+        );
+        // Local mode has no lease to lose.
+        lease_healthy.set(1);
+        Self {
+            registry,
+            activations,
+            evictions,
+            aborts,
+            active_instances,
+            request_failures,
+            request_duration,
+        }
+    }
+
+    /// The duration histogram of one namespace, resolved once per host.
+    pub(crate) fn duration_for(&self, namespace: &str) -> Histogram {
+        self.request_duration
+            .get_or_create(&Namespace {
+                namespace: namespace.to_owned(),
+            })
+            .clone()
+    }
+
+    pub(crate) fn request_failed(&self, phase: &'static str, transport: &'static str) {
+        self.request_failures
+            .get_or_create(&PhaseTransport { phase, transport })
+            .inc();
+    }
+
+    /// The registry in Prometheus text exposition format.
+    pub(crate) fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,347 @@
+//! One instance record: its lifecycle phase, what keeps it in flight, and the
+//! handles the instance's [`Context`](crate::Context) reaches.
+//!
+//! The phase and the in-flight count share one atomic word, so "is it idle?"
+//! and "may a request still enter?" are decided by a single compare-and-swap:
+//! the idle sweeper moves `(Live, 0)` to `(Closing, 0)` and a request that
+//! raced it sees `Closing` on entry and backs out. Nothing here does I/O or
+//! spawns work; the directory drives the transitions.
+//!
+//! Lifecycle: `Activating` → `Live` → `Closing` → `Closed`. An activation that
+//! fails goes straight from `Activating` to `Closed`; an abort during
+//! activation moves `Activating` to `Closing`.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use futures_util::future::{BoxFuture, Shared};
+use parking_lot::Mutex;
+use tokio::sync::Semaphore;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::directory::HostShared;
+use crate::BoxError;
+
+/// A live instance's state, type-erased so one directory serves any object.
+pub(crate) type Instance = Arc<dyn Any + Send + Sync>;
+
+/// How an activation ended, as seen by every request that waited on it.
+#[derive(Clone, Debug)]
+pub(crate) enum Activation {
+    Ready(Instance),
+    /// The activation returned an error or panicked: answer 500.
+    Failed,
+    /// The instance was aborted before its activation finished: answer 503.
+    Aborted,
+}
+
+pub(crate) type ActivationFuture = Shared<BoxFuture<'static, Activation>>;
+
+/// A registered `on_stop` handler.
+pub(crate) type StopHook = Box<dyn FnOnce() -> BoxFuture<'static, Result<(), BoxError>> + Send>;
+
+/// The lifecycle phase, stored in the high half of [`Slot::state`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub(crate) enum Phase {
+    /// Constructed; the object's `activate` is running.
+    Activating = 0,
+    /// Serving requests.
+    Live = 1,
+    /// Teardown started: no new request enters.
+    Closing = 2,
+    /// Gone from the directory.
+    Closed = 3,
+}
+
+const PHASE_SHIFT: u32 = 32;
+const COUNT_MASK: u64 = u32::MAX as u64;
+const NO_EPOCH: u64 = u64::MAX;
+
+fn phase_of(word: u64) -> Phase {
+    match word >> PHASE_SHIFT {
+        0 => Phase::Activating,
+        1 => Phase::Live,
+        2 => Phase::Closing,
+        _ => Phase::Closed,
+    }
+}
+
+fn count_of(word: u64) -> u64 {
+    word & COUNT_MASK
+}
+
+fn word(phase: Phase, count: u64) -> u64 {
+    ((phase as u64) << PHASE_SHIFT) | count
+}
+
+/// Wind-down state of one instance (rare, so boxed behind an `Option`).
+#[derive(Default)]
+pub(crate) struct WindDown {
+    /// `None` inside `Some(WindDown)` means "close when idle, never abort".
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) timer: Option<AbortHandle>,
+}
+
+/// One instance record. Shared as `Arc<Slot>`; the public [`Context`] is a
+/// handle to it.
+///
+/// [`Context`]: crate::Context
+pub(crate) struct Slot {
+    pub(crate) id: Arc<str>,
+    pub(crate) host: Arc<HostShared>,
+    /// Insertion order, for `/_pinned/stats`.
+    pub(crate) seq: u64,
+    /// `phase << 32 | in-flight count`.
+    state: AtomicU64,
+    /// Open streaming bodies and WebSockets (a subset of the in-flight count).
+    streams: AtomicU32,
+    /// Milliseconds since the host's clock base of the last activity.
+    last_activity: AtomicU64,
+    /// Wall-clock ms of the completed activation, 0 before.
+    activated_at: AtomicU64,
+    epoch: AtomicU64,
+    pub(crate) cancel: CancellationToken,
+    instance: OnceLock<Instance>,
+    pub(crate) activation: Mutex<Option<ActivationFuture>>,
+    pub(crate) on_stop: Mutex<Vec<StopHook>>,
+    pub(crate) wind: Mutex<Option<Box<WindDown>>>,
+    /// Mirrors `wind.is_some()` so the request path never takes the lock.
+    pub(crate) winding: AtomicBool,
+    /// Exclusive (turn-based) hosts: one request at a time.
+    pub(crate) turn: Option<Semaphore>,
+}
+
+impl Slot {
+    /// A record in `Activating` holding `initial` in-flight entries (the
+    /// requester's and the activation task's).
+    pub(crate) fn new(id: Arc<str>, host: Arc<HostShared>, seq: u64, initial: u64) -> Self {
+        let now = host.elapsed_ms();
+        let turn = host.options.exclusive.then(|| Semaphore::new(1));
+        Self {
+            id,
+            host,
+            seq,
+            state: AtomicU64::new(word(Phase::Activating, initial)),
+            streams: AtomicU32::new(0),
+            last_activity: AtomicU64::new(now),
+            activated_at: AtomicU64::new(0),
+            epoch: AtomicU64::new(NO_EPOCH),
+            cancel: CancellationToken::new(),
+            instance: OnceLock::new(),
+            activation: Mutex::new(None),
+            on_stop: Mutex::new(Vec::new()),
+            wind: Mutex::new(None),
+            winding: AtomicBool::new(false),
+            turn,
+        }
+    }
+
+    pub(crate) fn phase(&self) -> Phase {
+        phase_of(self.state.load(Ordering::SeqCst))
+    }
+
+    pub(crate) fn in_flight(&self) -> u64 {
+        count_of(self.state.load(Ordering::SeqCst))
+    }
+
+    pub(crate) fn streams(&self) -> u32 {
+        self.streams.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn instance(&self) -> Option<&Instance> {
+        self.instance.get()
+    }
+
+    pub(crate) fn set_instance(&self, instance: Instance) {
+        let _ = self.instance.set(instance);
+    }
+
+    /// Enters the instance: counts one in-flight entry unless it is closing.
+    /// Returns the phase seen on entry (`Activating` or `Live`).
+    pub(crate) fn enter(self: &Arc<Self>) -> Result<(Busy, Phase), Phase> {
+        let old = self.state.fetch_add(1, Ordering::SeqCst);
+        let phase = phase_of(old);
+        let busy = Busy {
+            slot: self.clone(),
+            stream: false,
+        };
+        match phase {
+            Phase::Activating | Phase::Live => {
+                self.touch();
+                Ok((busy, phase))
+            }
+            // Dropping `busy` undoes the increment and wakes a teardown
+            // waiting for the count to reach zero.
+            Phase::Closing | Phase::Closed => Err(phase),
+        }
+    }
+
+    /// Takes over an in-flight entry already counted in the state word (the
+    /// ones a new slot is created with).
+    pub(crate) fn adopt(self: &Arc<Self>) -> Busy {
+        Busy {
+            slot: self.clone(),
+            stream: false,
+        }
+    }
+
+    /// Counts one in-flight entry whatever the phase: for work started by
+    /// the instance itself (background tasks, the activation, open streams).
+    pub(crate) fn hold(self: &Arc<Self>) -> Busy {
+        self.state.fetch_add(1, Ordering::SeqCst);
+        Busy {
+            slot: self.clone(),
+            stream: false,
+        }
+    }
+
+    /// Like [`hold`](Self::hold), also counted as an open stream.
+    pub(crate) fn hold_stream(self: &Arc<Self>) -> Busy {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        let mut busy = self.hold();
+        busy.stream = true;
+        busy
+    }
+
+    /// `Activating` → `Live`; false when the slot was aborted meanwhile.
+    pub(crate) fn go_live(&self, wall_ms: u64) -> bool {
+        self.activated_at.store(wall_ms.max(1), Ordering::Relaxed);
+        self.transition(|phase| (phase == Phase::Activating).then_some(Phase::Live))
+    }
+
+    /// `(Live, 0)` → `(Closing, 0)`: the only way an idle instance closes.
+    pub(crate) fn begin_idle_close(&self) -> bool {
+        self.state
+            .compare_exchange(
+                word(Phase::Live, 0),
+                word(Phase::Closing, 0),
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_ok()
+    }
+
+    /// `Activating | Live` → `Closing` whatever is in flight (an abort).
+    pub(crate) fn begin_abort(&self) -> bool {
+        self.transition(|phase| {
+            matches!(phase, Phase::Activating | Phase::Live).then_some(Phase::Closing)
+        })
+    }
+
+    /// Marks the record gone.
+    pub(crate) fn finish(&self) {
+        self.transition(|_| Some(Phase::Closed));
+    }
+
+    fn transition(&self, next: impl Fn(Phase) -> Option<Phase>) -> bool {
+        self.state
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |old| {
+                next(phase_of(old)).map(|phase| word(phase, count_of(old)))
+            })
+            .is_ok()
+    }
+
+    pub(crate) fn touch(&self) {
+        self.last_activity
+            .store(self.host.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    /// Milliseconds since the last activity, floored at 0.
+    pub(crate) fn idle_ms(&self) -> u64 {
+        self.host
+            .elapsed_ms()
+            .saturating_sub(self.last_activity.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn activated_at(&self) -> Option<u64> {
+        match self.activated_at.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(ms),
+        }
+    }
+
+    pub(crate) fn epoch(&self) -> Option<u64> {
+        match self.epoch.load(Ordering::SeqCst) {
+            NO_EPOCH => None,
+            epoch => Some(epoch),
+        }
+    }
+
+    /// Raises the instance epoch to `epoch` if it is newer (a resident
+    /// instance adopting a newer placement).
+    pub(crate) fn adopt_epoch(&self, epoch: u64) {
+        let _ = self
+            .epoch
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |current| {
+                (current == NO_EPOCH || epoch > current).then_some(epoch)
+            });
+    }
+
+    /// Winding down: the host drains or the instance was told to wind down.
+    pub(crate) fn winding_down(&self) -> bool {
+        self.host.draining() || self.winding.load(Ordering::SeqCst)
+    }
+
+    /// The earliest of the instance's own deadline and the host's.
+    pub(crate) fn effective_deadline(&self) -> Option<Instant> {
+        let own = self.wind.lock().as_ref().and_then(|wind| wind.deadline);
+        match (own, self.host.drain_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn release(self: &Arc<Self>, stream: bool) {
+        if stream {
+            self.streams.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.touch();
+        let old = self.state.fetch_sub(1, Ordering::SeqCst);
+        if count_of(old) != 1 {
+            return;
+        }
+        match phase_of(old) {
+            // A teardown may be waiting for the last entry to leave.
+            Phase::Closing | Phase::Closed => self.host.settled.notify_waiters(),
+            Phase::Live if self.winding_down() => HostShared::close_if_idle(self),
+            Phase::Live | Phase::Activating => {}
+        }
+    }
+}
+
+/// One in-flight entry of an instance (a request, a background task, an open
+/// stream). Dropping it leaves; the last one out of a winding-down instance
+/// closes it.
+pub(crate) struct Busy {
+    slot: Arc<Slot>,
+    stream: bool,
+}
+
+impl Busy {
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.slot.release(self.stream);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn word_packs_phase_and_count() {
+        let w = word(Phase::Closing, 7);
+        assert_eq!(phase_of(w), Phase::Closing);
+        assert_eq!(count_of(w), 7);
+        assert_eq!(phase_of(word(Phase::Live, 0)), Phase::Live);
+    }
+}

@@ -1,0 +1,120 @@
+//! Configuration errors are reported together, at construction.
+
+use axum::Router;
+use pinned::{BoxError, ConfigError, Context, HostOptions, Object, Options};
+
+struct Nothing;
+
+impl Object for Nothing {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Nothing)
+    }
+
+    fn routes() -> Router {
+        Router::new()
+    }
+}
+
+fn empty_env() -> Vec<(String, String)> {
+    Vec::new()
+}
+
+#[test]
+fn namespaces_must_be_one_segment_and_unique() {
+    for bad in ["counter", "/a/b", "/", "/a b", ""] {
+        let errors = Options::new()
+            .host::<Nothing>(bad)
+            .env_vars(empty_env())
+            .build()
+            .err()
+            .unwrap_or_else(|| panic!("{bad:?} accepted"));
+        assert!(
+            matches!(errors.0.as_slice(), [ConfigError::InvalidNamespace(_)]),
+            "{bad:?}: {errors}"
+        );
+    }
+    let errors = Options::new()
+        .host::<Nothing>("counter")
+        .env_vars(empty_env())
+        .build()
+        .err()
+        .expect("rejected");
+    assert_eq!(
+        errors.to_string(),
+        "namespace must be '/' plus a single path segment: 'counter'"
+    );
+    let errors = Options::new()
+        .host::<Nothing>("/x")
+        .host::<Nothing>("/x")
+        .env_vars(empty_env())
+        .build()
+        .err()
+        .expect("rejected");
+    assert_eq!(
+        errors.to_string(),
+        "namespace '/x' already attached to this worker"
+    );
+    // One object under several namespaces is fine.
+    assert!(Options::new()
+        .host::<Nothing>("/x")
+        .host::<Nothing>("/y")
+        .env_vars(empty_env())
+        .build()
+        .is_ok());
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let errors = Options::new()
+        .host_with::<Nothing>("/a", HostOptions::default().max_instances(0))
+        .host::<Nothing>("bad")
+        .env_vars([("PORT", "eighty")])
+        .build()
+        .err()
+        .expect("rejected");
+    assert_eq!(errors.0.len(), 3, "{errors}");
+    assert!(errors.contains(&ConfigError::MaxInstances("/a".into())));
+    assert!(errors.contains(&ConfigError::Port("eighty".into())));
+    let errors = Options::new()
+        .env_vars(empty_env())
+        .build()
+        .err()
+        .expect("rejected");
+    assert!(errors.contains(&ConfigError::NoHosts));
+}
+
+#[test]
+fn dev_mode_refuses_production_unless_allowed() {
+    for (variable, value) in [
+        ("NODE_ENV", "production"),
+        ("ENVIRONMENT", "prod"),
+        ("APP_ENV", "Production"),
+    ] {
+        let errors = Options::new()
+            .host::<Nothing>("/x")
+            .env_vars([(variable, value)])
+            .build()
+            .err()
+            .expect("refused in production");
+        assert!(
+            matches!(
+                errors.0.as_slice(),
+                [ConfigError::DevModeInProduction { .. }]
+            ),
+            "{errors}"
+        );
+    }
+    assert!(Options::new()
+        .host::<Nothing>("/x")
+        .env_vars([
+            ("NODE_ENV", "production"),
+            ("PINBOARD_ALLOW_DEV_IN_PRODUCTION", "1")
+        ])
+        .build()
+        .is_ok());
+    assert!(Options::new()
+        .host::<Nothing>("/x")
+        .env_vars([("NODE_ENV", "development")])
+        .build()
+        .is_ok());
+}

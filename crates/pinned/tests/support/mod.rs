@@ -1,0 +1,134 @@
+//! Shared harness: a worker served on a real loopback socket, a client, and
+//! a few test objects.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use pinned::{BoxError, Context, Object, Options, Worker};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+
+pub struct TestWorker {
+    pub url: String,
+    pub worker: Worker,
+    pub client: reqwest::Client,
+}
+
+/// Builds `options` (with an empty environment, so the machine's variables
+/// never leak in), serves it on 127.0.0.1:0 and starts it.
+pub async fn start(options: Options) -> TestWorker {
+    let worker = options
+        .env_vars(Vec::<(String, String)>::new())
+        .build()
+        .expect("valid options");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = worker.router();
+    worker.start();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("serve");
+    });
+    TestWorker {
+        url,
+        worker,
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()
+            .expect("client"),
+    }
+}
+
+impl TestWorker {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.url, path)
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client.get(self.url(path)).send().await.expect("get")
+    }
+
+    pub async fn post(&self, path: &str) -> reqwest::Response {
+        self.client.post(self.url(path)).send().await.expect("post")
+    }
+
+    /// `/_pinned/stats`, authenticated with the worker's secret.
+    pub async fn stats(&self) -> Value {
+        self.client
+            .get(self.url("/_pinned/stats"))
+            .header("pinboard-proxy-secret", self.worker.secret())
+            .send()
+            .await
+            .expect("stats")
+            .json()
+            .await
+            .expect("stats json")
+    }
+
+    pub async fn resident(&self) -> Vec<String> {
+        self.stats().await["instances"]
+            .as_array()
+            .expect("instances")
+            .iter()
+            .map(|row| row["id"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    /// Polls `/_pinned/stats` until `done` holds (at most 5 s).
+    pub async fn wait_for(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        for _ in 0..500 {
+            let stats = self.stats().await;
+            if done(&stats) {
+                return stats;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting for {what}: {}", self.stats().await);
+    }
+}
+
+pub async fn json(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// A plain counter.
+pub struct Counter {
+    pub value: AtomicU64,
+}
+
+impl Object for Counter {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Counter {
+            value: AtomicU64::new(0),
+        })
+    }
+
+    fn routes() -> Router {
+        Router::new()
+            .route(
+                "/increment",
+                post(|this: pinned::This<Counter>| async move {
+                    Json(json!({ "value": this.value.fetch_add(1, Ordering::SeqCst) + 1 }))
+                }),
+            )
+            .route(
+                "/value",
+                get(|this: pinned::This<Counter>| async move {
+                    Json(json!({ "value": this.value.load(Ordering::SeqCst) }))
+                }),
+            )
+            .route(
+                "/sleep/{ms}",
+                post(
+                    |axum::extract::Path(ms): axum::extract::Path<u64>| async move {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        Json(json!({ "slept": ms }))
+                    },
+                ),
+            )
+    }
+}

@@ -1,0 +1,82 @@
+//! A chat room per id: every client of `/chat/<room>/ws` hears every
+//! message sent to that room, for as long as the room has a socket open.
+//!
+//! ```text
+//! PORT=8080 cargo run --example chat
+//! websocat ws://localhost:8080/chat/lobby/ws
+//! curl localhost:8080/chat/lobby/members
+//! ```
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::routing::get;
+use axum::{Json, Router};
+use futures_util::{SinkExt, StreamExt};
+use pinned::ws::{Message, WebSocketUpgrade};
+use pinned::{BoxError, Context, Object, Options, This};
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+/// Messages a slow member may fall behind before it skips ahead.
+const BACKLOG: usize = 64;
+
+struct Room {
+    messages: broadcast::Sender<String>,
+    members: AtomicUsize,
+}
+
+impl Object for Room {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Room {
+            messages: broadcast::channel(BACKLOG).0,
+            members: AtomicUsize::new(0),
+        })
+    }
+
+    fn routes() -> Router {
+        Router::new()
+            .route("/ws", get(join))
+            .route("/members", get(members))
+    }
+}
+
+async fn members(room: This<Room>) -> Json<Value> {
+    Json(json!({ "members": room.members.load(Ordering::SeqCst) }))
+}
+
+async fn join(room: This<Room>, ws: WebSocketUpgrade) -> axum::response::Response {
+    ws.on_upgrade(move |socket| async move {
+        room.members.fetch_add(1, Ordering::SeqCst);
+        let mut heard = room.messages.subscribe();
+        let (mut outgoing, mut incoming) = socket.split();
+        loop {
+            tokio::select! {
+                said = incoming.next() => match said {
+                    Some(Ok(Message::Text(text))) => {
+                        let _ = room.messages.send(text.to_string());
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => break,
+                },
+                message = heard.recv() => match message {
+                    Ok(text) => {
+                        if outgoing.send(Message::text(text)).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+            }
+        }
+        room.members.fetch_sub(1, Ordering::SeqCst);
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), pinned::ServeError> {
+    tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .init();
+    pinned::serve(Options::from_env().host::<Room>("/chat")).await
+}
