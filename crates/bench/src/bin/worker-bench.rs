@@ -1,0 +1,275 @@
+//! The worker benchmark (issue: worker SDK): warm requests and activations
+//! through a pinned worker against the same handler in a bare axum app,
+//! measured in one run, plus resident memory per idle instance.
+//!
+//! ```text
+//! cargo run --release -p pinned-bench --bin worker-bench            # everything
+//! cargo run --release -p pinned-bench --bin worker-bench -- --seconds 10 --connections 64
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::Path;
+use axum::routing::post;
+use axum::{Json, Router};
+use clap::{Parser, Subcommand};
+use dashmap::DashMap;
+use futures_util::StreamExt;
+use http::Method;
+use pinned::{BoxError, Context, HostOptions, Object, Options, This};
+use pinned_bench::child::Server;
+use pinned_bench::load::{self, Load, Paths, Report};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(about = "pinned worker benchmark")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Measured seconds per scenario.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Warm-up seconds per scenario.
+    #[arg(long, default_value_t = 1)]
+    warmup: u64,
+    /// Concurrent connections.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Idle instances for the memory figure.
+    #[arg(long, default_value_t = 1_000_000)]
+    instances: u64,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the counter object through a pinned worker (child process).
+    ServePinned,
+    /// Serve the same handlers in a bare axum app (child process).
+    ServeBare,
+    /// Activate idle instances in process and report memory per instance.
+    Memory {
+        /// How many instances.
+        #[arg(long, default_value_t = 1_000_000)]
+        instances: u64,
+    },
+}
+
+/// The benchmarked object: the issue's counter.
+struct Counter {
+    value: AtomicU64,
+}
+
+async fn increment(this: This<Counter>) -> Json<Value> {
+    Json(json!({ "value": this.value.fetch_add(1, Ordering::Relaxed) + 1 }))
+}
+
+impl Object for Counter {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Counter {
+            value: AtomicU64::new(0),
+        })
+    }
+
+    fn routes() -> Router {
+        Router::new().route("/increment", post(increment))
+    }
+}
+
+fn worker_options() -> Options {
+    Options::new()
+        .env_vars(Vec::<(String, String)>::new())
+        .host_with::<Counter>("/counter", HostOptions::default().max_instances(50_000_000))
+}
+
+async fn serve_pinned() -> anyhow::Result<()> {
+    let worker = worker_options().build()?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!(
+        "pinned worker listening on http://{}",
+        listener.local_addr()?
+    );
+    pinned::serve_worker(listener, worker, pinned::shutdown_signal()).await?;
+    Ok(())
+}
+
+/// The bare baseline: one global counter for warm requests, and a map
+/// insert per new id for activations.
+async fn serve_bare() -> anyhow::Result<()> {
+    let warm = Arc::new(Counter {
+        value: AtomicU64::new(0),
+    });
+    let map: Arc<DashMap<String, Arc<Counter>>> = Arc::new(DashMap::new());
+    let app =
+        Router::new()
+            .route(
+                "/counter/a/increment",
+                post(move || {
+                    let warm = warm.clone();
+                    async move {
+                        Json(json!({ "value": warm.value.fetch_add(1, Ordering::Relaxed) + 1 }))
+                    }
+                }),
+            )
+            .route(
+                "/fresh/{id}/increment",
+                post(move |Path(id): Path<String>| {
+                    let map = map.clone();
+                    async move {
+                        let counter = map
+                            .entry(id)
+                            .or_insert_with(|| {
+                                Arc::new(Counter {
+                                    value: AtomicU64::new(0),
+                                })
+                            })
+                            .clone();
+                        Json(json!({ "value": counter.value.fetch_add(1, Ordering::Relaxed) + 1 }))
+                    }
+                }),
+            );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("bare axum listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+fn rss_bytes() -> anyhow::Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm")?;
+    let pages: u64 = statm.split_whitespace().nth(1).context("statm")?.parse()?;
+    Ok(pages * 4096)
+}
+
+async fn memory(instances: u64) -> anyhow::Result<()> {
+    use tower::ServiceExt;
+    let worker = worker_options().build()?;
+    let router = worker.router();
+    // Warm the allocator and the router with a few instances first.
+    let activate = |i: u64| {
+        let router = router.clone();
+        async move {
+            let request = http::Request::post(format!("/counter/m{i}/increment"))
+                .body(axum::body::Body::empty())
+                .map_err(anyhow::Error::from)?;
+            let response = router.oneshot(request).await.map_err(anyhow::Error::from)?;
+            anyhow::ensure!(response.status().is_success(), "activation failed");
+            Ok::<(), anyhow::Error>(())
+        }
+    };
+    for i in 0..1_000 {
+        activate(u64::MAX - i).await?;
+    }
+    let before = rss_bytes()?;
+    let mut stream = futures_util::stream::iter(0..instances)
+        .map(activate)
+        .buffer_unordered(256);
+    while let Some(result) = stream.next().await {
+        result?;
+    }
+    let after = rss_bytes()?;
+    let resident = worker.stats()["instances"].as_array().map_or(0, Vec::len);
+    let per_instance = (after.saturating_sub(before)) as f64 / instances as f64;
+    let state = std::mem::size_of::<Counter>() as f64;
+    println!(
+        "memory: {instances} idle instances ({resident} resident): RSS +{:.1} MiB, {per_instance:.0} B/instance, \
+         {:.0} B/instance beyond the {state:.0}-byte state (target <= 1024)",
+        (after - before) as f64 / 1_048_576.0,
+        per_instance - state,
+    );
+    Ok(())
+}
+
+async fn measure(cli: &Cli, addr: std::net::SocketAddr, paths: Paths) -> anyhow::Result<Report> {
+    load::run(Load {
+        addr,
+        connections: cli.connections,
+        warmup: Duration::from_secs(cli.warmup),
+        duration: Duration::from_secs(cli.seconds),
+        method: Method::POST,
+        paths,
+        headers: Vec::new(),
+    })
+    .await
+}
+
+async fn run(cli: &Cli) -> anyhow::Result<()> {
+    let exe = std::env::current_exe()?;
+    let exe = exe.to_str().context("exe path")?;
+    println!(
+        "worker-bench: {} connections, {} s per scenario after {} s warm-up, loopback\n",
+        cli.connections, cli.seconds, cli.warmup
+    );
+
+    let bare = Server::start(exe, &["serve-bare"]).await?;
+    let bare_warm = measure(cli, bare.addr, Paths::Fixed("/counter/a/increment".into())).await?;
+    let bare_fresh = measure(
+        cli,
+        bare.addr,
+        Paths::Unique {
+            prefix: "/fresh/".into(),
+            suffix: "/increment".into(),
+        },
+    )
+    .await?;
+    drop(bare);
+
+    let pinned = Server::start(exe, &["serve-pinned"]).await?;
+    let pinned_warm = measure(
+        cli,
+        pinned.addr,
+        Paths::Fixed("/counter/a/increment".into()),
+    )
+    .await?;
+    drop(pinned);
+    // A fresh worker, so activations do not share the map with the warm run.
+    let pinned = Server::start(exe, &["serve-pinned"]).await?;
+    let pinned_fresh = measure(
+        cli,
+        pinned.addr,
+        Paths::Unique {
+            prefix: "/counter/".into(),
+            suffix: "/increment".into(),
+        },
+    )
+    .await?;
+    drop(pinned);
+
+    println!("1. warm requests to one counter instance");
+    println!("   bare axum handler   {bare_warm}");
+    println!("   pinned worker       {pinned_warm}");
+    println!(
+        "   ratio pinned/bare   {:.2}  (target >= 0.90)\n",
+        pinned_warm.ratio(&bare_warm)
+    );
+    println!("2. activations (a new id per request)");
+    println!("   bare map insert     {bare_fresh}");
+    println!("   pinned worker       {pinned_fresh}");
+    println!(
+        "   ratio pinned/bare   {:.2}  (target >= 0.50)\n",
+        pinned_fresh.ratio(&bare_fresh)
+    );
+    println!("3. memory");
+    let status = tokio::process::Command::new(exe)
+        .args(["memory", "--instances", &cli.instances.to_string()])
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "memory run failed");
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match &cli.command {
+            Some(Command::ServePinned) => serve_pinned().await,
+            Some(Command::ServeBare) => serve_bare().await,
+            Some(Command::Memory { instances }) => memory(*instances).await,
+            None => run(&cli).await,
+        }
+    })
+}

@@ -1,0 +1,186 @@
+//! A closed-loop HTTP/1.1 load generator: `connections` keep-alive
+//! connections, each sending its next request as soon as the previous answer
+//! arrived (as `wrk` does), latencies recorded in an HDR histogram after a
+//! warm-up.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Which path each request asks for.
+#[derive(Clone, Debug)]
+pub enum Paths {
+    /// The same path every time (a warm instance).
+    Fixed(String),
+    /// `prefix + n + suffix` with a fresh `n` per request (a new id each).
+    Unique {
+        /// Before the counter.
+        prefix: String,
+        /// After the counter.
+        suffix: String,
+    },
+}
+
+/// One load run.
+#[derive(Clone, Debug)]
+pub struct Load {
+    /// Server address.
+    pub addr: SocketAddr,
+    /// Concurrent keep-alive connections.
+    pub connections: usize,
+    /// Requests before this are not measured.
+    pub warmup: Duration,
+    /// Measured time.
+    pub duration: Duration,
+    /// Request method.
+    pub method: Method,
+    /// Request paths.
+    pub paths: Paths,
+    /// Extra request headers.
+    pub headers: Vec<(String, String)>,
+}
+
+/// What one run measured.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Successful (2xx) measured requests.
+    pub ok: u64,
+    /// Non-2xx or failed measured requests.
+    pub errors: u64,
+    /// Successful requests per second.
+    pub rps: f64,
+    /// Median latency, microseconds.
+    pub p50_us: u64,
+    /// 99th percentile latency, microseconds.
+    pub p99_us: u64,
+}
+
+impl Report {
+    /// `rps / other.rps`.
+    pub fn ratio(&self, other: &Report) -> f64 {
+        if other.rps == 0.0 {
+            0.0
+        } else {
+            self.rps / other.rps
+        }
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:>9.0} req/s  p50 {:>6} us  p99 {:>6} us  ({} ok, {} errors)",
+            self.rps, self.p50_us, self.p99_us, self.ok, self.errors
+        )
+    }
+}
+
+/// Runs `load` and reports.
+///
+/// # Errors
+///
+/// A connection that cannot be opened.
+pub async fn run(load: Load) -> anyhow::Result<Report> {
+    let counter = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let measure_from = start + load.warmup;
+    let end = measure_from + load.duration;
+    let mut tasks = Vec::with_capacity(load.connections);
+    for _ in 0..load.connections {
+        let load = load.clone();
+        let counter = counter.clone();
+        tasks.push(tokio::spawn(async move {
+            connection(load, counter, measure_from, end).await
+        }));
+    }
+    let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut ok, mut errors) = (0, 0);
+    for task in tasks {
+        let (h, o, e) = task.await.context("load task")??;
+        histogram.add(h)?;
+        ok += o;
+        errors += e;
+    }
+    Ok(Report {
+        ok,
+        errors,
+        rps: ok as f64 / load.duration.as_secs_f64(),
+        p50_us: histogram.value_at_quantile(0.50),
+        p99_us: histogram.value_at_quantile(0.99),
+    })
+}
+
+async fn connection(
+    load: Load,
+    counter: Arc<AtomicU64>,
+    measure_from: Instant,
+    end: Instant,
+) -> anyhow::Result<(Histogram<u64>, u64, u64)> {
+    let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    let (mut ok, mut errors) = (0u64, 0u64);
+    let stream = TcpStream::connect(load.addr).await.context("connect")?;
+    stream.set_nodelay(true)?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let host = load.addr.to_string();
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        let path = match &load.paths {
+            Paths::Fixed(path) => path.clone(),
+            Paths::Unique { prefix, suffix } => {
+                format!(
+                    "{prefix}{}{suffix}",
+                    counter.fetch_add(1, Ordering::Relaxed)
+                )
+            }
+        };
+        let mut request = Request::builder()
+            .method(load.method.clone())
+            .uri(path)
+            .header(http::header::HOST, &host);
+        for (name, value) in &load.headers {
+            request = request.header(name, value);
+        }
+        let request = request.body(Empty::<Bytes>::new())?;
+        if sender.ready().await.is_err() {
+            errors += 1;
+            break;
+        }
+        let started = Instant::now();
+        let outcome = match sender.send_request(request).await {
+            Ok(response) => {
+                let success = response.status().is_success();
+                let body = response.into_body().collect().await;
+                success && body.is_ok()
+            }
+            Err(_) => false,
+        };
+        if started >= measure_from {
+            let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            histogram.saturating_record(micros.max(1));
+            if outcome {
+                ok += 1;
+            } else {
+                errors += 1;
+            }
+        }
+        if !outcome && sender.is_closed() {
+            break;
+        }
+    }
+    Ok((histogram, ok, errors))
+}
