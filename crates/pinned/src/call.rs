@@ -5,6 +5,7 @@ use axum::extract::FromRequestParts;
 use http::request::Parts;
 use pinned_wire::attestation::Caller;
 
+use crate::cluster::Cluster;
 use crate::context::Context;
 use crate::object::NotAnInstanceRoute;
 use crate::slot::Instance;
@@ -28,6 +29,8 @@ pub struct Call {
     pub(crate) ctx: Context,
     pub(crate) attestation: Option<Caller>,
     pub(crate) epoch: Option<u64>,
+    /// The verified subrequest depth of this request (0 for clients).
+    pub(crate) depth: i64,
 }
 
 impl Call {
@@ -46,6 +49,21 @@ impl Call {
     /// control plane.
     pub fn epoch(&self) -> Option<u64> {
         self.epoch
+    }
+
+    /// The subrequest depth of this request: 0 for a client, `n` for the
+    /// n-th nested cluster call.
+    pub fn depth(&self) -> i64 {
+        self.depth
+    }
+
+    /// A cluster client whose calls are one level deeper than this request.
+    pub fn cluster(&self) -> Cluster {
+        Cluster::new(
+            self.ctx.slot().host.clone(),
+            self.ctx.id(),
+            self.depth.saturating_add(1),
+        )
     }
 }
 

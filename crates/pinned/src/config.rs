@@ -6,13 +6,17 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::time::Duration;
 
 use axum::Router;
 use pinned_wire::ids;
 
 use crate::directory::Activator;
 use crate::host::HostOptions;
+use crate::lease::DEFAULT_LEASE_BUFFER;
 use crate::object::{activator, Object};
+use crate::plane::{ClusterHost, Headroom, PlaneConfig, DEFAULT_HEARTBEAT_INTERVAL};
+use pinned_wire::registry::Takeover;
 
 /// Environment variable: the port [`serve`](crate::serve) binds (default 0,
 /// an ephemeral port).
@@ -22,6 +26,12 @@ pub const ENV_PORT: &str = "PORT";
 pub const ENV_HOST: &str = "HOST";
 /// Environment variable: the pinboard URL (control-plane mode).
 pub const ENV_PINBOARD_URL: &str = "PINBOARD_URL";
+/// Environment variable: the deployment token shared with pinboard.
+pub const ENV_PINBOARD_TOKEN: &str = "PINBOARD_TOKEN";
+/// Environment variable: the URL pinboard reaches this process at.
+pub const ENV_ADVERTISE_URL: &str = "ADVERTISE_URL";
+/// Environment variable: the worker's registered hostname.
+pub const ENV_PINNED_HOSTNAME: &str = "PINNED_HOSTNAME";
 /// Environment variable: set to `1` to allow dev mode in production.
 pub const ENV_ALLOW_DEV_IN_PRODUCTION: &str = "PINBOARD_ALLOW_DEV_IN_PRODUCTION";
 /// Variables whose value `production` or `prod` marks a production process.
@@ -60,11 +70,30 @@ pub enum ConfigError {
         /// Its value.
         value: String,
     },
-    /// `PINBOARD_URL` was set, but this build only runs in local mode.
-    #[error(
-        "control-plane mode (pinboard_url) is not supported by this build yet; unset PINBOARD_URL"
-    )]
-    ControlPlaneUnsupported,
+    /// `pinboard_url` is empty.
+    #[error("pinboard_url must not be empty")]
+    EmptyPinboardUrl,
+    /// `pinboard_url` without a token.
+    #[error("control plane mode requires a token (token=)")]
+    MissingToken,
+    /// `pinboard_url` without an advertise URL.
+    #[error("control plane mode requires an advertise URL (advertise_url=)")]
+    MissingAdvertiseUrl,
+    /// A token or advertise URL without `pinboard_url`.
+    #[error("token and advertise_url require a pinboard_url (pinboard_url=)")]
+    MissingPinboardUrl,
+    /// `env` or `takeover` without a hostname.
+    #[error("env and takeover require a hostname (hostname=)")]
+    MissingHostname,
+    /// A zero lease buffer.
+    #[error("lease_buffer must be positive")]
+    LeaseBuffer,
+    /// A zero heartbeat interval.
+    #[error("heartbeat_interval must be positive")]
+    HeartbeatInterval,
+    /// The registry HTTP client could not be built.
+    #[error("cannot build the registry HTTP client: {0}")]
+    HttpClient(String),
 }
 
 /// Every problem found in one [`Options`].
@@ -121,6 +150,17 @@ pub struct Options {
     pub(crate) port: Option<String>,
     pub(crate) bind: Option<String>,
     env: Option<HashMap<String, String>>,
+    pub(crate) pinboard_url: Option<String>,
+    pub(crate) token: Option<String>,
+    pub(crate) advertise_url: Option<String>,
+    pub(crate) hostname: Option<String>,
+    pub(crate) world: Option<String>,
+    pub(crate) takeover: Option<Takeover>,
+    pub(crate) epoch: u64,
+    pub(crate) cluster_host: ClusterHost,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) lease_buffer: Duration,
+    pub(crate) headroom: Option<Headroom>,
 }
 
 impl Default for Options {
@@ -150,10 +190,22 @@ impl Options {
             port: None,
             bind: None,
             env: None,
+            pinboard_url: None,
+            token: None,
+            advertise_url: None,
+            hostname: None,
+            world: None,
+            takeover: None,
+            epoch: 0,
+            cluster_host: ClusterHost::default(),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            lease_buffer: DEFAULT_LEASE_BUFFER,
+            headroom: None,
         }
     }
 
-    /// Options from the process environment: `PORT`, `HOST`, and the
+    /// Options from the process environment: `PORT`, `HOST`, `PINBOARD_URL`,
+    /// `PINBOARD_TOKEN`, `ADVERTISE_URL`, `PINNED_HOSTNAME`, and the
     /// production markers (`NODE_ENV`, `ENVIRONMENT`, `APP_ENV`).
     pub fn from_env() -> Self {
         Self::new().env_vars(std::env::vars())
@@ -172,7 +224,78 @@ impl Options {
             .collect();
         self.port = vars.get(ENV_PORT).cloned();
         self.bind = vars.get(ENV_HOST).cloned();
+        self.pinboard_url = vars.get(ENV_PINBOARD_URL).cloned();
+        self.token = vars.get(ENV_PINBOARD_TOKEN).cloned();
+        self.advertise_url = vars.get(ENV_ADVERTISE_URL).cloned();
+        self.hostname = vars.get(ENV_PINNED_HOSTNAME).cloned();
         self.env = Some(vars);
+        self
+    }
+
+    /// Control-plane mode: register with the pinboard at `pinboard_url`
+    /// using the deployment `token`, reachable at `advertise_url` (which must
+    /// address this process alone).
+    pub fn pinboard(
+        mut self,
+        pinboard_url: impl Into<String>,
+        token: impl Into<String>,
+        advertise_url: impl Into<String>,
+    ) -> Self {
+        self.pinboard_url = Some(pinboard_url.into());
+        self.token = Some(token.into());
+        self.advertise_url = Some(advertise_url.into());
+        self
+    }
+
+    /// The worker's hostname binding (placement world and supersession).
+    pub fn hostname(mut self, hostname: impl Into<String>) -> Self {
+        self.hostname = Some(hostname.into());
+        self
+    }
+
+    /// The placement environment of the hostname binding (needs a hostname).
+    pub fn placement_env(mut self, env: impl Into<String>) -> Self {
+        self.world = Some(env.into());
+        self
+    }
+
+    /// What happens to a lower-epoch worker of the same hostname (needs a
+    /// hostname).
+    pub fn takeover(mut self, takeover: Takeover) -> Self {
+        self.takeover = Some(takeover);
+        self
+    }
+
+    /// The deployment epoch (0: none); a higher one supersedes this
+    /// hostname's older workers.
+    pub fn deployment_epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+
+    /// How cluster calls through pinboard name their world.
+    pub fn cluster_host(mut self, cluster_host: ClusterHost) -> Self {
+        self.cluster_host = cluster_host;
+        self
+    }
+
+    /// Heartbeat period (default 3 s).
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_interval = interval;
+        self
+    }
+
+    /// Safety margin before the lease deadline during which new activations
+    /// are refused (default 5 s).
+    pub fn lease_buffer(mut self, buffer: Duration) -> Self {
+        self.lease_buffer = buffer;
+        self
+    }
+
+    /// The headroom probe reported to pinboard, in MB (default: cgroup limit
+    /// minus usage, floored by available memory).
+    pub fn headroom(mut self, probe: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        self.headroom = Some(std::sync::Arc::new(probe));
         self
     }
 
@@ -235,12 +358,36 @@ impl Options {
         if let Err(port) = self.parsed_port() {
             errors.push(port);
         }
-        if self
-            .var(ENV_PINBOARD_URL)
-            .is_some_and(|url| !url.is_empty())
+        match &self.pinboard_url {
+            Some(url) => {
+                if url.trim().is_empty() {
+                    errors.push(ConfigError::EmptyPinboardUrl);
+                }
+                if self.token.as_deref().is_none_or(str::is_empty) {
+                    errors.push(ConfigError::MissingToken);
+                }
+                if self.advertise_url.as_deref().is_none_or(str::is_empty) {
+                    errors.push(ConfigError::MissingAdvertiseUrl);
+                }
+            }
+            None => {
+                if self.token.is_some() || self.advertise_url.is_some() {
+                    errors.push(ConfigError::MissingPinboardUrl);
+                }
+            }
+        }
+        if self.hostname.is_none() && (self.world.is_some() || self.takeover.is_some()) {
+            errors.push(ConfigError::MissingHostname);
+        }
+        if self.lease_buffer.is_zero() {
+            errors.push(ConfigError::LeaseBuffer);
+        }
+        if self.heartbeat_interval.is_zero() {
+            errors.push(ConfigError::HeartbeatInterval);
+        }
+        if self.pinboard_url.is_none()
+            && self.var(ENV_ALLOW_DEV_IN_PRODUCTION).as_deref() != Some("1")
         {
-            errors.push(ConfigError::ControlPlaneUnsupported);
-        } else if self.var(ENV_ALLOW_DEV_IN_PRODUCTION).as_deref() != Some("1") {
             for variable in PRODUCTION_MARKERS {
                 if let Some(value) = self.var(variable) {
                     if matches!(
@@ -258,6 +405,26 @@ impl Options {
         } else {
             Err(ConfigErrors(errors))
         }
+    }
+
+    /// The control-plane configuration, when one is set (validated).
+    pub(crate) fn plane_config(&mut self) -> Option<PlaneConfig> {
+        let pinboard_url = self.pinboard_url.clone()?;
+        Some(PlaneConfig {
+            pinboard_url: pinboard_url.trim_end_matches('/').to_owned(),
+            token: self.token.clone().unwrap_or_default(),
+            advertise_url: self.advertise_url.clone().unwrap_or_default(),
+            hostname: self.hostname.clone(),
+            env: self.world.clone(),
+            takeover: self.takeover,
+            epoch: self.epoch,
+            cluster_host: self.cluster_host,
+            heartbeat_interval: self.heartbeat_interval,
+            headroom: self
+                .headroom
+                .clone()
+                .unwrap_or_else(|| std::sync::Arc::new(crate::headroom::default_headroom)),
+        })
     }
 
     pub(crate) fn into_hosts(self) -> Vec<HostSpec> {

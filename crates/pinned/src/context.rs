@@ -13,9 +13,22 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio_util::sync::WaitForCancellationFuture;
 
+use crate::cluster::Cluster;
 use crate::directory::{self, HostShared};
 use crate::slot::{Phase, Slot};
 use crate::BoxError;
+
+/// Why [`Context::tag`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TagError {
+    /// No request carrying a placement epoch was admitted yet.
+    #[error("tag needs an admitted placement epoch")]
+    NotAdmitted,
+    /// pinboard did not accept the tag after three attempts.
+    #[error("pinboard did not accept the tag")]
+    Unreachable,
+}
 
 /// The context of one live instance, handed to
 /// [`Object::activate`](crate::Object::activate) and reachable from every
@@ -162,6 +175,33 @@ impl Context {
     /// they answer 503 `instance past its wind-down deadline; retry`.
     pub fn wind_down(&self, deadline: Option<Duration>) {
         directory::wind_down(&self.slot, deadline);
+    }
+
+    /// A cluster client for calls to other instances (depth 1; inside a
+    /// handler prefer [`Call::cluster`](crate::Call::cluster), which
+    /// carries the request's depth).
+    pub fn cluster(&self) -> Cluster {
+        Cluster::new(self.slot.host.clone(), self.id(), 1)
+    }
+
+    /// Stamps an owner `tag` on the instance's placement (`POST
+    /// /registry/tag` at the admitted epoch), for `GET
+    /// /registry/overview?tag=`. A no-op without a control plane.
+    ///
+    /// # Errors
+    ///
+    /// Before any request was admitted with a placement epoch, or when
+    /// pinboard stays unreachable over three attempts.
+    pub async fn tag(&self, tag: &str) -> Result<(), TagError> {
+        let Some(plane) = &self.slot.host.plane else {
+            return Ok(());
+        };
+        let epoch = self.epoch().ok_or(TagError::NotAdmitted)?;
+        if plane.tag(self.ns(), self.id(), epoch, tag).await {
+            Ok(())
+        } else {
+            Err(TagError::Unreachable)
+        }
     }
 
     /// Whether the instance is winding down (its own wind-down, or its host

@@ -29,8 +29,10 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::context::Context;
+use crate::fence::FenceTable;
 use crate::host::HostOptions;
 use crate::metrics::Metrics;
+use crate::plane::Plane;
 use crate::slot::{Activation, Busy, Instance, Phase, Slot, WindDown};
 use crate::BoxError;
 
@@ -55,11 +57,41 @@ impl From<Refusal> for Admission {
     }
 }
 
+/// Which drain a host is in. The worker's own drain and the control
+/// plane's (the `draining` echo of acks) are kept apart: revoking one never
+/// revokes the other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DrainKind {
+    /// `Worker::drain` (SIGTERM).
+    Local,
+    /// pinboard's `draining: true` echo.
+    Server,
+}
+
 #[derive(Default)]
 struct DrainState {
-    deadline: Option<Instant>,
+    /// `Some(deadline)` while draining; the inner `None` never aborts.
+    local: Option<Option<Instant>>,
+    server: Option<Option<Instant>>,
     timer: Option<AbortHandle>,
 }
+
+impl DrainState {
+    fn draining(&self) -> bool {
+        self.local.is_some() || self.server.is_some()
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        match (self.local.flatten(), self.server.flatten()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// How long a closing instance waits for its placement release before the
+/// release continues in the background (about one registry call).
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 /// One row of `/_pinned/stats` `instances`.
 pub(crate) struct InstanceRow {
@@ -95,16 +127,41 @@ pub(crate) struct HostShared {
     activations: AtomicU64,
     evictions: AtomicU64,
     sweeper: Mutex<Option<AbortHandle>>,
+    /// Audience of tokens the worker mints for its own in-process calls.
+    pub(crate) local_aud: String,
+    /// The worker secret: verifies attestations.
+    pub(crate) secret: Arc<str>,
+    /// The control plane, `None` in local mode.
+    pub(crate) plane: Option<Arc<Plane>>,
+    pub(crate) fences: FenceTable,
+    /// The worker, for in-process cluster calls (set once built).
+    pub(crate) worker: std::sync::OnceLock<std::sync::Weak<crate::worker::Inner>>,
+}
+
+/// What a host is built from, besides its options.
+pub(crate) struct HostParts {
+    pub(crate) ns: Arc<str>,
+    pub(crate) options: HostOptions,
+    pub(crate) activator: Activator,
+    pub(crate) router: Router,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) local_aud: String,
+    pub(crate) secret: Arc<str>,
+    pub(crate) plane: Option<Arc<Plane>>,
 }
 
 impl HostShared {
-    pub(crate) fn new(
-        ns: Arc<str>,
-        options: HostOptions,
-        activator: Activator,
-        router: Router,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub(crate) fn new(parts: HostParts) -> Self {
+        let HostParts {
+            ns,
+            options,
+            activator,
+            router,
+            metrics,
+            local_aud,
+            secret,
+            plane,
+        } = parts;
         let duration = metrics.duration_for(&ns);
         Self {
             ns,
@@ -125,6 +182,11 @@ impl HostShared {
             activations: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             sweeper: Mutex::new(None),
+            local_aud,
+            secret,
+            plane,
+            fences: FenceTable::default(),
+            worker: std::sync::OnceLock::new(),
         }
     }
 
@@ -137,7 +199,48 @@ impl HostShared {
     }
 
     pub(crate) fn drain_deadline(&self) -> Option<Instant> {
-        self.drain.lock().deadline
+        self.drain.lock().deadline()
+    }
+
+    /// The ids of every record (resident, activating or closing).
+    pub(crate) fn ids(&self) -> Vec<String> {
+        self.slots
+            .iter()
+            .map(|entry| entry.key().to_string())
+            .collect()
+    }
+
+    /// Whether `id` has a record that is not closing.
+    pub(crate) fn is_resident(&self, id: &str) -> bool {
+        self.slot(id)
+            .is_some_and(|slot| matches!(slot.phase(), Phase::Activating | Phase::Live))
+    }
+
+    fn slot(&self, id: &str) -> Option<Arc<Slot>> {
+        self.slots.get(id).map(|entry| entry.value().clone())
+    }
+
+    /// Aborts instance `id` if resident (a duplicate placement, an operator).
+    pub(crate) fn abort_id(&self, id: &str) {
+        if let Some(slot) = self.slot(id) {
+            Self::abort(&slot);
+        }
+    }
+
+    /// A `wind_down` control message: a deadline in seconds from now, or
+    /// `None` to revoke. A no-op for an id that is not resident.
+    pub(crate) fn wind_down_id(&self, id: &str, deadline: Option<Duration>) {
+        let Some(slot) = self.slot(id) else { return };
+        match deadline {
+            None => unwind(&slot),
+            Some(after) => {
+                if matches!(slot.phase(), Phase::Closing | Phase::Closed) {
+                    slot.releasing.store(true, Ordering::SeqCst);
+                    return;
+                }
+                wind_down(&slot, Some(after));
+            }
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -157,7 +260,25 @@ impl HostShared {
     ///
     /// Cancel safe: an activation runs in its own task, so a client that
     /// goes away mid-activation leaves it to finish for the next request.
-    pub(crate) async fn enter(self: &Arc<Self>, id: &str) -> Result<(Busy, Instance), Admission> {
+    pub(crate) async fn enter(
+        self: &Arc<Self>,
+        id: &str,
+        epoch: Option<u64>,
+    ) -> Result<(Busy, Instance), Admission> {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(Admission::ShutDown);
+        }
+        // Past its lease the placement may live elsewhere: a woken process
+        // serves nothing until it has re-registered.
+        if let Some(plane) = &self.plane {
+            if plane.lease.expired() {
+                return Err(Refusal::LeaseExpired.into());
+            }
+        }
+        if let Some(epoch) = epoch {
+            let ttl = self.plane.as_ref().and_then(|plane| plane.lease.ttl());
+            self.fences.admit(id, epoch, ttl)?;
+        }
         loop {
             if self.shut_down.load(Ordering::SeqCst) {
                 return Err(Admission::ShutDown);
@@ -186,9 +307,16 @@ impl HostShared {
                         _ => Self::await_activation(busy).await,
                     };
                 }
-                // Local mode: a closing record is waited out, then the id
-                // activates afresh.
-                Err(_) => self.wait_gone(&slot).await,
+                // While its placement release is in flight the proxy must
+                // re-resolve, not re-activate here; otherwise (local mode, a
+                // close that keeps its placement) the close is waited out
+                // and the id activates afresh.
+                Err(_) => {
+                    if self.plane.is_some() && slot.releasing.load(Ordering::SeqCst) {
+                        return Err(Refusal::Closing.into());
+                    }
+                    self.wait_gone(&slot).await;
+                }
             }
         }
     }
@@ -196,6 +324,12 @@ impl HostShared {
     /// Creates and starts activating a record for `id`; `None` when another
     /// request created one first.
     fn create(self: &Arc<Self>, id: &str) -> Result<Option<Busy>, Refusal> {
+        // Existing instances keep serving; only new activations refuse.
+        if let Some(plane) = &self.plane {
+            if !plane.lease.healthy() {
+                return Err(Refusal::LeaseUnhealthy);
+            }
+        }
         if self.draining() {
             return Err(Refusal::Draining);
         }
@@ -343,6 +477,8 @@ impl HostShared {
         for slot in candidates {
             Self::close_if_idle(&slot);
         }
+        self.fences
+            .sweep(self.plane.as_ref().and_then(|plane| plane.lease.ttl()));
     }
 
     fn all(&self) -> Vec<Arc<Slot>> {
@@ -379,16 +515,46 @@ impl HostShared {
         *sweeper = Some(task.abort_handle());
     }
 
-    /// Drains: refuse new activations, evict idle instances now, abort the
-    /// rest at `deadline` (never, for `None`).
-    pub(crate) fn start_drain(self: &Arc<Self>, deadline: Option<Duration>) {
+    /// Drains (`kind`): refuse new activations, evict idle instances now,
+    /// abort the rest at `deadline` from now (never, for `None`).
+    pub(crate) fn start_drain(self: &Arc<Self>, kind: DrainKind, deadline: Option<Duration>) {
+        let at = deadline.map(|after| Instant::now() + after);
+        {
+            let mut drain = self.drain.lock();
+            match kind {
+                DrainKind::Local => drain.local = Some(at),
+                DrainKind::Server => drain.server = Some(at),
+            }
+            self.rearm(&mut drain);
+        }
+        tracing::info!(namespace = %self.ns, ?kind, ?deadline, "draining");
+        self.sweep();
+    }
+
+    /// Revokes one kind of drain; the other stays in force.
+    pub(crate) fn stop_drain(self: &Arc<Self>, kind: DrainKind) {
         let mut drain = self.drain.lock();
+        let was = match kind {
+            DrainKind::Local => drain.local.take(),
+            DrainKind::Server => drain.server.take(),
+        };
+        self.rearm(&mut drain);
+        if was.is_some() {
+            tracing::info!(namespace = %self.ns, ?kind, "drain revoked");
+        }
+    }
+
+    /// Publishes the drain state: flag, abort timer, lease cap.
+    fn rearm(self: &Arc<Self>, drain: &mut DrainState) {
+        self.draining.store(drain.draining(), Ordering::SeqCst);
         if let Some(timer) = drain.timer.take() {
             timer.abort();
         }
-        drain.deadline = deadline.map(|after| Instant::now() + after);
-        self.draining.store(true, Ordering::SeqCst);
-        if let Some(at) = drain.deadline {
+        let deadline = drain.deadline();
+        if let Some(plane) = &self.plane {
+            plane.lease.cap(deadline);
+        }
+        if let Some(at) = deadline {
             let weak = Arc::downgrade(self);
             let timer = tokio::spawn(async move {
                 tokio::time::sleep_until(at).await;
@@ -399,20 +565,6 @@ impl HostShared {
             });
             drain.timer = Some(timer.abort_handle());
         }
-        drop(drain);
-        tracing::info!(namespace = %self.ns, ?deadline, "draining");
-        self.sweep();
-    }
-
-    /// Revokes a drain: new activations are accepted again.
-    pub(crate) fn stop_drain(&self) {
-        let mut drain = self.drain.lock();
-        if let Some(timer) = drain.timer.take() {
-            timer.abort();
-        }
-        drain.deadline = None;
-        self.draining.store(false, Ordering::SeqCst);
-        tracing::info!(namespace = %self.ns, "drain revoked");
     }
 
     /// Resolves once no record is left.
@@ -486,6 +638,18 @@ pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
     HostShared::close_if_idle(slot);
 }
 
+/// Revokes an instance's wind-down (a `wind_down` message with a null
+/// deadline).
+pub(crate) fn unwind(slot: &Arc<Slot>) {
+    let mut wind = slot.wind.lock();
+    if let Some(state) = wind.take() {
+        if let Some(timer) = state.timer {
+            timer.abort();
+        }
+    }
+    slot.winding.store(false, Ordering::SeqCst);
+}
+
 /// Closes one instance: signal, let open work settle, run `on_stop`
 /// handlers last-registered first, then leave the map.
 async fn teardown(slot: Arc<Slot>, aborted: bool) {
@@ -519,6 +683,9 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
             }
         }
     }
+    if slot.releasing.load(Ordering::SeqCst) {
+        release(&host, &slot).await;
+    }
     host.evictions.fetch_add(1, Ordering::Relaxed);
     host.metrics.evictions.inc();
     if aborted {
@@ -533,6 +700,26 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
         tracing::info!(namespace = %host.ns, id = %slot.id, "evicted instance");
     }
     host.remove(&slot);
+}
+
+/// Releases the placement of a closing instance: the fence first (so a
+/// late request at that epoch bounces), then `/registry/release`, waited up
+/// to [`RELEASE_WAIT`] and finished in the background after that.
+async fn release(host: &Arc<HostShared>, slot: &Arc<Slot>) {
+    let epoch = slot.epoch();
+    if let Some(epoch) = epoch {
+        host.fences.release(&slot.id, epoch);
+    }
+    let Some(plane) = &host.plane else { return };
+    let call = tokio::spawn({
+        let plane = plane.clone();
+        let ns = host.ns.to_string();
+        let id = slot.id.to_string();
+        async move { plane.release(ns, id, epoch).await }
+    });
+    if tokio::time::timeout(RELEASE_WAIT, call).await.is_err() {
+        tracing::warn!(namespace = %host.ns, id = %slot.id, "placement release still pending; continuing in the background");
+    }
 }
 
 /// Spawns `work` on the current runtime; a no-op once the runtime is gone

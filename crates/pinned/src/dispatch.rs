@@ -19,7 +19,7 @@ use futures_util::FutureExt;
 use http::{Extensions, StatusCode, Uri};
 use http_body::Body as _;
 use pinned_wire::refusal::Refusal;
-use pinned_wire::{epoch, headers, ids};
+use pinned_wire::{attestation, epoch, headers, ids};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
@@ -60,10 +60,42 @@ fn rewrite(rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri
     }
 }
 
+fn wall_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|since| since.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 /// Serves one request for the namespace of `host`.
 pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Response {
     let started = Instant::now();
     let (mut parts, body) = request.into_parts();
+    // Attestation first (before id validation, as the reference orders
+    // it): required behind pinboard, read but optional in local mode.
+    let claims = parts
+        .headers
+        .get(headers::ATTESTATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|token| {
+            attestation::verify(
+                token,
+                &host.secret,
+                |aud| {
+                    aud == host.local_aud
+                        || host
+                            .plane
+                            .as_ref()
+                            .is_some_and(|plane| plane.is_session(aud))
+                },
+                wall_now(),
+            )
+        });
+    if host.plane.is_some() && claims.is_none() {
+        return response::detail(StatusCode::FORBIDDEN, "invalid attestation");
+    }
+    let depth = claims.as_ref().and_then(|claims| claims.depth).unwrap_or(0);
+    let caller = claims.as_ref().and_then(attestation::attested_caller);
     let target = target(&host.ns, parts.uri.path());
     let id: Cow<'_, str> = match ids::decode_id_segment(target.raw_id) {
         Ok(id) => id,
@@ -86,7 +118,7 @@ pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Respons
         Err(_) => return response::detail(StatusCode::BAD_REQUEST, "invalid request path"),
     };
 
-    let (entry, instance) = match host.enter(&id).await {
+    let (entry, instance) = match host.enter(&id, epoch).await {
         Ok(entered) => entered,
         Err(Admission::Refused(refusal)) => return response::refusal(refusal),
         Err(Admission::ActivationFailed | Admission::ShutDown) => {
@@ -111,8 +143,9 @@ pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Respons
     extensions.insert(Scope {
         call: Call {
             ctx: Context::new(slot.clone()),
-            attestation: None,
+            attestation: caller,
             epoch,
+            depth,
         },
         instance,
     });

@@ -28,6 +28,7 @@ pub struct HostOptions {
     pub(crate) sweep_interval: Duration,
     pub(crate) release_placement_on_idle: bool,
     pub(crate) exclusive: bool,
+    pub(crate) env: Option<String>,
 }
 
 impl Default for HostOptions {
@@ -38,6 +39,7 @@ impl Default for HostOptions {
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
             release_placement_on_idle: true,
             exclusive: false,
+            env: None,
         }
     }
 }
@@ -76,6 +78,13 @@ impl HostOptions {
     /// response (a streaming body or WebSocket keeps running after the turn).
     pub fn exclusive(mut self, exclusive: bool) -> Self {
         self.exclusive = exclusive;
+        self
+    }
+
+    /// The namespace's own placement world (`envs` in the register body),
+    /// overriding the worker's `env` for this namespace.
+    pub fn env(mut self, env: impl Into<String>) -> Self {
+        self.env = Some(env.into());
         self
     }
 

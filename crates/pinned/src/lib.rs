@@ -43,14 +43,20 @@
 
 mod body;
 mod call;
+mod cluster;
 mod config;
 mod context;
 mod directory;
 mod dispatch;
+mod fence;
+mod headroom;
 mod host;
+mod lease;
 mod metrics;
 mod object;
+mod plane;
 mod process;
+mod registration;
 mod response;
 mod serve;
 mod slot;
@@ -58,14 +64,19 @@ mod worker;
 pub mod ws;
 
 pub use call::Call;
+pub use cluster::{Cluster, ClusterError};
 pub use config::{
-    ConfigError, ConfigErrors, Options, ENV_ALLOW_DEV_IN_PRODUCTION, ENV_HOST, ENV_PINBOARD_URL,
-    ENV_PORT, PRODUCTION_MARKERS,
+    ConfigError, ConfigErrors, Options, ENV_ADVERTISE_URL, ENV_ALLOW_DEV_IN_PRODUCTION, ENV_HOST,
+    ENV_PINBOARD_TOKEN, ENV_PINBOARD_URL, ENV_PINNED_HOSTNAME, ENV_PORT, PRODUCTION_MARKERS,
 };
-pub use context::Context;
+pub use context::{Context, TagError};
+pub use headroom::{default_headroom, DEFAULT_HEADROOM_MB};
 pub use host::{HostOptions, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES, DEFAULT_SWEEP_INTERVAL};
+pub use lease::DEFAULT_LEASE_BUFFER;
 pub use object::{NotAnInstanceRoute, Object, This};
 pub use pinned_wire::attestation::Caller;
+pub use pinned_wire::registry::Takeover;
+pub use plane::{ClusterHost, Headroom, RegistrationState, DEFAULT_HEARTBEAT_INTERVAL};
 pub use serve::{serve, serve_worker, shutdown_signal, ServeError, SHUTDOWN_DRAIN_DEADLINE};
 pub use worker::Worker;
 

@@ -45,14 +45,19 @@ pub(crate) struct Namespace {
     pub(crate) namespace: String,
 }
 
-/// Every `pinned_*` metric of one worker. The control-plane ones are
-/// registered (so dashboards see them at zero in local mode) but not yet kept.
+/// Every `pinned_*` metric of one worker. Hook and shutdown failures are
+/// registered (so dashboards see them) but nothing here counts them yet.
 pub(crate) struct Metrics {
     registry: Registry,
     pub(crate) activations: Counter,
     pub(crate) evictions: Counter,
     pub(crate) aborts: Counter,
     pub(crate) active_instances: Gauge,
+    pub(crate) lease_healthy: Gauge,
+    pub(crate) registered: Gauge,
+    pub(crate) registration_failures: Counter,
+    pub(crate) duplicate_quits: Counter,
+    pub(crate) control_plane_failures: Family<OperationReason, Counter>,
     pub(crate) request_failures: Family<PhaseTransport, Counter>,
     request_duration: Family<Namespace, Histogram>,
 }
@@ -149,6 +154,11 @@ impl Metrics {
             evictions,
             aborts,
             active_instances,
+            lease_healthy,
+            registered,
+            registration_failures,
+            duplicate_quits,
+            control_plane_failures,
             request_failures,
             request_duration,
         }
@@ -166,6 +176,13 @@ impl Metrics {
     pub(crate) fn request_failed(&self, phase: &'static str, transport: &'static str) {
         self.request_failures
             .get_or_create(&PhaseTransport { phase, transport })
+            .inc();
+    }
+
+    /// One `pinned_control_plane_failures_total{operation, reason}`.
+    pub(crate) fn control_failed(&self, operation: &'static str, reason: &'static str) {
+        self.control_plane_failures
+            .get_or_create(&OperationReason { operation, reason })
             .inc();
     }
 

@@ -111,6 +111,8 @@ pub(crate) struct Slot {
     pub(crate) wind: Mutex<Option<Box<WindDown>>>,
     /// Mirrors `wind.is_some()` so the request path never takes the lock.
     pub(crate) winding: AtomicBool,
+    /// The close under way releases the placement (control-plane mode).
+    pub(crate) releasing: AtomicBool,
     /// Exclusive (turn-based) hosts: one request at a time.
     pub(crate) turn: Option<Semaphore>,
 }
@@ -136,6 +138,7 @@ impl Slot {
             on_stop: Mutex::new(Vec::new()),
             wind: Mutex::new(None),
             winding: AtomicBool::new(false),
+            releasing: AtomicBool::new(false),
             turn,
         }
     }
@@ -215,18 +218,28 @@ impl Slot {
 
     /// `(Live, 0)` → `(Closing, 0)`: the only way an idle instance closes.
     pub(crate) fn begin_idle_close(&self) -> bool {
-        self.state
+        let closing = self
+            .state
             .compare_exchange(
                 word(Phase::Live, 0),
                 word(Phase::Closing, 0),
                 Ordering::SeqCst,
                 Ordering::SeqCst,
             )
-            .is_ok()
+            .is_ok();
+        if closing {
+            self.releasing.store(
+                self.host.options.release_placement_on_idle,
+                Ordering::SeqCst,
+            );
+        }
+        closing
     }
 
     /// `Activating | Live` → `Closing` whatever is in flight (an abort).
     pub(crate) fn begin_abort(&self) -> bool {
+        // An abort always releases, also one that upgrades a kept close.
+        self.releasing.store(true, Ordering::SeqCst);
         self.transition(|phase| {
             matches!(phase, Phase::Activating | Phase::Live).then_some(Phase::Closing)
         })

@@ -1,12 +1,14 @@
 //! The [`Worker`]: every hosted namespace of one process, its HTTP surface
-//! (`/_pinned/stats`, `/<ns>/<id>/...`, optionally `/metrics`) and its
-//! process-wide lifecycle (start, drain, close).
+//! (`/_pinned/stats`, `/_pinned/challenge` behind pinboard,
+//! `/<ns>/<id>/...`, optionally `/metrics`) and its process-wide lifecycle
+//! (start, drain, close, registration).
 //!
 //! The worker owns no sockets; [`serve`](crate::serve) binds one, or the
 //! application merges [`Worker::router`] beside its own routes.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::Request;
@@ -21,10 +23,11 @@ use serde_json::{json, Map, Value};
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
-use crate::config::{ConfigErrors, Options};
-use crate::directory::HostShared;
+use crate::config::{ConfigError, ConfigErrors, Options};
+use crate::directory::{DrainKind, HostParts, HostShared};
 use crate::dispatch::dispatch;
 use crate::metrics::Metrics;
+use crate::plane::{Plane, RegistrationState};
 use crate::process::CpuProbe;
 use crate::response;
 
@@ -36,17 +39,28 @@ pub struct Worker {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     hosts: Vec<Arc<HostShared>>,
-    /// Authenticates `/_pinned/*` (the proxy secret). In local mode only
-    /// in-process callers know it.
-    secret: String,
-    /// One local audience per host, for tokens the worker mints itself.
-    audiences: Vec<String>,
+    /// Authenticates `/_pinned/*` (the proxy secret) and signs the tokens
+    /// of in-process cluster calls. In local mode only in-process callers
+    /// know it.
+    secret: Arc<str>,
+    plane: Option<Arc<Plane>>,
     metrics: Arc<Metrics>,
     created: Instant,
     cpu: CpuProbe,
     started: AtomicBool,
+    router: OnceLock<Router>,
+}
+
+impl Inner {
+    pub(crate) fn host(&self, ns: &str) -> Option<Arc<HostShared>> {
+        self.hosts.iter().find(|host| &*host.ns == ns).cloned()
+    }
+
+    pub(crate) fn router(&self) -> Router {
+        self.router.get().cloned().unwrap_or_default()
+    }
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -59,54 +73,83 @@ fn route_escape(ns: &str) -> String {
     ns.replace('{', "{{").replace('}', "}}")
 }
 
+fn wall_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| since.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 impl Options {
     /// Validates the options and builds the worker (not yet started).
     ///
     /// # Errors
     ///
     /// Every configuration problem at once: invalid or duplicate
-    /// namespaces, no hosts, bad per-host options, a non-integer `PORT`, dev
-    /// mode in production.
-    pub fn build(self) -> Result<Worker, ConfigErrors> {
+    /// namespaces, no hosts, bad per-host options, a non-integer `PORT`, an
+    /// incomplete control-plane configuration, dev mode in production.
+    pub fn build(mut self) -> Result<Worker, ConfigErrors> {
         self.validate()?;
-        tracing::warn!(
-            "pinned DEV MODE: no pinboard configured; serving instances locally with \
-             attestation checks off. Do not run this in production."
-        );
         let metrics = Arc::new(Metrics::new());
+        let plane = match self.plane_config() {
+            None => {
+                tracing::warn!(
+                    "pinned DEV MODE: no pinboard configured; serving instances locally with \
+                     attestation checks off. Do not run this in production."
+                );
+                None
+            }
+            Some(config) => {
+                let lease_buffer = self.lease_buffer;
+                let plane = Plane::new(config, lease_buffer, metrics.clone())
+                    .map_err(|e| ConfigErrors(vec![ConfigError::HttpClient(e.to_string())]))?;
+                Some(Arc::new(plane))
+            }
+        };
+        let secret: Arc<str> = plane
+            .as_ref()
+            .map_or_else(|| Arc::from(random_hex(32)), |plane| plane.secret.clone());
         let hosts: Vec<Arc<HostShared>> = self
             .into_hosts()
             .into_iter()
             .map(|spec| {
-                Arc::new(HostShared::new(
-                    Arc::from(spec.ns.as_str()),
-                    spec.options,
-                    spec.activator,
-                    (spec.routes)(),
-                    metrics.clone(),
-                ))
+                Arc::new(HostShared::new(HostParts {
+                    ns: Arc::from(spec.ns.as_str()),
+                    options: spec.options,
+                    activator: spec.activator,
+                    router: (spec.routes)(),
+                    metrics: metrics.clone(),
+                    local_aud: random_hex(16),
+                    secret: secret.clone(),
+                    plane: plane.clone(),
+                }))
             })
             .collect();
-        let audiences = hosts.iter().map(|_| random_hex(16)).collect();
-        Ok(Worker {
+        if let Some(plane) = &plane {
+            plane.attach(&hosts);
+        }
+        let worker = Worker {
             inner: Arc::new(Inner {
                 hosts,
-                secret: random_hex(32),
-                audiences,
+                secret,
+                plane,
                 metrics,
                 created: Instant::now(),
                 cpu: CpuProbe::default(),
                 started: AtomicBool::new(false),
+                router: OnceLock::new(),
             }),
-        })
+        };
+        for host in &worker.inner.hosts {
+            let _ = host.worker.set(Arc::downgrade(&worker.inner));
+        }
+        let _ = worker.inner.router.set(worker.build_router());
+        Ok(worker)
     }
 }
 
 impl Worker {
-    /// The worker's routes: `GET /_pinned/stats` and, per namespace `ns`,
-    /// every method on `/<ns>/` and `/<ns>/*`. Merge it beside the
-    /// application's own routes.
-    pub fn router(&self) -> Router {
+    fn build_router(&self) -> Router {
         let stats_worker = self.clone();
         let mut router = Router::new().route(
             "/_pinned/stats",
@@ -115,6 +158,19 @@ impl Worker {
                 async move { worker.stats_route(&headers) }
             }),
         );
+        if self.inner.plane.is_some() {
+            let challenge_worker = self.clone();
+            router = router.route(
+                "/_pinned/challenge",
+                get(
+                    move |headers: HeaderMap,
+                          query: axum::extract::Query<HashMap<String, String>>| {
+                        let worker = challenge_worker.clone();
+                        async move { worker.challenge_route(&headers, &query) }
+                    },
+                ),
+            );
+        }
         for host in &self.inner.hosts {
             let ns = route_escape(&host.ns);
             let bare = host.clone();
@@ -130,6 +186,13 @@ impl Worker {
                 );
         }
         router
+    }
+
+    /// The worker's routes: `GET /_pinned/stats`, `GET /_pinned/challenge`
+    /// in control-plane mode, and, per namespace `ns`, every method on
+    /// `/<ns>/` and `/<ns>/*`. Merge it beside the application's routes.
+    pub fn router(&self) -> Router {
+        self.inner.router()
     }
 
     /// `GET /metrics` in Prometheus text format, to merge where wanted.
@@ -154,7 +217,8 @@ impl Worker {
         )
     }
 
-    /// Starts the idle sweeps (idempotent). Call once the server listens.
+    /// Starts the idle sweeps and, behind pinboard, the registration loop
+    /// (idempotent). Call once the server listens.
     pub fn start(&self) {
         if self.inner.started.swap(true, Ordering::SeqCst) {
             return;
@@ -162,46 +226,116 @@ impl Worker {
         for host in &self.inner.hosts {
             host.start();
         }
+        if let Some(plane) = &self.inner.plane {
+            plane.start();
+        }
     }
 
     /// Drains every namespace: refuses new activations, evicts idle
     /// instances now, aborts the rest `deadline` from now (`None`: never),
-    /// and resolves once every instance closed. [`undrain`](Self::undrain)
-    /// revokes it.
+    /// reports `draining: true` to pinboard, and resolves once every
+    /// instance closed. [`undrain`](Self::undrain) revokes it.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropping the future leaves the drain in force.
     pub async fn drain(&self, deadline: Option<Duration>) {
+        if let Some(plane) = &self.inner.plane {
+            plane.set_draining(true);
+        }
         for host in &self.inner.hosts {
-            host.start_drain(deadline);
+            host.start_drain(DrainKind::Local, deadline);
         }
         for host in &self.inner.hosts {
             host.wait_empty().await;
         }
+        tracing::info!("drain complete: no live instances");
     }
 
-    /// Revokes a drain: new activations are accepted again.
+    /// Revokes the worker's own drain: new activations are accepted again
+    /// (a control-plane drain stays in force).
     pub fn undrain(&self) {
         for host in &self.inner.hosts {
-            host.stop_drain();
+            host.stop_drain(DrainKind::Local);
+        }
+        if let Some(plane) = &self.inner.plane {
+            plane.set_draining(false);
         }
     }
 
-    /// Whether the worker is draining.
+    /// Whether any namespace is draining (the worker's own drain or the
+    /// control plane's).
     pub fn draining(&self) -> bool {
         self.inner.hosts.iter().any(|host| host.draining())
     }
 
-    /// Aborts every instance, waits for all to close, and refuses every
-    /// later request with 500.
+    /// Draining and every instance closed.
+    pub fn drained(&self) -> bool {
+        self.draining() && self.inner.hosts.iter().all(|host| host.len() == 0)
+    }
+
+    /// Aborts every instance (their placements are released), waits for all
+    /// to close, deregisters from pinboard, and refuses every later request
+    /// with 500.
     pub async fn close(&self) {
         for host in &self.inner.hosts {
             host.shut_down().await;
         }
+        if let Some(plane) = &self.inner.plane {
+            plane.deregister().await;
+            plane.stop();
+        }
     }
 
-    /// The proxy secret that authenticates `/_pinned/*` calls.
+    /// Registered with pinboard and inside the lease (always true in local
+    /// mode). Wire it to the readiness probe.
+    pub fn ready(&self) -> bool {
+        match &self.inner.plane {
+            None => true,
+            Some(plane) => plane.registered.load(Ordering::SeqCst) && !plane.lease.expired(),
+        }
+    }
+
+    /// A higher-epoch worker of the same hostname displaced this one: it
+    /// stopped registering for good.
+    pub fn superseded(&self) -> bool {
+        self.inner
+            .plane
+            .as_ref()
+            .is_some_and(|plane| plane.superseded.load(Ordering::SeqCst))
+    }
+
+    /// Lease health: new activations are allowed.
+    pub fn lease_healthy(&self) -> bool {
+        self.inner
+            .plane
+            .as_ref()
+            .is_none_or(|plane| plane.lease.healthy())
+    }
+
+    /// The lease ran out: nothing is served until a fresh ack.
+    pub fn lease_expired(&self) -> bool {
+        self.inner
+            .plane
+            .as_ref()
+            .is_some_and(|plane| plane.lease.expired())
+    }
+
+    /// Times the lease crossed into unhealthy.
+    pub fn lease_flaps(&self) -> u64 {
+        self.inner
+            .plane
+            .as_ref()
+            .map_or(0, |plane| plane.lease.flaps())
+    }
+
+    /// The registration state, `None` in local mode.
+    pub fn registration(&self) -> Option<RegistrationState> {
+        self.inner.plane.as_ref().map(|plane| plane.state())
+    }
+
+    /// The secret that authenticates `/_pinned/*` calls and signs
+    /// attestations.
     pub fn secret(&self) -> &str {
         &self.inner.secret
     }
@@ -244,10 +378,15 @@ impl Worker {
         if let Some(cpu) = self.inner.cpu.cpu_percent() {
             process.insert("cpuPercent".into(), cpu.into());
         }
+        let reregistrations = self
+            .inner
+            .plane
+            .as_ref()
+            .map_or(0, |plane| plane.reregistrations.load(Ordering::Relaxed));
         json!({
             "draining": self.draining(),
-            "leaseFlaps": 0,
-            "reregistrations": 0,
+            "leaseFlaps": self.lease_flaps(),
+            "reregistrations": reregistrations,
             "namespaces": namespaces,
             "instances": instances,
             "process": process,
@@ -255,7 +394,7 @@ impl Worker {
     }
 
     /// `/_pinned/*` accepts the proxy secret, or a token for one of the
-    /// worker's audiences.
+    /// hosts' local audiences or the current session.
     fn authorized(&self, headers: &HeaderMap) -> bool {
         if let Some(secret) = headers.get(headers::PROXY_SECRET) {
             if bool::from(secret.as_bytes().ct_eq(self.inner.secret.as_bytes())) {
@@ -268,16 +407,16 @@ impl Worker {
         else {
             return false;
         };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|since| since.as_secs_f64())
-            .unwrap_or(0.0);
-        let audiences = &self.inner.audiences;
+        let hosts = &self.inner.hosts;
+        let plane = self.inner.plane.as_deref();
         attestation::verify(
             token,
             &self.inner.secret,
-            |aud| audiences.iter().any(|a| a == aud),
-            now,
+            |aud| {
+                hosts.iter().any(|host| host.local_aud == aud)
+                    || plane.is_some_and(|plane| plane.is_session(aud))
+            },
+            wall_now(),
         )
         .is_some()
     }
@@ -287,5 +426,28 @@ impl Worker {
             return response::detail(StatusCode::FORBIDDEN, "invalid proxy secret");
         }
         axum::Json(self.stats()).into_response()
+    }
+
+    fn challenge_route(&self, headers: &HeaderMap, query: &HashMap<String, String>) -> Response {
+        if !self.authorized(headers) {
+            return response::detail(StatusCode::FORBIDDEN, "invalid proxy secret");
+        }
+        let Some(challenge) = query.get("challenge") else {
+            // The reference framework's validation error.
+            let body = json!({"detail": [{
+                "type": "missing", "loc": ["query", "challenge"],
+                "msg": "Field required", "input": null,
+            }]});
+            return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response();
+        };
+        match self
+            .inner
+            .plane
+            .as_ref()
+            .and_then(|plane| plane.answer(challenge))
+        {
+            Some(value) => axum::Json(json!({ "value": value })).into_response(),
+            None => response::detail(StatusCode::NOT_FOUND, "unknown challenge"),
+        }
     }
 }

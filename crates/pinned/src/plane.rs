@@ -1,0 +1,231 @@
+//! The worker's side of the control plane: its identity (client id,
+//! secret), the challenge pair, the session, the lease, and the handles the
+//! registration loop uses to act on the hosts.
+//!
+//! One `Plane` per worker, shared by its hosts. It owns *state*; the loop
+//! that talks to pinboard lives in [`registration`](crate::registration),
+//! and what a message does to instances lives in the directory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use pinned_wire::registry::Takeover;
+use subtle::ConstantTimeEq;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+
+use crate::directory::{DrainKind, HostShared};
+use crate::lease::Lease;
+use crate::metrics::Metrics;
+
+/// Default heartbeat interval (also the register retry base).
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);
+
+/// How a cluster call through pinboard names its world.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClusterHost {
+    /// `Host` is the registered hostname (default).
+    #[default]
+    Hostname,
+    /// `Host` stays the pinboard URL's host; the hostname travels in
+    /// `Pinboard-Hostname` (a pinboard behind a front door routing by Host).
+    Pinboard,
+}
+
+/// A headroom probe, in MB.
+pub type Headroom = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+/// Control-plane configuration (validated by `Options::build`).
+#[derive(Clone)]
+pub(crate) struct PlaneConfig {
+    pub(crate) pinboard_url: String,
+    pub(crate) token: String,
+    pub(crate) advertise_url: String,
+    pub(crate) hostname: Option<String>,
+    pub(crate) env: Option<String>,
+    pub(crate) takeover: Option<Takeover>,
+    pub(crate) epoch: u64,
+    pub(crate) cluster_host: ClusterHost,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) headroom: Headroom,
+}
+
+/// A placement release waiting to be sent.
+#[derive(Clone, Debug)]
+pub(crate) struct PendingRelease {
+    pub(crate) ns: String,
+    pub(crate) id: String,
+    pub(crate) epoch: Option<u64>,
+}
+
+/// Registration state of the worker, readable by the application.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegistrationState {
+    /// The current session, `None` while unregistered.
+    pub session_id: Option<String>,
+    /// Sessions lost to a `reregister` NACK.
+    pub reregistrations: u64,
+    /// The worker's own drain, as reported in heartbeats.
+    pub draining: bool,
+}
+
+pub(crate) struct Plane {
+    pub(crate) config: PlaneConfig,
+    pub(crate) client_id: String,
+    pub(crate) secret: Arc<str>,
+    pub(crate) lease: Arc<Lease>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// `(challenge, value)`, replaced before every register and heartbeat.
+    challenge: RwLock<(String, String)>,
+    session: RwLock<Option<Arc<str>>>,
+    pub(crate) prev_session: Mutex<Option<String>>,
+    pub(crate) registered: AtomicBool,
+    pub(crate) superseded: AtomicBool,
+    /// The worker's own drain flag, reported in every register/heartbeat.
+    pub(crate) draining: AtomicBool,
+    pub(crate) reregistrations: AtomicU64,
+    /// Confirmed msgIds riding the next heartbeat.
+    pub(crate) acks: Mutex<BTreeSet<String>>,
+    pub(crate) releases: Mutex<Vec<PendingRelease>>,
+    /// Serializes release flushes.
+    pub(crate) release_turn: tokio::sync::Mutex<()>,
+    /// The last applied drain echo: `(draining, absolute target)`.
+    pub(crate) echo: Mutex<(bool, Option<tokio::time::Instant>)>,
+    /// Ends the loop's wait early (drain flag flipped, session lost).
+    pub(crate) wake: Notify,
+    pub(crate) stopping: AtomicBool,
+    pub(crate) task: Mutex<Option<AbortHandle>>,
+    pub(crate) http: reqwest::Client,
+    hosts: OnceLock<Vec<Weak<HostShared>>>,
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut buf);
+    hex::encode(buf)
+}
+
+impl Plane {
+    pub(crate) fn new(
+        config: PlaneConfig,
+        lease_buffer: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(Self {
+            config,
+            client_id: random_hex(16),
+            secret: Arc::from(random_hex(32)),
+            lease: Arc::new(Lease::new(lease_buffer, metrics.clone())),
+            metrics,
+            challenge: RwLock::new((random_hex(16), random_hex(16))),
+            session: RwLock::new(None),
+            prev_session: Mutex::new(None),
+            registered: AtomicBool::new(false),
+            superseded: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            reregistrations: AtomicU64::new(0),
+            acks: Mutex::new(BTreeSet::new()),
+            releases: Mutex::new(Vec::new()),
+            release_turn: tokio::sync::Mutex::new(()),
+            echo: Mutex::new((false, None)),
+            wake: Notify::new(),
+            stopping: AtomicBool::new(false),
+            task: Mutex::new(None),
+            http,
+            hosts: OnceLock::new(),
+        })
+    }
+
+    pub(crate) fn attach(&self, hosts: &[Arc<HostShared>]) {
+        let _ = self.hosts.set(hosts.iter().map(Arc::downgrade).collect());
+    }
+
+    pub(crate) fn hosts(&self) -> Vec<Arc<HostShared>> {
+        self.hosts
+            .get()
+            .map(|hosts| hosts.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn host(&self, ns: &str) -> Option<Arc<HostShared>> {
+        self.hosts().into_iter().find(|host| &*host.ns == ns)
+    }
+
+    pub(crate) fn session(&self) -> Option<Arc<str>> {
+        self.session.read().clone()
+    }
+
+    pub(crate) fn set_session(&self, session: Option<Arc<str>>) {
+        *self.session.write() = session;
+    }
+
+    /// Mints the pair the next register or heartbeat carries.
+    pub(crate) fn fresh_challenge(&self) -> (String, String) {
+        let pair = (random_hex(16), random_hex(16));
+        *self.challenge.write() = pair.clone();
+        pair
+    }
+
+    /// The value for `challenge` if it is the current one.
+    pub(crate) fn answer(&self, challenge: &str) -> Option<String> {
+        let pair = self.challenge.read();
+        bool::from(challenge.as_bytes().ct_eq(pair.0.as_bytes())).then(|| pair.1.clone())
+    }
+
+    /// Whether `aud` is the current session.
+    pub(crate) fn is_session(&self, aud: &str) -> bool {
+        self.session
+            .read()
+            .as_deref()
+            .is_some_and(|session| session == aud)
+    }
+
+    pub(crate) fn state(&self) -> RegistrationState {
+        RegistrationState {
+            session_id: self.session().map(|s| s.to_string()),
+            reregistrations: self.reregistrations.load(Ordering::Relaxed),
+            draining: self.draining.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Ids held per namespace (resident, activating or closing), for a
+    /// re-registration.
+    pub(crate) fn instances(&self) -> BTreeMap<String, Vec<String>> {
+        self.hosts()
+            .iter()
+            .map(|host| (host.ns.to_string(), host.ids()))
+            .filter(|(_, ids)| !ids.is_empty())
+            .collect()
+    }
+
+    /// Aborts every instance of every host.
+    pub(crate) fn abort_all(&self) {
+        for host in self.hosts() {
+            host.abort_all();
+        }
+    }
+
+    /// Reports the worker's own drain flag and wakes the loop on a change.
+    pub(crate) fn set_draining(&self, draining: bool) {
+        if self.draining.swap(draining, Ordering::SeqCst) != draining {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Applies the server's drain echo to every host.
+    pub(crate) fn server_drain(&self, draining: bool, deadline: Option<Duration>) {
+        for host in self.hosts() {
+            if draining {
+                host.start_drain(DrainKind::Server, deadline);
+            } else {
+                host.stop_drain(DrainKind::Server);
+            }
+        }
+    }
+}

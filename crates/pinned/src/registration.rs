@@ -1,0 +1,657 @@
+//! The registration loop: register, then heartbeat at a fixed rate, with
+//! the Python reference's reactions to every answer (wire spec §6).
+//!
+//! - one loop per worker; each iteration registers (no session) or
+//!   heartbeats (session), then waits `interval - elapsed since send`;
+//! - a fresh challenge pair before every send;
+//! - register failures back off exponentially with jitter (capped at
+//!   30 s), a 503 `Retry-After` replacing the base;
+//! - `reregister` NACK: the session is lost, instances are kept and
+//!   resubmitted at once with `prevSessionId`; `duplicates` in the ack are
+//!   aborted before the lease renews;
+//! - `superseded` NACK: every instance aborted, the loop ends for good.
+//!
+//! Control-plane input is never trusted to be well formed: a malformed
+//! answer is logged, counted in `pinned_control_plane_failures_total`, and
+//! the loop carries on.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use pinned_wire::registry::{
+    DeregisterRequest, HeartbeatRequest, RegisterRequest, ReleaseItem, TagRequest,
+};
+use rand::Rng;
+use serde::Serialize;
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+
+use crate::plane::{PendingRelease, Plane};
+
+/// Register backoff cap.
+const BACKOFF_MAX: f64 = 30.0;
+/// Attempts of release, deregister and tag calls.
+const ATTEMPTS: u32 = 3;
+
+/// Register retry pacing.
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    /// `Retry-After` of a 503 deferral; replaces the base for the next delay.
+    deferred: Option<f64>,
+}
+
+impl Backoff {
+    fn delay(&self, interval: Duration, in_session: bool) -> Duration {
+        if in_session || self.failures == 0 {
+            return interval;
+        }
+        let exponent = self.failures.min(17);
+        let seconds = match self.deferred {
+            Some(base) => (base * 2f64.powi(exponent as i32 - 1)).min(BACKOFF_MAX),
+            None => (interval.as_secs_f64() * 2f64.powi(exponent.min(16) as i32)).min(BACKOFF_MAX),
+        };
+        // Jittered so a fleet's re-registrations spread out.
+        Duration::from_secs_f64(seconds * rand::rng().random_range(0.3..1.0))
+    }
+
+    fn defer(&mut self, retry_after: Option<&str>) {
+        self.failures += 1;
+        self.deferred = Some(
+            retry_after
+                .and_then(|text| text.trim().parse::<f64>().ok())
+                .filter(|seconds| seconds.is_finite())
+                .map_or(1.0, |seconds| seconds.max(0.05)),
+        );
+    }
+}
+
+/// Python's truthiness of a JSON value.
+fn truthy(value: Option<&Value>) -> bool {
+    match value {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Number(n)) => n.as_f64().is_some_and(|f| f != 0.0),
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+    }
+}
+
+/// A JSON number that is not a bool, as f64.
+fn number(value: Option<&Value>) -> Option<f64> {
+    value.and_then(Value::as_f64)
+}
+
+async fn json_object(response: reqwest::Response) -> Map<String, Value> {
+    match response.json::<Value>().await {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    }
+}
+
+impl Plane {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.config.pinboard_url)
+    }
+
+    /// Starts the loop (a no-op once superseded or already running).
+    pub(crate) fn start(self: &Arc<Self>) {
+        if self.superseded.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut task = self.task.lock();
+        if task.is_some() {
+            return;
+        }
+        let plane = self.clone();
+        let handle = tokio::spawn(async move {
+            loop {
+                let run = AssertUnwindSafe(plane.clone().run()).catch_unwind().await;
+                if run.is_ok() || plane.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                plane.metrics.control_failed("registration_loop", "crashed");
+                tracing::error!("registration loop crashed; restarting");
+                tokio::time::sleep(plane.config.heartbeat_interval).await;
+            }
+        });
+        *task = Some(handle.abort_handle());
+    }
+
+    /// Stops the loop.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        if let Some(task) = self.task.lock().take() {
+            task.abort();
+        }
+        self.lease.close();
+    }
+
+    async fn run(self: Arc<Self>) {
+        let mut backoff = Backoff::default();
+        while !self.stopping.load(Ordering::SeqCst) && !self.superseded.load(Ordering::SeqCst) {
+            let started = Instant::now();
+            if self.session().is_none() {
+                self.register(&mut backoff).await;
+            } else {
+                self.heartbeat(&mut backoff).await;
+            }
+            if self.superseded.load(Ordering::SeqCst) {
+                return;
+            }
+            let delay = backoff
+                .delay(self.config.heartbeat_interval, self.session().is_some())
+                .saturating_sub(started.elapsed());
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = self.wake.notified() => {}
+            }
+        }
+    }
+
+    fn register_failed(&self, backoff: &mut Backoff, reason: &'static str) {
+        backoff.failures += 1;
+        self.metrics.registration_failures.inc();
+        self.metrics.control_failed("register", reason);
+    }
+
+    fn register_body(&self, challenge: String, challenge_value: String) -> RegisterRequest {
+        let hosts = self.hosts();
+        let envs: std::collections::BTreeMap<String, String> = hosts
+            .iter()
+            .filter_map(|host| {
+                host.options
+                    .env
+                    .clone()
+                    .map(|env| (host.ns.to_string(), env))
+            })
+            .collect();
+        let instances = self.instances();
+        let prev = self
+            .session()
+            .map(|s| s.to_string())
+            .or_else(|| self.prev_session.lock().clone());
+        RegisterRequest {
+            client_id: self.client_id.clone(),
+            secret: self.secret.to_string(),
+            namespaces: hosts.iter().map(|host| host.ns.to_string()).collect(),
+            advertise_url: self.config.advertise_url.clone(),
+            headroom: (self.config.headroom)(),
+            draining: self.draining.load(Ordering::SeqCst),
+            challenge,
+            challenge_value,
+            hostname: self.config.hostname.clone(),
+            env: self.config.env.clone(),
+            envs: (!envs.is_empty()).then_some(envs),
+            takeover: self.config.takeover,
+            epoch: (self.config.epoch > 0).then_some(self.config.epoch),
+            prev_session_id: prev,
+            instances: (!instances.is_empty()).then_some(instances),
+        }
+    }
+
+    async fn register(&self, backoff: &mut Backoff) {
+        let anchor = Instant::now();
+        backoff.deferred = None;
+        let (challenge, value) = self.fresh_challenge();
+        let body = self.register_body(challenge, value);
+        let response = match self
+            .http
+            .post(self.url("/registry/register"))
+            .bearer_auth(&self.config.token)
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(response) => response,
+            Err(error) => {
+                self.register_failed(backoff, "transport");
+                tracing::warn!(%error, "pinboard register failed");
+                return;
+            }
+        };
+        match response.status().as_u16() {
+            200 => {}
+            401 => {
+                self.register_failed(backoff, "unauthorized");
+                tracing::error!(
+                    "pinboard register rejected: 401 unauthorized; check the deployment token"
+                );
+                return;
+            }
+            503 => {
+                // A deferral, not a rejection: pinboard (or our own advertise
+                // URL behind its gateway) is not ready yet.
+                self.metrics.control_failed("register", "deferred");
+                let retry_after = response
+                    .headers()
+                    .get(http::header::RETRY_AFTER)
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_owned);
+                backoff.defer(retry_after.as_deref());
+                let text = response.text().await.unwrap_or_default();
+                tracing::info!(attempt = backoff.failures, %text, "pinboard deferred registration; retrying");
+                return;
+            }
+            status => {
+                self.register_failed(backoff, "rejected");
+                let text = response.text().await.unwrap_or_default();
+                tracing::warn!(status, %text, "pinboard register rejected; retrying");
+                return;
+            }
+        }
+        let ack = json_object(response).await;
+        let (Some(Value::String(session)), Some(expires_ms)) =
+            (ack.get("sessionId"), number(ack.get("expiresInMs")))
+        else {
+            self.register_failed(backoff, "malformed");
+            tracing::error!(?ack, "malformed register response");
+            return;
+        };
+        backoff.failures = 0;
+        self.set_session(Some(Arc::from(session.as_str())));
+        *self.prev_session.lock() = None;
+        self.acks.lock().clear();
+        // Duplicates quit before the lease renews: no request may land on
+        // an instance another session owns.
+        self.quit_duplicates(ack.get("duplicates"));
+        self.lease.renewed(
+            Duration::from_secs_f64(expires_ms.max(0.0) / 1000.0),
+            anchor,
+        );
+        self.registered.store(true, Ordering::SeqCst);
+        self.metrics.registered.set(1);
+        self.apply_echo(&ack);
+        tracing::info!(session = %session, reregistrations = self.reregistrations.load(Ordering::Relaxed), "registered with pinboard");
+        self.flush_releases().await;
+    }
+
+    fn quit_duplicates(&self, duplicates: Option<&Value>) {
+        let Some(duplicates) = duplicates.filter(|value| !value.is_null()) else {
+            return;
+        };
+        let Some(entries) = duplicates.as_array() else {
+            self.metrics
+                .control_failed("register", "malformed_duplicates");
+            tracing::error!(?duplicates, "malformed register ack duplicates");
+            return;
+        };
+        for entry in entries {
+            let (Some(ns), Some(id)) = (
+                entry.get("ns").and_then(Value::as_str),
+                entry.get("id").and_then(Value::as_str),
+            ) else {
+                self.metrics
+                    .control_failed("register", "malformed_duplicates");
+                tracing::error!(?entry, "malformed duplicate entry");
+                continue;
+            };
+            self.metrics.duplicate_quits.inc();
+            tracing::warn!(namespace = ns, id, "duplicate placement; quitting instance");
+            if let Some(host) = self.host(ns) {
+                host.abort_id(id);
+            }
+        }
+    }
+
+    async fn heartbeat(&self, backoff: &mut Backoff) {
+        let Some(session) = self.session() else {
+            return;
+        };
+        let anchor = Instant::now();
+        let (challenge, value) = self.fresh_challenge();
+        let acks: Vec<String> = self.acks.lock().iter().cloned().collect();
+        let body = HeartbeatRequest {
+            session_id: session.to_string(),
+            headroom: (self.config.headroom)(),
+            draining: self.draining.load(Ordering::SeqCst),
+            challenge: Some(challenge),
+            challenge_value: Some(value),
+            acks: acks.clone(),
+        };
+        let response = match self
+            .http
+            .post(self.url("/registry/heartbeat"))
+            .bearer_auth(&self.config.token)
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(response) => response,
+            Err(error) => {
+                self.metrics.control_failed("heartbeat", "transport");
+                tracing::warn!(%error, "pinboard heartbeat failed");
+                return;
+            }
+        };
+        let status = response.status().as_u16();
+        let ack = json_object(response).await;
+        if status == 200 {
+            let Some(expires_ms) = number(ack.get("expiresInMs")) else {
+                self.metrics.control_failed("heartbeat", "malformed");
+                tracing::error!(?ack, "malformed heartbeat ack");
+                return;
+            };
+            self.lease.renewed(
+                Duration::from_secs_f64(expires_ms.max(0.0) / 1000.0),
+                anchor,
+            );
+            self.apply_echo(&ack);
+            let delivered = self.apply_messages(ack.get("messages"));
+            let mut pending = self.acks.lock();
+            for sent in &acks {
+                pending.remove(sent);
+            }
+            pending.extend(delivered);
+            return;
+        }
+        if status == 409 && truthy(ack.get("superseded")) {
+            self.displaced(&ack);
+            return;
+        }
+        if truthy(ack.get("reregister")) {
+            self.session_lost();
+            Box::pin(self.register(backoff)).await;
+            return;
+        }
+        if status == 401 {
+            self.metrics.control_failed("heartbeat", "unauthorized");
+            tracing::error!(
+                "pinboard heartbeat rejected: 401 unauthorized; check the deployment token"
+            );
+            return;
+        }
+        self.metrics.control_failed("heartbeat", "rejected");
+        tracing::warn!(status, ?ack, "pinboard heartbeat rejected; retrying");
+    }
+
+    fn session_lost(&self) {
+        self.registered.store(false, Ordering::SeqCst);
+        self.metrics.registered.set(0);
+        *self.prev_session.lock() = self.session().map(|s| s.to_string());
+        self.set_session(None);
+        self.reregistrations.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!("pinboard session unknown; instances retained pending reregistration");
+    }
+
+    fn displaced(&self, ack: &Map<String, Value>) {
+        // A higher-epoch worker owns this binding now: retrying with this
+        // configuration can never succeed.
+        self.superseded.store(true, Ordering::SeqCst);
+        self.registered.store(false, Ordering::SeqCst);
+        self.metrics.registered.set(0);
+        self.metrics.control_failed("heartbeat", "superseded");
+        tracing::error!(error = ?ack.get("error"), "pinboard superseded this worker; stopping registration");
+        self.abort_all();
+    }
+
+    /// The `draining` echo of an ack, applied only on a change.
+    fn apply_echo(&self, ack: &Map<String, Value>) {
+        let Some(Value::Bool(draining)) = ack.get("draining") else {
+            return;
+        };
+        let draining = *draining;
+        let raw = if draining {
+            ack.get("drainDeadline")
+        } else {
+            None
+        };
+        let deadline = match raw {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) if n.as_f64().is_some_and(|f| f >= 0.0) => {
+                n.as_f64().map(Duration::from_secs_f64)
+            }
+            Some(other) => {
+                self.metrics
+                    .control_failed("server_draining", "malformed_deadline");
+                tracing::error!(?other, "malformed drainDeadline in ack");
+                None
+            }
+        };
+        // Compared as absolute targets: a steady countdown keeps the same
+        // target and must not re-arm timers on every heartbeat.
+        let target = deadline.map(|after| Instant::now() + after);
+        let mut echo = self.echo.lock();
+        let moved = match (target, echo.1) {
+            (None, None) => false,
+            (Some(a), Some(b)) => {
+                let gap = if a > b { a - b } else { b - a };
+                gap > Duration::from_secs(1)
+            }
+            _ => true,
+        };
+        if echo.0 == draining && !moved {
+            return;
+        }
+        *echo = (draining, target);
+        drop(echo);
+        if draining {
+            tracing::info!(?deadline, "control plane drain: refusing new activations");
+        } else {
+            tracing::info!("control plane drain revoked: accepting new activations");
+        }
+        self.server_drain(draining, deadline);
+    }
+
+    /// Applies a batch of control messages; returns the msgIds to confirm
+    /// (the contiguous prefix applied without error).
+    fn apply_messages(&self, messages: Option<&Value>) -> Vec<String> {
+        let Some(messages) = messages.filter(|value| !value.is_null()) else {
+            return Vec::new();
+        };
+        let Some(messages) = messages.as_array() else {
+            self.metrics
+                .control_failed("control_message", "malformed_batch");
+            tracing::error!(?messages, "malformed heartbeat ack messages");
+            return Vec::new();
+        };
+        let mut confirmed = Vec::new();
+        let mut confirming = true;
+        for message in messages {
+            let Some(message) = message.as_object() else {
+                self.metrics.control_failed("control_message", "malformed");
+                tracing::error!(?message, "malformed control message");
+                continue;
+            };
+            if let Err(error) = self.apply_message(message) {
+                confirming = false;
+                self.metrics.control_failed("control_message", "callback");
+                tracing::error!(%error, "control message failed");
+            }
+            if let (true, Some(Value::String(id))) = (confirming, message.get("msgId")) {
+                confirmed.push(id.clone());
+            }
+        }
+        confirmed
+    }
+
+    fn apply_message(&self, message: &Map<String, Value>) -> Result<(), String> {
+        let shown = Value::Object(message.clone());
+        if message.get("type").and_then(Value::as_str) != Some("wind_down") {
+            return Err(format!("unknown control message: {shown}"));
+        }
+        let deadline = match message.get("deadline") {
+            None => {
+                return Err(format!(
+                    "wind_down requires a deadline (null revokes): {shown}"
+                ))
+            }
+            Some(Value::Null) => None,
+            Some(Value::Number(n)) => n.as_f64(),
+            Some(_) => return Err(format!("deadline must be a number or null: {shown}")),
+        };
+        let Some(id) = message.get("id").and_then(Value::as_str) else {
+            return Err(format!("wind_down requires an id: {shown}"));
+        };
+        let host = match message.get("ns") {
+            None | Some(Value::Null) => {
+                let hosts = self.hosts();
+                match hosts.as_slice() {
+                    [only] => only.clone(),
+                    _ => {
+                        return Err(format!(
+                            "wind_down without a namespace on a multi-namespace worker (upgrade pinboard): {shown}"
+                        ))
+                    }
+                }
+            }
+            Some(Value::String(ns)) => self
+                .host(ns)
+                .ok_or_else(|| format!("wind_down for an unknown namespace: {shown}"))?,
+            Some(_) => return Err(format!("wind_down for an unknown namespace: {shown}")),
+        };
+        match deadline {
+            None => {
+                tracing::info!(namespace = %host.ns, id, "resumed instance");
+                host.wind_down_id(id, None);
+            }
+            Some(seconds) if !seconds.is_finite() => {
+                return Err("wind_down deadline must be finite (None revokes)".to_owned())
+            }
+            Some(seconds) => {
+                tracing::info!(namespace = %host.ns, id, seconds, "winding down instance");
+                host.wind_down_id(id, Some(Duration::from_secs_f64(seconds.max(0.0))));
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues a placement release and flushes every pending one.
+    pub(crate) async fn release(&self, ns: String, id: String, epoch: Option<u64>) {
+        self.releases.lock().push(PendingRelease { ns, id, epoch });
+        self.flush_releases().await;
+    }
+
+    /// Sends every pending release in one batch; while sessionless they
+    /// wait for the next successful register.
+    async fn flush_releases(&self) {
+        let _turn = self.release_turn.lock().await;
+        let Some(session) = self.session() else {
+            return;
+        };
+        let batch = std::mem::take(&mut *self.releases.lock());
+        if batch.is_empty() {
+            return;
+        }
+        let items: Vec<ReleaseItem> = batch
+            .into_iter()
+            .map(|pending| ReleaseItem {
+                session_id: session.to_string(),
+                namespace: pending.ns,
+                id: pending.id,
+                epoch: pending.epoch.map(|epoch| epoch.to_string()),
+            })
+            .collect();
+        self.post_with_retries("release", "/registry/release", &items)
+            .await;
+    }
+
+    /// Ends the session (after every instance closed).
+    pub(crate) async fn deregister(&self) {
+        let Some(session) = self.session() else {
+            return;
+        };
+        let body = DeregisterRequest {
+            session_id: session.to_string(),
+        };
+        if self
+            .post_with_retries("deregister", "/registry/deregister", &body)
+            .await
+        {
+            self.set_session(None);
+        }
+        self.registered.store(false, Ordering::SeqCst);
+        self.metrics.registered.set(0);
+    }
+
+    /// Stamps an owner tag on a placement.
+    pub(crate) async fn tag(&self, ns: &str, id: &str, epoch: u64, tag: &str) -> bool {
+        let Some(session) = self.session() else {
+            return false;
+        };
+        let body = TagRequest {
+            session_id: session.to_string(),
+            namespace: ns.to_owned(),
+            id: id.to_owned(),
+            epoch: Some(epoch.to_string()),
+            tag: tag.to_owned(),
+        };
+        self.post_with_retries("tag", "/registry/tag", &body).await
+    }
+
+    /// POSTs `payload` up to three times (sleeping 0.2 s, then 0.4 s);
+    /// true on a 200.
+    async fn post_with_retries(
+        &self,
+        operation: &'static str,
+        path: &str,
+        payload: &impl Serialize,
+    ) -> bool {
+        let mut failure = String::new();
+        for attempt in 0..ATTEMPTS {
+            match self
+                .http
+                .post(self.url(path))
+                .bearer_auth(&self.config.token)
+                .json(payload)
+                .send()
+                .await
+            {
+                Ok(response) if response.status().as_u16() == 200 => return true,
+                Ok(response) => {
+                    failure = format!(
+                        "{} {}",
+                        response.status(),
+                        response.text().await.unwrap_or_default()
+                    );
+                }
+                Err(error) => failure = error.to_string(),
+            }
+            if attempt + 1 < ATTEMPTS {
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt + 1))).await;
+            }
+        }
+        tracing::warn!(operation, %failure, "{operation} failed after {ATTEMPTS} attempts; pinboard frees the placements when the lease lapses");
+        self.metrics.control_failed(operation, "exhausted");
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_is_capped_and_jittered() {
+        let interval = Duration::from_secs(3);
+        let mut backoff = Backoff::default();
+        assert_eq!(backoff.delay(interval, false), interval);
+        backoff.failures = 1;
+        let d = backoff.delay(interval, false).as_secs_f64();
+        assert!((1.8..=6.0).contains(&d), "{d}");
+        backoff.failures = 10;
+        let d = backoff.delay(interval, false).as_secs_f64();
+        assert!((9.0..=30.0).contains(&d), "{d}");
+        assert_eq!(backoff.delay(interval, true), interval);
+        let mut deferred = Backoff::default();
+        deferred.defer(Some("2"));
+        let d = deferred.delay(interval, false).as_secs_f64();
+        assert!((0.6..=2.0).contains(&d), "{d}");
+        deferred.defer(Some("nonsense"));
+        assert_eq!(deferred.deferred, Some(1.0));
+    }
+
+    #[test]
+    fn truthiness_follows_python() {
+        assert!(truthy(Some(&Value::Bool(true))));
+        assert!(truthy(Some(&serde_json::json!("x"))));
+        assert!(truthy(Some(&serde_json::json!(1))));
+        assert!(!truthy(Some(&serde_json::json!(0))));
+        assert!(!truthy(Some(&serde_json::json!(""))));
+        assert!(!truthy(None));
+    }
+}
