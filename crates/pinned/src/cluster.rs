@@ -229,9 +229,13 @@ impl Cluster {
             parts.headers.insert(headers::ATTESTATION, value);
         }
         let request = Request::from_parts(parts, body);
-        match worker.router().oneshot(request).await {
-            Ok(response) => response,
-            Err(infallible) => match infallible {},
+        // Its own task: nested calls would otherwise poll each other on one
+        // ever-deeper stack.
+        let router = worker.router();
+        match tokio::spawn(router.oneshot(request)).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(infallible)) => match infallible {},
+            Err(_) => crate::response::internal_error(),
         }
     }
 }
