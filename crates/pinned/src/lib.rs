@@ -77,7 +77,9 @@ pub use object::{NotAnInstanceRoute, Object, This};
 pub use pinned_wire::attestation::Caller;
 pub use pinned_wire::registry::Takeover;
 pub use plane::{ClusterHost, Headroom, RegistrationState, DEFAULT_HEARTBEAT_INTERVAL};
-pub use serve::{serve, serve_worker, shutdown_signal, ServeError, SHUTDOWN_DRAIN_DEADLINE};
+pub use serve::{
+    serve, serve_worker, serve_worker_with, shutdown_signal, ServeError, SHUTDOWN_DRAIN_DEADLINE,
+};
 pub use worker::Worker;
 
 /// The error type objects return from activation and hooks. `anyhow::Error`

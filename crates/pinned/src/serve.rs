@@ -58,6 +58,20 @@ pub async fn serve_worker(
     worker: Worker,
     signal: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    serve_worker_with(listener, worker, signal, SHUTDOWN_DRAIN_DEADLINE).await
+}
+
+/// [`serve_worker`] with another drain deadline.
+///
+/// # Errors
+///
+/// An I/O failure of the server.
+pub async fn serve_worker_with(
+    listener: TcpListener,
+    worker: Worker,
+    signal: impl Future<Output = ()> + Send + 'static,
+    drain_deadline: Duration,
+) -> io::Result<()> {
     let app = worker.router().merge(worker.metrics_router());
     worker.start();
     let draining = worker.clone();
@@ -67,8 +81,8 @@ pub async fn serve_worker(
     )
     .with_graceful_shutdown(async move {
         signal.await;
-        tracing::info!(deadline = ?SHUTDOWN_DRAIN_DEADLINE, "shutdown signal: draining");
-        draining.drain(Some(SHUTDOWN_DRAIN_DEADLINE)).await;
+        tracing::info!(deadline = ?drain_deadline, "shutdown signal: draining");
+        draining.drain(Some(drain_deadline)).await;
         draining.close().await;
         tracing::info!("drained; stopping");
     })
