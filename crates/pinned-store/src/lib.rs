@@ -1,0 +1,65 @@
+//! Durable instance state for pinned: the epoch-fenced [`StateStore`] and its three
+//! implementations.
+//!
+//! Owns the storage of tray rows `(ns, id, tray_ns, tray_id) → (marked, doc)` and the
+//! store-level fence of wire.md §8.3: every operation carries the caller's placement
+//! epoch, a lower epoch than the instance's stored one fails with
+//! [`StoreError::FenceLost`], and an equal or higher one advances the stored epoch
+//! atomically with the operation. It must never decide what a fence loss means for an
+//! instance (the worker poisons and aborts it) and never depends on the worker or on
+//! pinboard.
+//!
+//! | store | for | survives a restart |
+//! | --- | --- | --- |
+//! | [`MemoryStore`] | tests | no |
+//! | [`SqliteStore`] | one machine, no setup: the default without a database URL | yes (one file, WAL) |
+//! | [`PostgresStore`] | fleets; shares the Python reference's tables | yes |
+//!
+//! [`StoreConfig::from_location`] picks one from a configured location (`postgres://…`,
+//! `sqlite:PATH`, `memory:`, or nothing for the default SQLite file).
+//!
+//! ```
+//! use pinned_store::{MemoryStore, StateStore, StoreError};
+//! use serde_json::json;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), StoreError> {
+//! let store = MemoryStore::new();
+//! let doc = json!({"count": 1}).as_object().cloned().unwrap_or_default();
+//! store.set_tray("/counters", "a", "count", "~", false, doc, 1).await?;
+//! let tray = store.get_tray("/counters", "a", "count", "~", 1).await?;
+//! assert_eq!(tray.map(|t| t.doc["count"].clone()), Some(json!(1)));
+//!
+//! // A newer activation (epoch 2) reads; the old one (epoch 1) is fenced out.
+//! store.list("/counters", "a", 2, None, None).await?;
+//! let err = store.delete_tray("/counters", "a", "count", "~", 1).await.unwrap_err();
+//! assert_eq!(
+//!     err.to_string(),
+//!     "fence lost for '/counters/a': epoch 1 was superseded by a newer activation"
+//! );
+//! # Ok(())
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod locks;
+mod memory;
+mod open;
+mod postgres;
+mod sqlite;
+mod store;
+
+#[cfg(feature = "test-util")]
+pub mod conformance;
+
+pub use error::{BoxError, StoreError};
+pub use memory::MemoryStore;
+pub use open::StoreConfig;
+pub use postgres::{
+    PostgresOptions, PostgresStore, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
+};
+pub use sqlite::{SqliteOptions, SqliteStore, SyncMode};
+pub use store::{BatchOp, Doc, StateStore, Tray, TrayRow};

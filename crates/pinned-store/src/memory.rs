@@ -1,0 +1,158 @@
+//! `MemoryStore`: the in-process `StateStore` for tests and single-process experiments.
+//!
+//! Owns a map of instances to (epoch, rows) behind one lock. It must never await while
+//! holding that lock, and it keeps nothing across a restart.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+
+use crate::store::check_epoch;
+use crate::{BatchOp, Doc, StateStore, StoreError, Tray, TrayRow};
+
+/// A `StateStore` held in memory. Cheap to create; every operation completes without
+/// awaiting. State is lost when the store is dropped.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    instances: Mutex<HashMap<(String, String), Instance>>,
+}
+
+#[derive(Debug, Default)]
+struct Instance {
+    epoch: u64,
+    trays: BTreeMap<(String, String), (bool, Doc)>,
+}
+
+// === impl MemoryStore ===
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fences `(ns, id)` at `epoch` and runs `f` on the instance under the lock.
+    fn with_instance<R>(
+        &self,
+        ns: &str,
+        id: &str,
+        epoch: u64,
+        f: impl FnOnce(&mut Instance) -> R,
+    ) -> Result<R, StoreError> {
+        check_epoch(epoch)?;
+        let mut instances = self.instances.lock();
+        let key = (ns.to_owned(), id.to_owned());
+        let stored = instances.get(&key).map_or(0, |i| i.epoch);
+        if epoch < stored {
+            return Err(StoreError::fence_lost(ns, id, epoch));
+        }
+        let instance = instances.entry(key).or_default();
+        instance.epoch = epoch;
+        Ok(f(instance))
+    }
+}
+
+fn tray_key(tray_ns: &str, tray_id: &str) -> (String, String) {
+    (tray_ns.to_owned(), tray_id.to_owned())
+}
+
+#[async_trait]
+impl StateStore for MemoryStore {
+    async fn set_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        marked: bool,
+        doc: Doc,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.with_instance(ns, id, epoch, |i| {
+            i.trays.insert(tray_key(tray_ns, tray_id), (marked, doc));
+        })
+    }
+
+    async fn delete_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.with_instance(ns, id, epoch, |i| {
+            i.trays.remove(&tray_key(tray_ns, tray_id));
+        })
+    }
+
+    async fn get_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<Option<Tray>, StoreError> {
+        self.with_instance(ns, id, epoch, |i| {
+            i.trays
+                .get(&tray_key(tray_ns, tray_id))
+                .map(|(marked, doc)| Tray {
+                    marked: *marked,
+                    doc: doc.clone(),
+                })
+        })
+    }
+
+    async fn list(
+        &self,
+        ns: &str,
+        id: &str,
+        epoch: u64,
+        tray_ns: Option<&str>,
+        marked: Option<bool>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        self.with_instance(ns, id, epoch, |i| {
+            i.trays
+                .iter()
+                .filter(|((t_ns, _), (m, _))| {
+                    tray_ns.is_none_or(|want| want == t_ns) && marked.is_none_or(|want| want == *m)
+                })
+                .map(|((t_ns, t_id), (m, doc))| TrayRow {
+                    tray_ns: t_ns.clone(),
+                    tray_id: t_id.clone(),
+                    marked: *m,
+                    doc: doc.clone(),
+                })
+                .collect()
+        })
+    }
+
+    async fn apply_batch(
+        &self,
+        ns: &str,
+        id: &str,
+        ops: Vec<BatchOp>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        // Nothing below can fail once fenced, so applying in place is all-or-nothing.
+        self.with_instance(ns, id, epoch, |i| {
+            for op in ops {
+                match op {
+                    BatchOp::Set {
+                        tray_ns,
+                        tray_id,
+                        marked,
+                        doc,
+                    } => {
+                        i.trays.insert((tray_ns, tray_id), (marked, doc));
+                    }
+                    BatchOp::Delete { tray_ns, tray_id } => {
+                        i.trays.remove(&(tray_ns, tray_id));
+                    }
+                }
+            }
+        })
+    }
+}

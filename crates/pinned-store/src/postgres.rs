@@ -1,0 +1,682 @@
+//! `PostgresStore`: the fleet `StateStore`, on the Python reference's exact tables.
+//!
+//! Owns the connection pool, the table setup (wire.md §12.2), the per-operation
+//! transaction with row-lock fencing (§12.3), in-process per-instance ordering, the
+//! whole-transaction deadline and the retry rule. It must never retry after `COMMIT` was
+//! sent (the outcome is unknown), never retry on a freshly dialled connection (the
+//! database itself is failing), and never return a connection with an open transaction
+//! to the pool.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
+};
+use serde_json::Value;
+use tokio_postgres::types::Json;
+use tokio_postgres::NoTls;
+
+use crate::error::postgres_transient;
+use crate::locks::InstanceLocks;
+use crate::store::check_epoch;
+use crate::{BatchOp, Doc, StateStore, StoreError, Tray, TrayRow};
+
+/// Default number of pooled connections.
+pub const DEFAULT_POOL_SIZE: usize = 8;
+/// Default bound on dialling one connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `SET LOCAL lock_timeout` of every transaction.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(25);
+/// Default `SET LOCAL statement_timeout` of every transaction.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(25);
+/// Default bound on one whole transaction, from `BEGIN` to the end of `COMMIT`. Kept
+/// above the server-side timeouts so the server errors first.
+pub const DEFAULT_TXN_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Both tables of wire.md §12.2, verbatim.
+const CREATE_EPOCH: &str = "CREATE TABLE IF NOT EXISTS pinned_epoch (\
+ns TEXT NOT NULL, id TEXT NOT NULL, epoch BIGINT NOT NULL, PRIMARY KEY (ns, id))";
+const CREATE_TRAY_INDEX: &str = "CREATE TABLE IF NOT EXISTS pinned_tray_index (\
+ns TEXT NOT NULL, id TEXT NOT NULL, tray_ns TEXT NOT NULL, tray_id TEXT NOT NULL, \
+marked BOOLEAN NOT NULL, doc JSONB NOT NULL, \
+env TEXT NOT NULL DEFAULT '*', hostname TEXT NOT NULL DEFAULT '*', \
+PRIMARY KEY (ns, id, tray_ns, tray_id))";
+/// Serializes concurrent `setup` calls across processes: concurrent `CREATE TABLE IF NOT
+/// EXISTS` of one table can fail on the catalog's unique index.
+const SETUP_LOCK: &str = "SELECT pg_advisory_xact_lock(7070518297010521)";
+
+const LOCK_EPOCH: &str = "SELECT epoch FROM pinned_epoch WHERE ns = $1 AND id = $2 FOR UPDATE";
+const INSERT_EPOCH: &str =
+    "INSERT INTO pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3) ON CONFLICT (ns, id) DO NOTHING";
+const UPDATE_EPOCH: &str = "UPDATE pinned_epoch SET epoch = $3 WHERE ns = $1 AND id = $2";
+const UPSERT_TRAY: &str = "INSERT INTO pinned_tray_index \
+(ns, id, tray_ns, tray_id, marked, doc, env, hostname) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
+doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname";
+const DELETE_TRAY: &str = "DELETE FROM pinned_tray_index \
+WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
+const GET_TRAY: &str = "SELECT marked, doc FROM pinned_tray_index \
+WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
+/// Byte order (`COLLATE "C"`) whatever the database's collation, like the other stores.
+const LIST_TRAYS: &str = "SELECT tray_ns, tray_id, marked, doc FROM pinned_tray_index \
+WHERE ns = $1 AND id = $2 AND ($3::text IS NULL OR tray_ns = $3) \
+AND ($4::boolean IS NULL OR marked = $4) ORDER BY tray_ns COLLATE \"C\", tray_id COLLATE \"C\"";
+
+/// Settings of a [`PostgresStore`]; every default is one of this module's constants.
+#[derive(Debug, Clone)]
+pub struct PostgresOptions {
+    /// Most connections open at once (default [`DEFAULT_POOL_SIZE`]); dialled lazily.
+    pub pool_size: usize,
+    /// Bound on dialling one connection, unless the URL sets `connect_timeout`
+    /// (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    pub connect_timeout: Duration,
+    /// `SET LOCAL lock_timeout` (default [`DEFAULT_LOCK_TIMEOUT`]).
+    pub lock_timeout: Duration,
+    /// `SET LOCAL statement_timeout` (default [`DEFAULT_STATEMENT_TIMEOUT`]).
+    pub statement_timeout: Duration,
+    /// Bound on one whole transaction; past it the connection is killed
+    /// (default [`DEFAULT_TXN_DEADLINE`]).
+    pub txn_deadline: Duration,
+    /// Stamped into the `env` column of every written row (default `"*"`, pinboard's
+    /// single-world mode).
+    pub env: String,
+    /// Stamped into the `hostname` column of every written row (default `"*"`).
+    pub hostname: String,
+    /// Extra SQL run at the start of every transaction (setup's included), after the
+    /// `SET LOCAL` timeouts: the reference's `configure_transaction` hook, e.g.
+    /// `SET LOCAL search_path = pinned` or `SET LOCAL ROLE app`. Default none.
+    pub transaction_sql: Option<String>,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+            txn_deadline: DEFAULT_TXN_DEADLINE,
+            env: "*".to_owned(),
+            hostname: "*".to_owned(),
+            transaction_sql: None,
+        }
+    }
+}
+
+/// A `StateStore` on Postgres, sharing its tables with the Python reference's
+/// `PostgresStateStore`.
+///
+/// Each operation is one transaction: `BEGIN` with `SET LOCAL` lock and statement
+/// timeouts; lock the instance's `pinned_epoch` row `FOR UPDATE` (inserting it first if
+/// absent); refuse a lower epoch with [`StoreError::FenceLost`] or raise the stored one;
+/// run the body; `COMMIT`.
+///
+/// Retry rule: a transient failure (connection loss, the deadline, or a transient
+/// SQLSTATE) before `COMMIT` on a connection that had already served an earlier
+/// operation is retried on another pooled connection, at most `pool_size` times. A
+/// freshly dialled connection failing, or anything going wrong during `COMMIT`, is
+/// returned to the caller.
+#[derive(Debug)]
+pub struct PostgresStore {
+    pool: Pool,
+    locks: InstanceLocks,
+    begin: String,
+    options: PostgresOptions,
+}
+
+/// What one transaction body does after the fence.
+enum Body<'a> {
+    Set {
+        tray_ns: &'a str,
+        tray_id: &'a str,
+        marked: bool,
+        doc: &'a Doc,
+    },
+    Delete {
+        tray_ns: &'a str,
+        tray_id: &'a str,
+    },
+    Get {
+        tray_ns: &'a str,
+        tray_id: &'a str,
+    },
+    List {
+        tray_ns: Option<&'a str>,
+        marked: Option<bool>,
+    },
+    Batch(&'a [BatchOp]),
+}
+
+/// What a body returns.
+enum Output {
+    Done,
+    Tray(Option<Tray>),
+    Rows(Vec<TrayRow>),
+}
+
+/// How far one attempt got, to decide whether it may be retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Open,
+    Committing,
+}
+
+/// A pooled connection inside a transaction. Dropped while the transaction may still be
+/// open (an error path that could not roll back, a cancelled future, a deadline), it
+/// takes the connection out of the pool and closes it rather than hand it on.
+struct Checkout {
+    conn: Option<Object>,
+    in_txn: bool,
+}
+
+// === impl PostgresStore ===
+
+impl PostgresStore {
+    /// Builds the store for `url` (`postgresql://user@host:port/db`) without dialling;
+    /// connections are opened on first use. Call [`setup`](Self::setup) once before use
+    /// (or use [`open`](Self::open)). TLS is not supported yet (`NoTls`).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Setup`] for a malformed URL or options.
+    pub fn connect(url: &str, options: PostgresOptions) -> Result<Self, StoreError> {
+        let setup = |source: crate::error::BoxError| StoreError::Setup { source };
+        if options.pool_size == 0 {
+            return Err(setup("pool_size must be at least 1".into()));
+        }
+        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| setup(e.into()))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(options.connect_timeout);
+        }
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                // Check liveness (is the socket still open) on checkout, nothing more.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size)
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(options.connect_timeout))
+            .build()
+            .map_err(|e| setup(e.into()))?;
+        let mut begin = format!(
+            "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+            options.lock_timeout.as_millis(),
+            options.statement_timeout.as_millis()
+        );
+        if let Some(sql) = &options.transaction_sql {
+            begin.push_str("; ");
+            begin.push_str(sql);
+        }
+        Ok(Self {
+            pool,
+            locks: InstanceLocks::default(),
+            begin,
+            options,
+        })
+    }
+
+    /// [`connect`](Self::connect), then [`setup`](Self::setup).
+    ///
+    /// # Errors
+    ///
+    /// As `connect` and `setup`.
+    pub async fn open(url: &str, options: PostgresOptions) -> Result<Self, StoreError> {
+        let store = Self::connect(url, options)?;
+        store.setup().await?;
+        Ok(store)
+    }
+
+    /// Creates `pinned_epoch` and `pinned_tray_index` if absent, in one transaction.
+    /// Safe to call from many processes at once.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Unavailable`] if no connection can be had, else the server's error.
+    pub async fn setup(&self) -> Result<(), StoreError> {
+        let mut checkout = Checkout::new(self.pool.get().await.map_err(pool_error)?);
+        let conn = checkout.begin(&self.begin).await?;
+        let body = async {
+            conn.batch_execute(SETUP_LOCK).await?;
+            conn.batch_execute(CREATE_EPOCH).await?;
+            conn.batch_execute(CREATE_TRAY_INDEX).await?;
+            Ok::<_, StoreError>(())
+        }
+        .await;
+        match body {
+            Ok(()) => checkout.commit().await,
+            Err(err) => {
+                checkout.rollback().await;
+                Err(err)
+            }
+        }
+    }
+
+    /// The options this store was built with.
+    pub fn options(&self) -> &PostgresOptions {
+        &self.options
+    }
+
+    /// Runs `body` for instance `(ns, id)` at `epoch` in its own fenced transaction,
+    /// in turn with the instance's other operations, retrying as the type doc says.
+    async fn run(
+        &self,
+        ns: &str,
+        id: &str,
+        epoch: u64,
+        body: Body<'_>,
+    ) -> Result<Output, StoreError> {
+        let stored_epoch = check_epoch(epoch)?;
+        let _turn = self.locks.lock(ns, id).await;
+        let mut retries = 0;
+        loop {
+            let conn = self.pool.get().await.map_err(pool_error)?;
+            let pooled = Object::metrics(&conn).recycle_count > 0;
+            let mut checkout = Checkout::new(conn);
+            let mut phase = Phase::Open;
+            let attempt = self.attempt(
+                &mut checkout,
+                &mut phase,
+                (ns, id),
+                stored_epoch,
+                epoch,
+                &body,
+            );
+            let err = match tokio::time::timeout(self.options.txn_deadline, attempt).await {
+                Ok(Ok(out)) => return Ok(out),
+                Ok(Err(err)) => err,
+                Err(_elapsed) => {
+                    // The connection may be hung mid-statement: kill it (the checkout
+                    // still thinks a transaction is open, so dropping it discards it).
+                    drop(checkout);
+                    StoreError::Deadline {
+                        deadline: self.options.txn_deadline,
+                    }
+                }
+            };
+            let transient = match &err {
+                StoreError::Postgres { source } => postgres_transient(source),
+                StoreError::Deadline { .. } => true,
+                _ => false,
+            };
+            if phase == Phase::Committing {
+                // The server answering the COMMIT with an error means it rolled back:
+                // the outcome is known. Anything else (a dead socket, the deadline)
+                // leaves it unknown. Either way it is never retried here.
+                let answered =
+                    matches!(&err, StoreError::Postgres { source } if source.code().is_some());
+                return Err(if answered {
+                    err
+                } else {
+                    StoreError::CommitIndeterminate {
+                        source: Box::new(err),
+                    }
+                });
+            }
+            if !(pooled && transient && retries < self.options.pool_size) {
+                return Err(err);
+            }
+            retries += 1;
+            tracing::warn!(
+                error = %err, ns, id, epoch, retries,
+                "postgres store: pooled connection failed before commit; retrying"
+            );
+        }
+    }
+
+    /// One attempt: begin, fence, body, commit. Rolls back on any failure before commit.
+    async fn attempt(
+        &self,
+        checkout: &mut Checkout,
+        phase: &mut Phase,
+        (ns, id): (&str, &str),
+        stored_epoch: i64,
+        epoch: u64,
+        body: &Body<'_>,
+    ) -> Result<Output, StoreError> {
+        let conn = checkout.enter()?;
+        let result = async {
+            let lock = conn.prepare_cached(LOCK_EPOCH).await?;
+            // BEGIN and the epoch-row lock travel together, saving a round trip. Should
+            // BEGIN fail, the lock query either fails with it or ran alone outside any
+            // transaction (a row lock taken and dropped at once); BEGIN's error wins.
+            let key: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&ns, &id];
+            let (began, locked) =
+                tokio::join!(conn.batch_execute(&self.begin), conn.query_opt(&lock, &key));
+            began?;
+            let first = match locked? {
+                Some(row) => Some(row.try_get(0)?),
+                None => None,
+            };
+            acquire(conn, &lock, first, (ns, id), stored_epoch, epoch).await?;
+            self.body(conn, (ns, id), body).await
+        }
+        .await;
+        match result {
+            Ok(out) => {
+                *phase = Phase::Committing;
+                checkout.commit().await?;
+                Ok(out)
+            }
+            Err(err) => {
+                checkout.rollback().await;
+                Err(err)
+            }
+        }
+    }
+
+    async fn body(
+        &self,
+        conn: &Object,
+        (ns, id): (&str, &str),
+        body: &Body<'_>,
+    ) -> Result<Output, StoreError> {
+        match *body {
+            Body::Set {
+                tray_ns,
+                tray_id,
+                marked,
+                doc,
+            } => {
+                self.upsert(conn, (ns, id), (tray_ns, tray_id), marked, doc)
+                    .await?;
+                Ok(Output::Done)
+            }
+            Body::Delete { tray_ns, tray_id } => {
+                delete(conn, (ns, id), (tray_ns, tray_id)).await?;
+                Ok(Output::Done)
+            }
+            Body::Get { tray_ns, tray_id } => {
+                let stmt = conn.prepare_cached(GET_TRAY).await?;
+                let row = conn
+                    .query_opt(&stmt, &[&ns, &id, &tray_ns, &tray_id])
+                    .await?;
+                let tray = match row {
+                    None => None,
+                    Some(row) => {
+                        let marked: bool = row.try_get(0)?;
+                        let doc =
+                            as_doc(row.try_get(1)?, || format!("{ns}/{id} {tray_ns}/{tray_id}"))?;
+                        Some(Tray { marked, doc })
+                    }
+                };
+                Ok(Output::Tray(tray))
+            }
+            Body::List { tray_ns, marked } => {
+                let stmt = conn.prepare_cached(LIST_TRAYS).await?;
+                let rows = conn.query(&stmt, &[&ns, &id, &tray_ns, &marked]).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    let tray_ns: String = row.try_get(0)?;
+                    let tray_id: String = row.try_get(1)?;
+                    let marked: bool = row.try_get(2)?;
+                    let doc = as_doc(row.try_get(3)?, || format!("{ns}/{id} {tray_ns}/{tray_id}"))?;
+                    out.push(TrayRow {
+                        tray_ns,
+                        tray_id,
+                        marked,
+                        doc,
+                    });
+                }
+                Ok(Output::Rows(out))
+            }
+            Body::Batch(ops) => {
+                for op in ops {
+                    match op {
+                        BatchOp::Set {
+                            tray_ns,
+                            tray_id,
+                            marked,
+                            doc,
+                        } => {
+                            self.upsert(conn, (ns, id), (tray_ns, tray_id), *marked, doc)
+                                .await?
+                        }
+                        BatchOp::Delete { tray_ns, tray_id } => {
+                            delete(conn, (ns, id), (tray_ns, tray_id)).await?
+                        }
+                    }
+                }
+                Ok(Output::Done)
+            }
+        }
+    }
+
+    async fn upsert(
+        &self,
+        conn: &Object,
+        (ns, id): (&str, &str),
+        (tray_ns, tray_id): (&str, &str),
+        marked: bool,
+        doc: &Doc,
+    ) -> Result<(), StoreError> {
+        let stmt = conn.prepare_cached(UPSERT_TRAY).await?;
+        conn.execute(
+            &stmt,
+            &[
+                &ns,
+                &id,
+                &tray_ns,
+                &tray_id,
+                &marked,
+                &Json(doc),
+                &self.options.env,
+                &self.options.hostname,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Fences the instance given the first `SELECT … FOR UPDATE` of its epoch row (`first`),
+/// creating the row if absent, then advances it. The row stays locked until the
+/// transaction ends.
+async fn acquire(
+    conn: &Object,
+    lock: &tokio_postgres::Statement,
+    first: Option<i64>,
+    (ns, id): (&str, &str),
+    stored_epoch: i64,
+    epoch: u64,
+) -> Result<(), StoreError> {
+    let mut stored = first;
+    if stored.is_none() {
+        let insert = conn.prepare_cached(INSERT_EPOCH).await?;
+        conn.execute(&insert, &[&ns, &id, &stored_epoch]).await?;
+        // Re-select: a concurrent inserter may have won, with its own epoch.
+        stored = match conn.query_opt(lock, &[&ns, &id]).await? {
+            Some(row) => Some(row.try_get(0)?),
+            None => None,
+        };
+    }
+    let Some(stored) = stored else {
+        return Err(StoreError::Corrupt {
+            key: format!("{ns}/{id}"),
+            detail: "pinned_epoch row vanished inside its own transaction".to_owned(),
+        });
+    };
+    if stored_epoch < stored {
+        return Err(StoreError::fence_lost(ns, id, epoch));
+    }
+    if stored_epoch > stored {
+        let update = conn.prepare_cached(UPDATE_EPOCH).await?;
+        conn.execute(&update, &[&ns, &id, &stored_epoch]).await?;
+    }
+    Ok(())
+}
+
+async fn delete(
+    conn: &Object,
+    (ns, id): (&str, &str),
+    (tray_ns, tray_id): (&str, &str),
+) -> Result<(), StoreError> {
+    let stmt = conn.prepare_cached(DELETE_TRAY).await?;
+    conn.execute(&stmt, &[&ns, &id, &tray_ns, &tray_id]).await?;
+    Ok(())
+}
+
+/// A stored `doc` must be a JSON object.
+fn as_doc(value: Value, key: impl FnOnce() -> String) -> Result<Doc, StoreError> {
+    match value {
+        Value::Object(doc) => Ok(doc),
+        other => Err(StoreError::Corrupt {
+            key: key(),
+            detail: format!("doc is not a JSON object: {other}"),
+        }),
+    }
+}
+
+fn pool_error(err: PoolError) -> StoreError {
+    match err {
+        PoolError::Closed => StoreError::Closed,
+        PoolError::NoRuntimeSpecified => StoreError::Setup {
+            source: err.to_string().into(),
+        },
+        other => StoreError::Unavailable {
+            source: Box::new(other),
+        },
+    }
+}
+
+// === impl Checkout ===
+
+impl Checkout {
+    fn new(conn: Object) -> Self {
+        Self {
+            conn: Some(conn),
+            in_txn: false,
+        }
+    }
+
+    /// Marks the transaction as (about to be) open and returns the connection; the
+    /// caller sends `BEGIN` itself.
+    fn enter(&mut self) -> Result<&Object, StoreError> {
+        self.in_txn = true;
+        self.conn.as_ref().ok_or(StoreError::Closed)
+    }
+
+    /// Sends `BEGIN` and the `SET LOCAL` timeouts; returns the connection.
+    async fn begin(&mut self, begin: &str) -> Result<&Object, StoreError> {
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(StoreError::Closed);
+        };
+        self.in_txn = true;
+        conn.batch_execute(begin).await?;
+        Ok(conn)
+    }
+
+    /// Sends `COMMIT`. On success the connection goes back to the pool clean.
+    async fn commit(&mut self) -> Result<(), StoreError> {
+        let Some(conn) = self.conn.as_ref() else {
+            return Err(StoreError::Closed);
+        };
+        conn.batch_execute("COMMIT").await?;
+        self.in_txn = false;
+        Ok(())
+    }
+
+    /// Rolls back; if that fails the connection is discarded on drop.
+    async fn rollback(&mut self) {
+        if let Some(conn) = self.conn.as_ref() {
+            if conn.batch_execute("ROLLBACK").await.is_ok() {
+                self.in_txn = false;
+            }
+        }
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if self.in_txn {
+                // Detach from the pool; dropping the client aborts its connection task,
+                // which closes the socket and makes the server roll back.
+                drop(Object::take(conn));
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl StateStore for PostgresStore {
+    async fn set_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        marked: bool,
+        doc: Doc,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        let body = Body::Set {
+            tray_ns,
+            tray_id,
+            marked,
+            doc: &doc,
+        };
+        self.run(ns, id, epoch, body).await.map(|_| ())
+    }
+
+    async fn delete_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        let body = Body::Delete { tray_ns, tray_id };
+        self.run(ns, id, epoch, body).await.map(|_| ())
+    }
+
+    async fn get_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<Option<Tray>, StoreError> {
+        match self
+            .run(ns, id, epoch, Body::Get { tray_ns, tray_id })
+            .await?
+        {
+            Output::Tray(tray) => Ok(tray),
+            Output::Done | Output::Rows(_) => Ok(None),
+        }
+    }
+
+    async fn list(
+        &self,
+        ns: &str,
+        id: &str,
+        epoch: u64,
+        tray_ns: Option<&str>,
+        marked: Option<bool>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        match self
+            .run(ns, id, epoch, Body::List { tray_ns, marked })
+            .await?
+        {
+            Output::Rows(rows) => Ok(rows),
+            Output::Done | Output::Tray(_) => Ok(Vec::new()),
+        }
+    }
+
+    async fn apply_batch(
+        &self,
+        ns: &str,
+        id: &str,
+        ops: Vec<BatchOp>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.run(ns, id, epoch, Body::Batch(&ops)).await.map(|_| ())
+    }
+}

@@ -1,0 +1,535 @@
+//! `SqliteStore`: the embedded single-file `StateStore`, the default when no database
+//! URL is configured.
+//!
+//! Owns one SQLite connection on a dedicated thread, the tables (the same logical schema
+//! as Postgres: `pinned_epoch`, `pinned_tray_index`) and group commit: operations queued
+//! while the thread was busy run in one transaction, each inside its own savepoint so a
+//! fenced or failed operation undoes only itself. It must never reply to a caller before
+//! the transaction holding its operation has committed, and never touch the connection
+//! from any other thread.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::store::check_epoch;
+use crate::{BatchOp, Doc, StateStore, StoreError, Tray, TrayRow};
+
+/// Most operations committed together in one group transaction.
+const MAX_GROUP: usize = 512;
+
+const SCHEMA: &str = "\
+CREATE TABLE IF NOT EXISTS pinned_epoch (
+  ns TEXT NOT NULL, id TEXT NOT NULL, epoch INTEGER NOT NULL,
+  PRIMARY KEY (ns, id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pinned_tray_index (
+  ns TEXT NOT NULL, id TEXT NOT NULL,
+  tray_ns TEXT NOT NULL, tray_id TEXT NOT NULL,
+  marked BOOLEAN NOT NULL, doc TEXT NOT NULL,
+  env TEXT NOT NULL DEFAULT '*', hostname TEXT NOT NULL DEFAULT '*',
+  PRIMARY KEY (ns, id, tray_ns, tray_id)) WITHOUT ROWID;";
+
+/// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncMode {
+    /// Every commit is synced to disk before it is acknowledged: survives power loss.
+    #[default]
+    Full,
+    /// Commits survive a process crash but the last few may be lost on power loss or an
+    /// OS crash. Faster.
+    Normal,
+}
+
+/// Settings of a [`SqliteStore`].
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// Stamped into the `env` column of every written row (default `"*"`).
+    pub env: String,
+    /// Stamped into the `hostname` column of every written row (default `"*"`).
+    pub hostname: String,
+    /// Durability of a commit (default [`SyncMode::Full`]).
+    pub sync: SyncMode,
+    /// How long to wait for another process holding the file's write lock (default 5 s).
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            env: "*".to_owned(),
+            hostname: "*".to_owned(),
+            sync: SyncMode::Full,
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A `StateStore` in one SQLite file (WAL mode), served by a dedicated thread.
+///
+/// Opening the same path again after a restart sees every committed row and epoch.
+/// Dropping the store lets its thread finish the queued operations and exit; use
+/// [`close`](SqliteStore::close) to wait for that.
+#[derive(Debug)]
+pub struct SqliteStore {
+    jobs: mpsc::Sender<Box<dyn Job>>,
+    done: Option<oneshot::Receiver<()>>,
+    path: PathBuf,
+}
+
+// === impl SqliteStore ===
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file at `path`, switches it to WAL mode
+    /// and creates the tables.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Setup`] when the file cannot be opened or configured.
+    pub async fn open(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let (jobs, rx) = mpsc::channel::<Box<dyn Job>>();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (done_tx, done_rx) = oneshot::channel();
+        let thread_path = path.clone();
+        thread::Builder::new()
+            .name("pinned-sqlite".to_owned())
+            .spawn(move || {
+                let conn = match open_connection(&thread_path, &options) {
+                    Ok(conn) => {
+                        let _ = ready_tx.send(Ok(()));
+                        conn
+                    }
+                    Err(err) => {
+                        let _ = ready_tx.send(Err(err));
+                        return;
+                    }
+                };
+                let mut worker = Worker { conn, options };
+                worker.serve(&rx);
+                drop(worker);
+                let _ = done_tx.send(());
+            })
+            .map_err(|e| StoreError::Setup { source: e.into() })?;
+        match ready_rx.await {
+            Ok(Ok(())) => Ok(Self {
+                jobs,
+                done: Some(done_rx),
+                path,
+            }),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(StoreError::Closed),
+        }
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Finishes the queued operations, closes the file and waits for the thread to exit.
+    pub async fn close(mut self) {
+        let done = self.done.take();
+        drop(self);
+        if let Some(done) = done {
+            let _ = done.await;
+        }
+    }
+
+    /// Queues `f` to run inside its own savepoint on the store's thread and waits until
+    /// its transaction has committed.
+    async fn run<R, F>(&self, f: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection, &SqliteOptions) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let job = Pending {
+            f: Some(f),
+            out: None,
+            reply,
+        };
+        self.jobs
+            .send(Box::new(job))
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection, StoreError> {
+    let setup = |e: rusqlite::Error| StoreError::Setup { source: e.into() };
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(setup)?;
+    conn.busy_timeout(options.busy_timeout).map_err(setup)?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
+        .map_err(setup)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Setup {
+            source: format!(
+                "could not switch {} to WAL mode (got {mode})",
+                path.display()
+            )
+            .into(),
+        });
+    }
+    let sync = match options.sync {
+        SyncMode::Full => "FULL",
+        SyncMode::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous = {sync};"))
+        .map_err(setup)?;
+    conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))
+        .map_err(setup)?;
+    Ok(conn)
+}
+
+// === the store's thread ===
+
+/// One queued operation, type-erased so operations with different results share a queue.
+trait Job: Send {
+    /// Runs the operation (already inside its savepoint); false if it failed.
+    fn run(&mut self, conn: &Connection, options: &SqliteOptions) -> bool;
+    /// Replies to the caller once the group's outcome is known.
+    fn finish(self: Box<Self>, group: Result<(), &StoreError>);
+}
+
+impl std::fmt::Debug for dyn Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Job")
+    }
+}
+
+struct Pending<R, F> {
+    f: Option<F>,
+    out: Option<Result<R, StoreError>>,
+    reply: oneshot::Sender<Result<R, StoreError>>,
+}
+
+impl<R, F> Job for Pending<R, F>
+where
+    R: Send + 'static,
+    F: FnOnce(&Connection, &SqliteOptions) -> Result<R, StoreError> + Send + 'static,
+{
+    fn run(&mut self, conn: &Connection, options: &SqliteOptions) -> bool {
+        let out = match self.f.take() {
+            Some(f) => f(conn, options),
+            None => Err(StoreError::Closed),
+        };
+        let ok = out.is_ok();
+        self.out = Some(out);
+        ok
+    }
+
+    fn finish(self: Box<Self>, group: Result<(), &StoreError>) {
+        let out = match (self.out, group) {
+            // The operation's own failure stands whatever happened to the group.
+            (Some(Err(own)), _) => Err(own),
+            (Some(Ok(value)), Ok(())) => Ok(value),
+            (_, Err(group)) => Err(clone_group_error(group)),
+            (None, Ok(())) => Err(StoreError::Closed),
+        };
+        // The caller may have stopped waiting; its operation still ran (or not) as one.
+        let _ = self.reply.send(out);
+    }
+}
+
+fn clone_group_error(err: &StoreError) -> StoreError {
+    match err {
+        StoreError::Sqlite { source } => StoreError::Sqlite {
+            source: source.clone(),
+        },
+        other => StoreError::Setup {
+            source: other.to_string().into(),
+        },
+    }
+}
+
+struct Worker {
+    conn: Connection,
+    options: SqliteOptions,
+}
+
+impl Worker {
+    fn serve(&mut self, rx: &mpsc::Receiver<Box<dyn Job>>) {
+        while let Ok(first) = rx.recv() {
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(job) => group.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.run_group(group);
+        }
+    }
+
+    /// Runs `group` in one transaction, one savepoint per job, then replies to all.
+    fn run_group(&mut self, mut group: Vec<Box<dyn Job>>) {
+        let outcome = (|| -> Result<(), StoreError> {
+            let mut tx = self
+                .conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)?;
+            for job in &mut group {
+                let sp = tx.savepoint()?;
+                if job.run(&sp, &self.options) {
+                    sp.commit()?;
+                } else {
+                    // Dropping a savepoint rolls it back: the failed job leaves no trace.
+                    drop(sp);
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })();
+        if let Err(err) = &outcome {
+            tracing::warn!(error = %err, ops = group.len(), "sqlite group transaction failed");
+        }
+        for job in group {
+            job.finish(outcome.as_ref().map(|_| ()));
+        }
+    }
+}
+
+// === operations (run on the store's thread) ===
+
+/// Acquires `(ns, id)` at `epoch` inside the open transaction.
+fn acquire(conn: &Connection, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
+    let want = check_epoch(epoch)?;
+    let stored: Option<i64> = conn
+        .prepare_cached("SELECT epoch FROM pinned_epoch WHERE ns = ?1 AND id = ?2")?
+        .query_row(params![ns, id], |row| row.get(0))
+        .optional()?;
+    match stored {
+        None => {
+            conn.prepare_cached("INSERT INTO pinned_epoch (ns, id, epoch) VALUES (?1, ?2, ?3)")?
+                .execute(params![ns, id, want])?;
+        }
+        Some(stored) if want < stored => return Err(StoreError::fence_lost(ns, id, epoch)),
+        Some(stored) if want > stored => {
+            conn.prepare_cached("UPDATE pinned_epoch SET epoch = ?3 WHERE ns = ?1 AND id = ?2")?
+                .execute(params![ns, id, want])?;
+        }
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+fn upsert(
+    conn: &Connection,
+    options: &SqliteOptions,
+    (ns, id): (&str, &str),
+    (tray_ns, tray_id): (&str, &str),
+    marked: bool,
+    doc: &Doc,
+) -> Result<(), StoreError> {
+    let text = serde_json::to_string(doc).map_err(|e| StoreError::Corrupt {
+        key: format!("{ns}/{id} {tray_ns}/{tray_id}"),
+        detail: format!("doc does not serialize: {e}"),
+    })?;
+    conn.prepare_cached(
+        "INSERT INTO pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+         ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = excluded.marked, \
+         doc = excluded.doc, env = excluded.env, hostname = excluded.hostname",
+    )?
+    .execute(params![
+        ns,
+        id,
+        tray_ns,
+        tray_id,
+        marked,
+        text,
+        options.env,
+        options.hostname
+    ])?;
+    Ok(())
+}
+
+fn delete(
+    conn: &Connection,
+    (ns, id): (&str, &str),
+    (tray_ns, tray_id): (&str, &str),
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "DELETE FROM pinned_tray_index WHERE ns = ?1 AND id = ?2 AND tray_ns = ?3 AND tray_id = ?4",
+    )?
+    .execute(params![ns, id, tray_ns, tray_id])?;
+    Ok(())
+}
+
+/// Parses a stored doc, which must be a JSON object.
+fn parse_doc(text: &str, key: impl FnOnce() -> String) -> Result<Doc, StoreError> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(doc)) => Ok(doc),
+        Ok(other) => Err(StoreError::Corrupt {
+            key: key(),
+            detail: format!("doc is not a JSON object: {other}"),
+        }),
+        Err(e) => Err(StoreError::Corrupt {
+            key: key(),
+            detail: format!("doc is not JSON: {e}"),
+        }),
+    }
+}
+
+#[async_trait]
+impl StateStore for SqliteStore {
+    async fn set_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        marked: bool,
+        doc: Doc,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        check_epoch(epoch)?;
+        let (ns, id, tray_ns, tray_id) = owned4(ns, id, tray_ns, tray_id);
+        self.run(move |conn, options| {
+            acquire(conn, &ns, &id, epoch)?;
+            upsert(
+                conn,
+                options,
+                (&ns, &id),
+                (&tray_ns, &tray_id),
+                marked,
+                &doc,
+            )
+        })
+        .await
+    }
+
+    async fn delete_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        check_epoch(epoch)?;
+        let (ns, id, tray_ns, tray_id) = owned4(ns, id, tray_ns, tray_id);
+        self.run(move |conn, _| {
+            acquire(conn, &ns, &id, epoch)?;
+            delete(conn, (&ns, &id), (&tray_ns, &tray_id))
+        })
+        .await
+    }
+
+    async fn get_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<Option<Tray>, StoreError> {
+        check_epoch(epoch)?;
+        let (ns, id, tray_ns, tray_id) = owned4(ns, id, tray_ns, tray_id);
+        self.run(move |conn, _| {
+            acquire(conn, &ns, &id, epoch)?;
+            let row: Option<(bool, String)> = conn
+                .prepare_cached(
+                    "SELECT marked, doc FROM pinned_tray_index \
+                     WHERE ns = ?1 AND id = ?2 AND tray_ns = ?3 AND tray_id = ?4",
+                )?
+                .query_row(params![ns, id, tray_ns, tray_id], |row| {
+                    Ok((row.get(0)?, row.get(1)?))
+                })
+                .optional()?;
+            row.map(|(marked, text)| {
+                let doc = parse_doc(&text, || format!("{ns}/{id} {tray_ns}/{tray_id}"))?;
+                Ok(Tray { marked, doc })
+            })
+            .transpose()
+        })
+        .await
+    }
+
+    async fn list(
+        &self,
+        ns: &str,
+        id: &str,
+        epoch: u64,
+        tray_ns: Option<&str>,
+        marked: Option<bool>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        check_epoch(epoch)?;
+        let (ns, id) = (ns.to_owned(), id.to_owned());
+        let filter_ns = tray_ns.map(str::to_owned);
+        self.run(move |conn, _| {
+            acquire(conn, &ns, &id, epoch)?;
+            let mut stmt = conn.prepare_cached(
+                "SELECT tray_ns, tray_id, marked, doc FROM pinned_tray_index \
+                 WHERE ns = ?1 AND id = ?2 AND (?3 IS NULL OR tray_ns = ?3) \
+                 AND (?4 IS NULL OR marked = ?4) ORDER BY tray_ns, tray_id",
+            )?;
+            let rows = stmt.query_map(params![ns, id, filter_ns, marked], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, bool>(2)?,
+                    row.get::<_, String>(3)?,
+                ))
+            })?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (tray_ns, tray_id, marked, text) = row?;
+                let doc = parse_doc(&text, || format!("{ns}/{id} {tray_ns}/{tray_id}"))?;
+                out.push(TrayRow {
+                    tray_ns,
+                    tray_id,
+                    marked,
+                    doc,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn apply_batch(
+        &self,
+        ns: &str,
+        id: &str,
+        ops: Vec<BatchOp>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        check_epoch(epoch)?;
+        let (ns, id) = (ns.to_owned(), id.to_owned());
+        self.run(move |conn, options| {
+            acquire(conn, &ns, &id, epoch)?;
+            for op in &ops {
+                match op {
+                    BatchOp::Set {
+                        tray_ns,
+                        tray_id,
+                        marked,
+                        doc,
+                    } => upsert(conn, options, (&ns, &id), (tray_ns, tray_id), *marked, doc)?,
+                    BatchOp::Delete { tray_ns, tray_id } => {
+                        delete(conn, (&ns, &id), (tray_ns, tray_id))?
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+fn owned4(a: &str, b: &str, c: &str, d: &str) -> (String, String, String, String) {
+    (a.to_owned(), b.to_owned(), c.to_owned(), d.to_owned())
+}

@@ -1,0 +1,520 @@
+//! The conformance suite on `PostgresStore` (real Postgres at `PINNED_TEST_DATABASE_URL`,
+//! default `postgresql://postgres@127.0.0.1:5432/test`), plus the Postgres-only rules:
+//! exact tables, env/hostname stamping, atomic batches, retry only on pooled
+//! connections before commit, the transaction deadline, and cancellation.
+//!
+//! These tests fail (never skip) when Postgres is unreachable.
+
+#![allow(clippy::unwrap_used)] // tests may panic on the unexpected
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pinned_store::conformance::{database_url, doc, unique_ns, Fixture, PostgresCleanup};
+use pinned_store::{BatchOp, PostgresOptions, PostgresStore, StateStore, StoreError};
+use serde_json::json;
+use tokio::time::Instant;
+use tokio_postgres::NoTls;
+
+async fn fixture() -> Fixture {
+    let store = PostgresStore::open(&database_url(), PostgresOptions::default())
+        .await
+        .expect("Postgres must be reachable at PINNED_TEST_DATABASE_URL");
+    let mut fixture = Fixture::new(Arc::new(store));
+    fixture.keep = Some(Box::new(PostgresCleanup::new(&fixture.ns)));
+    fixture
+}
+
+pinned_store::conformance_tests!(fixture);
+
+/// A raw client for inspecting and interfering, outside the store.
+async fn raw() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&database_url(), NoTls)
+        .await
+        .expect("Postgres must be reachable at PINNED_TEST_DATABASE_URL");
+    tokio::spawn(conn);
+    client
+}
+
+/// The test URL with an `application_name` so a test can find its own backends.
+fn url_named(name: &str) -> String {
+    let base = database_url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}application_name={name}")
+}
+
+async fn store_with(options: PostgresOptions) -> PostgresStore {
+    PostgresStore::open(&database_url(), options)
+        .await
+        .expect("open postgres store")
+}
+
+#[tokio::test]
+async fn setup_creates_the_reference_tables_exactly() -> anyhow::Result<()> {
+    store_with(PostgresOptions::default()).await;
+    let client = raw().await;
+    let rows = client
+        .query(
+            "SELECT table_name::text, column_name::text, data_type::text, is_nullable::text, \
+             coalesce(column_default::text, '') FROM information_schema.columns \
+             WHERE table_name IN ('pinned_epoch', 'pinned_tray_index') \
+             AND table_schema = current_schema() ORDER BY table_name, ordinal_position",
+            &[],
+        )
+        .await?;
+    let got: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{}.{} {} {} {}",
+                r.get::<_, String>(0),
+                r.get::<_, String>(1),
+                r.get::<_, String>(2),
+                r.get::<_, String>(3),
+                r.get::<_, String>(4)
+            )
+        })
+        .collect();
+    let want = [
+        "pinned_epoch.ns text NO ",
+        "pinned_epoch.id text NO ",
+        "pinned_epoch.epoch bigint NO ",
+        "pinned_tray_index.ns text NO ",
+        "pinned_tray_index.id text NO ",
+        "pinned_tray_index.tray_ns text NO ",
+        "pinned_tray_index.tray_id text NO ",
+        "pinned_tray_index.marked boolean NO ",
+        "pinned_tray_index.doc jsonb NO ",
+        "pinned_tray_index.env text NO '*'::text",
+        "pinned_tray_index.hostname text NO '*'::text",
+    ];
+    assert_eq!(got, want);
+    let pk = client
+        .query(
+            "SELECT tc.table_name::text, string_agg(kcu.column_name::text, ',' \
+             ORDER BY kcu.ordinal_position) FROM information_schema.table_constraints tc \
+             JOIN information_schema.key_column_usage kcu \
+             ON tc.constraint_name = kcu.constraint_name AND tc.table_schema = kcu.table_schema \
+             WHERE tc.constraint_type = 'PRIMARY KEY' \
+             AND tc.table_name IN ('pinned_epoch', 'pinned_tray_index') \
+             AND tc.table_schema = current_schema() GROUP BY tc.table_name ORDER BY 1",
+            &[],
+        )
+        .await?;
+    let pk: Vec<(String, String)> = pk.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        pk,
+        vec![
+            ("pinned_epoch".to_owned(), "ns,id".to_owned()),
+            (
+                "pinned_tray_index".to_owned(),
+                "ns,id,tray_ns,tray_id".to_owned()
+            ),
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn concurrent_setup_is_safe() -> anyhow::Result<()> {
+    let stores: Vec<PostgresStore> = (0..4)
+        .map(|_| PostgresStore::connect(&database_url(), PostgresOptions::default()))
+        .collect::<Result<_, _>>()?;
+    let setups = stores.iter().map(|s| s.setup());
+    for result in futures_util::future::join_all(setups).await {
+        result?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn rows_are_stamped_with_env_and_hostname() -> anyhow::Result<()> {
+    let ns = unique_ns("stamp");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let plain = store_with(PostgresOptions::default()).await;
+    let stamped = store_with(PostgresOptions {
+        env: "prod".into(),
+        hostname: "worker-1.example".into(),
+        ..PostgresOptions::default()
+    })
+    .await;
+    plain
+        .set_tray(&ns, "a", "t", "1", false, doc(json!({})), 1)
+        .await?;
+    stamped
+        .set_tray(&ns, "a", "t", "2", true, doc(json!({})), 1)
+        .await?;
+    let client = raw().await;
+    let stamps = |client: tokio_postgres::Client, ns: String| async move {
+        let rows = client
+            .query(
+                "SELECT tray_id, env, hostname FROM pinned_tray_index WHERE ns = $1 ORDER BY tray_id",
+                &[&ns],
+            )
+            .await
+            .expect("select stamps");
+        let out: Vec<(String, String, String)> = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        (client, out)
+    };
+    let (client, got) = stamps(client, ns.clone()).await;
+    assert_eq!(
+        got,
+        vec![
+            ("1".into(), "*".into(), "*".into()),
+            ("2".into(), "prod".into(), "worker-1.example".into())
+        ]
+    );
+    // An upsert overwrites the stamps.
+    stamped
+        .set_tray(&ns, "a", "t", "1", false, doc(json!({})), 1)
+        .await?;
+    let (_client, got) = stamps(client, ns.clone()).await;
+    assert_eq!(
+        got[0],
+        ("1".into(), "prod".into(), "worker-1.example".into())
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failing_batch_applies_nothing_and_keeps_the_epoch() -> anyhow::Result<()> {
+    let ns = unique_ns("atomic");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let store = store_with(PostgresOptions::default()).await;
+    store
+        .set_tray(&ns, "a", "t", "keep", false, doc(json!({"v": 1})), 2)
+        .await?;
+    // Postgres TEXT cannot hold NUL: the second op fails after the first ran.
+    let err = store
+        .apply_batch(
+            &ns,
+            "a",
+            vec![
+                BatchOp::set("t", "first", true, doc(json!({}))),
+                BatchOp::set("t", "bad\0id", true, doc(json!({}))),
+            ],
+            5,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Postgres { .. }), "{err:?}");
+    assert!(!err.retryable());
+    let client = raw().await;
+    let epoch: i64 = client
+        .query_one(
+            "SELECT epoch FROM pinned_epoch WHERE ns = $1 AND id = 'a'",
+            &[&ns],
+        )
+        .await?
+        .get(0);
+    assert_eq!(epoch, 2, "the epoch advance was rolled back with the batch");
+    let rows = store.list(&ns, "a", 2, None, None).await?;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].tray_id, "keep");
+    Ok(())
+}
+
+#[tokio::test]
+async fn killed_idle_connections_are_replaced_on_checkout() -> anyhow::Result<()> {
+    let ns = unique_ns("retry");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let app = format!("pst-retry-{}", std::process::id());
+    let store = PostgresStore::open(
+        &url_named(&app),
+        PostgresOptions {
+            pool_size: 2,
+            ..PostgresOptions::default()
+        },
+    )
+    .await?;
+    store
+        .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": 1})), 1)
+        .await?;
+    // Kill every backend of this store behind its back: the pool still holds them.
+    let client = raw().await;
+    let killed: i64 = client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await?
+        .get(0);
+    assert!(killed >= 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The pool's liveness check notices the dead connections and dials anew.
+    store
+        .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": 2})), 1)
+        .await?;
+    let tray = store.get_tray(&ns, "a", "t", "~", 1).await?;
+    assert_eq!(tray.map(|t| t.doc), Some(doc(json!({"v": 2}))));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_pooled_connection_dying_mid_transaction_is_retried() -> anyhow::Result<()> {
+    let ns = unique_ns("midtxn");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let app = format!("pst-midtxn-{}", std::process::id());
+    let store = Arc::new(
+        PostgresStore::open(
+            &url_named(&app),
+            PostgresOptions {
+                pool_size: 2,
+                ..PostgresOptions::default()
+            },
+        )
+        .await?,
+    );
+    // `open` left one pooled connection; the op below checks it out again.
+    let mut holder = raw().await;
+    let tx = hold_instance_lock(&mut holder, &ns, "a").await;
+    let op = {
+        let store = store.clone();
+        let ns = ns.clone();
+        tokio::spawn(async move {
+            store
+                .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": "survived"})), 1)
+                .await
+        })
+    };
+    // Wait until the op is blocked on the row lock inside its transaction, then kill
+    // its backend: a failure before commit on a pooled connection.
+    let client = raw().await;
+    let started = Instant::now();
+    loop {
+        let killed: i64 = client
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                &[&app],
+            )
+            .await?
+            .get(0);
+        if killed > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "op never blocked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    tx.rollback().await?;
+    op.await??;
+    assert_eq!(
+        store.get_tray(&ns, "a", "t", "~", 1).await?.map(|t| t.doc),
+        Some(doc(json!({"v": "survived"})))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_fresh_connection_failing_is_raised() {
+    let store = PostgresStore::connect(
+        "postgresql://postgres@127.0.0.1:1/test",
+        PostgresOptions::default(),
+    )
+    .expect("config");
+    let err = store
+        .set_tray("/n", "a", "t", "~", false, doc(json!({})), 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
+    assert!(err.retryable());
+}
+
+/// Holds the `pinned_epoch` row lock of `(ns, id)` in an open transaction.
+async fn hold_instance_lock<'c>(
+    client: &'c mut tokio_postgres::Client,
+    ns: &str,
+    id: &str,
+) -> tokio_postgres::Transaction<'c> {
+    let tx = client.transaction().await.expect("begin");
+    tx.execute(
+        "INSERT INTO pinned_epoch (ns, id, epoch) VALUES ($1, $2, 0) ON CONFLICT DO NOTHING",
+        &[&ns, &id],
+    )
+    .await
+    .expect("insert");
+    tx.query_one(
+        "SELECT epoch FROM pinned_epoch WHERE ns = $1 AND id = $2 FOR UPDATE",
+        &[&ns, &id],
+    )
+    .await
+    .expect("lock");
+    tx
+}
+
+#[tokio::test]
+async fn lock_timeouts_retry_only_on_pooled_connections() -> anyhow::Result<()> {
+    let ns = unique_ns("locked");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let mut holder = raw().await;
+    let lock_timeout = Duration::from_millis(300);
+    let store = store_with(PostgresOptions {
+        pool_size: 2,
+        lock_timeout,
+        ..PostgresOptions::default()
+    })
+    .await;
+    // `open` ran setup on one connection, so that one is pooled; use a fresh store
+    // whose very first op meets the lock.
+    let fresh = PostgresStore::connect(
+        &database_url(),
+        PostgresOptions {
+            pool_size: 1,
+            lock_timeout,
+            ..PostgresOptions::default()
+        },
+    )?;
+    let tx = hold_instance_lock(&mut holder, &ns, "a").await;
+
+    let started = Instant::now();
+    let err = fresh
+        .set_tray(&ns, "a", "t", "~", false, doc(json!({})), 1)
+        .await
+        .unwrap_err();
+    let fresh_took = started.elapsed();
+    match &err {
+        StoreError::Postgres { source } => {
+            assert_eq!(source.code().map(|c| c.code()), Some("55P03"), "{err}")
+        }
+        other => panic!("expected a lock timeout, got {other:?}"),
+    }
+    assert!(err.retryable());
+    assert!(
+        fresh_took < lock_timeout * 5 / 2,
+        "fresh connection was retried: {fresh_took:?}"
+    );
+
+    // Warm both pool slots on another instance, then meet the lock on pooled ones:
+    // one attempt plus `pool_size` retries.
+    let (a, b) = tokio::join!(
+        store.set_tray(&ns, "warm1", "t", "~", false, doc(json!({})), 1),
+        store.set_tray(&ns, "warm2", "t", "~", false, doc(json!({})), 1)
+    );
+    a?;
+    b?;
+    let started = Instant::now();
+    let err = store
+        .set_tray(&ns, "a", "t", "~", false, doc(json!({})), 1)
+        .await
+        .unwrap_err();
+    let pooled_took = started.elapsed();
+    assert!(matches!(err, StoreError::Postgres { .. }), "{err:?}");
+    assert!(
+        pooled_took >= lock_timeout * 3,
+        "pooled failure not retried: {pooled_took:?}"
+    );
+    drop(tx);
+
+    // Once the lock is gone the instance works again.
+    store
+        .set_tray(&ns, "a", "t", "~", false, doc(json!({"ok": true})), 1)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_deadline_bounds_a_transaction() -> anyhow::Result<()> {
+    let ns = unique_ns("deadline");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let mut holder = raw().await;
+    let fresh = PostgresStore::connect(
+        &database_url(),
+        PostgresOptions {
+            pool_size: 1,
+            txn_deadline: Duration::from_millis(300),
+            ..PostgresOptions::default()
+        },
+    )?;
+    let tx = hold_instance_lock(&mut holder, &ns, "a").await;
+    let started = Instant::now();
+    let err = fresh.get_tray(&ns, "a", "t", "~", 1).await.unwrap_err();
+    assert!(matches!(err, StoreError::Deadline { .. }), "{err:?}");
+    assert!(err.retryable());
+    assert!(started.elapsed() < Duration::from_secs(2));
+    tx.rollback().await?;
+    // The killed connection was not returned to the pool; a new one serves the next op.
+    fresh
+        .set_tray(&ns, "a", "t", "~", false, doc(json!({})), 1)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cancelled_operation_does_not_leak_its_transaction() -> anyhow::Result<()> {
+    let ns = unique_ns("cancel");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let mut holder = raw().await;
+    let store = store_with(PostgresOptions {
+        pool_size: 1,
+        ..PostgresOptions::default()
+    })
+    .await;
+    let tx = hold_instance_lock(&mut holder, &ns, "a").await;
+    // The caller gives up while the op waits for the row lock inside its transaction.
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(200),
+        store.set_tray(&ns, "a", "t", "~", false, doc(json!({"v": "cancelled"})), 3),
+    )
+    .await;
+    assert!(cancelled.is_err());
+    tx.commit().await?;
+    // The only pool slot must come back clean: this op runs in a fresh transaction.
+    let started = Instant::now();
+    store
+        .set_tray(&ns, "b", "t", "~", false, doc(json!({})), 1)
+        .await?;
+    store
+        .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": 1})), 1)
+        .await?;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        store.get_tray(&ns, "a", "t", "~", 1).await?.map(|t| t.doc),
+        Some(doc(json!({"v": 1}))),
+        "the cancelled write (epoch 3) never committed"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn transaction_sql_runs_in_every_transaction() -> anyhow::Result<()> {
+    // The hook puts the tables in a private schema; setup and every op see it.
+    let schema = format!("pst_hook_{}", std::process::id());
+    let client = raw().await;
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
+        .await?;
+    let store = store_with(PostgresOptions {
+        transaction_sql: Some(format!("SET LOCAL search_path = {schema}")),
+        ..PostgresOptions::default()
+    })
+    .await;
+    store
+        .set_tray("/hook", "a", "t", "~", true, doc(json!({"v": 1})), 2)
+        .await?;
+    let count: i64 = client
+        .query_one(
+            &format!("SELECT count(*) FROM {schema}.pinned_tray_index WHERE ns = '/hook'"),
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(count, 1);
+    assert!(store
+        .get_tray("/hook", "a", "t", "~", 1)
+        .await
+        .unwrap_err()
+        .is_fence_lost());
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await?;
+    Ok(())
+}
