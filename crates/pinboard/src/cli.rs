@@ -1,0 +1,77 @@
+//! The command-line entry point: parse config (flags and environment),
+//! set up logging, bind, print the bound address, serve until SIGINT or
+//! SIGTERM. The `pinboard` binary is this one call, so other packages (the
+//! fleet tests) can build the same binary.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::Config;
+
+/// Exit code for invalid configuration (`EX_USAGE`).
+const EXIT_CONFIG: u8 = 64;
+
+/// Runs pinboard as a process; returns its exit code.
+pub fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = Config::parse();
+    let problems = config.validate();
+    if !problems.is_empty() {
+        for problem in &problems {
+            eprintln!("pinboard: {problem}");
+        }
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("pinboard: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("pinboard: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    let addr = listener.local_addr()?;
+    // Tests and scripts read this line to find a port-0 listener.
+    println!("pinboard listening on http://{addr}");
+    tracing::info!(%addr, lease_ttl_ms = config.lease_ttl_ms, quarantine_ms = config.quarantine_ms(), "pinboard started");
+    crate::run(config, listener, shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

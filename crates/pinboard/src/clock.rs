@@ -1,0 +1,190 @@
+//! Time and randomness as inputs: the [`Clock`] trait (wall and monotonic
+//! milliseconds), the [`Entropy`] trait (session ids, candidate choice) and
+//! the epoch floor.
+//!
+//! Owns how pinboard reads time and randomness; never sleeps, never does I/O.
+//! Every decision in `registry`, `placement` and `proxy::classify` takes its
+//! `now` from here, so a simulation can drive virtual time and seeded
+//! randomness.
+//!
+//! # Epoch minting (inferred)
+//!
+//! A placement epoch is `max(previous epoch of that id + 1, floor)` where the
+//! floor is `wall_ms * 1000`, never lower than any floor this process handed
+//! out before ([`EpochFloor`]). The store keeps the previous epoch; the floor
+//! is what keeps epochs strictly increasing after the store lost its data
+//! (Redis restarted empty): any later placement starts above every epoch minted
+//! earlier, as long as no id was re-placed more than 1 000 times within one
+//! millisecond and the wall clock did not step back across a restart. The
+//! in-process high-water mark absorbs clock rollback while the process lives.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A point in time as pinboard's decisions see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Unix wall clock, milliseconds.
+    pub wall_ms: u64,
+    /// Monotonic milliseconds since an arbitrary origin.
+    pub mono_ms: u64,
+}
+
+impl Now {
+    /// Wall clock in fractional seconds (attestation `iat`).
+    pub fn wall_secs(self) -> f64 {
+        self.wall_ms as f64 / 1000.0
+    }
+}
+
+/// Source of the current time.
+pub trait Clock: Send + Sync + 'static {
+    /// The current wall and monotonic time.
+    fn now(&self) -> Now;
+}
+
+/// The real clock: `SystemTime` for wall, tokio's `Instant` for monotonic
+/// (so paused-time tests move it).
+#[derive(Debug)]
+pub struct SystemClock {
+    origin: tokio::time::Instant,
+}
+
+impl SystemClock {
+    /// A clock whose monotonic origin is now.
+    pub fn new() -> Self {
+        Self {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Now {
+        let wall_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Now {
+            wall_ms,
+            mono_ms: self.origin.elapsed().as_millis() as u64,
+        }
+    }
+}
+
+/// Source of randomness.
+pub trait Entropy: Send + Sync + 'static {
+    /// A uniformly random `u64`.
+    fn next_u64(&self) -> u64;
+
+    /// `bytes` random bytes as lowercase hex.
+    fn token_hex(&self, bytes: usize) -> String {
+        let mut out = String::with_capacity(bytes * 2);
+        let mut left = bytes;
+        while left > 0 {
+            let word = self.next_u64().to_le_bytes();
+            let take = left.min(8);
+            out.push_str(&hex::encode(&word[..take]));
+            left -= take;
+        }
+        out
+    }
+}
+
+/// A seedable pseudo-random source (OS-seeded by default).
+#[derive(Debug)]
+pub struct SeededEntropy {
+    rng: Mutex<StdRng>,
+}
+
+impl SeededEntropy {
+    /// Seeded from the operating system.
+    pub fn from_os() -> Self {
+        Self {
+            rng: Mutex::new(StdRng::from_os_rng()),
+        }
+    }
+
+    /// Deterministic, for tests and simulations.
+    pub fn seeded(seed: u64) -> Self {
+        Self {
+            rng: Mutex::new(StdRng::seed_from_u64(seed)),
+        }
+    }
+}
+
+impl Entropy for SeededEntropy {
+    fn next_u64(&self) -> u64 {
+        self.rng.lock().random()
+    }
+}
+
+/// Process-wide lower bound for new epochs; never moves backwards.
+#[derive(Debug, Default)]
+pub struct EpochFloor {
+    high_water: AtomicU64,
+}
+
+impl EpochFloor {
+    /// Units of epoch per wall millisecond.
+    pub const PER_MS: u64 = 1000;
+
+    /// The floor for an epoch minted at `now`: `wall_ms * 1000`, or the
+    /// highest floor handed out before if the clock stepped back.
+    pub fn floor(&self, now: Now) -> u64 {
+        let candidate = now.wall_ms.saturating_mul(Self::PER_MS);
+        let prev = self.high_water.fetch_max(candidate, Ordering::AcqRel);
+        prev.max(candidate)
+    }
+
+    /// Record an epoch seen in the store so later floors stay above it.
+    pub fn observe(&self, epoch: u64) {
+        self.high_water.fetch_max(epoch, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floor_never_follows_the_clock_back() {
+        let f = EpochFloor::default();
+        let a = f.floor(Now {
+            wall_ms: 2000,
+            mono_ms: 0,
+        });
+        assert_eq!(a, 2_000_000);
+        let b = f.floor(Now {
+            wall_ms: 1000,
+            mono_ms: 1,
+        });
+        assert_eq!(b, 2_000_000);
+        f.observe(5_000_000);
+        assert_eq!(
+            f.floor(Now {
+                wall_ms: 3000,
+                mono_ms: 2
+            }),
+            5_000_000
+        );
+    }
+
+    #[test]
+    fn token_hex_has_the_asked_length() {
+        let e = SeededEntropy::seeded(7);
+        assert_eq!(e.token_hex(16).len(), 32);
+        assert_eq!(e.token_hex(3).len(), 6);
+        assert_ne!(e.token_hex(16), e.token_hex(16));
+    }
+}

@@ -1,0 +1,122 @@
+//! Configuration: flags and environment variables, parsed in one place.
+//!
+//! Owns the [`Config`] plain-data struct and every default (named consts).
+//! Never opens sockets or connections; runtime handles live in `server`.
+
+use std::net::SocketAddr;
+
+use clap::Parser;
+
+/// Default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+/// Default lease TTL handed to workers (`expiresInMs`).
+pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
+/// Default bounded retries of one proxied request after a refusal.
+pub const DEFAULT_PROXY_RETRIES: u32 = 3;
+/// Default Redis key prefix.
+pub const DEFAULT_REDIS_PREFIX: &str = "pinboard:";
+/// Default largest request body buffered so it can be re-sent on a retry.
+pub const DEFAULT_RETRY_BODY_LIMIT: usize = 64 * 1024;
+/// Default timeout of the challenge round trip to a worker.
+pub const DEFAULT_CHALLENGE_TIMEOUT_MS: u64 = 3_000;
+/// Default interval at which the local worker list is re-read from the store.
+pub const DEFAULT_WORKER_REFRESH_MS: u64 = 500;
+
+/// pinboard: registry, placement and reverse proxy for pinned workers.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "pinboard", version, about)]
+pub struct Config {
+    /// Address to listen on (port 0 picks a free port; the bound address is printed).
+    #[arg(long, env = "PINBOARD_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+
+    /// Deployment token shared with workers (required): `Authorization: Bearer <token>`.
+    #[arg(long, env = "PINBOARD_TOKEN", hide_env_values = true)]
+    pub token: String,
+
+    /// Redis URL; without it placement lives in this process (one node).
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// Prefix of every Redis key (lets several deployments or tests share one Redis).
+    #[arg(long, env = "PINBOARD_REDIS_PREFIX", default_value = DEFAULT_REDIS_PREFIX)]
+    pub redis_prefix: String,
+
+    /// Lease TTL granted to workers, in milliseconds (`expiresInMs`).
+    #[arg(long, env = "PINBOARD_LEASE_TTL_MS", default_value_t = DEFAULT_LEASE_TTL_MS)]
+    pub lease_ttl_ms: u64,
+
+    /// Cold-start quarantine before placing new ids, in milliseconds
+    /// (default: one lease TTL).
+    #[arg(long, env = "PINBOARD_QUARANTINE_MS")]
+    pub quarantine_ms: Option<u64>,
+
+    /// Retries of one proxied request after a refusal or a failed connect.
+    #[arg(long, env = "PINBOARD_PROXY_RETRIES", default_value_t = DEFAULT_PROXY_RETRIES)]
+    pub proxy_retries: u32,
+
+    /// Largest request body (bytes, known length) buffered so it can be re-sent.
+    #[arg(long, env = "PINBOARD_RETRY_BODY_LIMIT", default_value_t = DEFAULT_RETRY_BODY_LIMIT)]
+    pub retry_body_limit: usize,
+
+    /// Timeout of the challenge round trip to a worker, in milliseconds.
+    #[arg(long, env = "PINBOARD_CHALLENGE_TIMEOUT_MS", default_value_t = DEFAULT_CHALLENGE_TIMEOUT_MS)]
+    pub challenge_timeout_ms: u64,
+
+    /// How often the local view of live workers is re-read from the store, in milliseconds.
+    #[arg(long, env = "PINBOARD_WORKER_REFRESH_MS", default_value_t = DEFAULT_WORKER_REFRESH_MS)]
+    pub worker_refresh_ms: u64,
+
+    /// Postgres URL for the durable-wake sweeper (accepted, not used yet).
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+}
+
+/// Reasons the configuration is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    /// The token is empty.
+    #[error("--token / PINBOARD_TOKEN must not be empty")]
+    EmptyToken,
+    /// The lease TTL is zero.
+    #[error("--lease-ttl-ms must be positive")]
+    ZeroLease,
+}
+
+impl Config {
+    /// The effective quarantine (default: one lease TTL).
+    pub fn quarantine_ms(&self) -> u64 {
+        self.quarantine_ms.unwrap_or(self.lease_ttl_ms)
+    }
+
+    /// Every problem at once.
+    pub fn validate(&self) -> Vec<ConfigError> {
+        let mut errs = Vec::new();
+        if self.token.trim().is_empty() {
+            errs.push(ConfigError::EmptyToken);
+        }
+        if self.lease_ttl_ms == 0 {
+            errs.push(ConfigError::ZeroLease);
+        }
+        errs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_quarantine() {
+        let c = Config::try_parse_from(["pinboard", "--token", "t"]).expect("parse");
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.quarantine_ms(), DEFAULT_LEASE_TTL_MS);
+        assert!(c.validate().is_empty());
+        let c = Config::try_parse_from(["pinboard", "--token", " ", "--lease-ttl-ms", "0"])
+            .expect("parse");
+        assert_eq!(
+            c.validate(),
+            vec![ConfigError::EmptyToken, ConfigError::ZeroLease]
+        );
+    }
+}

@@ -1,0 +1,5 @@
+//! The `pinboard` binary: everything is in [`pinboard::cli::main`].
+
+fn main() -> std::process::ExitCode {
+    pinboard::cli::main()
+}

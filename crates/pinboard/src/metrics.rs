@@ -1,0 +1,145 @@
+//! Prometheus metrics (`pinboard_*`), served on `GET /metrics`.
+//!
+//! Owns the metric set and its text encoding. Hot-path metrics are plain
+//! label-free counters (one atomic add each); never blocks, never allocates
+//! on the hot path.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Every pinboard metric.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Client requests handled by the proxy.
+    pub proxy_requests: Counter,
+    /// Attempts re-sent after a refusal or a failed connect.
+    pub proxy_retries: Counter,
+    /// Upstream transport failures (connect or mid-flight).
+    pub proxy_upstream_errors: Counter,
+    /// 503s answered because no worker could take the id.
+    pub proxy_unavailable: Counter,
+    /// WebSocket upgrades passed through.
+    pub proxy_upgrades: Counter,
+    /// New placements claimed by this node.
+    pub placements: Counter,
+    /// Successful registrations.
+    pub registrations: Counter,
+    /// Successful heartbeats.
+    pub heartbeats: Counter,
+    /// Registry calls answered with an error status.
+    pub registry_errors: Counter,
+    /// Live workers in this node's view (set at scrape time).
+    pub live_workers: Gauge,
+    /// Routes in this node's cache (set at scrape time).
+    pub cached_routes: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            registry: Registry::default(),
+            proxy_requests: Counter::default(),
+            proxy_retries: Counter::default(),
+            proxy_upstream_errors: Counter::default(),
+            proxy_unavailable: Counter::default(),
+            proxy_upgrades: Counter::default(),
+            placements: Counter::default(),
+            registrations: Counter::default(),
+            heartbeats: Counter::default(),
+            registry_errors: Counter::default(),
+            live_workers: Gauge::default(),
+            cached_routes: Gauge::default(),
+        };
+        // prometheus-client appends `_total` to counters.
+        registry.register(
+            "pinboard_proxy_requests",
+            "Client requests handled by the proxy",
+            m.proxy_requests.clone(),
+        );
+        registry.register(
+            "pinboard_proxy_retries",
+            "Proxy attempts re-sent after a refusal or failed connect",
+            m.proxy_retries.clone(),
+        );
+        registry.register(
+            "pinboard_proxy_upstream_errors",
+            "Upstream transport failures",
+            m.proxy_upstream_errors.clone(),
+        );
+        registry.register(
+            "pinboard_proxy_unavailable",
+            "503s for ids no worker could take",
+            m.proxy_unavailable.clone(),
+        );
+        registry.register(
+            "pinboard_proxy_upgrades",
+            "WebSocket upgrades passed through",
+            m.proxy_upgrades.clone(),
+        );
+        registry.register(
+            "pinboard_placements",
+            "New placements claimed by this node",
+            m.placements.clone(),
+        );
+        registry.register(
+            "pinboard_registrations",
+            "Successful worker registrations",
+            m.registrations.clone(),
+        );
+        registry.register(
+            "pinboard_heartbeats",
+            "Successful worker heartbeats",
+            m.heartbeats.clone(),
+        );
+        registry.register(
+            "pinboard_registry_errors",
+            "Registry calls answered with an error",
+            m.registry_errors.clone(),
+        );
+        registry.register(
+            "pinboard_live_workers",
+            "Live workers in this node's view",
+            m.live_workers.clone(),
+        );
+        registry.register(
+            "pinboard_cached_routes",
+            "Routes in this node's cache",
+            m.cached_routes.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_pinboard_prefix() {
+        let m = Metrics::new();
+        m.proxy_requests.inc();
+        let text = m.encode();
+        assert!(text.contains("pinboard_proxy_requests_total 1"), "{text}");
+        assert!(text.contains("pinboard_live_workers 0"), "{text}");
+    }
+}

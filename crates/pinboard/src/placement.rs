@@ -1,0 +1,358 @@
+//! Placement: who owns `(namespace, id)` and at which epoch, plus the worker
+//! records (sessions) that ownership depends on.
+//!
+//! Owns the [`PlacementStore`] trait and its two implementations, the
+//! in-process [`MemoryStore`] and the shared [`RedisStore`], and the pure
+//! candidate choice ([`choose_candidate`]). It never calls a worker and never
+//! issues an epoch at or below one already stored for that id.
+//!
+//! # Invariants
+//!
+//! - A placement is *live* while its owning session's worker record is live
+//!   (not expired, not removed). A placement whose owner lapsed is vacant:
+//!   the next claim takes it, with a strictly larger epoch.
+//! - Claims are atomic per id (first claim wins): one mutex in memory, one Lua
+//!   script in Redis, so two pinboard nodes racing for a new id agree on one
+//!   owner.
+//! - Releasing keeps the id's epoch (the row stays with an empty owner), so the
+//!   next placement continues above it; [`crate::clock::EpochFloor`] covers
+//!   the case where the store lost everything.
+
+mod memory;
+mod redis;
+
+use std::future::Future;
+
+use pinned_wire::registry::{ControlMessage, Takeover};
+use serde::{Deserialize, Serialize};
+
+pub use self::memory::MemoryStore;
+pub use self::redis::RedisStore;
+use crate::clock::Now;
+
+/// A registered worker session as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerRecord {
+    /// Session id (lease token).
+    pub session_id: String,
+    /// Per-process client id.
+    pub client_id: String,
+    /// Worker secret: keys attestations; sent only to `/_pinned/*`.
+    pub secret: String,
+    /// Base URL of the worker process (`http://host:port`, no trailing slash).
+    pub advertise_url: String,
+    /// Attached namespaces.
+    pub namespaces: Vec<String>,
+    /// Last reported headroom (MB).
+    pub headroom: i64,
+    /// The worker's own drain flag (last report).
+    pub draining: bool,
+    /// Operator drain: `Some(deadline)` while drained by `/registry/push`;
+    /// the deadline is wall milliseconds or `None` for no deadline.
+    #[serde(default)]
+    pub server_drain: Option<Option<u64>>,
+    /// Deployment hostname.
+    #[serde(default)]
+    pub hostname: Option<String>,
+    /// Deployment environment.
+    #[serde(default)]
+    pub env: Option<String>,
+    /// Deployment epoch (0 when none).
+    #[serde(default)]
+    pub epoch: u64,
+    /// Takeover policy of this session's hostname binding.
+    #[serde(default)]
+    pub takeover: Option<Takeover>,
+}
+
+impl WorkerRecord {
+    /// No new placements may land here.
+    pub fn refuses_new_ids(&self) -> bool {
+        self.draining || self.server_drain.is_some()
+    }
+
+    /// Whether the worker hosts `ns`.
+    pub fn hosts(&self, ns: &str) -> bool {
+        self.namespaces.iter().any(|n| n == ns)
+    }
+}
+
+/// A worker record with its remaining lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveWorker {
+    /// The record.
+    pub record: WorkerRecord,
+    /// Milliseconds until the record lapses.
+    pub expires_in_ms: u64,
+}
+
+/// Ownership of one id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Owning session.
+    pub session_id: String,
+    /// Placement epoch.
+    pub epoch: u64,
+}
+
+/// A placement row as listed by the overview.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacementEntry {
+    /// Namespace with its slash.
+    pub ns: String,
+    /// Instance id.
+    pub id: String,
+    /// Owner and epoch.
+    pub placement: Placement,
+    /// Owner tag.
+    pub tag: Option<String>,
+    /// Whether the owning session is live.
+    pub live: bool,
+}
+
+/// What [`PlacementStore::resolve_or_claim`] found or did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// A live session already owns the id.
+    Owned(Placement),
+    /// The candidate now owns the id at a fresh epoch.
+    Claimed(Placement),
+    /// Nobody live owns the id and no candidate was offered.
+    Vacant,
+    /// The candidate's record is gone; pick another.
+    CandidateGone,
+}
+
+/// What [`PlacementStore::reclaim`] did for one re-submitted id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReclaimOutcome {
+    /// The id now belongs to the new session.
+    Reclaimed(Placement),
+    /// Another live session owns it: the worker must quit its copy.
+    Duplicate,
+}
+
+/// Hostname binding: which session currently speaks for a deployment hostname.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Binding {
+    /// Bound session.
+    pub session_id: String,
+    /// Its deployment epoch.
+    pub epoch: u64,
+    /// Its takeover policy.
+    pub takeover: Option<Takeover>,
+}
+
+/// Errors of a placement store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Redis failed or answered something unexpected.
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    /// A stored value did not decode.
+    #[error("corrupt stored value: {0}")]
+    Corrupt(String),
+}
+
+/// Shared state of the control plane: worker records, control-message queues
+/// and placements. All methods are cancel safe in the sense that each is one
+/// atomic store operation (or a sequence whose partial effect is harmless).
+pub trait PlacementStore: Send + Sync + 'static {
+    /// Create or replace a worker record with a lease of `ttl_ms`.
+    fn put_worker(
+        &self,
+        record: &WorkerRecord,
+        ttl_ms: u64,
+        now: Now,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Renew a live record with fresh headroom and drain flag; `None` when
+    /// the session is unknown or lapsed.
+    fn renew_worker(
+        &self,
+        session_id: &str,
+        headroom: i64,
+        draining: bool,
+        ttl_ms: u64,
+        now: Now,
+    ) -> impl Future<Output = Result<Option<WorkerRecord>, StoreError>> + Send;
+
+    /// Set or lift the operator drain of a live session (keeps its lease);
+    /// `false` when the session is unknown.
+    fn set_server_drain(
+        &self,
+        session_id: &str,
+        drain: Option<Option<u64>>,
+        now: Now,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// A live worker record.
+    fn get_worker(
+        &self,
+        session_id: &str,
+        now: Now,
+    ) -> impl Future<Output = Result<Option<LiveWorker>, StoreError>> + Send;
+
+    /// Remove a session (deregister, supersession); its placements become vacant.
+    fn remove_worker(
+        &self,
+        session_id: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Every live worker.
+    fn list_workers(
+        &self,
+        now: Now,
+    ) -> impl Future<Output = Result<Vec<LiveWorker>, StoreError>> + Send;
+
+    /// Remember that `session_id` was displaced (for `ttl_ms`).
+    fn mark_superseded(
+        &self,
+        session_id: &str,
+        error: &str,
+        ttl_ms: u64,
+        now: Now,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The displacement reason, if `session_id` was superseded.
+    fn superseded(
+        &self,
+        session_id: &str,
+        now: Now,
+    ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
+
+    /// The session bound to a deployment hostname.
+    fn binding(
+        &self,
+        hostname: &str,
+    ) -> impl Future<Output = Result<Option<Binding>, StoreError>> + Send;
+
+    /// Bind a deployment hostname.
+    fn set_binding(
+        &self,
+        hostname: &str,
+        binding: &Binding,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Queue a control message; returns its `msgId`.
+    fn push_message(
+        &self,
+        session_id: &str,
+        message: ControlMessage,
+    ) -> impl Future<Output = Result<String, StoreError>> + Send;
+
+    /// Drop acknowledged messages and return the rest, oldest first.
+    fn pending_messages(
+        &self,
+        session_id: &str,
+        acks: &[String],
+    ) -> impl Future<Output = Result<Vec<ControlMessage>, StoreError>> + Send;
+
+    /// Resolve the live owner of `(ns, id)`, or, when vacant and a candidate
+    /// is offered, claim it for the candidate at `max(previous + 1, floor)`.
+    /// With `stale = Some((session, epoch))`, an owner equal to that pair is
+    /// treated as vacant (it refused the id, so it never activated it).
+    fn resolve_or_claim(
+        &self,
+        ns: &str,
+        id: &str,
+        candidate: Option<&str>,
+        stale: Option<(&str, u64)>,
+        floor: u64,
+        now: Now,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+
+    /// Give a re-registering worker back an id it holds: kept epoch when the
+    /// previous owner was `prev_session` (or a fresh one when vacant);
+    /// `Duplicate` when another live session owns it.
+    fn reclaim(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        prev_session: Option<&str>,
+        floor: u64,
+        now: Now,
+    ) -> impl Future<Output = Result<ReclaimOutcome, StoreError>> + Send;
+
+    /// Free `(ns, id)` if `session_id` owns it (and at `epoch`, when given).
+    fn release(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        epoch: Option<u64>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Stamp an owner tag on a placement `session_id` owns.
+    fn tag(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        epoch: Option<u64>,
+        tag: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Every owned placement row (operator overview).
+    fn list_placements(
+        &self,
+        now: Now,
+    ) -> impl Future<Output = Result<Vec<PlacementEntry>, StoreError>> + Send;
+}
+
+/// Pick a worker for a new id among `candidates` (already filtered to live,
+/// undrained hosts of the namespace), weighted by headroom (each worker gets
+/// at least weight 1). `roll` is a uniform random number.
+pub fn choose_candidate<T>(
+    candidates: &[T],
+    headroom: impl Fn(&T) -> i64,
+    roll: u64,
+) -> Option<usize> {
+    if candidates.is_empty() {
+        return None;
+    }
+    let weights = candidates
+        .iter()
+        .map(|c| headroom(c).clamp(1, 1 << 40) as u64);
+    let total: u64 = weights.clone().sum();
+    let mut point = roll % total;
+    for (i, w) in weights.enumerate() {
+        if point < w {
+            return Some(i);
+        }
+        point -= w;
+    }
+    Some(candidates.len() - 1)
+}
+
+/// `max(previous + 1, floor)`: the epoch for a new placement.
+pub fn next_epoch(previous: u64, floor: u64) -> u64 {
+    previous.saturating_add(1).max(floor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidate_choice_follows_headroom() {
+        let hs = [1i64, 1000];
+        let mut hits = [0; 2];
+        for roll in 0..1001u64 {
+            hits[choose_candidate(&hs, |h| *h, roll).expect("some")] += 1;
+        }
+        assert_eq!(hits, [1, 1000]);
+        assert_eq!(choose_candidate::<i64>(&[], |h| *h, 5), None);
+        assert_eq!(choose_candidate(&[-5i64], |h| *h, 99), Some(0));
+    }
+
+    #[test]
+    fn epochs_grow_past_the_floor() {
+        assert_eq!(next_epoch(0, 10), 10);
+        assert_eq!(next_epoch(10, 10), 11);
+        assert_eq!(next_epoch(50, 10), 51);
+    }
+}

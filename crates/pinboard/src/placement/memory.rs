@@ -1,0 +1,492 @@
+//! The in-process placement store: one pinboard node, nothing to install.
+//!
+//! Owns a single mutex-guarded map of sessions, message queues and
+//! placements; every trait call takes the lock once, which is what makes
+//! claims atomic. Never awaits while holding the lock. Leases expire by the
+//! monotonic clock passed in `now`; nothing survives a restart (hence the
+//! cold-start quarantine in `registry`).
+
+use std::collections::{HashMap, VecDeque};
+
+use parking_lot::Mutex;
+use pinned_wire::registry::ControlMessage;
+
+use super::{
+    next_epoch, Binding, ClaimOutcome, LiveWorker, Placement, PlacementEntry, PlacementStore,
+    ReclaimOutcome, StoreError, WorkerRecord,
+};
+use crate::clock::Now;
+
+#[derive(Debug)]
+struct Session {
+    record: WorkerRecord,
+    expires_at_mono_ms: u64,
+    messages: VecDeque<ControlMessage>,
+}
+
+#[derive(Debug, Default)]
+struct Row {
+    /// Empty when released.
+    owner: String,
+    epoch: u64,
+    tag: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    sessions: HashMap<String, Session>,
+    superseded: HashMap<String, (String, u64)>,
+    bindings: HashMap<String, Binding>,
+    rows: HashMap<(String, String), Row>,
+    next_msg: u64,
+}
+
+impl State {
+    fn live(&self, session_id: &str, now: Now) -> Option<&Session> {
+        self.sessions
+            .get(session_id)
+            .filter(|s| s.expires_at_mono_ms > now.mono_ms)
+    }
+
+    fn live_mut(&mut self, session_id: &str, now: Now) -> Option<&mut Session> {
+        self.sessions
+            .get_mut(session_id)
+            .filter(|s| s.expires_at_mono_ms > now.mono_ms)
+    }
+}
+
+/// Placement store kept in this process.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Forget every placement and session (tests: a store that lost its data).
+    pub fn wipe(&self) {
+        *self.state.lock() = State::default();
+    }
+}
+
+impl PlacementStore for MemoryStore {
+    async fn put_worker(
+        &self,
+        record: &WorkerRecord,
+        ttl_ms: u64,
+        now: Now,
+    ) -> Result<(), StoreError> {
+        let mut st = self.state.lock();
+        st.sessions.insert(
+            record.session_id.clone(),
+            Session {
+                record: record.clone(),
+                expires_at_mono_ms: now.mono_ms + ttl_ms,
+                messages: VecDeque::new(),
+            },
+        );
+        Ok(())
+    }
+
+    async fn renew_worker(
+        &self,
+        session_id: &str,
+        headroom: i64,
+        draining: bool,
+        ttl_ms: u64,
+        now: Now,
+    ) -> Result<Option<WorkerRecord>, StoreError> {
+        let mut st = self.state.lock();
+        Ok(st.live_mut(session_id, now).map(|s| {
+            s.record.headroom = headroom;
+            s.record.draining = draining;
+            s.expires_at_mono_ms = now.mono_ms + ttl_ms;
+            s.record.clone()
+        }))
+    }
+
+    async fn set_server_drain(
+        &self,
+        session_id: &str,
+        drain: Option<Option<u64>>,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let mut st = self.state.lock();
+        Ok(st
+            .live_mut(session_id, now)
+            .map(|s| s.record.server_drain = drain)
+            .is_some())
+    }
+
+    async fn get_worker(
+        &self,
+        session_id: &str,
+        now: Now,
+    ) -> Result<Option<LiveWorker>, StoreError> {
+        let st = self.state.lock();
+        Ok(st.live(session_id, now).map(|s| LiveWorker {
+            record: s.record.clone(),
+            expires_in_ms: s.expires_at_mono_ms - now.mono_ms,
+        }))
+    }
+
+    async fn remove_worker(&self, session_id: &str) -> Result<bool, StoreError> {
+        Ok(self.state.lock().sessions.remove(session_id).is_some())
+    }
+
+    async fn list_workers(&self, now: Now) -> Result<Vec<LiveWorker>, StoreError> {
+        let mut st = self.state.lock();
+        st.sessions
+            .retain(|_, s| s.expires_at_mono_ms > now.mono_ms);
+        let mut out: Vec<LiveWorker> = st
+            .sessions
+            .values()
+            .map(|s| LiveWorker {
+                record: s.record.clone(),
+                expires_in_ms: s.expires_at_mono_ms - now.mono_ms,
+            })
+            .collect();
+        out.sort_by(|a, b| a.record.session_id.cmp(&b.record.session_id));
+        Ok(out)
+    }
+
+    async fn mark_superseded(
+        &self,
+        session_id: &str,
+        error: &str,
+        ttl_ms: u64,
+        now: Now,
+    ) -> Result<(), StoreError> {
+        self.state.lock().superseded.insert(
+            session_id.to_owned(),
+            (error.to_owned(), now.mono_ms + ttl_ms),
+        );
+        Ok(())
+    }
+
+    async fn superseded(&self, session_id: &str, now: Now) -> Result<Option<String>, StoreError> {
+        let st = self.state.lock();
+        Ok(st
+            .superseded
+            .get(session_id)
+            .filter(|(_, until)| *until > now.mono_ms)
+            .map(|(e, _)| e.clone()))
+    }
+
+    async fn binding(&self, hostname: &str) -> Result<Option<Binding>, StoreError> {
+        Ok(self.state.lock().bindings.get(hostname).cloned())
+    }
+
+    async fn set_binding(&self, hostname: &str, binding: &Binding) -> Result<(), StoreError> {
+        self.state
+            .lock()
+            .bindings
+            .insert(hostname.to_owned(), binding.clone());
+        Ok(())
+    }
+
+    async fn push_message(
+        &self,
+        session_id: &str,
+        mut message: ControlMessage,
+    ) -> Result<String, StoreError> {
+        let mut st = self.state.lock();
+        st.next_msg += 1;
+        let msg_id = st.next_msg.to_string();
+        message.msg_id = Some(msg_id.clone());
+        if let Some(s) = st.sessions.get_mut(session_id) {
+            s.messages.push_back(message);
+        }
+        Ok(msg_id)
+    }
+
+    async fn pending_messages(
+        &self,
+        session_id: &str,
+        acks: &[String],
+    ) -> Result<Vec<ControlMessage>, StoreError> {
+        let mut st = self.state.lock();
+        let Some(s) = st.sessions.get_mut(session_id) else {
+            return Ok(Vec::new());
+        };
+        if !acks.is_empty() {
+            s.messages
+                .retain(|m| !m.msg_id.as_ref().is_some_and(|id| acks.contains(id)));
+        }
+        Ok(s.messages.iter().cloned().collect())
+    }
+
+    async fn resolve_or_claim(
+        &self,
+        ns: &str,
+        id: &str,
+        candidate: Option<&str>,
+        stale: Option<(&str, u64)>,
+        floor: u64,
+        now: Now,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let mut st = self.state.lock();
+        let key = (ns.to_owned(), id.to_owned());
+        let (owner, epoch) = match st.rows.get(&key) {
+            Some(r) => (r.owner.clone(), r.epoch),
+            None => (String::new(), 0),
+        };
+        let is_stale = stale.is_some_and(|(s, e)| s == owner && e == epoch);
+        if !owner.is_empty() && !is_stale && st.live(&owner, now).is_some() {
+            return Ok(ClaimOutcome::Owned(Placement {
+                session_id: owner,
+                epoch,
+            }));
+        }
+        let Some(candidate) = candidate else {
+            return Ok(ClaimOutcome::Vacant);
+        };
+        if st.live(candidate, now).is_none() {
+            return Ok(ClaimOutcome::CandidateGone);
+        }
+        let epoch = next_epoch(epoch, floor);
+        st.rows.insert(
+            key,
+            Row {
+                owner: candidate.to_owned(),
+                epoch,
+                tag: None,
+            },
+        );
+        Ok(ClaimOutcome::Claimed(Placement {
+            session_id: candidate.to_owned(),
+            epoch,
+        }))
+    }
+
+    async fn reclaim(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        prev_session: Option<&str>,
+        floor: u64,
+        now: Now,
+    ) -> Result<ReclaimOutcome, StoreError> {
+        let mut st = self.state.lock();
+        let key = (ns.to_owned(), id.to_owned());
+        let (owner, epoch) = match st.rows.get(&key) {
+            Some(r) => (r.owner.clone(), r.epoch),
+            None => (String::new(), 0),
+        };
+        if owner == session_id {
+            return Ok(ReclaimOutcome::Reclaimed(Placement {
+                session_id: owner,
+                epoch,
+            }));
+        }
+        let from_prev = prev_session.is_some_and(|p| p == owner);
+        if !owner.is_empty() && !from_prev && st.live(&owner, now).is_some() {
+            return Ok(ReclaimOutcome::Duplicate);
+        }
+        let epoch = if from_prev {
+            epoch
+        } else {
+            next_epoch(epoch, floor)
+        };
+        let row = st.rows.entry(key).or_default();
+        row.owner = session_id.to_owned();
+        row.epoch = epoch;
+        Ok(ReclaimOutcome::Reclaimed(Placement {
+            session_id: session_id.to_owned(),
+            epoch,
+        }))
+    }
+
+    async fn release(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        epoch: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let mut st = self.state.lock();
+        let Some(row) = st.rows.get_mut(&(ns.to_owned(), id.to_owned())) else {
+            return Ok(false);
+        };
+        if row.owner != session_id || epoch.is_some_and(|e| e != row.epoch) {
+            return Ok(false);
+        }
+        row.owner.clear();
+        row.tag = None;
+        Ok(true)
+    }
+
+    async fn tag(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        epoch: Option<u64>,
+        tag: &str,
+    ) -> Result<bool, StoreError> {
+        let mut st = self.state.lock();
+        let Some(row) = st.rows.get_mut(&(ns.to_owned(), id.to_owned())) else {
+            return Ok(false);
+        };
+        if row.owner != session_id || epoch.is_some_and(|e| e != row.epoch) {
+            return Ok(false);
+        }
+        row.tag = Some(tag.to_owned());
+        Ok(true)
+    }
+
+    async fn list_placements(&self, now: Now) -> Result<Vec<PlacementEntry>, StoreError> {
+        let st = self.state.lock();
+        let mut out: Vec<PlacementEntry> = st
+            .rows
+            .iter()
+            .filter(|(_, r)| !r.owner.is_empty())
+            .map(|((ns, id), r)| PlacementEntry {
+                ns: ns.clone(),
+                id: id.clone(),
+                placement: Placement {
+                    session_id: r.owner.clone(),
+                    epoch: r.epoch,
+                },
+                tag: r.tag.clone(),
+                live: st.live(&r.owner, now).is_some(),
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.ns, &a.id).cmp(&(&b.ns, &b.id)));
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(sid: &str) -> WorkerRecord {
+        WorkerRecord {
+            session_id: sid.into(),
+            client_id: "c".into(),
+            secret: "s".into(),
+            advertise_url: "http://w".into(),
+            namespaces: vec!["/c".into()],
+            headroom: 1,
+            draining: false,
+            server_drain: None,
+            hostname: None,
+            env: None,
+            epoch: 0,
+            takeover: None,
+        }
+    }
+
+    fn at(mono_ms: u64) -> Now {
+        Now {
+            wall_ms: 1000 + mono_ms,
+            mono_ms,
+        }
+    }
+
+    #[tokio::test]
+    async fn first_claim_wins_and_lapse_moves_with_a_larger_epoch() {
+        let s = MemoryStore::new();
+        s.put_worker(&rec("a"), 100, at(0)).await.expect("put");
+        s.put_worker(&rec("b"), 1000, at(0)).await.expect("put");
+        let first = s
+            .resolve_or_claim("/c", "x", Some("a"), None, 5, at(1))
+            .await
+            .expect("claim");
+        let ClaimOutcome::Claimed(p) = first else {
+            panic!("{first:?}")
+        };
+        assert_eq!(p.epoch, 5);
+        let second = s
+            .resolve_or_claim("/c", "x", Some("b"), None, 5, at(2))
+            .await
+            .expect("claim");
+        assert_eq!(second, ClaimOutcome::Owned(p.clone()));
+        // a's lease lapses at 100: b takes over above a's epoch.
+        let third = s
+            .resolve_or_claim("/c", "x", Some("b"), None, 5, at(150))
+            .await
+            .expect("claim");
+        assert_eq!(
+            third,
+            ClaimOutcome::Claimed(Placement {
+                session_id: "b".into(),
+                epoch: 6
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn release_keeps_the_epoch_and_wipe_relies_on_the_floor() {
+        let s = MemoryStore::new();
+        s.put_worker(&rec("a"), 1000, at(0)).await.expect("put");
+        s.resolve_or_claim("/c", "x", Some("a"), None, 10, at(0))
+            .await
+            .expect("claim");
+        assert!(!s.release("/c", "x", "a", Some(9)).await.expect("release"));
+        assert!(s.release("/c", "x", "a", Some(10)).await.expect("release"));
+        let again = s
+            .resolve_or_claim("/c", "x", Some("a"), None, 3, at(1))
+            .await
+            .expect("claim");
+        assert!(matches!(
+            again,
+            ClaimOutcome::Claimed(Placement { epoch: 11, .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn reclaim_keeps_own_ids_and_reports_duplicates() {
+        let s = MemoryStore::new();
+        s.put_worker(&rec("old"), 1000, at(0)).await.expect("put");
+        s.put_worker(&rec("other"), 1000, at(0)).await.expect("put");
+        s.resolve_or_claim("/c", "mine", Some("old"), None, 7, at(0))
+            .await
+            .expect("claim");
+        s.resolve_or_claim("/c", "theirs", Some("other"), None, 7, at(0))
+            .await
+            .expect("claim");
+        s.put_worker(&rec("new"), 1000, at(1)).await.expect("put");
+        let mine = s
+            .reclaim("/c", "mine", "new", Some("old"), 9, at(1))
+            .await
+            .expect("reclaim");
+        assert_eq!(
+            mine,
+            ReclaimOutcome::Reclaimed(Placement {
+                session_id: "new".into(),
+                epoch: 7
+            })
+        );
+        let theirs = s
+            .reclaim("/c", "theirs", "new", Some("old"), 9, at(1))
+            .await
+            .expect("reclaim");
+        assert_eq!(theirs, ReclaimOutcome::Duplicate);
+    }
+
+    #[tokio::test]
+    async fn messages_are_redelivered_until_acked() {
+        let s = MemoryStore::new();
+        s.put_worker(&rec("a"), 1000, at(0)).await.expect("put");
+        let msg = |id: &str| ControlMessage {
+            kind: "wind_down".into(),
+            id: id.into(),
+            ns: Some("/c".into()),
+            deadline: None,
+            msg_id: None,
+        };
+        let m1 = s.push_message("a", msg("x")).await.expect("push");
+        s.push_message("a", msg("y")).await.expect("push");
+        assert_eq!(s.pending_messages("a", &[]).await.expect("p").len(), 2);
+        let left = s.pending_messages("a", &[m1]).await.expect("p");
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].id, "y");
+    }
+}

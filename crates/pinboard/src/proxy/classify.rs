@@ -1,0 +1,172 @@
+//! Retry classification: what a worker's answer (or a failed connect) means
+//! for the proxy. Pure: status, headers and detail in, a [`Verdict`] out.
+//!
+//! Owns the table below; never performs the retry itself.
+//!
+//! | worker answer | verdict |
+//! | --- | --- |
+//! | any status with `Pinned-Refusal` | place elsewhere now (the owner never activated it) |
+//! | 503 `lease unhealthy…`, `host draining; retry`, `instance capacity reached; retry` | place elsewhere now, excluding that worker |
+//! | 503 `released placement epoch; retry` | re-place above the released epoch |
+//! | 503 `stale placement epoch; retry` | re-read the placement (our cached epoch is old) |
+//! | 503 `instance closing; retry`, `instance past its wind-down deadline; retry` | re-read after a short backoff (the release is in flight) |
+//! | 503 `lease expired; not serving` | re-read after a backoff (the record lapses soon) |
+//! | 403 `invalid attestation` (inferred) | our view of the worker's session is stale (it re-registered): refresh workers and re-read; if it persists the client gets 503 + `Retry-After`, not the 403 |
+//! | connect failure before the request was sent | re-read after a backoff |
+//! | anything else (incl. `activation queue full; retry`, `instance aborted`) | relay as is |
+
+use http::StatusCode;
+use pinned_wire::refusal::Refusal;
+
+/// What to do before the next attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAction {
+    /// Drop the cached route and resolve again from the store.
+    Reread,
+    /// Drop the cached route and refresh the worker list first.
+    RefreshWorkers,
+    /// Treat the current `(session, epoch)` as vacant and place again.
+    Replace,
+    /// As `Replace`, and do not pick the refusing worker again.
+    MoveAway,
+}
+
+/// The classification of one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Hand the answer to the client.
+    Relay,
+    /// Retry after `delay_ms`.
+    Retry {
+        /// What to change before retrying.
+        action: RetryAction,
+        /// Backoff before the next attempt.
+        delay_ms: u64,
+    },
+}
+
+/// Whether a response with this status may be a retryable refusal worth
+/// reading the (small) body of.
+pub fn worth_reading(status: StatusCode, has_refusal_header: bool) -> bool {
+    has_refusal_header
+        || status == StatusCode::SERVICE_UNAVAILABLE
+        || status == StatusCode::FORBIDDEN
+}
+
+fn backoff(attempt: u32, base_ms: u64) -> u64 {
+    base_ms << attempt.min(5)
+}
+
+/// Classify a worker's answer on attempt `attempt` (0-based).
+pub fn classify(
+    status: StatusCode,
+    has_refusal_header: bool,
+    detail: Option<&str>,
+    attempt: u32,
+) -> Verdict {
+    let retry = |action, delay_ms| Verdict::Retry { action, delay_ms };
+    if has_refusal_header {
+        return retry(RetryAction::MoveAway, 0);
+    }
+    if status == StatusCode::FORBIDDEN {
+        return match detail {
+            Some(pinned_wire::refusal::INVALID_ATTESTATION_DETAIL) => {
+                retry(RetryAction::RefreshWorkers, backoff(attempt, 20))
+            }
+            _ => Verdict::Relay,
+        };
+    }
+    if status != StatusCode::SERVICE_UNAVAILABLE {
+        return Verdict::Relay;
+    }
+    match detail.and_then(Refusal::from_detail) {
+        Some(Refusal::LeaseUnhealthy | Refusal::Draining | Refusal::Capacity) => {
+            retry(RetryAction::MoveAway, 0)
+        }
+        Some(Refusal::ReleasedEpoch) => retry(RetryAction::Replace, 0),
+        Some(Refusal::StaleEpoch) => retry(RetryAction::Reread, 0),
+        Some(Refusal::Closing | Refusal::PastWindDown) => {
+            retry(RetryAction::Reread, backoff(attempt, 25))
+        }
+        Some(Refusal::LeaseExpired) => retry(RetryAction::Reread, backoff(attempt, 100)),
+        Some(Refusal::ActivationQueueFull | Refusal::Aborted) | None => Verdict::Relay,
+    }
+}
+
+/// Classify a transport failure. `before_send` is true when the connection
+/// failed before any byte of the request left (safe to re-send).
+pub fn classify_transport(before_send: bool, attempt: u32) -> Verdict {
+    if before_send {
+        Verdict::Retry {
+            action: RetryAction::Reread,
+            delay_ms: backoff(attempt, 50),
+        }
+    } else {
+        Verdict::Relay
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const U: StatusCode = StatusCode::SERVICE_UNAVAILABLE;
+
+    #[test]
+    fn refusals_map_to_actions() {
+        assert_eq!(
+            classify(U, true, None, 0),
+            Verdict::Retry {
+                action: RetryAction::MoveAway,
+                delay_ms: 0
+            }
+        );
+        assert_eq!(
+            classify(U, false, Some("host draining; retry"), 0),
+            Verdict::Retry {
+                action: RetryAction::MoveAway,
+                delay_ms: 0
+            }
+        );
+        assert_eq!(
+            classify(U, false, Some("released placement epoch; retry"), 1),
+            Verdict::Retry {
+                action: RetryAction::Replace,
+                delay_ms: 0
+            }
+        );
+        assert_eq!(
+            classify(U, false, Some("instance closing; retry"), 2),
+            Verdict::Retry {
+                action: RetryAction::Reread,
+                delay_ms: 100
+            }
+        );
+        assert_eq!(
+            classify(U, false, Some("instance aborted"), 0),
+            Verdict::Relay
+        );
+        assert_eq!(
+            classify(U, false, Some("something else"), 0),
+            Verdict::Relay
+        );
+        assert_eq!(classify(StatusCode::OK, false, None, 0), Verdict::Relay);
+        assert!(matches!(
+            classify(StatusCode::FORBIDDEN, false, Some("invalid attestation"), 0),
+            Verdict::Retry {
+                action: RetryAction::RefreshWorkers,
+                ..
+            }
+        ));
+        assert_eq!(
+            classify(StatusCode::FORBIDDEN, false, Some("nope"), 0),
+            Verdict::Relay
+        );
+    }
+
+    #[test]
+    fn transport_failures_retry_only_before_send() {
+        assert!(matches!(classify_transport(true, 0), Verdict::Retry { .. }));
+        assert_eq!(classify_transport(false, 0), Verdict::Relay);
+    }
+}

@@ -1,0 +1,101 @@
+//! Cluster calls: a worker instance calling another instance through
+//! pinboard with `Pinboard-From`, `Pinboard-Session`,
+//! `Pinboard-Session-Secret` and `Pinboard-Subrequest-Depth`.
+//!
+//! Owns the verification of those headers; never forwards them (the proxy
+//! strips every inbound `pinboard-*` header) and never trusts `Pinboard-From`
+//! without a matching session secret.
+//!
+//! Rules (wire.md §11, inferred where the reference is silent): the session
+//! must be live and its secret must match (constant time), else 403
+//! `invalid cluster credentials`; `Pinboard-From` must be `<ns>/<id>` with a
+//! namespace that session hosts, else 403; the depth must be a decimal
+//! integer (absent = 1), and above 50 the call is refused with 400
+//! `subrequest depth exceeds 50`. A request with none of the session headers
+//! is ordinary client traffic (anonymous); one with only some is refused 403.
+
+use http::HeaderMap;
+use pinned_wire::headers::{FROM, MAX_SUBREQUEST_DEPTH, SESSION, SESSION_SECRET, SUBREQUEST_DEPTH};
+use subtle::ConstantTimeEq;
+
+use super::resolve::Directory;
+use crate::placement::{PlacementStore, StoreError};
+
+/// A verified calling instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// `<ns>/<id>` of the calling instance.
+    pub from: String,
+    /// Depth of this call.
+    pub depth: i64,
+}
+
+/// A refused cluster call.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// Unknown session, wrong secret, or a caller outside the session. 403.
+    #[error("invalid cluster credentials")]
+    Credentials,
+    /// The depth header is not a decimal integer. 400.
+    #[error("malformed subrequest depth")]
+    MalformedDepth,
+    /// Depth above the limit. 400.
+    #[error("subrequest depth exceeds {MAX_SUBREQUEST_DEPTH}")]
+    TooDeep,
+    /// The store failed. 503.
+    #[error("placement store unavailable: {0}")]
+    Store(#[from] StoreError),
+}
+
+fn text<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Verify the cluster headers of an inbound request.
+///
+/// # Errors
+///
+/// See [`ClusterError`].
+pub async fn verify<S: PlacementStore>(
+    headers: &HeaderMap,
+    directory: &Directory<S>,
+) -> Result<Option<Caller>, ClusterError> {
+    let session = text(headers, &SESSION);
+    let secret = text(headers, &SESSION_SECRET);
+    let from = text(headers, &FROM);
+    if session.is_none() && secret.is_none() && from.is_none() {
+        return Ok(None);
+    }
+    let (Some(session), Some(secret), Some(from)) = (session, secret, from) else {
+        return Err(ClusterError::Credentials);
+    };
+    let depth = match text(headers, &SUBREQUEST_DEPTH) {
+        None => 1,
+        Some(d) => d
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| ClusterError::MalformedDepth)?,
+    };
+    if depth > i64::from(MAX_SUBREQUEST_DEPTH) {
+        return Err(ClusterError::TooDeep);
+    }
+    if depth < 0 {
+        return Err(ClusterError::MalformedDepth);
+    }
+    let Some(worker) = directory.worker(session).await? else {
+        return Err(ClusterError::Credentials);
+    };
+    if !bool::from(worker.record.secret.as_bytes().ct_eq(secret.as_bytes())) {
+        return Err(ClusterError::Credentials);
+    }
+    let Some(cut) = from.rfind('/').filter(|c| *c > 0 && *c + 1 < from.len()) else {
+        return Err(ClusterError::Credentials);
+    };
+    if !worker.record.hosts(&from[..cut]) {
+        return Err(ClusterError::Credentials);
+    }
+    Ok(Some(Caller {
+        from: from.to_owned(),
+        depth,
+    }))
+}

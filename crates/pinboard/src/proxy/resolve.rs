@@ -1,0 +1,508 @@
+//! Resolution: `(ns, id)` → the owning worker and epoch, cached locally so
+//! the hot path needs no store round trip for an id it has seen.
+//!
+//! Owns the route cache, the local snapshot of live workers and the
+//! placement decision for new ids (candidate choice, cold-start quarantine).
+//! Never talks to workers. A cached route may go stale (the id moved, the
+//! worker re-registered): the worker's epoch fence turns that into a refusal,
+//! and the proxy then calls [`Directory::invalidate`] and resolves again.
+//!
+//! The route cache holds one entry per id this node has resolved; entries go
+//! when a worker refuses or fails for that id, on release through this node,
+//! and when a session ends here. TODO(pinboard): bound it (idle eviction) for
+//! fleets with unbounded id churn.
+//!
+//! # Cold-start quarantine (inferred)
+//!
+//! For `quarantine` after start, no *new* placement is made: ids that already
+//! have a live owner resolve normally, and workers re-registering with their
+//! `instances` reclaim what they hold; everything else answers 503 +
+//! `Retry-After`. With the memory store a restarted pinboard has forgotten
+//! every placement, so this window (default one lease TTL) lets every worker
+//! that survived re-register and report its ids before any of them could be
+//! placed a second time.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use http::HeaderValue;
+use parking_lot::{Mutex, RwLock};
+use pinned_wire::attestation;
+use prometheus_client::metrics::counter::Counter;
+
+use crate::clock::{Clock, Entropy, EpochFloor};
+use crate::placement::{choose_candidate, ClaimOutcome, PlacementStore, StoreError, WorkerRecord};
+
+/// A live worker as the proxy uses it.
+pub struct WorkerConn {
+    /// The worker's record.
+    pub record: WorkerRecord,
+    /// `Host` header value for the advertise URL.
+    pub host: HeaderValue,
+    /// Scheme and authority of the advertise URL, for building upstream URIs
+    /// without allocating; `None` when the URL has a base path (then the
+    /// proxy concatenates strings).
+    pub origin: Option<(http::uri::Scheme, http::uri::Authority)>,
+    /// HMAC key derived once from the worker secret.
+    key: attestation::Key,
+    /// Anonymous attestation cached per wall second: `(iat, token)`.
+    token: Mutex<(u64, HeaderValue)>,
+}
+
+impl std::fmt::Debug for WorkerConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConn")
+            .field("session_id", &self.record.session_id)
+            .field("advertise_url", &self.record.advertise_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerConn {
+    pub(crate) fn new(record: WorkerRecord) -> Option<Self> {
+        let uri: http::Uri = record.advertise_url.parse().ok()?;
+        let authority = uri.authority()?.clone();
+        let host = HeaderValue::from_str(authority.as_str()).ok()?;
+        let origin = match (uri.scheme(), uri.path()) {
+            (Some(scheme), "" | "/") => Some((scheme.clone(), authority)),
+            _ => None,
+        };
+        Some(Self {
+            origin,
+            key: attestation::Key::new(&record.secret),
+            record,
+            host,
+            token: Mutex::new((0, HeaderValue::from_static(""))),
+        })
+    }
+
+    /// An attestation for this worker's session, minted with its secret.
+    /// Anonymous tokens are reused within one wall second.
+    pub fn attestation(&self, now_wall_secs: f64, caller: Option<(&str, i64)>) -> HeaderValue {
+        let r = &self.record;
+        if let Some((from, depth)) = caller {
+            let t = attestation::mint(
+                &r.secret,
+                &r.session_id,
+                now_wall_secs,
+                Some(from),
+                Some(depth),
+            );
+            return HeaderValue::from_str(&t).unwrap_or_else(|_| HeaderValue::from_static(""));
+        }
+        let iat = now_wall_secs.floor() as u64;
+        let mut cached = self.token.lock();
+        if cached.0 != iat {
+            let t = self.key.mint(&r.session_id, now_wall_secs, None, None);
+            *cached = (
+                iat,
+                HeaderValue::from_str(&t).unwrap_or_else(|_| HeaderValue::from_static("")),
+            );
+        }
+        cached.1.clone()
+    }
+}
+
+/// A resolved route.
+#[derive(Debug)]
+pub struct Route {
+    /// The owner.
+    pub worker: Arc<WorkerConn>,
+    /// Placement epoch.
+    pub epoch: u64,
+    /// `Pinboard-Epoch` value.
+    pub epoch_header: HeaderValue,
+}
+
+/// Why an id could not be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    /// No live, undrained worker hosts the namespace. 503 + `Retry-After`.
+    #[error("no live worker hosts this namespace")]
+    NoWorker,
+    /// Cold-start quarantine: new placements wait. 503 + `Retry-After`.
+    #[error("pinboard is starting; retry")]
+    Quarantined,
+    /// The store failed. 503 + `Retry-After`.
+    #[error("placement store unavailable: {0}")]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, Default)]
+struct Snapshot {
+    by_session: HashMap<String, Arc<WorkerConn>>,
+    fetched_mono_ms: Option<u64>,
+}
+
+/// Route cache plus the local worker view.
+pub struct Directory<S> {
+    store: Arc<S>,
+    clock: Arc<dyn Clock>,
+    entropy: Arc<dyn Entropy>,
+    floor: Arc<EpochFloor>,
+    routes: DashMap<String, Arc<Route>>,
+    snapshot: RwLock<Arc<Snapshot>>,
+    refresh_ms: u64,
+    quarantine_until_mono_ms: u64,
+    placements: Counter,
+}
+
+impl<S> std::fmt::Debug for Directory<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Directory")
+            .field("routes", &self.routes.len())
+            .finish()
+    }
+}
+
+/// What a re-resolution must avoid.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Avoid<'a> {
+    /// Treat this `(session, epoch)` ownership as vacant.
+    pub stale: Option<(&'a str, u64)>,
+    /// Do not choose these sessions for a new placement (they refused it).
+    pub exclude: &'a [String],
+    /// Re-read the worker list first.
+    pub refresh: bool,
+}
+
+impl<S: PlacementStore> Directory<S> {
+    /// A directory; new placements wait until `quarantine_ms` after now.
+    /// `placements` counts the new placements it claims.
+    pub fn new(
+        store: Arc<S>,
+        clock: Arc<dyn Clock>,
+        entropy: Arc<dyn Entropy>,
+        floor: Arc<EpochFloor>,
+        refresh_ms: u64,
+        quarantine_ms: u64,
+        placements: Counter,
+    ) -> Self {
+        let start = clock.now().mono_ms;
+        Self {
+            store,
+            clock,
+            entropy,
+            floor,
+            routes: DashMap::new(),
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            refresh_ms,
+            quarantine_until_mono_ms: start + quarantine_ms,
+            placements,
+        }
+    }
+
+    /// The cached route for `key`, if any (no store access).
+    pub fn cached(&self, key: &str) -> Option<Arc<Route>> {
+        self.routes.get(key).map(|r| r.value().clone())
+    }
+
+    /// Number of cached routes.
+    pub fn cached_routes(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// Forget the cached route for `key`.
+    pub fn invalidate(&self, key: &str) {
+        self.routes.remove(key);
+    }
+
+    /// Forget every route to the given sessions and re-read workers next time.
+    pub fn forget_sessions(&self, sessions: &[String]) {
+        if sessions.is_empty() {
+            return;
+        }
+        self.routes
+            .retain(|_, r| !sessions.contains(&r.worker.record.session_id));
+        *self.snapshot.write() = Arc::new(Snapshot::default());
+    }
+
+    /// Mark the worker list stale (a registration changed it).
+    pub fn workers_changed(&self) {
+        let mut snap = self.snapshot.write();
+        if snap.fetched_mono_ms.is_some() {
+            *snap = Arc::new(Snapshot {
+                by_session: snap.by_session.clone(),
+                fetched_mono_ms: None,
+            });
+        }
+    }
+
+    async fn workers(&self, force: bool) -> Result<Arc<Snapshot>, StoreError> {
+        let now = self.clock.now();
+        {
+            let snap = self.snapshot.read();
+            if let Some(at) = snap.fetched_mono_ms {
+                if !force && now.mono_ms.saturating_sub(at) < self.refresh_ms {
+                    return Ok(snap.clone());
+                }
+            }
+        }
+        let live = self.store.list_workers(now).await?;
+        let old = self.snapshot.read().clone();
+        let mut by_session = HashMap::with_capacity(live.len());
+        for w in live {
+            let sid = w.record.session_id.clone();
+            let conn = match old.by_session.get(&sid) {
+                Some(c) if c.record == w.record => c.clone(),
+                _ => match WorkerConn::new(w.record) {
+                    Some(c) => Arc::new(c),
+                    None => continue,
+                },
+            };
+            by_session.insert(sid, conn);
+        }
+        let snap = Arc::new(Snapshot {
+            by_session,
+            fetched_mono_ms: Some(now.mono_ms),
+        });
+        *self.snapshot.write() = snap.clone();
+        Ok(snap)
+    }
+
+    /// Number of live workers in the local view.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails.
+    pub async fn live_workers(&self) -> Result<usize, StoreError> {
+        Ok(self.workers(false).await?.by_session.len())
+    }
+
+    /// A live worker by session id (local view, re-read once when unknown).
+    ///
+    /// # Errors
+    ///
+    /// When the store fails.
+    pub async fn worker(&self, session_id: &str) -> Result<Option<Arc<WorkerConn>>, StoreError> {
+        if let Some(w) = self.workers(false).await?.by_session.get(session_id) {
+            return Ok(Some(w.clone()));
+        }
+        Ok(self
+            .workers(true)
+            .await?
+            .by_session
+            .get(session_id)
+            .cloned())
+    }
+
+    /// Resolve `(ns, id)` (cache key `key`): cached route, else the store's
+    /// live owner, else a new placement on a live undrained host of `ns`.
+    ///
+    /// # Errors
+    ///
+    /// [`ResolveError`]: no worker, quarantine, or a store failure.
+    pub async fn resolve(
+        &self,
+        key: &str,
+        ns: &str,
+        id: &str,
+        avoid: Avoid<'_>,
+    ) -> Result<Arc<Route>, ResolveError> {
+        if avoid.stale.is_none() && !avoid.refresh {
+            if let Some(r) = self.cached(key) {
+                return Ok(r);
+            }
+        }
+        let mut force = avoid.refresh;
+        for _round in 0..3 {
+            let snap = self.workers(force).await?;
+            force = true;
+            let now = self.clock.now();
+            let quarantined = now.mono_ms < self.quarantine_until_mono_ms;
+            let candidates: Vec<&Arc<WorkerConn>> = snap
+                .by_session
+                .values()
+                .filter(|w| {
+                    w.record.hosts(ns)
+                        && !w.record.refuses_new_ids()
+                        && !avoid.exclude.contains(&w.record.session_id)
+                })
+                .collect();
+            let candidate = if quarantined {
+                None
+            } else {
+                choose_candidate(&candidates, |w| w.record.headroom, self.entropy.next_u64())
+                    .map(|i| candidates[i].record.session_id.as_str())
+            };
+            let floor = self.floor.floor(now);
+            let placement = match self
+                .store
+                .resolve_or_claim(ns, id, candidate, avoid.stale, floor, now)
+                .await?
+            {
+                ClaimOutcome::Owned(p) => p,
+                ClaimOutcome::Claimed(p) => {
+                    self.placements.inc();
+                    p
+                }
+                ClaimOutcome::Vacant if quarantined => return Err(ResolveError::Quarantined),
+                ClaimOutcome::Vacant => return Err(ResolveError::NoWorker),
+                ClaimOutcome::CandidateGone => continue,
+            };
+            self.floor.observe(placement.epoch);
+            let worker = match snap.by_session.get(&placement.session_id) {
+                Some(w) => w.clone(),
+                None => match self.store.get_worker(&placement.session_id, now).await? {
+                    Some(live) => match WorkerConn::new(live.record) {
+                        Some(c) => Arc::new(c),
+                        None => continue,
+                    },
+                    None => continue,
+                },
+            };
+            let route = Arc::new(Route {
+                worker,
+                epoch: placement.epoch,
+                epoch_header: HeaderValue::from(placement.epoch),
+            });
+            self.routes.insert(key.to_owned(), route.clone());
+            return Ok(route);
+        }
+        Err(ResolveError::NoWorker)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{Now, SeededEntropy};
+    use crate::placement::MemoryStore;
+
+    struct FakeClock(Mutex<Now>);
+    impl Clock for FakeClock {
+        fn now(&self) -> Now {
+            *self.0.lock()
+        }
+    }
+
+    fn rec(sid: &str, headroom: i64) -> WorkerRecord {
+        WorkerRecord {
+            session_id: sid.into(),
+            client_id: "c".into(),
+            secret: "s".into(),
+            advertise_url: format!("http://{sid}.invalid:1"),
+            namespaces: vec!["/c".into()],
+            headroom,
+            draining: false,
+            server_drain: None,
+            hostname: None,
+            env: None,
+            epoch: 0,
+            takeover: None,
+        }
+    }
+
+    async fn setup(
+        quarantine_ms: u64,
+    ) -> (Directory<MemoryStore>, Arc<FakeClock>, Arc<MemoryStore>) {
+        let clock = Arc::new(FakeClock(Mutex::new(Now {
+            wall_ms: 5_000,
+            mono_ms: 0,
+        })));
+        let store = Arc::new(MemoryStore::new());
+        for sid in ["a", "b"] {
+            store
+                .put_worker(&rec(sid, 10), 10_000, clock.now())
+                .await
+                .expect("put");
+        }
+        let dir = Directory::new(
+            store.clone(),
+            clock.clone(),
+            Arc::new(SeededEntropy::seeded(3)),
+            Arc::new(EpochFloor::default()),
+            0,
+            quarantine_ms,
+            Counter::default(),
+        );
+        (dir, clock, store)
+    }
+
+    #[tokio::test]
+    async fn quarantine_blocks_new_placements_only() {
+        let (dir, clock, store) = setup(1000).await;
+        store
+            .resolve_or_claim("/c", "old", Some("a"), None, 1, clock.now())
+            .await
+            .expect("claim");
+        assert!(dir
+            .resolve("/c/old", "/c", "old", Avoid::default())
+            .await
+            .is_ok());
+        assert!(matches!(
+            dir.resolve("/c/new", "/c", "new", Avoid::default()).await,
+            Err(ResolveError::Quarantined)
+        ));
+        clock.0.lock().mono_ms = 1000;
+        let r = dir
+            .resolve("/c/new", "/c", "new", Avoid::default())
+            .await
+            .expect("placed");
+        assert_eq!(r.epoch, 5_000_000);
+        assert!(dir.cached("/c/new").is_some());
+    }
+
+    #[tokio::test]
+    async fn excluding_every_host_leaves_no_worker() {
+        let (dir, _, _) = setup(0).await;
+        let all = ["a".to_owned(), "b".to_owned()];
+        let err = dir
+            .resolve(
+                "/c/y",
+                "/c",
+                "y",
+                Avoid {
+                    stale: None,
+                    exclude: &all,
+                    refresh: false,
+                },
+            )
+            .await;
+        assert!(matches!(err, Err(ResolveError::NoWorker)));
+    }
+
+    #[tokio::test]
+    async fn move_away_places_elsewhere_with_a_larger_epoch() {
+        let (dir, _, _) = setup(0).await;
+        let first = dir
+            .resolve("/c/x", "/c", "x", Avoid::default())
+            .await
+            .expect("placed");
+        let owner = first.worker.record.session_id.clone();
+        let moved = dir
+            .resolve(
+                "/c/x",
+                "/c",
+                "x",
+                Avoid {
+                    stale: Some((&owner, first.epoch)),
+                    exclude: std::slice::from_ref(&owner),
+                    refresh: false,
+                },
+            )
+            .await
+            .expect("moved");
+        assert_ne!(moved.worker.record.session_id, owner);
+        assert!(moved.epoch > first.epoch);
+        // Only the excluded worker hosts the namespace: no worker.
+        let err = dir
+            .resolve(
+                "/c/x",
+                "/c",
+                "x",
+                Avoid {
+                    stale: Some((&moved.worker.record.session_id, moved.epoch)),
+                    exclude: std::slice::from_ref(&moved.worker.record.session_id),
+                    refresh: false,
+                },
+            )
+            .await;
+        assert!(err.is_ok(), "the other worker can take it back");
+        assert!(matches!(
+            dir.resolve("/z/x", "/z", "x", Avoid::default()).await,
+            Err(ResolveError::NoWorker)
+        ));
+    }
+}

@@ -1,0 +1,821 @@
+//! The registry: worker sessions, leases, control messages and the
+//! operator's view.
+//!
+//! Owns the decisions of register, heartbeat, release, deregister, tag and
+//! push. Takes the clock, randomness, the placement store and the challenge
+//! prover as inputs (no sockets of its own: the HTTP shell is
+//! [`http`], the prover an injected trait), so a simulation can
+//! drive it. Never forwards client traffic and never caches routes.
+//!
+//! # Lifecycle of a session
+//!
+//! Unregistered → (challenge proved) Registered → renewed by each heartbeat
+//! whose challenge proves → Lapsed when no heartbeat renews it within the
+//! lease TTL (its placements become vacant), or Removed by deregister or
+//! supersession.
+//!
+//! # Inferred choices
+//!
+//! - `expiresInMs` is the configured lease TTL; the record lapses that long
+//!   after pinboard *received* the call (the worker anchors at send time, so
+//!   the worker always gives up first).
+//! - A heartbeat whose challenge cannot be reached answers 503 and does not
+//!   renew; one that reaches a process answering the wrong value removes the
+//!   session and answers 409 `reregister` (the URL no longer reaches it).
+//!   A heartbeat without a challenge pair answers `reregister` as well.
+//! - Re-registration with `prevSessionId` + `instances`: an id still owned by
+//!   the previous session moves to the new one at the *same* epoch (the same
+//!   process keeps the same instance); an id nobody live owns is claimed at a
+//!   fresh epoch; an id another live session owns is a duplicate.
+//! - Hostname bindings: a registration carrying `hostname` with a higher
+//!   deployment `epoch` than the live bound session displaces it (the old
+//!   session is removed and answers 409 `superseded` from then on) unless the
+//!   bound session declared `takeover: "deny"`, in which case the newcomer is
+//!   refused with 409; a lower epoch is refused with 409; equal epochs share
+//!   the hostname. Binding updates are read-then-write (not atomic across
+//!   pinboard nodes).
+//! - An operator drain lives on the session record: the next acks echo
+//!   `draining: true` with the remaining seconds; it is not carried over to a
+//!   later session of the same process.
+
+pub mod error;
+pub mod http;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use pinned_wire::ids::{validate_id, validate_namespace};
+use pinned_wire::registry::{
+    ControlMessage, DeregisterRequest, Duplicate, HeartbeatAck, HeartbeatRequest, OverviewResponse,
+    PlacementRow, PushRequest, RegisterAck, RegisterRequest, ReleaseItem, TagRequest, Takeover,
+    WorkerRow, WorkersResponse,
+};
+
+pub use self::error::RegistryError;
+use crate::challenge::{ChallengeError, ChallengeProver};
+use crate::clock::{Clock, Entropy, EpochFloor, Now};
+use crate::placement::{Binding, LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
+
+/// Namespaces pinboard serves itself (they could never be proxied).
+pub const RESERVED_NAMESPACES: [&str; 3] = ["/registry", "/healthz", "/metrics"];
+
+/// How long a superseded session keeps answering `superseded`, in lease TTLs.
+const SUPERSEDED_MEMORY_TTLS: u64 = 6;
+
+/// Registry settings.
+#[derive(Debug, Clone, Copy)]
+pub struct RegistryConfig {
+    /// Lease TTL granted to workers (ms).
+    pub lease_ttl_ms: u64,
+}
+
+/// The registry core.
+pub struct Registry<S, P> {
+    store: Arc<S>,
+    prover: P,
+    clock: Arc<dyn Clock>,
+    entropy: Arc<dyn Entropy>,
+    floor: Arc<EpochFloor>,
+    config: RegistryConfig,
+}
+
+impl<S, P> std::fmt::Debug for Registry<S, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// What the HTTP shell must do besides answering (local cache upkeep).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Effects {
+    /// Sessions that ended: drop cached routes to them.
+    pub ended_sessions: Vec<String>,
+}
+
+fn malformed(msg: impl Into<String>) -> RegistryError {
+    RegistryError::Malformed(msg.into())
+}
+
+fn challenge_error(e: ChallengeError) -> RegistryError {
+    match e {
+        ChallengeError::Unreachable(_) => RegistryError::ChallengeUnreachable(e),
+        ChallengeError::Mismatch(_) => RegistryError::ChallengeFailed(e),
+    }
+}
+
+/// Parse a wire epoch (`"<digits>"`).
+fn parse_wire_epoch(epoch: Option<&str>) -> Result<Option<u64>, RegistryError> {
+    epoch
+        .map(|e| {
+            pinned_wire::epoch::parse_epoch(e.as_bytes())
+                .map_err(|_| malformed(format!("malformed epoch {e:?}")))
+        })
+        .transpose()
+}
+
+/// Validate an advertise URL: `http://host[:port][/base]`, no query.
+pub fn validate_advertise_url(url: &str) -> Result<(), RegistryError> {
+    let uri: ::http::Uri = url
+        .parse()
+        .map_err(|_| malformed(format!("advertiseUrl is not a URL: {url:?}")))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() || uri.query().is_some() {
+        return Err(malformed(format!(
+            "advertiseUrl must be http://host[:port][/path] (no TLS to workers yet): {url:?}"
+        )));
+    }
+    Ok(())
+}
+
+impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
+    /// A registry over `store`.
+    pub fn new(
+        store: Arc<S>,
+        prover: P,
+        clock: Arc<dyn Clock>,
+        entropy: Arc<dyn Entropy>,
+        floor: Arc<EpochFloor>,
+        config: RegistryConfig,
+    ) -> Self {
+        Self {
+            store,
+            prover,
+            clock,
+            entropy,
+            floor,
+            config,
+        }
+    }
+
+    fn now(&self) -> Now {
+        self.clock.now()
+    }
+
+    fn drain_echo(record: &WorkerRecord, now: Now) -> (Option<bool>, Option<Option<f64>>) {
+        match record.server_drain {
+            None => (Some(false), None),
+            Some(deadline) => (
+                Some(true),
+                Some(deadline.map(|d| d.saturating_sub(now.wall_ms) as f64 / 1000.0)),
+            ),
+        }
+    }
+
+    /// `POST /registry/register`.
+    ///
+    /// # Errors
+    ///
+    /// 400 for a malformed body, 503/403 for a failed challenge, 409 when the
+    /// hostname is held, 503 when the store fails.
+    pub async fn register(
+        &self,
+        req: RegisterRequest,
+    ) -> Result<(RegisterAck, Effects), RegistryError> {
+        if req.client_id.is_empty() || req.secret.is_empty() {
+            return Err(malformed("clientId and secret must be non-empty"));
+        }
+        if req.namespaces.is_empty() {
+            return Err(malformed("namespaces must not be empty"));
+        }
+        for ns in &req.namespaces {
+            validate_namespace(ns).map_err(|e| malformed(e.to_string()))?;
+            if RESERVED_NAMESPACES.contains(&ns.as_str()) {
+                return Err(malformed(format!(
+                    "namespace {ns:?} is reserved by pinboard"
+                )));
+            }
+        }
+        validate_advertise_url(&req.advertise_url)?;
+        if req.challenge.is_empty() || req.challenge_value.is_empty() {
+            return Err(malformed("challenge and challengeValue must be non-empty"));
+        }
+        if (req.env.is_some() || req.takeover.is_some()) && req.hostname.is_none() {
+            return Err(malformed("env and takeover require a hostname"));
+        }
+        let instances = req.instances.clone().unwrap_or_default();
+        for (ns, ids) in &instances {
+            if !req.namespaces.contains(ns) {
+                return Err(malformed(format!(
+                    "instances names an unattached namespace {ns:?}"
+                )));
+            }
+            for id in ids {
+                validate_id(id).map_err(|e| malformed(format!("instances: {e}")))?;
+            }
+        }
+        self.prover
+            .prove(
+                &req.advertise_url,
+                &req.secret,
+                &req.challenge,
+                &req.challenge_value,
+            )
+            .await
+            .map_err(challenge_error)?;
+
+        let now = self.now();
+        let mut effects = Effects::default();
+        let session_id = self.entropy.token_hex(16);
+        let epoch = req.epoch.unwrap_or(0);
+        if let Some(hostname) = &req.hostname {
+            if let Some(displaced) = self
+                .bind_hostname(
+                    hostname,
+                    &session_id,
+                    epoch,
+                    req.takeover,
+                    req.prev_session_id.as_deref(),
+                    now,
+                )
+                .await?
+            {
+                effects.ended_sessions.push(displaced);
+            }
+        }
+        let record = WorkerRecord {
+            session_id: session_id.clone(),
+            client_id: req.client_id,
+            secret: req.secret,
+            advertise_url: req.advertise_url.trim_end_matches('/').to_owned(),
+            namespaces: req.namespaces,
+            headroom: req.headroom,
+            draining: req.draining,
+            server_drain: None,
+            hostname: req.hostname,
+            env: req.env,
+            epoch,
+            takeover: req.takeover,
+        };
+        self.store
+            .put_worker(&record, self.config.lease_ttl_ms, now)
+            .await?;
+        if let Some(prev) = &req.prev_session_id {
+            effects.ended_sessions.push(prev.clone());
+        }
+        let mut duplicates = Vec::new();
+        for (ns, ids) in &instances {
+            for id in ids {
+                let floor = self.floor.floor(now);
+                match self
+                    .store
+                    .reclaim(
+                        ns,
+                        id,
+                        &session_id,
+                        req.prev_session_id.as_deref(),
+                        floor,
+                        now,
+                    )
+                    .await?
+                {
+                    ReclaimOutcome::Reclaimed(p) => self.floor.observe(p.epoch),
+                    ReclaimOutcome::Duplicate => duplicates.push(Duplicate {
+                        ns: ns.clone(),
+                        id: id.clone(),
+                    }),
+                }
+            }
+        }
+        let (draining, drain_deadline) = Self::drain_echo(&record, now);
+        Ok((
+            RegisterAck {
+                session_id,
+                expires_in_ms: self.config.lease_ttl_ms,
+                duplicates,
+                draining,
+                drain_deadline,
+            },
+            effects,
+        ))
+    }
+
+    /// Apply the hostname binding rules; returns a displaced session.
+    async fn bind_hostname(
+        &self,
+        hostname: &str,
+        session_id: &str,
+        epoch: u64,
+        takeover: Option<Takeover>,
+        prev: Option<&str>,
+        now: Now,
+    ) -> Result<Option<String>, RegistryError> {
+        let new_binding = Binding {
+            session_id: session_id.to_owned(),
+            epoch,
+            takeover,
+        };
+        let Some(current) = self.store.binding(hostname).await? else {
+            self.store.set_binding(hostname, &new_binding).await?;
+            return Ok(None);
+        };
+        let live = current.session_id != prev.unwrap_or("")
+            && self
+                .store
+                .get_worker(&current.session_id, now)
+                .await?
+                .is_some();
+        if !live {
+            self.store.set_binding(hostname, &new_binding).await?;
+            return Ok(None);
+        }
+        if epoch < current.epoch {
+            return Err(RegistryError::HostnameHeld(format!(
+                "hostname {hostname:?} is bound to deployment epoch {} (> {epoch})",
+                current.epoch
+            )));
+        }
+        if epoch == current.epoch {
+            return Ok(None);
+        }
+        if current.takeover == Some(Takeover::Deny) {
+            return Err(RegistryError::HostnameHeld(format!(
+                "hostname {hostname:?} is held by a session that denies takeover"
+            )));
+        }
+        let reason = format!("superseded by deployment epoch {epoch} of hostname {hostname:?}");
+        self.store
+            .mark_superseded(
+                &current.session_id,
+                &reason,
+                self.config.lease_ttl_ms * SUPERSEDED_MEMORY_TTLS,
+                now,
+            )
+            .await?;
+        self.store.remove_worker(&current.session_id).await?;
+        self.store.set_binding(hostname, &new_binding).await?;
+        Ok(Some(current.session_id))
+    }
+
+    /// `POST /registry/heartbeat`.
+    ///
+    /// # Errors
+    ///
+    /// 409 `reregister`/`superseded`, 503 when the challenge cannot be reached
+    /// or the store fails.
+    pub async fn heartbeat(
+        &self,
+        req: HeartbeatRequest,
+    ) -> Result<(HeartbeatAck, Effects), RegistryError> {
+        let now = self.now();
+        if let Some(reason) = self.store.superseded(&req.session_id, now).await? {
+            return Err(RegistryError::Superseded(reason));
+        }
+        let Some(live) = self.store.get_worker(&req.session_id, now).await? else {
+            return Err(RegistryError::Reregister);
+        };
+        let (Some(challenge), Some(value)) = (&req.challenge, &req.challenge_value) else {
+            return Err(RegistryError::Reregister);
+        };
+        let record = &live.record;
+        match self
+            .prover
+            .prove(&record.advertise_url, &record.secret, challenge, value)
+            .await
+        {
+            Ok(()) => {}
+            Err(e @ ChallengeError::Unreachable(_)) => {
+                return Err(RegistryError::ChallengeUnreachable(e))
+            }
+            Err(ChallengeError::Mismatch(_)) => {
+                self.store.remove_worker(&req.session_id).await?;
+                return Err(RegistryError::Reregister);
+            }
+        }
+        let now = self.now();
+        let Some(record) = self
+            .store
+            .renew_worker(
+                &req.session_id,
+                req.headroom,
+                req.draining,
+                self.config.lease_ttl_ms,
+                now,
+            )
+            .await?
+        else {
+            return Err(RegistryError::Reregister);
+        };
+        let messages = self
+            .store
+            .pending_messages(&req.session_id, &req.acks)
+            .await?;
+        let (draining, drain_deadline) = Self::drain_echo(&record, now);
+        Ok((
+            HeartbeatAck {
+                expires_in_ms: self.config.lease_ttl_ms,
+                messages,
+                draining,
+                drain_deadline,
+            },
+            Effects::default(),
+        ))
+    }
+
+    /// `POST /registry/release`: frees each placement its session still owns
+    /// (at the given epoch). Returns how many were freed.
+    ///
+    /// # Errors
+    ///
+    /// 400 when any item's epoch is malformed; 503 when the store fails.
+    pub async fn release(&self, items: Vec<ReleaseItem>) -> Result<usize, RegistryError> {
+        let mut parsed = Vec::with_capacity(items.len());
+        for item in &items {
+            parsed.push(parse_wire_epoch(item.epoch.as_deref())?);
+        }
+        let mut freed = 0;
+        for (item, epoch) in items.iter().zip(parsed) {
+            if self
+                .store
+                .release(&item.namespace, &item.id, &item.session_id, epoch)
+                .await?
+            {
+                freed += 1;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// `POST /registry/deregister`: ends the session (idempotent).
+    ///
+    /// # Errors
+    ///
+    /// 503 when the store fails.
+    pub async fn deregister(&self, req: DeregisterRequest) -> Result<Effects, RegistryError> {
+        self.store.remove_worker(&req.session_id).await?;
+        Ok(Effects {
+            ended_sessions: vec![req.session_id],
+        })
+    }
+
+    /// `POST /registry/tag`. Returns whether the tag was stamped.
+    ///
+    /// # Errors
+    ///
+    /// 400 for a malformed epoch; 503 when the store fails.
+    pub async fn tag(&self, req: TagRequest) -> Result<bool, RegistryError> {
+        let epoch = parse_wire_epoch(req.epoch.as_deref())?;
+        Ok(self
+            .store
+            .tag(&req.namespace, &req.id, &req.session_id, epoch, &req.tag)
+            .await?)
+    }
+
+    /// `POST /registry/push` (operator).
+    ///
+    /// # Errors
+    ///
+    /// 400 for a bad deadline/namespace/id, 404 for an unknown session.
+    pub async fn push(&self, req: PushRequest) -> Result<Option<String>, RegistryError> {
+        let now = self.now();
+        let check_deadline = |d: Option<f64>| -> Result<(), RegistryError> {
+            match d {
+                Some(d) if !d.is_finite() || d < 0.0 => Err(malformed(
+                    "deadline must be a non-negative number of seconds or null",
+                )),
+                _ => Ok(()),
+            }
+        };
+        match req {
+            PushRequest::Drain {
+                session_id,
+                deadline,
+            } => {
+                check_deadline(deadline)?;
+                let at = deadline.map(|d| now.wall_ms + (d * 1000.0) as u64);
+                if !self
+                    .store
+                    .set_server_drain(&session_id, Some(at), now)
+                    .await?
+                {
+                    return Err(RegistryError::UnknownSession);
+                }
+                Ok(None)
+            }
+            PushRequest::Undrain { session_id } => {
+                if !self.store.set_server_drain(&session_id, None, now).await? {
+                    return Err(RegistryError::UnknownSession);
+                }
+                Ok(None)
+            }
+            PushRequest::WindDown {
+                session_id,
+                ns,
+                id,
+                deadline,
+            } => {
+                check_deadline(deadline)?;
+                validate_namespace(&ns).map_err(|e| malformed(e.to_string()))?;
+                validate_id(&id).map_err(|e| malformed(e.to_string()))?;
+                let Some(live) = self.store.get_worker(&session_id, now).await? else {
+                    return Err(RegistryError::UnknownSession);
+                };
+                if !live.record.hosts(&ns) {
+                    return Err(malformed(format!("session does not host namespace {ns:?}")));
+                }
+                let msg_id = self
+                    .store
+                    .push_message(
+                        &session_id,
+                        ControlMessage {
+                            kind: "wind_down".into(),
+                            id,
+                            ns: Some(ns),
+                            deadline,
+                            msg_id: None,
+                        },
+                    )
+                    .await?;
+                Ok(Some(msg_id))
+            }
+        }
+    }
+
+    fn worker_row(w: &LiveWorker, counts: &HashMap<String, u64>) -> WorkerRow {
+        let r = &w.record;
+        WorkerRow {
+            session_id: r.session_id.clone(),
+            client_id: r.client_id.clone(),
+            advertise_url: r.advertise_url.clone(),
+            namespaces: r.namespaces.clone(),
+            headroom: r.headroom,
+            draining: r.refuses_new_ids(),
+            hostname: r.hostname.clone(),
+            env: r.env.clone(),
+            epoch: r.epoch,
+            expires_in_ms: w.expires_in_ms,
+            instances: counts.get(&r.session_id).copied().unwrap_or(0),
+        }
+    }
+
+    /// `GET /registry/workers`.
+    ///
+    /// # Errors
+    ///
+    /// 503 when the store fails.
+    pub async fn workers(&self) -> Result<WorkersResponse, RegistryError> {
+        Ok(self.overview(None).await?.0)
+    }
+
+    /// `GET /registry/overview[?tag=]`: live workers plus owned placements.
+    ///
+    /// # Errors
+    ///
+    /// 503 when the store fails.
+    pub async fn overview(
+        &self,
+        tag: Option<&str>,
+    ) -> Result<(WorkersResponse, OverviewResponse), RegistryError> {
+        let now = self.now();
+        let workers = self.store.list_workers(now).await?;
+        let placements = self.store.list_placements(now).await?;
+        let mut counts: HashMap<String, u64> = HashMap::new();
+        for p in placements.iter().filter(|p| p.live) {
+            *counts.entry(p.placement.session_id.clone()).or_default() += 1;
+        }
+        let rows: Vec<WorkerRow> = workers
+            .iter()
+            .map(|w| Self::worker_row(w, &counts))
+            .collect();
+        let placements = placements
+            .into_iter()
+            .filter(|p| tag.is_none_or(|t| p.tag.as_deref() == Some(t)))
+            .map(|p| PlacementRow {
+                ns: p.ns,
+                id: p.id,
+                session_id: p.placement.session_id,
+                epoch: p.placement.epoch.to_string(),
+                tag: p.tag,
+                live: p.live,
+            })
+            .collect();
+        Ok((
+            WorkersResponse {
+                workers: rows.clone(),
+            },
+            OverviewResponse {
+                workers: rows,
+                placements,
+            },
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SeededEntropy;
+    use crate::placement::MemoryStore;
+    use parking_lot::Mutex;
+    use std::collections::BTreeMap;
+
+    struct FakeClock(Mutex<Now>);
+    impl Clock for FakeClock {
+        fn now(&self) -> Now {
+            *self.0.lock()
+        }
+    }
+
+    /// Proves when the value is "ok", unreachable for "down", mismatch otherwise.
+    struct FakeProver;
+    impl ChallengeProver for FakeProver {
+        async fn prove(
+            &self,
+            _u: &str,
+            _s: &str,
+            _c: &str,
+            value: &str,
+        ) -> Result<(), ChallengeError> {
+            match value {
+                "ok" => Ok(()),
+                "down" => Err(ChallengeError::Unreachable("down".into())),
+                _ => Err(ChallengeError::Mismatch("wrong".into())),
+            }
+        }
+    }
+
+    fn registry() -> (
+        Registry<MemoryStore, FakeProver>,
+        Arc<FakeClock>,
+        Arc<MemoryStore>,
+    ) {
+        let clock = Arc::new(FakeClock(Mutex::new(Now {
+            wall_ms: 1_000_000,
+            mono_ms: 0,
+        })));
+        let store = Arc::new(MemoryStore::new());
+        let reg = Registry::new(
+            store.clone(),
+            FakeProver,
+            clock.clone(),
+            Arc::new(SeededEntropy::seeded(1)),
+            Arc::new(EpochFloor::default()),
+            RegistryConfig { lease_ttl_ms: 2000 },
+        );
+        (reg, clock, store)
+    }
+
+    fn register_req(value: &str) -> RegisterRequest {
+        RegisterRequest {
+            client_id: "c".into(),
+            secret: "s".into(),
+            namespaces: vec!["/counter".into()],
+            advertise_url: "http://127.0.0.1:9".into(),
+            headroom: 10,
+            draining: false,
+            challenge: "ch".into(),
+            challenge_value: value.into(),
+            hostname: None,
+            env: None,
+            envs: None,
+            takeover: None,
+            epoch: None,
+            prev_session_id: None,
+            instances: None,
+        }
+    }
+
+    fn beat(sid: &str, acks: Vec<String>) -> HeartbeatRequest {
+        HeartbeatRequest {
+            session_id: sid.into(),
+            headroom: 5,
+            draining: false,
+            challenge: Some("ch".into()),
+            challenge_value: Some("ok".into()),
+            acks,
+        }
+    }
+
+    #[tokio::test]
+    async fn register_heartbeat_lapse() {
+        let (reg, clock, _) = registry();
+        let (ack, _) = reg.register(register_req("ok")).await.expect("register");
+        assert_eq!(ack.expires_in_ms, 2000);
+        assert_eq!(ack.session_id.len(), 32);
+        reg.heartbeat(beat(&ack.session_id, vec![]))
+            .await
+            .expect("beat");
+        clock.0.lock().mono_ms = 2500;
+        let err = reg
+            .heartbeat(beat(&ack.session_id, vec![]))
+            .await
+            .expect_err("lapsed");
+        assert!(matches!(err, RegistryError::Reregister));
+    }
+
+    #[tokio::test]
+    async fn challenge_failures_are_classified() {
+        let (reg, _, _) = registry();
+        assert_eq!(
+            reg.register(register_req("down"))
+                .await
+                .expect_err("503")
+                .status(),
+            503
+        );
+        assert_eq!(
+            reg.register(register_req("bad"))
+                .await
+                .expect_err("403")
+                .status(),
+            403
+        );
+        for ns in ["nope", "/registry"] {
+            let mut req = register_req("ok");
+            req.namespaces = vec![ns.into()];
+            assert_eq!(reg.register(req).await.expect_err("400").status(), 400);
+        }
+    }
+
+    #[tokio::test]
+    async fn wind_down_is_redelivered_until_acked_and_drain_echoes() {
+        let (reg, _, _) = registry();
+        let (ack, _) = reg.register(register_req("ok")).await.expect("register");
+        let sid = ack.session_id;
+        let msg_id = reg
+            .push(PushRequest::WindDown {
+                session_id: sid.clone(),
+                ns: "/counter".into(),
+                id: "a".into(),
+                deadline: Some(1.0),
+            })
+            .await
+            .expect("push")
+            .expect("msg id");
+        let (hb, _) = reg.heartbeat(beat(&sid, vec![])).await.expect("beat");
+        assert_eq!(hb.messages.len(), 1);
+        let (hb, _) = reg.heartbeat(beat(&sid, vec![])).await.expect("beat");
+        assert_eq!(hb.messages.len(), 1);
+        let (hb, _) = reg.heartbeat(beat(&sid, vec![msg_id])).await.expect("beat");
+        assert!(hb.messages.is_empty());
+        reg.push(PushRequest::Drain {
+            session_id: sid.clone(),
+            deadline: Some(30.0),
+        })
+        .await
+        .expect("drain");
+        let (hb, _) = reg.heartbeat(beat(&sid, vec![])).await.expect("beat");
+        assert_eq!(hb.draining, Some(true));
+        assert_eq!(hb.drain_deadline, Some(Some(30.0)));
+        assert!(matches!(
+            reg.push(PushRequest::Undrain {
+                session_id: "nope".into()
+            })
+            .await,
+            Err(RegistryError::UnknownSession)
+        ));
+    }
+
+    #[tokio::test]
+    async fn reregister_reclaims_and_reports_duplicates() {
+        let (reg, _, store) = registry();
+        let (a, _) = reg.register(register_req("ok")).await.expect("a");
+        let (b, _) = reg.register(register_req("ok")).await.expect("b");
+        let now = Now {
+            wall_ms: 1_000_000,
+            mono_ms: 0,
+        };
+        store
+            .resolve_or_claim("/counter", "mine", Some(&a.session_id), None, 1, now)
+            .await
+            .expect("claim");
+        store
+            .resolve_or_claim("/counter", "theirs", Some(&b.session_id), None, 1, now)
+            .await
+            .expect("claim");
+        let mut req = register_req("ok");
+        req.prev_session_id = Some(a.session_id.clone());
+        req.instances = Some(BTreeMap::from([(
+            "/counter".to_owned(),
+            vec!["mine".to_owned(), "theirs".to_owned()],
+        )]));
+        let (ack, effects) = reg.register(req).await.expect("re-register");
+        assert_eq!(
+            ack.duplicates,
+            vec![Duplicate {
+                ns: "/counter".into(),
+                id: "theirs".into()
+            }]
+        );
+        assert_eq!(effects.ended_sessions, vec![a.session_id]);
+    }
+
+    #[tokio::test]
+    async fn newer_deployment_supersedes_the_hostname() {
+        let (reg, _, _) = registry();
+        let mut old = register_req("ok");
+        old.hostname = Some("app".into());
+        old.epoch = Some(1);
+        let (a, _) = reg.register(old.clone()).await.expect("old");
+        let mut new = old.clone();
+        new.epoch = Some(2);
+        let (_, effects) = reg.register(new).await.expect("new");
+        assert_eq!(effects.ended_sessions, vec![a.session_id.clone()]);
+        let err = reg
+            .heartbeat(beat(&a.session_id, vec![]))
+            .await
+            .expect_err("superseded");
+        assert!(matches!(err, RegistryError::Superseded(_)));
+        assert_eq!(reg.register(old).await.expect_err("older").status(), 409);
+    }
+}

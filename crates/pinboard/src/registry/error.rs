@@ -1,0 +1,93 @@
+//! Every way a registry call fails, each mapped once to its status and body.
+//!
+//! Owns the error → HTTP mapping for `/registry/*`; never logs except for
+//! store failures (the only unexpected kind).
+
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+use pinned_wire::registry::HeartbeatNack;
+
+use crate::challenge::ChallengeError;
+use crate::placement::StoreError;
+
+/// A failed registry call.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// Missing or wrong bearer token. 401.
+    #[error("invalid token")]
+    Unauthorized,
+    /// The body is not what the endpoint takes. 400 with the reason.
+    #[error("{0}")]
+    Malformed(String),
+    /// The advertise URL could not be reached yet. 503 + `Retry-After: 1` (retryable).
+    #[error("{0}")]
+    ChallengeUnreachable(ChallengeError),
+    /// The advertise URL answered the challenge wrongly. 403.
+    #[error("{0}")]
+    ChallengeFailed(ChallengeError),
+    /// Unknown or lapsed session. 409 `{"reregister": true}`.
+    #[error("unknown session")]
+    Reregister,
+    /// The session was displaced by a newer deployment of its hostname.
+    /// 409 `{"superseded": true, "error": …}`.
+    #[error("{0}")]
+    Superseded(String),
+    /// A registration refused because its hostname is held (`takeover: deny`
+    /// or an older deployment epoch). 409 `{"error": …}`.
+    #[error("{0}")]
+    HostnameHeld(String),
+    /// Operator call for a session that is not live. 404.
+    #[error("unknown session")]
+    UnknownSession,
+    /// The placement store failed. 503 + `Retry-After: 1` (retryable).
+    #[error("placement store unavailable: {0}")]
+    Store(#[from] StoreError),
+}
+
+impl RegistryError {
+    /// HTTP status of this failure.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Malformed(_) => StatusCode::BAD_REQUEST,
+            Self::ChallengeUnreachable(_) | Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ChallengeFailed(_) => StatusCode::FORBIDDEN,
+            Self::Reregister | Self::Superseded(_) | Self::HostnameHeld(_) => StatusCode::CONFLICT,
+            Self::UnknownSession => StatusCode::NOT_FOUND,
+        }
+    }
+
+    /// JSON body of this failure.
+    pub fn body(&self) -> serde_json::Value {
+        match self {
+            Self::Reregister => serde_json::to_value(HeartbeatNack {
+                reregister: true,
+                superseded: false,
+                error: None,
+            }),
+            Self::Superseded(e) => serde_json::to_value(HeartbeatNack {
+                reregister: false,
+                superseded: true,
+                error: Some(e.clone()),
+            }),
+            Self::HostnameHeld(e) => Ok(serde_json::json!({ "error": e, "detail": e })),
+            other => Ok(serde_json::json!({ "detail": other.to_string() })),
+        }
+        .unwrap_or_default()
+    }
+}
+
+impl IntoResponse for RegistryError {
+    fn into_response(self) -> Response {
+        if let Self::Store(e) = &self {
+            tracing::warn!(target: "pinboard::registry", error = %e, "placement store failed");
+        }
+        let retry = matches!(self, Self::ChallengeUnreachable(_) | Self::Store(_));
+        let mut res = (self.status(), axum::Json(self.body())).into_response();
+        if retry {
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        res
+    }
+}

@@ -1,0 +1,140 @@
+//! Wiring: the shared [`App`] state and the axum [`router`].
+//!
+//! Owns which path goes where and the runtime handles (store, client,
+//! metrics); never decides anything itself.
+//!
+//! Route order: `/registry/*`, `/healthz`, `/metrics` are matched first;
+//! every other path is data-plane traffic for the proxy (so a namespace named
+//! `/registry`, `/healthz` or `/metrics` cannot be proxied).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use http::{header, HeaderValue};
+
+use crate::challenge::HttpProver;
+use crate::clock::{Clock, Entropy, EpochFloor};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::placement::PlacementStore;
+use crate::proxy::resolve::Directory;
+use crate::proxy::{self, ProxySettings};
+use crate::registry::{self, Registry, RegistryConfig};
+use crate::upstream::{self, Upstream};
+
+/// Everything a request handler needs.
+pub struct App<S> {
+    /// Registry core.
+    pub registry: Registry<S, HttpProver>,
+    /// Route cache and worker view.
+    pub directory: Directory<S>,
+    /// Pooled client to workers.
+    pub client: Upstream,
+    /// Time source.
+    pub clock: Arc<dyn Clock>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Deployment token.
+    pub token: String,
+    /// Proxy settings.
+    pub proxy: ProxySettings,
+}
+
+impl<S> std::fmt::Debug for App<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App").finish_non_exhaustive()
+    }
+}
+
+impl<S: PlacementStore> App<S> {
+    /// Build the app over `store` with real time and OS randomness.
+    pub fn new(
+        config: &Config,
+        store: S,
+        clock: Arc<dyn Clock>,
+        entropy: Arc<dyn Entropy>,
+    ) -> Self {
+        let store = Arc::new(store);
+        let client = upstream::client();
+        let floor = Arc::new(EpochFloor::default());
+        let metrics = Metrics::new();
+        let prover = HttpProver::new(
+            client.clone(),
+            Duration::from_millis(config.challenge_timeout_ms),
+        );
+        Self {
+            registry: Registry::new(
+                store.clone(),
+                prover,
+                clock.clone(),
+                entropy.clone(),
+                floor.clone(),
+                RegistryConfig {
+                    lease_ttl_ms: config.lease_ttl_ms,
+                },
+            ),
+            directory: Directory::new(
+                store,
+                clock.clone(),
+                entropy,
+                floor,
+                config.worker_refresh_ms,
+                config.quarantine_ms(),
+                metrics.placements.clone(),
+            ),
+            client,
+            clock,
+            metrics,
+            token: config.token.clone(),
+            proxy: ProxySettings {
+                retries: config.proxy_retries,
+                retry_body_limit: config.retry_body_limit,
+            },
+        }
+    }
+}
+
+async fn healthz() -> Response {
+    axum::Json(serde_json::json!({ "ok": true })).into_response()
+}
+
+async fn metrics<S: PlacementStore>(State(app): State<Arc<App<S>>>) -> Response {
+    if let Ok(n) = app.directory.live_workers().await {
+        app.metrics.live_workers.set(n as i64);
+    }
+    app.metrics
+        .cached_routes
+        .set(app.directory.cached_routes() as i64);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        )],
+        app.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// The full router: registry, health, metrics, and the proxy fallback.
+pub fn router<S: PlacementStore>(app: Arc<App<S>>) -> Router {
+    Router::new()
+        .route("/registry/register", post(registry::http::register::<S>))
+        .route("/registry/heartbeat", post(registry::http::heartbeat::<S>))
+        .route("/registry/release", post(registry::http::release::<S>))
+        .route(
+            "/registry/deregister",
+            post(registry::http::deregister::<S>),
+        )
+        .route("/registry/tag", post(registry::http::tag::<S>))
+        .route("/registry/push", post(registry::http::push::<S>))
+        .route("/registry/workers", get(registry::http::workers::<S>))
+        .route("/registry/overview", get(registry::http::overview::<S>))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics::<S>))
+        .fallback(proxy::handle::<S>)
+        .with_state(app)
+}

@@ -1,0 +1,185 @@
+//! Retry behaviour against scripted Rust workers (registered by the test
+//! itself, so it knows their secrets): refusals are re-placed, tokens verify
+//! with the owner's secret and session, and the raw secret is never sent on
+//! the data plane.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::fake::{fake, Fake, Mode};
+use support::{bearer, client, Pinboard};
+
+fn check_headers(f: &Fake, session: &str) {
+    for h in f.seen.lock().iter() {
+        assert!(
+            h.get("pinboard-proxy-secret").is_none(),
+            "raw secret on the data plane"
+        );
+        let token = h["pinboard-attestation"].to_str().expect("token");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("time")
+            .as_secs_f64();
+        let claims = pinned_wire::attestation::verify(token, &f.secret, |aud| aud == session, now)
+            .expect("token verifies with the owner's secret and session");
+        assert!(claims.caller.is_none());
+        assert!(h["pinboard-epoch"]
+            .to_str()
+            .expect("epoch")
+            .parse::<u64>()
+            .is_ok());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusing_workers_are_routed_around() {
+    let pb = Pinboard::start(&["--lease-ttl-ms", "60000"]);
+    let (good, good_session) = fake(&pb.url, "good", Mode::Serve).await;
+    let (draining, draining_session) = fake(&pb.url, "draining", Mode::Draining).await;
+    let (unhealthy, unhealthy_session) = fake(&pb.url, "unhealthy", Mode::Unhealthy).await;
+    let c = client();
+    for i in 0..30 {
+        let res = c
+            .get(format!("{}/counter/r-{i}/hit", pb.url))
+            .header("pinboard-attestation", "forged")
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(res.status(), 200, "r-{i}");
+        assert_eq!(res.json::<Value>().await.expect("json")["worker"], "good");
+    }
+    assert_eq!(good.hits.load(Ordering::SeqCst), 30);
+    assert!(
+        draining.hits.load(Ordering::SeqCst) + unhealthy.hits.load(Ordering::SeqCst) > 0,
+        "placement never tried the refusing workers"
+    );
+    check_headers(&good, &good_session);
+    check_headers(&draining, &draining_session);
+    check_headers(&unhealthy, &unhealthy_session);
+
+    // Overview: every id ended on the good worker.
+    let o: Value = c
+        .get(format!("{}/registry/overview", pb.url))
+        .header("authorization", bearer())
+        .send()
+        .await
+        .expect("overview")
+        .json()
+        .await
+        .expect("json");
+    let placements = o["placements"].as_array().expect("rows");
+    assert_eq!(placements.len(), 30);
+    assert!(placements
+        .iter()
+        .all(|p| p["sessionId"] == good_session.as_str()));
+
+    // An owner tag filters the overview; a tag from a non-owner is ignored.
+    for (session, expect) in [(&good_session, true), (&draining_session, false)] {
+        let res: Value = c
+            .post(format!("{}/registry/tag", pb.url))
+            .header("authorization", bearer())
+            .json(
+                &json!({"sessionId": session, "namespace": "/counter", "id": "r-0", "tag": "blue"}),
+            )
+            .send()
+            .await
+            .expect("tag")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(res["tagged"], expect);
+    }
+    let o: Value = c
+        .get(format!("{}/registry/overview?tag=blue", pb.url))
+        .header("authorization", bearer())
+        .send()
+        .await
+        .expect("overview")
+        .json()
+        .await
+        .expect("json");
+    let rows = o["placements"].as_array().expect("rows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["id"], "r-0");
+    assert_eq!(rows[0]["tag"], "blue");
+    let w = o["workers"].as_array().expect("workers");
+    let good_row = w
+        .iter()
+        .find(|r| r["sessionId"] == good_session.as_str())
+        .expect("good");
+    assert_eq!(good_row["instances"], 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistent_refusals_and_dead_owners_end_in_a_retryable_503() {
+    let pb = Pinboard::start(&["--lease-ttl-ms", "60000", "--proxy-retries", "2"]);
+    let (forbidden, _) = fake(&pb.url, "forbidden", Mode::Forbidden).await;
+    let c = client();
+    let res = c
+        .get(format!("{}/counter/f/hit", pb.url))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["retry-after"], "1");
+    assert_eq!(
+        forbidden.hits.load(Ordering::SeqCst),
+        3,
+        "one try plus two retries"
+    );
+
+    // A draining-only fleet: nowhere to place, 503 + Retry-After, bounded work.
+    let pb2 = Pinboard::start(&["--lease-ttl-ms", "60000"]);
+    let (d, _) = fake(&pb2.url, "d", Mode::Draining).await;
+    let started = tokio::time::Instant::now();
+    let res = c
+        .get(format!("{}/counter/z/hit", pb2.url))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["retry-after"], "1");
+    assert!(d.hits.load(Ordering::SeqCst) <= 1);
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    let rows: Value = c
+        .get(format!("{}/registry/workers", pb2.url))
+        .header("authorization", bearer())
+        .send()
+        .await
+        .expect("workers")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(rows["workers"][0]["clientId"], "d");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_start_quarantine_defers_new_placements() {
+    let pb = Pinboard::start(&["--lease-ttl-ms", "60000", "--quarantine-ms", "1500"]);
+    let started = tokio::time::Instant::now();
+    let (good, _) = fake(&pb.url, "good", Mode::Serve).await;
+    let c = client();
+    let res = c
+        .get(format!("{}/counter/q/hit", pb.url))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["retry-after"], "1");
+    assert_eq!(
+        res.json::<Value>().await.expect("json"),
+        json!({"detail": "pinboard is starting; retry"})
+    );
+    assert_eq!(good.hits.load(Ordering::SeqCst), 0);
+    tokio::time::sleep(Duration::from_millis(1600).saturating_sub(started.elapsed())).await;
+    let res = c
+        .get(format!("{}/counter/q/hit", pb.url))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(res.status(), 200);
+}

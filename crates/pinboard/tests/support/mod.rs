@@ -1,0 +1,266 @@
+//! Shared harness for pinboard's integration suites: spawns the real
+//! `pinboard` binary and real Python reference workers (pinned 0.16.0 under
+//! uvicorn) on free loopback ports, and kills them on drop.
+//!
+//! The Python interpreter comes from `PINNED_PY` (default: the workspace's
+//! `.venv/bin/python`); a missing interpreter fails the test, it never skips.
+#![allow(dead_code, unreachable_pub)]
+
+pub mod fake;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Deployment token used by every test.
+pub const TOKEN: &str = "test-token";
+/// Lease TTL used by the suites (ms).
+pub const LEASE_TTL_MS: u64 = 2000;
+
+/// The Python interpreter with `pinned==0.16.0` and `uvicorn`.
+pub fn python() -> PathBuf {
+    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
+    let py = std::env::var_os("PINNED_PY").map_or(default, PathBuf::from);
+    assert!(
+        py.exists(),
+        "Python interpreter {} not found: set PINNED_PY or create the venv \
+         (python -m venv .venv && .venv/bin/pip install pinned==0.16.0 uvicorn websockets)",
+        py.display()
+    );
+    py
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn log_file(name: &str) -> std::fs::File {
+    let dir = std::env::temp_dir().join("pinboard-tests");
+    std::fs::create_dir_all(&dir).expect("log dir");
+    std::fs::File::create(dir.join(format!("{name}-{}.log", std::process::id()))).expect("log file")
+}
+
+/// A running `pinboard` process.
+pub struct Pinboard {
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+}
+
+impl Pinboard {
+    /// Start on the memory store with a 2 s lease and no quarantine.
+    pub fn start(extra: &[&str]) -> Self {
+        let ttl = LEASE_TTL_MS.to_string();
+        let mut args = vec!["--listen", "127.0.0.1:0", "--token", TOKEN];
+        // Defaults the caller did not override.
+        for (flag, value) in [("--lease-ttl-ms", ttl.as_str()), ("--quarantine-ms", "0")] {
+            if !extra.contains(&flag) {
+                args.extend([flag, value]);
+            }
+        }
+        args.extend_from_slice(extra);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pinboard"))
+            .args(&args)
+            .env("RUST_LOG", "pinboard=debug,info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log_file("pinboard")))
+            .spawn()
+            .expect("spawn pinboard");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read bound address");
+        let url = line
+            .trim()
+            .strip_prefix("pinboard listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Self { child, url }
+    }
+
+    /// Start on Redis under `prefix`.
+    pub fn start_redis(prefix: &str, extra: &[&str]) -> Self {
+        let mut args = vec![
+            "--redis-url",
+            "redis://127.0.0.1:6379/0",
+            "--redis-prefix",
+            prefix,
+        ];
+        args.extend_from_slice(extra);
+        Self::start(&args)
+    }
+
+    /// Kill the process now.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Pinboard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running Python reference worker (uvicorn + tests/py/app.py).
+pub struct Worker {
+    child: Child,
+    /// `http://127.0.0.1:<port>`: its advertise URL.
+    pub url: String,
+}
+
+impl Worker {
+    /// Start a worker registering with `pinboard_url`.
+    pub fn start(pinboard_url: &str) -> Self {
+        Self::start_with(pinboard_url, &[])
+    }
+
+    /// Start a worker with extra environment.
+    pub fn start_with(pinboard_url: &str, env: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let app_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py");
+        let mut cmd = Command::new(python());
+        cmd.args([
+            "-m",
+            "uvicorn",
+            "app:app",
+            "--host",
+            "127.0.0.1",
+            "--log-level",
+            "warning",
+        ])
+        .arg("--port")
+        .arg(port.to_string())
+        .arg("--app-dir")
+        .arg(&app_dir)
+        .env("PINBOARD_URL", pinboard_url)
+        .env("PINBOARD_TOKEN", TOKEN)
+        .env("ADVERTISE_URL", &url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log_file(&format!("worker-{port}"))));
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn python worker");
+        Self { child, url }
+    }
+
+    /// SIGKILL the worker.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A plain HTTP client (no system proxy).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client")
+}
+
+/// `Authorization: Bearer <TOKEN>`.
+pub fn bearer() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+/// `GET /registry/workers` rows.
+pub async fn workers(c: &reqwest::Client, pb: &str) -> Vec<Value> {
+    let v: Value = c
+        .get(format!("{pb}/registry/workers"))
+        .header("authorization", bearer())
+        .send()
+        .await
+        .expect("workers")
+        .json()
+        .await
+        .expect("workers json");
+    v["workers"].as_array().cloned().unwrap_or_default()
+}
+
+/// Wait until `n` workers are registered; returns their rows.
+pub async fn wait_workers(c: &reqwest::Client, pb: &str, n: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = workers(c, pb).await;
+        if rows.len() == n {
+            return rows;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "expected {n} workers, have {}: {rows:?}",
+            rows.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// GET `pb<path>` as JSON, retrying 503s for up to `patience`.
+pub async fn get_json(c: &reqwest::Client, url: &str, patience: Duration) -> Value {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let res = c.get(url).send().await;
+        match res {
+            Ok(r) if r.status().is_success() => return r.json().await.expect("json"),
+            Ok(r) if r.status() == 503 && tokio::time::Instant::now() < deadline => {}
+            Ok(r) => {
+                let status = r.status();
+                panic!("GET {url}: {status} {}", r.text().await.unwrap_or_default())
+            }
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                let _ = e;
+            }
+            Err(e) => panic!("GET {url}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A unique Redis key prefix for one test.
+pub fn redis_prefix(test: &str) -> String {
+    format!(
+        "pinboard-test:{test}:{}:{}:",
+        std::process::id(),
+        free_port()
+    )
+}
+
+/// Delete every Redis key under `prefix` (a store that lost its data).
+pub async fn redis_wipe(prefix: &str) {
+    let client = redis::Client::open("redis://127.0.0.1:6379/0").expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connect");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    if !keys.is_empty() {
+        let _: i64 = redis::cmd("DEL")
+            .arg(&keys)
+            .query_async(&mut conn)
+            .await
+            .expect("del");
+    }
+}
