@@ -24,7 +24,9 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::{BatchOp, Doc, StateStore, StoreError, Tray, TrayRow};
+use crate::{
+    BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow, ALARM_TRAY_ID, ALARM_TRAY_NS,
+};
 
 /// A store under test, the namespace a case may use, and anything that must live as
 /// long as the store (a temporary directory, say).
@@ -139,7 +141,11 @@ macro_rules! conformance_tests {
             epoch_advances_and_is_bounded,
             instances_are_isolated,
             concurrent_writers_one_instance,
-            many_instances_in_parallel
+            many_instances_in_parallel,
+            due_alarms_filter_and_order,
+            due_alarms_limit_and_changes,
+            due_alarms_at_range,
+            marked_instances_paginate
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
@@ -651,5 +657,360 @@ pub async fn many_instances_in_parallel(store: Arc<dyn StateStore>, ns: &str) {
     }
     for handle in handles {
         handle.await.expect("instance task panicked");
+    }
+}
+
+// === the unfenced scans ===
+//
+// The scans read every instance, so on a shared database (Postgres) they also return other
+// tests' rows. The checks below hold whatever foreign rows exist: a result must be sorted,
+// within its limit and bound, and contain exactly this case's rows up to its last key (all
+// of them when it came back short). This case's rows are those of `ns` and `<ns>/…`.
+
+fn is_ours(ns: &str, row_ns: &str) -> bool {
+    row_ns == ns
+        || row_ns
+            .strip_prefix(ns)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Alarm times for this case: far in the future (year ~3085, so no pinboard sweeper ever
+/// finds them due), offset per namespace so concurrent runs rarely overlap, and small
+/// enough that `x.5` is an exact `f64`.
+fn alarm_base(ns: &str) -> i64 {
+    let hash = ns.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (1_i64 << 45) + ((hash % (1 << 20)) as i64) * 1024
+}
+
+fn alarm_key(a: &DueAlarm) -> (i64, &str, &str) {
+    (a.at, a.ns.as_str(), a.id.as_str())
+}
+
+/// `due_alarms(due_by, limit)` against `want`: this case's alarm rows due by `due_by`.
+async fn check_due(store: &dyn StateStore, ns: &str, due_by: i64, limit: usize, want: &[DueAlarm]) {
+    let got = store.due_alarms(due_by, limit).await.unwrap();
+    assert!(got.len() <= limit, "{} rows over limit {limit}", got.len());
+    assert!(
+        got.windows(2).all(|w| alarm_key(&w[0]) < alarm_key(&w[1])),
+        "not ordered by (at, ns, id): {got:?}"
+    );
+    assert!(
+        got.iter().all(|a| a.at <= due_by),
+        "not due by {due_by}: {got:?}"
+    );
+    let mut want: Vec<DueAlarm> = want.iter().filter(|a| a.at <= due_by).cloned().collect();
+    want.sort_by(|a, b| alarm_key(a).cmp(&alarm_key(b)));
+    if got.len() == limit {
+        // Full page: ours up to its last key, none if it is empty (limit 0).
+        match got.last() {
+            Some(last) => want.retain(|a| alarm_key(a) <= alarm_key(last)),
+            None => want.clear(),
+        }
+    }
+    let ours: Vec<DueAlarm> = got.into_iter().filter(|a| is_ours(ns, &a.ns)).collect();
+    assert_eq!(ours, want, "due_alarms({due_by}, {limit})");
+}
+
+fn due(ns: &str, id: &str, at: i64, nonce: Option<&str>) -> DueAlarm {
+    DueAlarm {
+        ns: ns.to_owned(),
+        id: id.to_owned(),
+        at,
+        nonce: nonce.map(str::to_owned),
+    }
+}
+
+async fn set_alarm(store: &dyn StateStore, ns: &str, id: &str, marked: bool, alarm: Value) {
+    store
+        .set_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, marked, doc(alarm), 3)
+        .await
+        .unwrap();
+}
+
+/// `due_alarms` returns exactly the alarm rows whose `doc.at` is an integer-valued number
+/// at or before the bound, ordered by `(at, ns, id)`, with string nonces; malformed `at`
+/// values, other trays and not-yet-due alarms are skipped.
+pub async fn due_alarms_filter_and_order(store: Arc<dyn StateStore>, ns: &str) {
+    let s = store.as_ref();
+    let b = alarm_base(ns);
+    let sub = format!("{ns}/sub");
+    let due_by = b + 50;
+    // Due. Ties on `at` order by (ns, id): "a1" < "a3" < "<ns>/sub"'s "a0".
+    set_alarm(s, ns, "a1", false, json!({"at": b + 10, "nonce": "n1"})).await;
+    set_alarm(s, ns, "a2", false, json!({"at": b + 5, "nonce": 7})).await;
+    set_alarm(s, ns, "a3", false, json!({"at": b + 10})).await;
+    set_alarm(s, &sub, "a0", false, json!({"at": b + 10, "nonce": "sub"})).await;
+    // An integer-valued float counts; so does a marked alarm row; `at == due_by` is due.
+    set_alarm(
+        s,
+        ns,
+        "float",
+        false,
+        json!({"at": (b + 20) as f64, "nonce": "f"}),
+    )
+    .await;
+    set_alarm(s, ns, "marked", true, json!({"at": b + 30, "nonce": null})).await;
+    set_alarm(s, ns, "edge", false, json!({"at": due_by, "nonce": "e"})).await;
+    // Not due yet.
+    set_alarm(
+        s,
+        ns,
+        "late",
+        false,
+        json!({"at": due_by + 1, "nonce": "l"}),
+    )
+    .await;
+    set_alarm(s, ns, "later", false, json!({"at": (due_by as f64) + 1e9})).await;
+    // Malformed `at`: skipped wherever it would sort.
+    for (id, at) in [
+        ("frac", json!((b + 3) as f64 + 0.5)),
+        ("string", json!(format!("{}", b + 1))),
+        ("null", Value::Null),
+        ("bool", json!(true)),
+        ("object", json!({"at": b})),
+        ("array", json!([b])),
+        ("tiny", json!(-1e300)),
+    ] {
+        set_alarm(s, ns, id, false, json!({"at": at, "nonce": id})).await;
+    }
+    set_alarm(s, ns, "missing", false, json!({"nonce": "m"})).await;
+    // Same `at` in rows that are not the alarm tray.
+    s.set_tray(
+        ns,
+        "other",
+        ALARM_TRAY_NS,
+        "not-alarm",
+        false,
+        doc(json!({"at": b})),
+        3,
+    )
+    .await
+    .unwrap();
+    s.set_tray(
+        ns,
+        "other",
+        "not-pinned",
+        ALARM_TRAY_ID,
+        true,
+        doc(json!({"at": b})),
+        3,
+    )
+    .await
+    .unwrap();
+
+    let want = vec![
+        due(ns, "a2", b + 5, None),
+        due(ns, "a1", b + 10, Some("n1")),
+        due(ns, "a3", b + 10, None),
+        due(&sub, "a0", b + 10, Some("sub")),
+        due(ns, "float", b + 20, Some("f")),
+        due(ns, "marked", b + 30, None),
+        due(ns, "edge", due_by, Some("e")),
+    ];
+    check_due(s, ns, due_by, 1000, &want).await;
+    // Stricter bounds keep the prefix; the half-millisecond "frac" never shows.
+    check_due(s, ns, b + 9, 1000, &want).await;
+    check_due(s, ns, b + 10, 1000, &want).await;
+    check_due(s, ns, due_by - 1, 1000, &want).await;
+    check_due(s, ns, b - 1, 1000, &want).await;
+    // A later bound adds "late" only.
+    let mut with_late = want.clone();
+    with_late.push(due(ns, "late", due_by + 1, Some("l")));
+    check_due(s, ns, due_by + 1, 1000, &with_late).await;
+
+    // The scans take no fence: an older epoch still writes afterwards.
+    s.set_tray(ns, "a1", "t", "~", false, Doc::new(), 3)
+        .await
+        .unwrap();
+}
+
+/// `limit` cuts the ordered result; deleted, replaced and unparseable-after-rewrite
+/// alarms leave or move in the next scan.
+pub async fn due_alarms_limit_and_changes(store: Arc<dyn StateStore>, ns: &str) {
+    let s = store.as_ref();
+    let b = alarm_base(ns);
+    let due_by = b + 100;
+    let mut want = Vec::new();
+    for i in 0..6_i64 {
+        let id = format!("i{i}");
+        // Out of order on purpose: at = b + 60, b + 50, …
+        let at = b + 60 - 10 * i;
+        let nonce = format!("n{i}");
+        set_alarm(s, ns, &id, false, json!({"at": at, "nonce": nonce})).await;
+        want.push(due(ns, &id, at, Some(&nonce)));
+    }
+    for limit in [0, 1, 2, 5, 6, 7, 1000] {
+        check_due(s, ns, due_by, limit, &want).await;
+    }
+
+    // Deleted (directly and by batch) alarms disappear.
+    s.delete_tray(ns, "i5", ALARM_TRAY_NS, ALARM_TRAY_ID, 3)
+        .await
+        .unwrap();
+    s.apply_batch(
+        ns,
+        "i4",
+        vec![BatchOp::delete(ALARM_TRAY_NS, ALARM_TRAY_ID)],
+        3,
+    )
+    .await
+    .unwrap();
+    want.retain(|a| a.id != "i5" && a.id != "i4");
+    check_due(s, ns, due_by, 1000, &want).await;
+    check_due(s, ns, due_by, 1, &want).await;
+
+    // A replaced alarm moves (new time, new nonce); one rewritten with a malformed `at`
+    // or postponed past the bound disappears.
+    set_alarm(s, ns, "i0", false, json!({"at": b + 1, "nonce": "moved"})).await;
+    set_alarm(s, ns, "i1", false, json!({"at": "soon", "nonce": "bad"})).await;
+    set_alarm(s, ns, "i2", false, json!({"at": due_by + 1})).await;
+    want.retain(|a| a.id == "i3");
+    want.push(due(ns, "i0", b + 1, Some("moved")));
+    for limit in [1, 2, 1000] {
+        check_due(s, ns, due_by, limit, &want).await;
+    }
+    check_due(s, ns, due_by + 1, 1000, &{
+        let mut w = want.clone();
+        w.push(due(ns, "i2", due_by + 1, None));
+        w
+    })
+    .await;
+}
+
+/// `at` must fit `i64`: `i64::MAX` is an alarm (due only by `i64::MAX`); larger integers
+/// and floats out of range are skipped. (All far in the future: no sweeper sees them.)
+pub async fn due_alarms_at_range(store: Arc<dyn StateStore>, ns: &str) {
+    let s = store.as_ref();
+    set_alarm(s, ns, "max", false, json!({"at": i64::MAX, "nonce": "max"})).await;
+    set_alarm(s, ns, "u64", false, json!({"at": u64::MAX})).await;
+    set_alarm(s, ns, "over", false, json!({"at": i64::MAX as u64 + 1})).await;
+    set_alarm(
+        s,
+        ns,
+        "2^63",
+        false,
+        json!({"at": 9_223_372_036_854_775_808.0_f64}),
+    )
+    .await;
+    set_alarm(s, ns, "huge", false, json!({"at": 1e300})).await;
+    let want = vec![due(ns, "max", i64::MAX, Some("max"))];
+    check_due(s, ns, i64::MAX, 1000, &want).await;
+    check_due(s, ns, i64::MAX - 1, 1000, &want).await;
+}
+
+/// `marked_instances` lists each instance with at least one marked row once, in
+/// `(ns, id)` byte order (as a pair, not as `"<ns>/<id>"`), paginated strictly after the
+/// given key; instances with only unmarked rows never appear.
+pub async fn marked_instances_paginate(store: Arc<dyn StateStore>, ns: &str) {
+    let s = store.as_ref();
+    let sub = format!("{ns}/sub");
+    let set = |n: &str, id: &str, t_id: &str, marked: bool| {
+        let (n, id, t_id) = (n.to_owned(), id.to_owned(), t_id.to_owned());
+        let store = store.clone();
+        async move {
+            store
+                .set_tray(&n, &id, "t", &t_id, marked, doc(json!({"m": marked})), 2)
+                .await
+                .unwrap();
+        }
+    };
+    // Marked: several marked rows count once; byte order puts "B" < "a" < "z" < "é".
+    set(ns, "a", "1", true).await;
+    set(ns, "a", "2", true).await;
+    set(ns, "a", "3", false).await;
+    set(ns, "é", "1", true).await;
+    set(ns, "B", "1", true).await;
+    // As a pair ("<ns>", "z") < ("<ns>/sub", "a"), though "<ns>/z" > "<ns>/sub/a".
+    set(ns, "z", "1", true).await;
+    set(&sub, "a", "1", true).await;
+    set(&sub, "b", "x", false).await;
+    set(&sub, "b", "y", true).await;
+    // Never marked, or no longer.
+    set(ns, "unmarked", "1", false).await;
+    set(ns, "unmarked", "2", false).await;
+    set_alarm(s, ns, "alarm-only", false, json!({"at": 1})).await;
+    set(ns, "was", "1", true).await;
+    set(ns, "was", "1", false).await;
+    set(ns, "gone", "1", true).await;
+    s.delete_tray(ns, "gone", "t", "1", 2).await.unwrap();
+
+    let pair = |n: &str, id: &str| (n.to_owned(), id.to_owned());
+    let want = vec![
+        pair(ns, "B"),
+        pair(ns, "a"),
+        pair(ns, "z"),
+        pair(ns, "é"),
+        pair(&sub, "a"),
+        pair(&sub, "b"),
+    ];
+    for page in [1, 2, 4, 6, 100] {
+        assert_eq!(page_through(s, ns, page).await, want, "pages of {page}");
+    }
+    assert!(s
+        .marked_instances(Some((ns, "")), 0)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Strictly after a key, whether or not it is itself listed.
+    let first = s.marked_instances(Some((ns, "B")), 2).await.unwrap();
+    assert_eq!(first, want[1..3].to_vec());
+    let first = s.marked_instances(Some((ns, "b")), 2).await.unwrap();
+    assert_eq!(first, want[2..4].to_vec());
+    let first = s.marked_instances(Some((ns, "é")), 1).await.unwrap();
+    assert_eq!(first, want[4..5].to_vec());
+    let last = s.marked_instances(Some((&sub, "b")), 5).await.unwrap();
+    assert!(last.iter().all(|(n, _)| !is_ours(ns, n)), "{last:?}");
+
+    // From the start: ordered, and ours up to the page's last key.
+    let start = s.marked_instances(None, 3).await.unwrap();
+    assert!(start.len() <= 3 && start.windows(2).all(|w| w[0] < w[1]));
+    if start.len() < 3 {
+        assert_eq!(start, want, "a short first page holds everything");
+    }
+
+    // Unmarking the only marked row, or deleting it, removes the instance; marking adds.
+    set(ns, "a", "1", false).await;
+    assert_eq!(page_through(s, ns, 2).await, want);
+    set(ns, "a", "2", false).await;
+    s.delete_tray(&sub, "b", "t", "y", 2).await.unwrap();
+    set(ns, "unmarked", "2", true).await;
+    let want = vec![
+        pair(ns, "B"),
+        pair(ns, "unmarked"),
+        pair(ns, "z"),
+        pair(ns, "é"),
+        pair(&sub, "a"),
+    ];
+    assert_eq!(page_through(s, ns, 2).await, want);
+}
+
+/// Pages through `marked_instances` from just before `ns` until past `<ns>/…`, checking
+/// every page, and returns this case's instances.
+async fn page_through(store: &dyn StateStore, ns: &str, page: usize) -> Vec<(String, String)> {
+    let mut after = (ns.to_owned(), String::new());
+    let mut ours = Vec::new();
+    loop {
+        let got = store
+            .marked_instances(Some((&after.0, &after.1)), page)
+            .await
+            .unwrap();
+        assert!(got.len() <= page, "page over limit {page}: {got:?}");
+        let mut prev = &after;
+        for key in &got {
+            assert!(key > prev, "{key:?} not after {prev:?} (page of {page})");
+            prev = key;
+        }
+        let Some(last) = got.last().cloned() else {
+            return ours;
+        };
+        let done = got.len() < page || (last.0.as_str() > ns && !is_ours(ns, &last.0));
+        ours.extend(got.into_iter().filter(|(n, _)| is_ours(ns, n)));
+        if done {
+            return ours;
+        }
+        after = last;
     }
 }

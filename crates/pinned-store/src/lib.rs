@@ -62,4 +62,4 @@ pub use postgres::{
     DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
 };
 pub use sqlite::{SqliteOptions, SqliteStore, SyncMode};
-pub use store::{BatchOp, Doc, StateStore, Tray, TrayRow};
+pub use store::{BatchOp, Doc, DueAlarm, StateStore, Tray, TrayRow, ALARM_TRAY_ID, ALARM_TRAY_NS};

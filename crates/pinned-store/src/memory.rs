@@ -8,8 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 use async_trait::async_trait;
 use parking_lot::Mutex;
 
-use crate::store::check_epoch;
-use crate::{BatchOp, Doc, StateStore, StoreError, Tray, TrayRow};
+use crate::store::{alarm_at, alarm_nonce, check_epoch};
+use crate::{
+    BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow, ALARM_TRAY_ID, ALARM_TRAY_NS,
+};
 
 /// A `StateStore` held in memory. Cheap to create; every operation completes without
 /// awaiting. State is lost when the store is dropped.
@@ -154,5 +156,50 @@ impl StateStore for MemoryStore {
                 }
             }
         })
+    }
+
+    async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
+        let alarm = tray_key(ALARM_TRAY_NS, ALARM_TRAY_ID);
+        let mut due: Vec<DueAlarm> = {
+            let instances = self.instances.lock();
+            instances
+                .iter()
+                .filter_map(|((ns, id), instance)| {
+                    let (_, doc) = instance.trays.get(&alarm)?;
+                    let at = alarm_at(doc).filter(|at| *at <= due_by_ms)?;
+                    Some(DueAlarm {
+                        ns: ns.clone(),
+                        id: id.clone(),
+                        at,
+                        nonce: alarm_nonce(doc),
+                    })
+                })
+                .collect()
+        };
+        due.sort_by(|a, b| (a.at, &a.ns, &a.id).cmp(&(b.at, &b.ns, &b.id)));
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    async fn marked_instances(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut marked: Vec<(String, String)> = {
+            let instances = self.instances.lock();
+            instances
+                .iter()
+                .filter(|((ns, id), instance)| {
+                    after.is_none_or(|after| (ns.as_str(), id.as_str()) > after)
+                        && instance.trays.values().any(|(marked, _)| *marked)
+                })
+                .map(|(key, _)| key.clone())
+                .collect()
+        };
+        // `String` orders by bytes, as the SQL stores do.
+        marked.sort_unstable();
+        marked.truncate(limit);
+        Ok(marked)
     }
 }

@@ -15,13 +15,13 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
 };
 use serde_json::Value;
-use tokio_postgres::types::Json;
-use tokio_postgres::NoTls;
+use tokio_postgres::types::{Json, ToSql};
+use tokio_postgres::{NoTls, Row};
 
 use crate::error::postgres_transient;
 use crate::locks::InstanceLocks;
-use crate::store::check_epoch;
-use crate::{BatchOp, Doc, StateStore, StoreError, Tray, TrayRow};
+use crate::store::{check_epoch, sql_limit};
+use crate::{BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow};
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: usize = 8;
@@ -63,6 +63,21 @@ WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
 const LIST_TRAYS: &str = "SELECT tray_ns, tray_id, marked, doc FROM pinned_tray_index \
 WHERE ns = $1 AND id = $2 AND ($3::text IS NULL OR tray_ns = $3) \
 AND ($4::boolean IS NULL OR marked = $4) ORDER BY tray_ns COLLATE \"C\", tray_id COLLATE \"C\"";
+/// Due alarm rows (`StateStore::due_alarms`). The `CASE`s make sure only JSON numbers are
+/// cast, whatever order the planner evaluates the conditions in; `at` must then be an
+/// integer within `bigint`. No index serves it: a scan of the alarm rows.
+const DUE_ALARMS: &str = "SELECT ns, id, at::bigint, nonce FROM (\
+SELECT ns, id, \
+CASE WHEN jsonb_typeof(doc->'at') = 'number' THEN (doc->>'at')::numeric END AS at, \
+CASE WHEN jsonb_typeof(doc->'nonce') = 'string' THEN doc->>'nonce' END AS nonce \
+FROM pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm') AS alarms \
+WHERE at <= $1::bigint AND at >= -9223372036854775808 AND at = trunc(at) \
+ORDER BY at, ns COLLATE \"C\", id COLLATE \"C\" LIMIT $2::bigint";
+/// Distinct instances with a marked row (`StateStore::marked_instances`), byte-ordered.
+const MARKED_INSTANCES: &str = "SELECT ns, id FROM pinned_tray_index \
+WHERE marked AND ($1::text IS NULL OR ns COLLATE \"C\" > $1::text \
+OR (ns = $1::text AND id COLLATE \"C\" > $2::text)) \
+GROUP BY ns, id ORDER BY ns COLLATE \"C\", id COLLATE \"C\" LIMIT $3::bigint";
 
 /// Settings of a [`PostgresStore`]; every default is one of this module's constants.
 #[derive(Debug, Clone)]
@@ -260,6 +275,65 @@ impl PostgresStore {
     /// The options this store was built with.
     pub fn options(&self) -> &PostgresOptions {
         &self.options
+    }
+
+    /// Runs one read-only statement in its own transaction without any fence or
+    /// per-instance turn (the scans): `BEGIN` with the `SET LOCAL` timeouts and the
+    /// transaction hook, the query, `COMMIT`, all under the transaction deadline. Nothing
+    /// is written, so a transient failure on a pooled connection is retried on another
+    /// one (at most `pool_size` times) whenever it happens, `COMMIT` included.
+    async fn scan(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let mut retries = 0;
+        loop {
+            let conn = self.pool.get().await.map_err(pool_error)?;
+            let pooled = Object::metrics(&conn).recycle_count > 0;
+            let mut checkout = Checkout::new(conn);
+            let attempt = async {
+                let conn = checkout.begin(&self.begin).await?;
+                let rows = async {
+                    let stmt = conn.prepare_cached(sql).await?;
+                    Ok::<_, StoreError>(conn.query(&stmt, params).await?)
+                }
+                .await;
+                match rows {
+                    Ok(rows) => {
+                        checkout.commit().await?;
+                        Ok(rows)
+                    }
+                    Err(err) => {
+                        checkout.rollback().await;
+                        Err(err)
+                    }
+                }
+            };
+            let err = match tokio::time::timeout(self.options.txn_deadline, attempt).await {
+                Ok(Ok(rows)) => return Ok(rows),
+                Ok(Err(err)) => err,
+                Err(_elapsed) => {
+                    drop(checkout); // still in a transaction: discarded, not pooled
+                    StoreError::Deadline {
+                        deadline: self.options.txn_deadline,
+                    }
+                }
+            };
+            let transient = match &err {
+                StoreError::Postgres { source } => postgres_transient(source),
+                StoreError::Deadline { .. } => true,
+                _ => false,
+            };
+            if !(pooled && transient && retries < self.options.pool_size) {
+                return Err(err);
+            }
+            retries += 1;
+            tracing::warn!(
+                error = %err, retries,
+                "postgres store: pooled connection failed during a scan; retrying"
+            );
+        }
     }
 
     /// Runs `body` for instance `(ns, id)` at `epoch` in its own fenced transaction,
@@ -678,5 +752,35 @@ impl StateStore for PostgresStore {
         epoch: u64,
     ) -> Result<(), StoreError> {
         self.run(ns, id, epoch, Body::Batch(&ops)).await.map(|_| ())
+    }
+
+    async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
+        let rows = self
+            .scan(DUE_ALARMS, &[&due_by_ms, &sql_limit(limit)])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(DueAlarm {
+                    ns: row.try_get(0)?,
+                    id: row.try_get(1)?,
+                    at: row.try_get(2)?,
+                    nonce: row.try_get(3)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn marked_instances(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let (after_ns, after_id) = after.unzip();
+        let rows = self
+            .scan(MARKED_INSTANCES, &[&after_ns, &after_id, &sql_limit(limit)])
+            .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect()
     }
 }

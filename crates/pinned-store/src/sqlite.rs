@@ -18,8 +18,8 @@ use rusqlite::{params, Connection, OpenFlags, OptionalExtension, TransactionBeha
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::store::check_epoch;
-use crate::{BatchOp, Doc, StateStore, StoreError, Tray, TrayRow};
+use crate::store::{check_epoch, sql_limit};
+use crate::{BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow};
 
 /// Most operations committed together in one group transaction.
 const MAX_GROUP: usize = 512;
@@ -34,6 +34,26 @@ CREATE TABLE IF NOT EXISTS pinned_tray_index (
   marked BOOLEAN NOT NULL, doc TEXT NOT NULL,
   env TEXT NOT NULL DEFAULT '*', hostname TEXT NOT NULL DEFAULT '*',
   PRIMARY KEY (ns, id, tray_ns, tray_id)) WITHOUT ROWID;";
+
+/// Due alarm rows (see `StateStore::due_alarms`). `at` must be a JSON number that is an
+/// integer within `i64` (an integer too large for SQLite comes back as a REAL, caught by
+/// the range test; a REAL is integer-valued when it survives the cast). Numbers compare
+/// numerically across INTEGER and REAL; `ns`, `id` in byte order (BINARY).
+const DUE_ALARMS: &str = "\
+SELECT ns, id, CAST(at AS INTEGER), nonce FROM (
+  SELECT ns, id, json_type(doc, '$.at') AS at_type, json_extract(doc, '$.at') AS at,
+    CASE json_type(doc, '$.nonce') WHEN 'text' THEN json_extract(doc, '$.nonce') END AS nonce
+  FROM pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm')
+WHERE at_type IN ('integer', 'real')
+  AND at >= -9223372036854775808.0 AND at < 9223372036854775808.0
+  AND at = CAST(at AS INTEGER) AND at <= ?1
+ORDER BY at, ns, id LIMIT ?2";
+
+/// Distinct instances with a marked row (see `StateStore::marked_instances`).
+const MARKED_INSTANCES: &str = "\
+SELECT DISTINCT ns, id FROM pinned_tray_index
+WHERE marked AND (?1 IS NULL OR ns > ?1 OR (ns = ?1 AND id > ?2))
+ORDER BY ns, id LIMIT ?3";
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -525,6 +545,45 @@ impl StateStore for SqliteStore {
                 }
             }
             Ok(())
+        })
+        .await
+    }
+
+    async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
+        let limit = sql_limit(limit);
+        // Runs on the store's thread like every operation (one connection), but takes no
+        // fence: read-only, so its savepoint commits nothing.
+        self.run(move |conn, _| {
+            let mut stmt = conn.prepare_cached(DUE_ALARMS)?;
+            let rows = stmt.query_map(params![due_by_ms, limit], |row| {
+                Ok(DueAlarm {
+                    ns: row.get(0)?,
+                    id: row.get(1)?,
+                    at: row.get(2)?,
+                    nonce: row.get(3)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn marked_instances(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let limit = sql_limit(limit);
+        let (after_ns, after_id) = match after {
+            Some((ns, id)) => (Some(ns.to_owned()), Some(id.to_owned())),
+            None => (None, None),
+        };
+        self.run(move |conn, _| {
+            let mut stmt = conn.prepare_cached(MARKED_INSTANCES)?;
+            let rows = stmt.query_map(params![after_ns, after_id, limit], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
         .await
     }

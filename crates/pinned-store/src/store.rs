@@ -40,6 +40,26 @@ pub struct TrayRow {
     pub doc: Doc,
 }
 
+/// The alarm row's tray namespace (wire.md §12.5): an instance's alarm is the row
+/// `(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID)` with doc `{"at": <epoch ms>, "nonce": <id>}`.
+pub const ALARM_TRAY_NS: &str = "pinned";
+/// The alarm row's tray id; see [`ALARM_TRAY_NS`].
+pub const ALARM_TRAY_ID: &str = "alarm";
+
+/// An alarm row `(ns, id, "pinned", "alarm")` whose `at` is due, as returned by
+/// [`StateStore::due_alarms`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueAlarm {
+    /// The instance's namespace.
+    pub ns: String,
+    /// The instance id.
+    pub id: String,
+    /// When the alarm is due, in epoch milliseconds (`doc.at`).
+    pub at: i64,
+    /// `doc.nonce` when it is a string, else `None`.
+    pub nonce: Option<String>,
+}
+
 /// One step of [`StateStore::apply_batch`]: the reference's `("tray", tray_ns, tray_id,
 /// marked, doc)` op, where `marked = None` deletes the row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,6 +217,61 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
         ops: Vec<BatchOp>,
         epoch: u64,
     ) -> Result<(), StoreError>;
+
+    /// Scans every instance's alarm row ([`ALARM_TRAY_NS`], [`ALARM_TRAY_ID`]) for those
+    /// with `doc.at <= due_by_ms`, ordered by `at`, then `(ns, id)` (byte order), at most
+    /// `limit` of them. Whether the row is marked does not matter.
+    ///
+    /// Rows whose `doc.at` is missing or is not an integer-valued JSON number within
+    /// `i64` (`1000` and `1000.0` count, `1000.5`, `"1000"` and `null` do not) are
+    /// skipped.
+    ///
+    /// Unfenced and read-only: it neither reads nor advances any instance's epoch and does
+    /// not wait for in-flight operations on the instances it reports, so a row may change
+    /// right after it was read. For pinboard's alarm sweep (wire.md §12.5, §14.1).
+    async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError>;
+
+    /// The distinct instances `(ns, id)` having at least one marked row (wire.md §14.2's
+    /// activities index), ordered by `(ns, id)` (byte order), starting strictly after
+    /// `after` when given (keyset pagination: pass the last pair of the previous page),
+    /// at most `limit` of them.
+    ///
+    /// Unfenced and read-only, like [`due_alarms`](Self::due_alarms); each page is its
+    /// own snapshot.
+    async fn marked_instances(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError>;
+}
+
+/// `doc.at` of an alarm row as epoch ms: an integer-valued JSON number within `i64`.
+pub(crate) fn alarm_at(doc: &Doc) -> Option<i64> {
+    let at = doc.get("at")?.as_number()?;
+    if let Some(at) = at.as_i64() {
+        return Some(at);
+    }
+    if at.is_u64() {
+        return None; // above i64::MAX
+    }
+    let at = at.as_f64()?;
+    // -2^63 is exactly representable, 2^63 is the first value out of range.
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0;
+    if at.fract() == 0.0 && (-LIMIT..LIMIT).contains(&at) {
+        Some(at as i64) // integer-valued and in range: exact
+    } else {
+        None
+    }
+}
+
+/// `doc.nonce` of an alarm row when it is a string.
+pub(crate) fn alarm_nonce(doc: &Doc) -> Option<String> {
+    doc.get("nonce")?.as_str().map(str::to_owned)
+}
+
+/// A scan limit as SQL `LIMIT`.
+pub(crate) fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
 /// Refuses epochs that do not fit the stores' signed 64-bit column.

@@ -161,6 +161,7 @@ pub struct Options {
     pub(crate) heartbeat_interval: Duration,
     pub(crate) lease_buffer: Duration,
     pub(crate) headroom: Option<Headroom>,
+    pub(crate) store: Option<std::sync::Arc<dyn pinned_store::StateStore>>,
 }
 
 impl Default for Options {
@@ -201,6 +202,7 @@ impl Options {
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             lease_buffer: DEFAULT_LEASE_BUFFER,
             headroom: None,
+            store: None,
         }
     }
 
@@ -289,6 +291,15 @@ impl Options {
     /// are refused (default 5 s).
     pub fn lease_buffer(mut self, buffer: Duration) -> Self {
         self.lease_buffer = buffer;
+        self
+    }
+
+    /// The durable state store instances reach through
+    /// [`Context::store`](crate::Context::store), and alarms live in. Open
+    /// one with `pinned_store::StoreConfig` (Postgres for fleets, the
+    /// embedded SQLite file for one machine).
+    pub fn store(mut self, store: std::sync::Arc<dyn pinned_store::StateStore>) -> Self {
+        self.store = Some(store);
         self
     }
 

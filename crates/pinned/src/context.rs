@@ -13,9 +13,11 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio_util::sync::WaitForCancellationFuture;
 
+use crate::alarm::{Alarm, AlarmError};
 use crate::cluster::Cluster;
 use crate::directory::{self, HostShared};
 use crate::slot::{Phase, Slot};
+use crate::store::InstanceStore;
 use crate::BoxError;
 
 /// Why [`Context::tag`] failed.
@@ -175,6 +177,36 @@ impl Context {
     /// they answer 503 `instance past its wind-down deadline; retry`.
     pub fn wind_down(&self, deadline: Option<Duration>) {
         directory::wind_down(&self.slot, deadline);
+    }
+
+    /// The instance's durable rows, `None` when the worker has no store.
+    pub fn store(&self) -> Option<InstanceStore> {
+        self.slot
+            .host
+            .store
+            .clone()
+            .map(|store| InstanceStore::new(store, self.slot.clone()))
+    }
+
+    /// The instance's alarm (`set`, `get`).
+    pub fn alarm(&self) -> Alarm {
+        Alarm::new(self.slot.clone())
+    }
+
+    /// Sets the instance's alarm handler, usually in `activate`. It runs
+    /// when the alarm is due, one run at a time, keeping the instance in
+    /// flight; an error or panic leaves the alarm to fire again
+    /// (at-least-once: make it idempotent).
+    ///
+    /// # Errors
+    ///
+    /// A second handler for the same instance.
+    pub fn on_alarm<F, Fut>(&self, handler: F) -> Result<(), AlarmError>
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        crate::alarm::on_alarm(&self.slot, handler)
     }
 
     /// A cluster client for calls to other instances (depth 1; inside a

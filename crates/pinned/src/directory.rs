@@ -136,6 +136,10 @@ pub(crate) struct HostShared {
     pub(crate) fences: FenceTable,
     /// The worker, for in-process cluster calls (set once built).
     pub(crate) worker: std::sync::OnceLock<std::sync::Weak<crate::worker::Inner>>,
+    /// The worker's state store, if any.
+    pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
+    /// Armed alarm timers by id.
+    pub(crate) timers: DashMap<Arc<str>, crate::alarm::Timer>,
 }
 
 /// What a host is built from, besides its options.
@@ -148,6 +152,7 @@ pub(crate) struct HostParts {
     pub(crate) local_aud: String,
     pub(crate) secret: Arc<str>,
     pub(crate) plane: Option<Arc<Plane>>,
+    pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
 }
 
 impl HostShared {
@@ -161,6 +166,7 @@ impl HostShared {
             local_aud,
             secret,
             plane,
+            store,
         } = parts;
         let duration = metrics.duration_for(&ns);
         Self {
@@ -187,6 +193,8 @@ impl HostShared {
             plane,
             fences: FenceTable::default(),
             worker: std::sync::OnceLock::new(),
+            store,
+            timers: DashMap::new(),
         }
     }
 
@@ -214,6 +222,11 @@ impl HostShared {
     pub(crate) fn is_resident(&self, id: &str) -> bool {
         self.slot(id)
             .is_some_and(|slot| matches!(slot.phase(), Phase::Activating | Phase::Live))
+    }
+
+    /// The record of `id` when it is live.
+    pub(crate) fn resident_slot(&self, id: &str) -> Option<Arc<Slot>> {
+        self.slot(id).filter(|slot| slot.phase() == Phase::Live)
     }
 
     fn slot(&self, id: &str) -> Option<Arc<Slot>> {
@@ -285,7 +298,7 @@ impl HostShared {
             }
             let resident = self.slots.get(id).map(|entry| entry.value().clone());
             let Some(slot) = resident else {
-                match self.create(id)? {
+                match self.create(id, epoch)? {
                     Some(busy) => return Self::await_activation(busy).await,
                     None => continue,
                 }
@@ -323,7 +336,7 @@ impl HostShared {
 
     /// Creates and starts activating a record for `id`; `None` when another
     /// request created one first.
-    fn create(self: &Arc<Self>, id: &str) -> Result<Option<Busy>, Refusal> {
+    fn create(self: &Arc<Self>, id: &str, epoch: Option<u64>) -> Result<Option<Busy>, Refusal> {
         // Existing instances keep serving; only new activations refuse.
         if let Some(plane) = &self.plane {
             if !plane.lease.healthy() {
@@ -349,6 +362,11 @@ impl HostShared {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         // Two entries: the requester's and the activation task's.
         let slot = Arc::new(Slot::new(key, self.clone(), seq, 2));
+        // The activation (and the store reads it makes) runs at the
+        // admitted epoch.
+        if let Some(epoch) = epoch {
+            slot.adopt_epoch(epoch);
+        }
         vacant.insert(slot.clone());
         let requester = slot.adopt();
         self.start_activation(slot);
@@ -379,6 +397,7 @@ impl HostShared {
                     host.activations.fetch_add(1, Ordering::Relaxed);
                     host.metrics.activations.inc();
                     host.metrics.active_instances.inc();
+                    host.rearm_from_store(&slot);
                     tracing::info!(namespace = %host.ns, id = %slot.id, "activated instance");
                     return Activation::Ready(instance);
                 }
@@ -682,6 +701,10 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
                 tracing::error!(namespace = %host.ns, id = %slot.id, %error, "on_stop handler panicked");
             }
         }
+    }
+    if host.plane.is_some() {
+        // Behind pinboard an evicted instance's alarm is the sweeper's.
+        host.disarm(&slot.id);
     }
     if slot.releasing.load(Ordering::SeqCst) {
         release(&host, &slot).await;

@@ -27,16 +27,16 @@ use crate::body::TrackedBody;
 use crate::call::{Call, Scope};
 use crate::context::Context;
 use crate::directory::{panic_message, Admission, HostShared};
-use crate::response;
+use crate::{durable, response};
 
 /// The id segment and the path the object's routes see.
-struct Target<'a> {
-    raw_id: &'a str,
-    rest: &'a str,
+pub(crate) struct Target<'a> {
+    pub(crate) raw_id: &'a str,
+    pub(crate) rest: &'a str,
 }
 
 /// Splits `/<ns>/<id><rest>`; the route guarantees the `/<ns>/` prefix.
-fn target<'a>(ns: &str, path: &'a str) -> Target<'a> {
+pub(crate) fn target<'a>(ns: &str, path: &'a str) -> Target<'a> {
     let after = path
         .strip_prefix(ns)
         .and_then(|after| after.strip_prefix('/'))
@@ -71,6 +71,14 @@ fn wall_now() -> f64 {
 pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Response {
     let started = Instant::now();
     let (mut parts, body) = request.into_parts();
+    // pinboard's alarm delivery authenticates with the proxy secret, not a
+    // token, so it is routed before the attestation gate.
+    if host.plane.is_some()
+        && host.store.is_some()
+        && target(&host.ns, parts.uri.path()).rest == "/_alarm"
+    {
+        return durable::alarm(&host, &parts).await;
+    }
     // Attestation first (before id validation, as the reference orders
     // it): required behind pinboard, read but optional in local mode.
     let claims = parts
@@ -113,6 +121,9 @@ pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Respons
             }
         },
     };
+    if host.plane.is_some() && host.store.is_some() && target.rest == "/_wake" {
+        return durable::wake(&host, &parts.method, id.into_owned(), epoch).await;
+    }
     let uri = match rewrite(target.rest, parts.uri.query()) {
         Ok(uri) => uri,
         Err(_) => return response::detail(StatusCode::BAD_REQUEST, "invalid request path"),

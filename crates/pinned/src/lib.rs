@@ -41,6 +41,7 @@
 //! refusal to start when the environment says production.
 #![forbid(unsafe_code)]
 
+mod alarm;
 mod body;
 mod call;
 mod cluster;
@@ -48,6 +49,7 @@ mod config;
 mod context;
 mod directory;
 mod dispatch;
+mod durable;
 mod fence;
 mod headroom;
 mod host;
@@ -60,9 +62,11 @@ mod registration;
 mod response;
 mod serve;
 mod slot;
+mod store;
 mod worker;
 pub mod ws;
 
+pub use alarm::{Alarm, AlarmError, ALARM_TRAY_ID, ALARM_TRAY_NS};
 pub use call::Call;
 pub use cluster::{Cluster, ClusterError};
 pub use config::{
@@ -74,12 +78,15 @@ pub use headroom::{default_headroom, DEFAULT_HEADROOM_MB};
 pub use host::{HostOptions, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES, DEFAULT_SWEEP_INTERVAL};
 pub use lease::DEFAULT_LEASE_BUFFER;
 pub use object::{NotAnInstanceRoute, Object, This};
+/// The durable state crate, re-exported.
+pub use pinned_store;
 pub use pinned_wire::attestation::Caller;
 pub use pinned_wire::registry::Takeover;
 pub use plane::{ClusterHost, Headroom, RegistrationState, DEFAULT_HEARTBEAT_INTERVAL};
 pub use serve::{
     serve, serve_worker, serve_worker_with, shutdown_signal, ServeError, SHUTDOWN_DRAIN_DEADLINE,
 };
+pub use store::{InstanceStore, InstanceStoreError, RESERVED_TRAY_NS};
 pub use worker::Worker;
 
 /// The error type objects return from activation and hooks. `anyhow::Error`

@@ -115,6 +115,8 @@ pub(crate) struct Slot {
     pub(crate) releasing: AtomicBool,
     /// Exclusive (turn-based) hosts: one request at a time.
     pub(crate) turn: Option<Semaphore>,
+    /// Alarm handler and turns, allocated on first use.
+    pub(crate) alarm: OnceLock<Box<crate::alarm::AlarmState>>,
 }
 
 impl Slot {
@@ -140,6 +142,7 @@ impl Slot {
             winding: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
             turn,
+            alarm: OnceLock::new(),
         }
     }
 

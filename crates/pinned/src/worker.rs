@@ -63,6 +63,9 @@ impl Inner {
     }
 }
 
+/// Alarms armed from the store at start (local mode).
+const ALARM_SCAN_LIMIT: usize = 1_000_000;
+
 fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     rand::rng().fill_bytes(&mut buf);
@@ -109,6 +112,7 @@ impl Options {
         let secret: Arc<str> = plane
             .as_ref()
             .map_or_else(|| Arc::from(random_hex(32)), |plane| plane.secret.clone());
+        let store = self.store.clone();
         let hosts: Vec<Arc<HostShared>> = self
             .into_hosts()
             .into_iter()
@@ -122,6 +126,7 @@ impl Options {
                     local_aud: random_hex(16),
                     secret: secret.clone(),
                     plane: plane.clone(),
+                    store: store.clone(),
                 }))
             })
             .collect();
@@ -228,7 +233,30 @@ impl Worker {
         }
         if let Some(plane) = &self.inner.plane {
             plane.start();
+        } else {
+            self.arm_stored_alarms();
         }
+    }
+
+    /// Local mode: every alarm in the store gets a process timer, so due
+    /// ones fire now and evicted ids activate when theirs come due.
+    fn arm_stored_alarms(&self) {
+        let Some(store) = self.inner.hosts.first().and_then(|host| host.store.clone()) else {
+            return;
+        };
+        let worker = self.clone();
+        tokio::spawn(async move {
+            match store.due_alarms(i64::MAX, ALARM_SCAN_LIMIT).await {
+                Ok(alarms) => {
+                    for alarm in alarms {
+                        if let Some(host) = worker.inner.host(&alarm.ns) {
+                            host.arm(&Arc::from(alarm.id.as_str()), alarm.at);
+                        }
+                    }
+                }
+                Err(error) => tracing::error!(%error, "cannot scan the store for alarms"),
+            }
+        });
     }
 
     /// Drains every namespace: refuses new activations, evicts idle
