@@ -93,6 +93,13 @@ pub(crate) struct Timer {
     handle: AbortHandle,
 }
 
+impl Timer {
+    /// Cancels the timer.
+    pub(crate) fn abort(&self) {
+        self.handle.abort();
+    }
+}
+
 fn wall_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -608,6 +608,10 @@ impl HostShared {
         if let Some(timer) = self.drain.lock().timer.take() {
             timer.abort();
         }
+        self.timers.retain(|_, timer| {
+            timer.abort();
+            false
+        });
         self.abort_all();
         self.wait_empty().await;
     }

@@ -1,0 +1,87 @@
+//! Durable reminders: `POST /reminder/<id>/in?seconds=N` sets the
+//! instance's alarm; when it is due the handler logs it, even if the
+//! instance was evicted meanwhile or the process restarted (the alarm lives
+//! in the embedded store file, `DATABASE_URL` picks Postgres instead).
+//!
+//! ```text
+//! PORT=8080 cargo run --example reminder
+//! curl -X POST 'localhost:8080/reminder/tea/in?seconds=5'
+//! curl localhost:8080/reminder/tea/when
+//! ```
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use axum::extract::Query;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use pinned::pinned_store::StoreConfig;
+use pinned::{BoxError, Call, Context, Object, Options};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+struct Reminder;
+
+#[derive(Deserialize)]
+struct In {
+    seconds: u64,
+}
+
+impl Object for Reminder {
+    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
+        let id = ctx.id().to_owned();
+        ctx.on_alarm(move || {
+            let id = id.clone();
+            async move {
+                println!("reminder {id} is due");
+                Ok(())
+            }
+        })?;
+        Ok(Reminder)
+    }
+
+    fn routes() -> Router {
+        Router::new()
+            .route(
+                "/in",
+                post(|call: Call, Query(q): Query<In>| async move {
+                    match call
+                        .ctx()
+                        .alarm()
+                        .set_in(Duration::from_secs(q.seconds))
+                        .await
+                    {
+                        Ok(()) => Json(json!({ "ok": true })),
+                        Err(error) => Json(json!({ "error": error.to_string() })),
+                    }
+                }),
+            )
+            .route(
+                "/when",
+                get(|call: Call| async move {
+                    let at = call.ctx().alarm().get().await.ok().flatten();
+                    let ms = at
+                        .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
+                        .map(|d| d.as_millis() as u64);
+                    Json(json!({ "at": ms.map_or(Value::Null, Value::from) }))
+                }),
+            )
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .init();
+    let location = std::env::var("DATABASE_URL").ok();
+    let store = StoreConfig::from_location(location.as_deref(), "pinned-reminders.db")?
+        .open()
+        .await?;
+    pinned::serve(
+        Options::from_env()
+            .host::<Reminder>("/reminder")
+            .store(store),
+    )
+    .await?;
+    Ok(())
+}
