@@ -11,8 +11,11 @@ use clap::Parser;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// Default lease TTL handed to workers (`expiresInMs`).
 pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
-/// Default bounded retries of one proxied request after a refusal.
-pub const DEFAULT_PROXY_RETRIES: u32 = 3;
+/// Default bounded retries of one proxied request after a refusal. With the
+/// backoff of `proxy::classify` (capped at 250 ms) eight retries wait up to
+/// about 1.4 s for a closing instance's release: long enough for a drained
+/// worker handing back a thousand ids at once.
+pub const DEFAULT_PROXY_RETRIES: u32 = 8;
 /// Default Redis key prefix.
 pub const DEFAULT_REDIS_PREFIX: &str = "pinboard:";
 /// Default largest request body buffered so it can be re-sent on a retry.
@@ -21,6 +24,12 @@ pub const DEFAULT_RETRY_BODY_LIMIT: usize = 64 * 1024;
 pub const DEFAULT_CHALLENGE_TIMEOUT_MS: u64 = 3_000;
 /// Default interval at which the local worker list is re-read from the store.
 pub const DEFAULT_WORKER_REFRESH_MS: u64 = 500;
+/// Default interval between two sweeper laps (the JS document's `sweepIntervalMs`).
+pub const DEFAULT_SWEEP_INTERVAL_MS: u64 = 5_000;
+/// Default most rows one sweeper lap reads per scan (due alarms, marked instances).
+pub const DEFAULT_SWEEP_LIMIT: usize = 256;
+/// Default most `_alarm` / `_wake` calls in flight at once.
+pub const DEFAULT_SWEEP_CONCURRENCY: usize = 32;
 
 /// pinboard: registry, placement and reverse proxy for pinned workers.
 #[derive(Debug, Clone, Parser)]
@@ -67,9 +76,23 @@ pub struct Config {
     #[arg(long, env = "PINBOARD_WORKER_REFRESH_MS", default_value_t = DEFAULT_WORKER_REFRESH_MS)]
     pub worker_refresh_ms: u64,
 
-    /// Postgres URL for the durable-wake sweeper (accepted, not used yet).
-    #[arg(long, env = "DATABASE_URL")]
+    /// Postgres URL of the workers' state store; enables the alarm and
+    /// durable-wake sweeper (`postgresql://user@host:port/db`).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+
+    /// Interval between two sweeper laps, in milliseconds (the sweeper lease
+    /// lasts three of them).
+    #[arg(long, env = "PINBOARD_SWEEP_INTERVAL_MS", default_value_t = DEFAULT_SWEEP_INTERVAL_MS)]
+    pub sweep_interval_ms: u64,
+
+    /// Most rows one sweeper lap reads per scan (due alarms, marked instances).
+    #[arg(long, env = "PINBOARD_SWEEP_LIMIT", default_value_t = DEFAULT_SWEEP_LIMIT)]
+    pub sweep_limit: usize,
+
+    /// Most `_alarm` / `_wake` calls the sweeper keeps in flight at once.
+    #[arg(long, env = "PINBOARD_SWEEP_CONCURRENCY", default_value_t = DEFAULT_SWEEP_CONCURRENCY)]
+    pub sweep_concurrency: usize,
 }
 
 /// Reasons the configuration is refused.
@@ -81,6 +104,9 @@ pub enum ConfigError {
     /// The lease TTL is zero.
     #[error("--lease-ttl-ms must be positive")]
     ZeroLease,
+    /// A sweeper setting is zero.
+    #[error("--{0} must be positive")]
+    ZeroSweep(&'static str),
 }
 
 impl Config {
@@ -97,6 +123,15 @@ impl Config {
         }
         if self.lease_ttl_ms == 0 {
             errs.push(ConfigError::ZeroLease);
+        }
+        for (flag, value) in [
+            ("sweep-interval-ms", self.sweep_interval_ms),
+            ("sweep-limit", self.sweep_limit as u64),
+            ("sweep-concurrency", self.sweep_concurrency as u64),
+        ] {
+            if value == 0 {
+                errs.push(ConfigError::ZeroSweep(flag));
+            }
         }
         errs
     }
@@ -118,5 +153,9 @@ mod tests {
             c.validate(),
             vec![ConfigError::EmptyToken, ConfigError::ZeroLease]
         );
+        let c = Config::try_parse_from(["pinboard", "--token", "t", "--sweep-limit", "0"])
+            .expect("parse");
+        assert_eq!(c.sweep_interval_ms, DEFAULT_SWEEP_INTERVAL_MS);
+        assert_eq!(c.validate(), vec![ConfigError::ZeroSweep("sweep-limit")]);
     }
 }

@@ -305,13 +305,23 @@ impl Worker {
     /// Aborts every instance (their placements are released), waits for all
     /// to close, deregisters from pinboard, and refuses every later request
     /// with 500.
+    ///
+    /// Until the deregistration is through, new activations answer the
+    /// retryable `host draining; retry`, so pinboard moves them elsewhere
+    /// instead of relaying an error.
     pub async fn close(&self) {
         for host in &self.inner.hosts {
-            host.shut_down().await;
+            host.start_drain(DrainKind::Local, Some(Duration::ZERO));
+        }
+        for host in &self.inner.hosts {
+            host.wait_empty().await;
         }
         if let Some(plane) = &self.inner.plane {
             plane.deregister().await;
             plane.stop();
+        }
+        for host in &self.inner.hosts {
+            host.shut_down().await;
         }
     }
 

@@ -53,8 +53,11 @@ pub fn worth_reading(status: StatusCode, has_refusal_header: bool) -> bool {
         || status == StatusCode::FORBIDDEN
 }
 
+/// Longest single backoff between attempts.
+const MAX_BACKOFF_MS: u64 = 250;
+
 fn backoff(attempt: u32, base_ms: u64) -> u64 {
-    base_ms << attempt.min(5)
+    (base_ms << attempt.min(5)).min(MAX_BACKOFF_MS)
 }
 
 /// Classify a worker's answer on attempt `attempt` (0-based).

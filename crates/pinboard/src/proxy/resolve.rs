@@ -302,7 +302,16 @@ impl<S: PlacementStore> Directory<S> {
     ) -> Result<Arc<Route>, ResolveError> {
         if avoid.stale.is_none() && !avoid.refresh {
             if let Some(r) = self.cached(key) {
-                return Ok(r);
+                // A cached owner is trusted only while it is in the live
+                // worker view (refreshed at most every `refresh_ms`, so this
+                // costs no store call per request): a frozen or dead owner
+                // answers nothing at all, and must lose its ids once its
+                // lease lapsed, not after a client timeout.
+                let snap = self.workers(false).await?;
+                if snap.by_session.contains_key(&r.worker.record.session_id) {
+                    return Ok(r);
+                }
+                self.invalidate(key);
             }
         }
         let mut force = avoid.refresh;

@@ -1,0 +1,6 @@
+//! The `pinboard` binary, built inside this package so the fleet tests can
+//! start it as a real process (`CARGO_BIN_EXE_fleet-pinboard`).
+
+fn main() -> std::process::ExitCode {
+    pinboard::cli::main()
+}

@@ -1,0 +1,4 @@
+//! Fleet tests: real `pinboard` processes, Rust workers
+//! (`fleet-worker`) and Python reference workers, Redis, and signals
+//! (SIGKILL, SIGSTOP, SIGTERM). The tests live in `tests/`; the binaries in
+//! `src/bin/` are the processes they start.
