@@ -12,10 +12,12 @@
 //!   and the operator views; [`registry::http`] is its HTTP shell.
 //! - [`challenge`]: the advertise-URL proof.
 //! - [`proxy`]: the data plane (resolve, forward, classify, retry).
+//! - [`sweeper`]: due alarms and marked ids from the state store, delivered
+//!   as `_alarm` / `_wake` through placement (with `--database-url`).
 //! - [`metrics`], [`upstream`], [`server`]: metrics, the pooled client, wiring.
 //!
 //! The crate never depends on the worker SDK: worker and control plane share
-//! only `pinned-wire`.
+//! only `pinned-wire` (and read the same `pinned-store` tables).
 #![forbid(unsafe_code)]
 
 pub mod challenge;
@@ -27,15 +29,21 @@ pub mod placement;
 pub mod proxy;
 pub mod registry;
 pub mod server;
+pub mod sweeper;
 pub mod upstream;
 
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
-use crate::clock::{SeededEntropy, SystemClock};
+use crate::clock::{Entropy, SeededEntropy, SystemClock};
 pub use crate::config::Config;
 use crate::placement::{MemoryStore, PlacementStore, RedisStore, StoreError};
+
+/// How long shutdown waits for the sweeper to finish its lap and release
+/// its lease.
+const SWEEPER_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Why pinboard could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +54,9 @@ pub enum RunError {
     /// Serving failed.
     #[error("serve: {0}")]
     Io(#[from] std::io::Error),
+    /// The state store URL (`--database-url`) was refused.
+    #[error("state store: {0}")]
+    Database(#[from] pinned_store::StoreError),
 }
 
 async fn serve_with<S: PlacementStore>(
@@ -54,15 +65,37 @@ async fn serve_with<S: PlacementStore>(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    let entropy = Arc::new(SeededEntropy::from_os());
     let app = Arc::new(server::App::new(
         config,
         store,
         Arc::new(SystemClock::new()),
-        Arc::new(SeededEntropy::from_os()),
+        entropy.clone(),
     ));
-    axum::serve(listener, server::router(app))
+    let (stop, stopped) = watch::channel(false);
+    let sweeper = match &config.database_url {
+        Some(url) => Some(sweeper::spawn_postgres(
+            app.clone(),
+            url,
+            sweeper::SweepSettings::from(config),
+            entropy.token_hex(16),
+            stopped,
+        )?),
+        None => None,
+    };
+    let shutdown = async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    };
+    let served = axum::serve(listener, server::router(app))
         .with_graceful_shutdown(shutdown)
-        .await?;
+        .await;
+    if let Some(sweeper) = sweeper {
+        // The sender is gone or signalled: the sweeper stops after its
+        // current lap and releases its lease (else the lease lapses).
+        let _ = tokio::time::timeout(SWEEPER_STOP_GRACE, sweeper).await;
+    }
+    served?;
     Ok(())
 }
 

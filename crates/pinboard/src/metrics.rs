@@ -35,6 +35,16 @@ pub struct Metrics {
     pub live_workers: Gauge,
     /// Routes in this node's cache (set at scrape time).
     pub cached_routes: Gauge,
+    /// Sweeper laps run while holding the sweeper lease.
+    pub sweep_laps: Counter,
+    /// `_alarm` calls answered 200 (ran, or nothing was due).
+    pub sweep_alarms_delivered: Counter,
+    /// `_wake` calls answered 200 (resident) or 202 (activating).
+    pub sweep_wakes: Counter,
+    /// Sweeper scans and calls that failed or must be retried next lap.
+    pub sweep_failures: Counter,
+    /// 1 while this node holds the sweeper lease, else 0.
+    pub sweep_lease_held: Gauge,
 }
 
 impl Default for Metrics {
@@ -60,6 +70,11 @@ impl Metrics {
             registry_errors: Counter::default(),
             live_workers: Gauge::default(),
             cached_routes: Gauge::default(),
+            sweep_laps: Counter::default(),
+            sweep_alarms_delivered: Counter::default(),
+            sweep_wakes: Counter::default(),
+            sweep_failures: Counter::default(),
+            sweep_lease_held: Gauge::default(),
         };
         // prometheus-client appends `_total` to counters.
         registry.register(
@@ -116,6 +131,31 @@ impl Metrics {
             "pinboard_cached_routes",
             "Routes in this node's cache",
             m.cached_routes.clone(),
+        );
+        registry.register(
+            "pinboard_sweep_laps",
+            "Sweeper laps run while holding the sweeper lease",
+            m.sweep_laps.clone(),
+        );
+        registry.register(
+            "pinboard_sweep_alarms_delivered",
+            "Sweeper _alarm calls answered 200",
+            m.sweep_alarms_delivered.clone(),
+        );
+        registry.register(
+            "pinboard_sweep_wakes",
+            "Sweeper _wake calls answered 200 or 202",
+            m.sweep_wakes.clone(),
+        );
+        registry.register(
+            "pinboard_sweep_failures",
+            "Sweeper scans and calls that failed or are retried next lap",
+            m.sweep_failures.clone(),
+        );
+        registry.register(
+            "pinboard_sweep_lease_held",
+            "Whether this node holds the sweeper lease (1) or not (0)",
+            m.sweep_lease_held.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -14,6 +14,8 @@
 //! - Claims are atomic per id (first claim wins): one mutex in memory, one Lua
 //!   script in Redis, so two pinboard nodes racing for a new id agree on one
 //!   owner.
+//! - At most one `token` holds the sweeper lease at a time (see
+//!   `crate::sweeper`); it lapses `ttl_ms` after its last grant or renewal.
 //! - Releasing keeps the id's epoch (the row stays with an empty owner), so the
 //!   next placement continues above it; [`crate::clock::EpochFloor`] covers
 //!   the case where the store lost everything.
@@ -301,6 +303,31 @@ pub trait PlacementStore: Send + Sync + 'static {
         &self,
         now: Now,
     ) -> impl Future<Output = Result<Vec<PlacementEntry>, StoreError>> + Send;
+
+    /// Take the sweeper lease for `token` for `ttl_ms` if nobody holds it
+    /// (`SET NX PX`); `true` when this call took it. A live lease, even one
+    /// held by `token` itself, is not taken again: renew it instead.
+    fn acquire_sweeper_lease(
+        &self,
+        token: &str,
+        ttl_ms: u64,
+        now: Now,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Extend the sweeper lease to `ttl_ms` from now if `token` holds it
+    /// (compare-and-set); `false` when it lapsed or another node holds it.
+    fn renew_sweeper_lease(
+        &self,
+        token: &str,
+        ttl_ms: u64,
+        now: Now,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Give the sweeper lease up if `token` holds it (compare-and-delete).
+    fn release_sweeper_lease(
+        &self,
+        token: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// Pick a worker for a new id among `candidates` (already filtered to live,

@@ -46,7 +46,7 @@ use crate::server::App;
 use crate::upstream::UpstreamBody;
 
 /// Largest refusal body read to classify it.
-const MAX_REFUSAL_BODY: u64 = 4096;
+pub(crate) const MAX_REFUSAL_BODY: u64 = 4096;
 
 /// Proxy settings.
 #[derive(Debug, Clone, Copy)]
@@ -418,7 +418,10 @@ async fn forward<S: PlacementStore>(
 
 /// `<advertiseUrl><path>?<query>`: shared bytes, no allocation, unless the
 /// advertise URL carries a base path.
-fn upstream_uri(worker: &WorkerConn, path_and_query: &PathAndQuery) -> Result<Uri, http::Error> {
+pub(crate) fn upstream_uri(
+    worker: &WorkerConn,
+    path_and_query: &PathAndQuery,
+) -> Result<Uri, http::Error> {
     match &worker.origin {
         Some((scheme, authority)) => Uri::builder()
             .scheme(scheme.clone())

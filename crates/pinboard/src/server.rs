@@ -28,6 +28,8 @@ use crate::upstream::{self, Upstream};
 
 /// Everything a request handler needs.
 pub struct App<S> {
+    /// The placement store (the sweeper's lease lives there too).
+    pub store: Arc<S>,
     /// Registry core.
     pub registry: Registry<S, HttpProver>,
     /// Route cache and worker view.
@@ -67,6 +69,7 @@ impl<S: PlacementStore> App<S> {
             Duration::from_millis(config.challenge_timeout_ms),
         );
         Self {
+            store: store.clone(),
             registry: Registry::new(
                 store.clone(),
                 prover,

@@ -6,8 +6,10 @@
 //! Environment: `PINBOARD_URL`, `PINBOARD_TOKEN` (required);
 //! `PINNED_HOSTNAME`, `FLEET_EPOCH`, `FLEET_TAKEOVER` (`wind_down`|`deny`),
 //! `FLEET_HEARTBEAT_MS`, `FLEET_LEASE_BUFFER_MS`, `FLEET_DRAIN_MS` (the
-//! SIGTERM drain deadline). Prints `secret <hex>` and then
-//! `pinned worker listening on http://<addr>`.
+//! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
+//! `FLEET_DATABASE_URL` (a Postgres state store: enables `alarm`, `fired`,
+//! `write`, `state` and the process log `GET /fleet/writes`). Prints
+//! `secret <hex>` and then `pinned worker listening on http://<addr>`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,7 +17,8 @@ use std::time::Duration;
 use axum::extract::{Path, Query};
 use axum::routing::get;
 use axum::{Json, Router};
-use pinned::{BoxError, Call, Caller, Context, Object, Options, Takeover, This};
+use pinned::pinned_store::PostgresOptions;
+use pinned::{BoxError, Call, Caller, Context, HostOptions, Object, Options, Takeover, This};
 use serde_json::{json, Value};
 
 fn process_token() -> &'static str {
@@ -75,8 +78,108 @@ async fn slow(
     Json(this.state())
 }
 
+/// Outcomes of `write` calls in this process, as `"<id> <outcome>"`.
+static WRITES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn log_write(id: &str, outcome: &str) {
+    if let Ok(mut writes) = WRITES.lock() {
+        writes.push(format!("{id} {outcome}"));
+    }
+}
+
+fn error(e: impl std::fmt::Display) -> (axum::http::StatusCode, String) {
+    (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// `POST /alarm?ms=N`: the alarm fires N ms from now.
+async fn set_alarm(
+    call: Call,
+    Query(q): Query<std::collections::HashMap<String, u64>>,
+) -> Result<&'static str, (axum::http::StatusCode, String)> {
+    let ms = q.get("ms").copied().unwrap_or(1000);
+    call.ctx()
+        .alarm()
+        .set_in(Duration::from_millis(ms))
+        .await
+        .map_err(error)?;
+    Ok("set")
+}
+
+/// `GET /fired`: the `("fired", "~")` row the alarm handler keeps.
+async fn fired(call: Call) -> Result<Json<Value>, (axum::http::StatusCode, String)> {
+    let store = call.ctx().store().ok_or_else(|| error("no store"))?;
+    let row = store.get_tray("fired", "~").await.map_err(error)?;
+    Ok(Json(row.map_or(json!({ "count": 0 }), |tray| {
+        Value::Object(tray.doc)
+    })))
+}
+
+/// `POST /write?later_ms=N`: writes `("state", "~")` now, or N ms later
+/// from tracked work (which survives until the instance's teardown).
+async fn write(
+    call: Call,
+    Query(q): Query<std::collections::HashMap<String, u64>>,
+) -> Result<&'static str, (axum::http::StatusCode, String)> {
+    let store = call.ctx().store().ok_or_else(|| error("no store"))?;
+    let id = call.ctx().id().to_owned();
+    let write = async move {
+        let mut doc = serde_json::Map::new();
+        doc.insert("by".into(), process_token().into());
+        let outcome = match store.set_tray("state", "~", false, doc).await {
+            Ok(()) => "written".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        log_write(&id, &outcome);
+        outcome
+    };
+    match q.get("later_ms").copied() {
+        None => {
+            let outcome = write.await;
+            if outcome == "written" {
+                Ok("written")
+            } else {
+                Err(error(outcome))
+            }
+        }
+        Some(ms) => {
+            call.ctx().wait_until(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                write.await;
+                Ok(())
+            });
+            Ok("scheduled")
+        }
+    }
+}
+
+/// `GET /state`: the `("state", "~")` row.
+async fn state(call: Call) -> Result<Json<Value>, (axum::http::StatusCode, String)> {
+    let store = call.ctx().store().ok_or_else(|| error("no store"))?;
+    let row = store.get_tray("state", "~").await.map_err(error)?;
+    Ok(Json(
+        row.map_or(Value::Null, |tray| Value::Object(tray.doc)),
+    ))
+}
+
 impl Object for Counter {
     async fn activate(ctx: &Context) -> Result<Self, BoxError> {
+        if let Some(store) = ctx.store() {
+            ctx.on_alarm(move || {
+                let store = store.clone();
+                async move {
+                    let count = store
+                        .get_tray("fired", "~")
+                        .await?
+                        .and_then(|tray| tray.doc.get("count").and_then(Value::as_u64))
+                        .unwrap_or(0);
+                    let mut doc = serde_json::Map::new();
+                    doc.insert("count".into(), (count + 1).into());
+                    doc.insert("process".into(), process_token().into());
+                    store.set_tray("fired", "~", false, doc).await?;
+                    Ok(())
+                }
+            })?;
+        }
         Ok(Counter {
             id: ctx.id().to_owned(),
             count: AtomicU64::new(0),
@@ -94,6 +197,10 @@ impl Object for Counter {
             .route("/whoami", get(whoami))
             .route("/call/{target}", get(call_peer))
             .route("/slow", get(slow))
+            .route("/alarm", axum::routing::post(set_alarm))
+            .route("/fired", get(fired))
+            .route("/write", axum::routing::post(write))
+            .route("/state", get(state))
     }
 }
 
@@ -113,11 +220,20 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let mut options = Options::from_env().host::<Counter>("/counter").pinboard(
-        std::env::var("PINBOARD_URL")?,
-        std::env::var("PINBOARD_TOKEN")?,
-        format!("http://{addr}"),
-    );
+    let mut host = HostOptions::default();
+    if let Some(idle) = ms("FLEET_IDLE_MS") {
+        host = host.idle_timeout(idle);
+    }
+    if let Some(sweep) = ms("FLEET_SWEEP_MS") {
+        host = host.sweep_interval(sweep);
+    }
+    let mut options = Options::from_env()
+        .host_with::<Counter>("/counter", host)
+        .pinboard(
+            std::env::var("PINBOARD_URL")?,
+            std::env::var("PINBOARD_TOKEN")?,
+            format!("http://{addr}"),
+        );
     if let Ok(epoch) = std::env::var("FLEET_EPOCH") {
         options = options.deployment_epoch(epoch.parse()?);
     }
@@ -132,10 +248,27 @@ async fn main() -> anyhow::Result<()> {
     if let Some(buffer) = ms("FLEET_LEASE_BUFFER_MS") {
         options = options.lease_buffer(buffer);
     }
+    if let Ok(url) = std::env::var("FLEET_DATABASE_URL") {
+        let store =
+            pinned::pinned_store::PostgresStore::open(&url, PostgresOptions::default()).await?;
+        options = options.store(std::sync::Arc::new(store));
+    }
     let drain = ms("FLEET_DRAIN_MS").unwrap_or(pinned::SHUTDOWN_DRAIN_DEADLINE);
     let worker = options.build()?;
     println!("secret {}", worker.secret());
     println!("pinned worker listening on http://{addr}");
-    pinned::serve_worker_with(listener, worker, pinned::shutdown_signal(), drain).await?;
+    let app = worker.router().merge(worker.metrics_router()).route(
+        "/fleet/writes",
+        get(|| async { Json(json!(WRITES.lock().map(|w| w.clone()).unwrap_or_default())) }),
+    );
+    worker.start();
+    let closing = worker.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            pinned::shutdown_signal().await;
+            closing.drain(Some(drain)).await;
+            closing.close().await;
+        })
+        .await?;
     Ok(())
 }

@@ -39,6 +39,8 @@ struct State {
     bindings: HashMap<String, Binding>,
     rows: HashMap<(String, String), Row>,
     next_msg: u64,
+    /// Sweeper lease: holder token and monotonic expiry.
+    sweeper: Option<(String, u64)>,
 }
 
 impl State {
@@ -360,6 +362,53 @@ impl PlacementStore for MemoryStore {
         out.sort_by(|a, b| (&a.ns, &a.id).cmp(&(&b.ns, &b.id)));
         Ok(out)
     }
+
+    async fn acquire_sweeper_lease(
+        &self,
+        token: &str,
+        ttl_ms: u64,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let mut st = self.state.lock();
+        if st
+            .sweeper
+            .as_ref()
+            .is_some_and(|(_, until)| *until > now.mono_ms)
+        {
+            return Ok(false);
+        }
+        st.sweeper = Some((token.to_owned(), now.mono_ms + ttl_ms));
+        Ok(true)
+    }
+
+    async fn renew_sweeper_lease(
+        &self,
+        token: &str,
+        ttl_ms: u64,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let mut st = self.state.lock();
+        match &mut st.sweeper {
+            Some((holder, until)) if holder == token && *until > now.mono_ms => {
+                *until = now.mono_ms + ttl_ms;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release_sweeper_lease(&self, token: &str) -> Result<bool, StoreError> {
+        let mut st = self.state.lock();
+        if st
+            .sweeper
+            .as_ref()
+            .is_some_and(|(holder, _)| holder == token)
+        {
+            st.sweeper = None;
+            return Ok(true);
+        }
+        Ok(false)
+    }
 }
 
 #[cfg(test)]
@@ -388,6 +437,38 @@ mod tests {
             wall_ms: 1000 + mono_ms,
             mono_ms,
         }
+    }
+
+    #[tokio::test]
+    async fn sweeper_lease_has_one_holder_and_is_taken_over_when_it_lapses() {
+        let s = MemoryStore::new();
+        assert!(s.acquire_sweeper_lease("a", 100, at(0)).await.expect("a"));
+        assert!(!s.acquire_sweeper_lease("b", 100, at(10)).await.expect("b"));
+        assert!(!s
+            .acquire_sweeper_lease("a", 100, at(10))
+            .await
+            .expect("a again"));
+        assert!(s
+            .renew_sweeper_lease("a", 100, at(50))
+            .await
+            .expect("renew"));
+        assert!(!s
+            .renew_sweeper_lease("b", 100, at(60))
+            .await
+            .expect("not b's"));
+        // `a` stops renewing (it died): `b` takes over once the lease lapsed.
+        assert!(!s.acquire_sweeper_lease("b", 100, at(149)).await.expect("b"));
+        assert!(s.acquire_sweeper_lease("b", 100, at(150)).await.expect("b"));
+        assert!(!s
+            .renew_sweeper_lease("a", 100, at(151))
+            .await
+            .expect("a lost"));
+        assert!(!s.release_sweeper_lease("a").await.expect("release"));
+        assert!(s.release_sweeper_lease("b").await.expect("release"));
+        assert!(s
+            .acquire_sweeper_lease("a", 100, at(152))
+            .await
+            .expect("free"));
     }
 
     #[tokio::test]

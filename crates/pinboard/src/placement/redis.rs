@@ -18,6 +18,7 @@
 //! | `P b:<hostname>` | string | hostname binding JSON |
 //! | `P p:<ns>/<id>` | hash, no TTL | `s` owner session (empty when released), `e` epoch, `t` tag |
 //! | `P placements` | set | `<ns>/<id>` of every placement row, for the overview |
+//! | `P sweeper` | string, `PX` = sweeper lease TTL | token of the node holding the sweeper lease |
 //!
 //! Worker secrets are stored in `rec` (every node must mint attestations
 //! for every worker): protect the Redis like the deployment token.
@@ -66,6 +67,8 @@ struct Scripts {
     tag: Script,
     acks: Script,
     placements: Script,
+    lease_renew: Script,
+    lease_release: Script,
 }
 
 // Lua numbers are doubles: epochs (< 2^53) are formatted with %.0f so they
@@ -185,6 +188,20 @@ end
 return out
 "#;
 
+// KEYS: lease key. ARGV: token, ttl ms. Compare-and-set renewal.
+const LEASE_RENEW: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"#;
+
+// KEYS: lease key. ARGV: token. Compare-and-delete.
+const LEASE_RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"#;
+
 impl RedisStore {
     /// Connect to `url` (e.g. `redis://127.0.0.1:6379/0`), keys under `prefix`.
     ///
@@ -208,6 +225,8 @@ impl RedisStore {
                 tag: Script::new(TAG),
                 acks: Script::new(ACKS),
                 placements: Script::new(PLACEMENTS),
+                lease_renew: Script::new(LEASE_RENEW),
+                lease_release: Script::new(LEASE_RELEASE),
             }),
         })
     }
@@ -633,5 +652,53 @@ impl PlacementStore for RedisStore {
         }
         out.sort_by(|a, b| (&a.ns, &a.id).cmp(&(&b.ns, &b.id)));
         Ok(out)
+    }
+
+    async fn acquire_sweeper_lease(
+        &self,
+        token: &str,
+        ttl_ms: u64,
+        _now: Now,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        let set: Option<String> = redis::cmd("SET")
+            .arg(self.key("sweeper", ""))
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms.max(1))
+            .query_async(&mut conn)
+            .await?;
+        Ok(set.is_some())
+    }
+
+    async fn renew_sweeper_lease(
+        &self,
+        token: &str,
+        ttl_ms: u64,
+        _now: Now,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .scripts
+            .lease_renew
+            .key(self.key("sweeper", ""))
+            .arg(token)
+            .arg(ttl_ms.max(1))
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn release_sweeper_lease(&self, token: &str) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .scripts
+            .lease_release
+            .key(self.key("sweeper", ""))
+            .arg(token)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(n == 1)
     }
 }

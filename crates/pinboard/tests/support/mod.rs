@@ -6,6 +6,7 @@
 //! `.venv/bin/python`); a missing interpreter fails the test, it never skips.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod durable;
 pub mod fake;
 
 use std::io::{BufRead, BufReader};

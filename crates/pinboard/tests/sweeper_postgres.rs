@@ -1,0 +1,224 @@
+//! The alarm / durable-wake sweeper against real Postgres (and Redis for the
+//! two-node case): rows written with `pinned-store` are delivered as
+//! `_alarm` / `_wake` to a fake worker through placement.
+//!
+//! Needs Postgres at `postgresql://postgres@127.0.0.1:5432/test` and Redis on
+//! `127.0.0.1:6379`. Every test uses its own namespace and deletes its rows.
+
+mod support;
+
+use std::time::Duration;
+
+use pinned_store::StateStore;
+use serde_json::{json, Value};
+use support::durable::{durable, store, unique_ns, Durable, DATABASE_URL};
+use support::{client, redis_prefix, redis_wipe, Pinboard};
+use tokio::time::Instant;
+
+/// Sweep interval used by the suite (ms).
+const INTERVAL_MS: u64 = 200;
+/// Slack on top of one interval for the scan, the call and a busy machine.
+const SLACK_MS: u64 = 300;
+
+fn sweeper_args(interval: &str) -> Vec<&str> {
+    vec![
+        "--database-url",
+        DATABASE_URL,
+        "--sweep-interval-ms",
+        interval,
+        "--lease-ttl-ms",
+        "60000",
+    ]
+}
+
+fn doc(v: Value) -> pinned_store::Doc {
+    v.as_object().cloned().expect("object")
+}
+
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+/// Write a due alarm row `(ns, id, "pinned", "alarm")` at epoch 0.
+async fn set_due_alarm(store: &impl StateStore, ns: &str, id: &str) {
+    store
+        .set_tray(
+            ns,
+            id,
+            "pinned",
+            "alarm",
+            false,
+            doc(json!({"at": wall_ms() - 1000, "nonce": "n1"})),
+            0,
+        )
+        .await
+        .expect("set alarm");
+}
+
+async fn wait_calls(
+    f: &Durable,
+    suffix: &str,
+    n: usize,
+    patience: Duration,
+) -> Vec<support::durable::Seen> {
+    let deadline = Instant::now() + patience;
+    loop {
+        let calls = f.calls_to(suffix);
+        if calls.len() >= n {
+            return calls;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {n} calls to {suffix}, have {}",
+            calls.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn header<'a>(s: &'a support::durable::Seen, name: &str) -> Option<&'a str> {
+    s.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn assert_attested(s: &support::durable::Seen, secret: &str, session: &str) {
+    let token = header(s, "pinboard-attestation").expect("attestation");
+    let now = wall_ms() as f64 / 1000.0;
+    let claims = pinned_wire::attestation::verify(token, secret, |aud| aud == session, now);
+    assert!(
+        claims.is_some(),
+        "token {token} does not verify for {session}"
+    );
+    let epoch: u64 = header(s, "pinboard-epoch")
+        .and_then(|e| e.parse().ok())
+        .expect("epoch");
+    assert!(epoch > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_alarm_is_posted_to_the_owner_with_the_proxy_secret_within_one_interval() {
+    let ns = unique_ns("alarm");
+    let pg = store().await;
+    let pb = Pinboard::start(&sweeper_args(&INTERVAL_MS.to_string()));
+    let (f, session) = durable(&pb.url, &ns, pg.clone()).await;
+
+    let written = Instant::now();
+    set_due_alarm(pg.as_ref(), &ns, "a1").await;
+    let calls = wait_calls(&f, "/_alarm", 1, Duration::from_secs(5)).await;
+    let first = &calls[0];
+    let lag = first.at.duration_since(written);
+    assert!(
+        lag <= Duration::from_millis(INTERVAL_MS + SLACK_MS),
+        "delivered {lag:?} after the row was written"
+    );
+    assert_eq!(first.path, format!("{ns}/a1/_alarm"));
+    assert_eq!(
+        header(first, "pinboard-proxy-secret"),
+        Some(f.secret.as_str())
+    );
+    assert_attested(first, &f.secret, &session);
+
+    // The fake deleted the row when it "fired": nothing more is posted.
+    tokio::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
+    assert_eq!(
+        f.calls_to("/_alarm").len(),
+        1,
+        "posted again after it fired"
+    );
+    let metrics = client()
+        .get(format!("{}/metrics", pb.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let lines: Vec<&str> = metrics.lines().collect();
+    assert!(lines.contains(&"pinboard_sweep_lease_held 1"), "{metrics}");
+    assert!(
+        lines.contains(&"pinboard_sweep_alarms_delivered_total 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() {
+    let ns = unique_ns("wake");
+    let pg = store().await;
+    let pb = Pinboard::start(&sweeper_args(&INTERVAL_MS.to_string()));
+    let (f, session) = durable(&pb.url, &ns, pg.clone()).await;
+
+    pg.set_tray(
+        &ns,
+        "m1",
+        "inbox",
+        "~",
+        true,
+        doc(json!({"~inbox": [1]})),
+        0,
+    )
+    .await
+    .expect("set marked");
+    // An unmarked row of another id is not woken.
+    pg.set_tray(&ns, "quiet", "inbox", "~", false, doc(json!({})), 0)
+        .await
+        .expect("set unmarked");
+    // A still-marked id is woken every lap until its row is unmarked.
+    let calls = wait_calls(&f, "/_wake", 2, Duration::from_secs(5)).await;
+    for c in &calls {
+        assert_eq!(c.path, format!("{ns}/m1/_wake"));
+        assert_eq!(header(c, "pinboard-proxy-secret"), None);
+        assert_attested(c, &f.secret, &session);
+    }
+    // Unmarked: the sweeper stops waking it.
+    pg.set_tray(&ns, "m1", "inbox", "~", false, doc(json!({})), 0)
+        .await
+        .expect("unmark");
+    tokio::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
+    let settled = f.calls_to("/_wake").len();
+    tokio::time::sleep(Duration::from_millis(4 * INTERVAL_MS)).await;
+    assert_eq!(f.calls_to("/_wake").len(), settled, "woken after unmarking");
+    assert!(f.calls_to("/_alarm").is_empty());
+}
+
+async fn lease_held(url: &str) -> bool {
+    let Ok(res) = client().get(format!("{url}/metrics")).send().await else {
+        return false;
+    };
+    res.text()
+        .await
+        .is_ok_and(|t| t.lines().any(|l| l == "pinboard_sweep_lease_held 1"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_on_one_redis_post_each_due_alarm_once_and_hand_over_when_the_holder_dies() {
+    let ns = unique_ns("two");
+    let prefix = redis_prefix("sweeper");
+    let pg = store().await;
+    let interval = INTERVAL_MS.to_string();
+    let mut n1 = Pinboard::start_redis(&prefix, &sweeper_args(&interval));
+    let mut n2 = Pinboard::start_redis(&prefix, &sweeper_args(&interval));
+    let (f, _) = durable(&n1.url, &ns, pg.clone()).await;
+
+    set_due_alarm(pg.as_ref(), &ns, "a1").await;
+    wait_calls(&f, "/_alarm", 1, Duration::from_secs(5)).await;
+    // Many laps of both nodes later, still exactly one post.
+    tokio::time::sleep(Duration::from_millis(6 * INTERVAL_MS)).await;
+    assert_eq!(f.calls_to("/_alarm").len(), 1);
+    let (h1, h2) = (lease_held(&n1.url).await, lease_held(&n2.url).await);
+    assert!(h1 ^ h2, "exactly one node holds the lease: {h1} {h2}");
+
+    // The holder dies without releasing: the other node takes over within
+    // the lease TTL (three intervals) and delivers the next alarm once.
+    let (holder, other) = if h1 { (&mut n1, &n2) } else { (&mut n2, &n1) };
+    holder.kill();
+    set_due_alarm(pg.as_ref(), &ns, "a2").await;
+    let calls = wait_calls(&f, "a2/_alarm", 1, Duration::from_secs(5)).await;
+    assert_eq!(calls.len(), 1);
+    assert!(lease_held(&other.url).await);
+    tokio::time::sleep(Duration::from_millis(4 * INTERVAL_MS)).await;
+    assert_eq!(f.calls_to("/_alarm").len(), 2, "each alarm posted once");
+    redis_wipe(&prefix).await;
+}
