@@ -7,6 +7,7 @@
 //! `PINNED_HOSTNAME`, `FLEET_EPOCH`, `FLEET_TAKEOVER` (`wind_down`|`deny`),
 //! `FLEET_HEARTBEAT_MS`, `FLEET_LEASE_BUFFER_MS`, `FLEET_DRAIN_MS` (the
 //! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
+//! `FLEET_NS` (the namespace, default `/counter`), and
 //! `FLEET_DATABASE_URL` (a Postgres state store: enables `alarm`, `fired`,
 //! `write`, `state` and the process log `GET /fleet/writes`). Prints
 //! `secret <hex>` and then `pinned worker listening on http://<addr>`.
@@ -227,8 +228,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(sweep) = ms("FLEET_SWEEP_MS") {
         host = host.sweep_interval(sweep);
     }
+    let ns = std::env::var("FLEET_NS").unwrap_or_else(|_| "/counter".to_owned());
     let mut options = Options::from_env()
-        .host_with::<Counter>("/counter", host)
+        .host_with::<Counter>(&ns, host)
         .pinboard(
             std::env::var("PINBOARD_URL")?,
             std::env::var("PINBOARD_TOKEN")?,
