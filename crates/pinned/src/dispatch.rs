@@ -105,13 +105,11 @@ pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Respons
     let depth = claims.as_ref().and_then(|claims| claims.depth).unwrap_or(0);
     let caller = claims.as_ref().and_then(attestation::attested_caller);
     let target = target(&host.ns, parts.uri.path());
+    // Decoded and validated in one pass.
     let id: Cow<'_, str> = match ids::decode_id_segment(target.raw_id) {
         Ok(id) => id,
         Err(invalid) => return response::detail(StatusCode::BAD_REQUEST, &invalid.to_string()),
     };
-    if let Err(invalid) = ids::validate_id(&id) {
-        return response::detail(StatusCode::BAD_REQUEST, &invalid.to_string());
-    }
     let epoch = match parts.headers.get(headers::EPOCH) {
         None => None,
         Some(value) => match epoch::parse_epoch(value.as_bytes()) {
