@@ -1,6 +1,11 @@
 //! The benchmark harness: a closed-loop HTTP/1.1 load generator
-//! ([`load`]) and the child-process plumbing ([`child`]) the bench binaries
-//! share. Figures are printed, never asserted: speed is reported, not tested.
+//! ([`load`]), the child-process plumbing ([`child`]) the bench binaries
+//! share, a loopback control-plane deployment ([`deploy`]: pinboard, Rust
+//! and Python workers, Redis clean-up) and nginx as the reference proxy
+//! ([`nginx`]). Figures are printed, never asserted: speed is reported, not
+//! tested.
 
 pub mod child;
+pub mod deploy;
 pub mod load;
+pub mod nginx;

@@ -66,6 +66,12 @@ pub struct Report {
 }
 
 impl Report {
+    /// p99 latency above `baseline`'s, in microseconds (negative: below).
+    pub fn added_p99_us(&self, baseline: &Report) -> i64 {
+        i64::try_from(self.p99_us).unwrap_or(i64::MAX)
+            - i64::try_from(baseline.p99_us).unwrap_or(i64::MAX)
+    }
+
     /// `rps / other.rps`.
     pub fn ratio(&self, other: &Report) -> f64 {
         if other.rps == 0.0 {
@@ -74,6 +80,16 @@ impl Report {
             self.rps / other.rps
         }
     }
+}
+
+/// The 1, 5 and 15 minute load averages as `/proc/loadavg` states them
+/// (`"?"` where it cannot be read), to print beside every figure: the
+/// machine is shared.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "?".into())
 }
 
 impl std::fmt::Display for Report {

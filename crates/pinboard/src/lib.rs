@@ -87,6 +87,10 @@ async fn serve_with<S: PlacementStore>(
         shutdown.await;
         let _ = stop.send(true);
     };
+    // Proxied exchanges are small: never wait on Nagle's algorithm.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let served = axum::serve(listener, server::router(app))
         .with_graceful_shutdown(shutdown)
         .await;

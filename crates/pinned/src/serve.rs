@@ -5,6 +5,7 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 use crate::config::{ConfigErrors, Options};
@@ -75,6 +76,10 @@ pub async fn serve_worker_with(
     let app = worker.router().merge(worker.metrics_router());
     worker.start();
     let draining = worker.clone();
+    // Small request/response exchanges must not wait on Nagle's algorithm.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),

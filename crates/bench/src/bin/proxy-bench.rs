@@ -1,0 +1,419 @@
+//! The proxy benchmark (issue: pinboard): a warm counter behind the Rust
+//! worker in control-plane mode, reached (a) directly, (b) through pinboard
+//! on the memory store, (c) through pinboard on Redis and (d) through nginx,
+//! plus new-id placements per second through pinboard on Redis; all in one
+//! run, on loopback, with the same closed-loop load.
+//!
+//! The direct path and nginx carry what pinboard would add: a valid
+//! `Pinboard-Attestation` (minted with the worker's secret for its session,
+//! fresh for each scenario) and the placement's `Pinboard-Epoch`, so all four
+//! paths end in the same worker code (attestation check included).
+//!
+//! ```text
+//! cargo build --release -p pinned-bench
+//! target/release/proxy-bench                          # about 1.5 minutes
+//! target/release/proxy-bench --rounds 1 --seconds 3   # quicker
+//! ```
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use http::Method;
+use pinned_bench::child::Server;
+use pinned_bench::deploy::{self, Operator, Serve};
+use pinned_bench::load::{self, load_average, Load, Paths, Report};
+use pinned_bench::nginx;
+
+/// Attestations live 30 s plus the worker's 30 s skew allowance; one is
+/// minted per scenario, which must end well inside that.
+const MAX_SCENARIO_SECS: u64 = 50;
+
+/// The warm counter's id.
+const WARM_ID: &str = "warm";
+
+#[derive(Parser)]
+#[command(about = "pinboard proxy benchmark: direct, pinboard (memory, Redis) and nginx")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Measured seconds per scenario and round.
+    #[arg(long, default_value_t = 8)]
+    seconds: u64,
+    /// Warm-up seconds per scenario and round.
+    #[arg(long, default_value_t = 1)]
+    warmup: u64,
+    /// Rounds of the four warm scenarios (the best round of each is summarised).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Rounds of the new-id placement scenario.
+    #[arg(long, default_value_t = 2)]
+    placement_rounds: usize,
+    /// Concurrent keep-alive client connections.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+    /// Redis for scenario (c) and the placements (a unique key prefix, wiped after).
+    #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
+    redis_url: String,
+    /// The nginx binary.
+    #[arg(long, default_value = nginx::DEFAULT_NGINX)]
+    nginx: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Serve(Serve),
+}
+
+/// CPU time per measured request, microseconds.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cost {
+    /// The proxy process(es): pinboard, or nginx's master and worker.
+    proxy: Option<f64>,
+    /// The worker process.
+    worker: f64,
+}
+
+impl std::fmt::Display for Cost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.proxy {
+            Some(proxy) => write!(
+                f,
+                "cpu/req proxy {proxy:>3.0} us, worker {:>3.0} us",
+                self.worker
+            ),
+            None => write!(f, "cpu/req proxy   -, worker {:>3.0} us", self.worker),
+        }
+    }
+}
+
+/// One scenario's results across rounds.
+#[derive(Default)]
+struct Series(Vec<(Report, Cost)>);
+
+impl Series {
+    /// The round with the most requests/s: interference from a shared
+    /// machine only ever slows a round down.
+    fn best(&self) -> (Report, Cost) {
+        self.0
+            .iter()
+            .max_by(|a, b| a.0.rps.total_cmp(&b.0.rps))
+            .cloned()
+            .unwrap_or((
+                Report {
+                    ok: 0,
+                    errors: 0,
+                    rps: 0.0,
+                    p50_us: 0,
+                    p99_us: 0,
+                },
+                Cost::default(),
+            ))
+    }
+}
+
+struct Bench<'a> {
+    cli: &'a Cli,
+    exe: PathBuf,
+    dir: PathBuf,
+}
+
+impl Bench<'_> {
+    /// One closed-loop run against `addr`, with the CPU time `proxy` (if
+    /// any) and `worker` spent per request while it was measured.
+    async fn measure(
+        &self,
+        addr: std::net::SocketAddr,
+        paths: Paths,
+        headers: Vec<(String, String)>,
+        proxy: Option<&Server>,
+        worker: &Server,
+    ) -> anyhow::Result<(Report, Cost)> {
+        let warmup = Duration::from_secs(self.cli.warmup);
+        let cpu = || (proxy.and_then(Server::cpu_time), worker.cpu_time());
+        let (report, before) = tokio::join!(
+            load::run(Load {
+                addr,
+                connections: self.cli.connections,
+                warmup,
+                duration: Duration::from_secs(self.cli.seconds),
+                method: Method::GET,
+                paths,
+                headers,
+            }),
+            async {
+                tokio::time::sleep(warmup).await;
+                cpu()
+            }
+        );
+        let report = report?;
+        let after = cpu();
+        let per_request = |before: Option<Duration>, after: Option<Duration>| {
+            let spent = after?.checked_sub(before?)?;
+            let requests = (report.ok + report.errors).max(1) as f64;
+            Some(spent.as_secs_f64() * 1e6 / requests)
+        };
+        let cost = Cost {
+            proxy: per_request(before.0, after.0),
+            worker: per_request(before.1, after.1).unwrap_or(0.0),
+        };
+        Ok((report, cost))
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
+    }
+}
+
+fn line(label: &str, (report, cost): &(Report, Cost)) {
+    println!("  {label:<22} {report}  {cost}  [load {}]", load_average());
+}
+
+async fn run(cli: &Cli) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        cli.warmup + cli.seconds <= MAX_SCENARIO_SECS,
+        "--warmup + --seconds must stay within {MAX_SCENARIO_SECS} s (one attestation per scenario)"
+    );
+    let dir = std::env::temp_dir().join(format!("pinned-proxy-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let bench = Bench {
+        cli,
+        exe: std::env::current_exe()?,
+        dir,
+    };
+    let prefix = deploy::unique_prefix("proxy");
+    let outcome = scenarios(&bench, &prefix).await;
+    let wiped = deploy::redis_wipe(&cli.redis_url, &prefix).await;
+    match &wiped {
+        Ok(n) => println!("\nRedis: removed {n} keys under {prefix}"),
+        Err(e) => println!("\nRedis: could not remove keys under {prefix}: {e:#}"),
+    }
+    if outcome.is_ok() {
+        let _ = std::fs::remove_dir_all(&bench.dir);
+    } else {
+        eprintln!("logs kept in {}", bench.dir.display());
+    }
+    outcome
+}
+
+/// Starts everything, measures, and stops every child before returning (so
+/// the Redis keys can be wiped after).
+async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
+    let cli = bench.cli;
+    let quarantine = ["--quarantine-ms".to_owned(), "0".to_owned()];
+    let mut pb_mem =
+        deploy::start_pinboard(&bench.exe, &quarantine, &bench.log("pinboard-memory")).await?;
+    let redis_flags = [
+        &quarantine[..],
+        &[
+            "--redis-url".to_owned(),
+            cli.redis_url.clone(),
+            "--redis-prefix".to_owned(),
+            prefix.to_owned(),
+        ],
+    ]
+    .concat();
+    let mut pb_redis =
+        deploy::start_pinboard(&bench.exe, &redis_flags, &bench.log("pinboard-redis")).await?;
+    let (heartbeat, buffer) = (Duration::from_secs(1), Duration::from_secs(2));
+    let mut worker_mem = deploy::start_rust_worker(
+        &bench.exe,
+        &pb_mem.url(),
+        heartbeat,
+        buffer,
+        &bench.log("worker-memory"),
+    )
+    .await?;
+    let mut worker_redis = deploy::start_rust_worker(
+        &bench.exe,
+        &pb_redis.url(),
+        heartbeat,
+        buffer,
+        &bench.log("worker-redis"),
+    )
+    .await?;
+    let op_mem = Operator::new(pb_mem.url())?;
+    let op_redis = Operator::new(pb_redis.url())?;
+    let patience = Duration::from_secs(15);
+    let session = op_mem.session_of(worker_mem.addr, patience).await?;
+    op_redis.session_of(worker_redis.addr, patience).await?;
+    let warm_path = format!("{}/{WARM_ID}/hit", deploy::NAMESPACE);
+    op_mem.get_ok(&warm_path, patience).await?;
+    op_redis.get_ok(&warm_path, patience).await?;
+    let (owner, epoch) = op_mem
+        .placement(deploy::NAMESPACE, WARM_ID)
+        .await?
+        .context("the warm counter has no placement")?;
+    anyhow::ensure!(
+        owner == session,
+        "warm counter placed on {owner}, not {session}"
+    );
+    let secret = worker_mem
+        .printed("secret")
+        .context("the worker printed no secret")?
+        .to_owned();
+    let stamped = |secret: &str| {
+        vec![
+            (
+                "pinboard-attestation".to_owned(),
+                deploy::attestation(secret, &session),
+            ),
+            ("pinboard-epoch".to_owned(), epoch.to_string()),
+        ]
+    };
+
+    println!(
+        "proxy-bench: warm GET {warm_path}; {} connections; {} round(s) of {} s per scenario after {} s warm-up; loopback, {} CPUs",
+        cli.connections,
+        cli.rounds,
+        cli.seconds,
+        cli.warmup,
+        std::thread::available_parallelism().map_or(0, usize::from),
+    );
+    println!(
+        "direct path: the same control-plane worker, with an attestation minted from its printed secret \
+         for session {session} (fresh per scenario) and Pinboard-Epoch {epoch}; nginx injects the same two headers"
+    );
+    println!("load average at start: {}\n", load_average());
+
+    let [mut direct, mut via_mem, mut via_redis, mut via_nginx]: [Series; 4] = Default::default();
+    for round in 1..=cli.rounds {
+        println!("round {round}");
+        let report = bench
+            .measure(
+                worker_mem.addr,
+                Paths::Fixed(warm_path.clone()),
+                stamped(&secret),
+                None,
+                &worker_mem,
+            )
+            .await?;
+        line("(a) direct to worker", &report);
+        direct.0.push(report);
+        let report = bench
+            .measure(
+                pb_mem.addr,
+                Paths::Fixed(warm_path.clone()),
+                Vec::new(),
+                Some(&pb_mem),
+                &worker_mem,
+            )
+            .await?;
+        line("(b) pinboard, memory", &report);
+        via_mem.0.push(report);
+        let report = bench
+            .measure(
+                pb_redis.addr,
+                Paths::Fixed(warm_path.clone()),
+                Vec::new(),
+                Some(&pb_redis),
+                &worker_redis,
+            )
+            .await?;
+        line("(c) pinboard, Redis", &report);
+        via_redis.0.push(report);
+        let mut proxy = nginx::start(
+            &cli.nginx,
+            &bench.dir.join("nginx"),
+            worker_mem.addr,
+            &stamped(&secret),
+        )
+        .await?;
+        let report = bench
+            .measure(
+                proxy.addr,
+                Paths::Fixed(warm_path.clone()),
+                Vec::new(),
+                Some(&proxy),
+                &worker_mem,
+            )
+            .await?;
+        proxy.kill().await?;
+        line("(d) nginx", &report);
+        via_nginx.0.push(report);
+    }
+
+    let mut placements = Series::default();
+    println!("new ids through pinboard on Redis (each request a new id)");
+    for round in 1..=cli.placement_rounds {
+        let report = bench
+            .measure(
+                pb_redis.addr,
+                Paths::Unique {
+                    prefix: format!("{}/p{round}-", deploy::NAMESPACE),
+                    suffix: "/hit".into(),
+                },
+                Vec::new(),
+                Some(&pb_redis),
+                &worker_redis,
+            )
+            .await?;
+        line(&format!("round {round}"), &report);
+        placements.0.push(report);
+    }
+
+    summary([&direct, &via_mem, &via_redis, &via_nginx], &placements);
+    for server in [
+        &mut worker_mem,
+        &mut worker_redis,
+        &mut pb_mem,
+        &mut pb_redis,
+    ] {
+        stop(server).await;
+    }
+    Ok(())
+}
+
+async fn stop(server: &mut Server) {
+    let _ = server.kill().await;
+}
+
+fn summary(warm: [&Series; 4], placements: &Series) {
+    let [a, b, c, d] = warm.map(Series::best);
+    let [ra, rb, rc, rd] = [&a.0, &b.0, &c.0, &d.0];
+    println!("\nsummary (best round of each scenario by requests/s)");
+    line("(a) direct to worker", &a);
+    line("(b) pinboard, memory", &b);
+    line("(c) pinboard, Redis", &c);
+    line("(d) nginx", &d);
+    println!(
+        "  ratio (b)/(d)          {:.2}  (target >= 1.0)",
+        rb.ratio(rd)
+    );
+    println!(
+        "  ratio (c)/(d)          {:.2}  (target >= 1.0)",
+        rc.ratio(rd)
+    );
+    println!(
+        "  added p99 over (a)     (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (target < 1 ms)",
+        ms(rb.added_p99_us(ra)),
+        ms(rc.added_p99_us(ra)),
+        ms(rd.added_p99_us(ra)),
+    );
+    let p = placements.best();
+    println!(
+        "  new-id placements      {:.0}/s through pinboard on Redis (target >= 20 000/s); each one \
+         includes the worker activating a new instance; {}",
+        p.0.rps, p.1
+    );
+    println!("load average at end: {}", load_average());
+}
+
+fn ms(us: i64) -> f64 {
+    us as f64 / 1000.0
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        match &cli.command {
+            Some(Command::Serve(serve)) => serve.run().await,
+            None => run(&cli).await,
+        }
+    })
+}
