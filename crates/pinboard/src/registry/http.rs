@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::{FromRequest, FromRequestParts, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
@@ -51,19 +51,49 @@ fn fail<S>(app: &App<S>, e: RegistryError) -> Response {
     e.into_response()
 }
 
+/// A registry call's body, extracted only after the bearer token checked
+/// out, in that order; either failure is counted and answered here, so
+/// handlers see nothing but well-formed, authorized requests.
+pub struct Authorized<T>(pub T);
+
+impl<S, T> FromRequest<Arc<App<S>>> for Authorized<T>
+where
+    S: PlacementStore,
+    T: DeserializeOwned,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, app: &Arc<App<S>>) -> Result<Self, Self::Rejection> {
+        authorize(req.headers(), &app.token).map_err(|e| fail(app, e))?;
+        let body = Bytes::from_request(req, app)
+            .await
+            .map_err(|_| fail(app, RegistryError::Malformed("unreadable body".to_owned())))?;
+        decode(&body).map(Authorized).map_err(|e| fail(app, e))
+    }
+}
+
+/// An operator call without a body: the bearer token checked.
+pub struct Operator;
+
+impl<S: PlacementStore> FromRequestParts<Arc<App<S>>> for Operator {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        app: &Arc<App<S>>,
+    ) -> Result<Self, Self::Rejection> {
+        authorize(&parts.headers, &app.token)
+            .map(|()| Operator)
+            .map_err(|e| fail(app, e))
+    }
+}
+
 /// `POST /registry/register`.
 pub async fn register<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Authorized(req): Authorized<RegisterRequest>,
 ) -> Response {
-    let result = async {
-        authorize(&headers, &app.token)?;
-        let req: RegisterRequest = decode(&body)?;
-        app.registry.register(req).await
-    }
-    .await;
-    match result {
+    match app.registry.register(req).await {
         Ok((ack, effects)) => {
             app.metrics.registrations.inc();
             app.directory.forget_sessions(&effects.ended_sessions);
@@ -77,16 +107,9 @@ pub async fn register<S: PlacementStore>(
 /// `POST /registry/heartbeat`.
 pub async fn heartbeat<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Authorized(req): Authorized<HeartbeatRequest>,
 ) -> Response {
-    let result = async {
-        authorize(&headers, &app.token)?;
-        let req: HeartbeatRequest = decode(&body)?;
-        app.registry.heartbeat(req).await
-    }
-    .await;
-    match result {
+    match app.registry.heartbeat(req).await {
         Ok((ack, _)) => {
             app.metrics.heartbeats.inc();
             Json(ack).into_response()
@@ -98,12 +121,9 @@ pub async fn heartbeat<S: PlacementStore>(
 /// `POST /registry/release` (array body).
 pub async fn release<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Authorized(items): Authorized<Vec<ReleaseItem>>,
 ) -> Response {
     let result = async {
-        authorize(&headers, &app.token)?;
-        let items: Vec<ReleaseItem> = decode(&body)?;
         let keys: Vec<String> = items
             .iter()
             .map(|i| format!("{}/{}", i.namespace, i.id))
@@ -124,16 +144,9 @@ pub async fn release<S: PlacementStore>(
 /// `POST /registry/deregister`.
 pub async fn deregister<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Authorized(req): Authorized<DeregisterRequest>,
 ) -> Response {
-    let result = async {
-        authorize(&headers, &app.token)?;
-        let req: DeregisterRequest = decode(&body)?;
-        app.registry.deregister(req).await
-    }
-    .await;
-    match result {
+    match app.registry.deregister(req).await {
         Ok(effects) => {
             app.directory.forget_sessions(&effects.ended_sessions);
             Json(serde_json::json!({ "ok": true })).into_response()
@@ -145,16 +158,9 @@ pub async fn deregister<S: PlacementStore>(
 /// `POST /registry/tag`.
 pub async fn tag<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Authorized(req): Authorized<TagRequest>,
 ) -> Response {
-    let result = async {
-        authorize(&headers, &app.token)?;
-        let req: TagRequest = decode(&body)?;
-        app.registry.tag(req).await
-    }
-    .await;
-    match result {
+    match app.registry.tag(req).await {
         Ok(tagged) => Json(serde_json::json!({ "tagged": tagged })).into_response(),
         Err(e) => fail(&app, e),
     }
@@ -163,16 +169,9 @@ pub async fn tag<S: PlacementStore>(
 /// `POST /registry/push` (operator).
 pub async fn push<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
-    headers: HeaderMap,
-    body: Bytes,
+    Authorized(req): Authorized<PushRequest>,
 ) -> Response {
-    let result = async {
-        authorize(&headers, &app.token)?;
-        let req: PushRequest = decode(&body)?;
-        app.registry.push(req).await
-    }
-    .await;
-    match result {
+    match app.registry.push(req).await {
         Ok(msg_id) => {
             app.directory.workers_changed();
             let mut body = serde_json::json!({ "ok": true });
@@ -186,16 +185,8 @@ pub async fn push<S: PlacementStore>(
 }
 
 /// `GET /registry/workers` (operator).
-pub async fn workers<S: PlacementStore>(
-    State(app): State<Arc<App<S>>>,
-    headers: HeaderMap,
-) -> Response {
-    let result = async {
-        authorize(&headers, &app.token)?;
-        app.registry.workers().await
-    }
-    .await;
-    match result {
+pub async fn workers<S: PlacementStore>(State(app): State<Arc<App<S>>>, _: Operator) -> Response {
+    match app.registry.workers().await {
         Ok(w) => Json(w).into_response(),
         Err(e) => fail(&app, e),
     }
@@ -211,15 +202,10 @@ pub struct OverviewQuery {
 /// `GET /registry/overview[?tag=]` (operator).
 pub async fn overview<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
-    headers: HeaderMap,
+    _: Operator,
     Query(q): Query<OverviewQuery>,
 ) -> Response {
-    let result = async {
-        authorize(&headers, &app.token)?;
-        app.registry.overview(q.tag.as_deref()).await
-    }
-    .await;
-    match result {
+    match app.registry.overview(q.tag.as_deref()).await {
         Ok((_, o)) => Json(o).into_response(),
         Err(e) => fail(&app, e),
     }
