@@ -71,13 +71,11 @@ fn wall_now() -> f64 {
 pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Response {
     let started = Instant::now();
     let (mut parts, body) = request.into_parts();
+    let target = target(&host.ns, parts.uri.path());
     // pinboard's alarm delivery authenticates with the proxy secret, not a
     // token, so it is routed before the attestation gate.
-    if host.plane.is_some()
-        && host.store.is_some()
-        && target(&host.ns, parts.uri.path()).rest == "/_alarm"
-    {
-        return durable::alarm(&host, &parts).await;
+    if host.plane.is_some() && host.store.is_some() && target.rest == "/_alarm" {
+        return durable::alarm(&host, &parts, target.raw_id).await;
     }
     // Attestation first (before id validation, as the reference orders
     // it): required behind pinboard, read but optional in local mode.
@@ -104,7 +102,6 @@ pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Respons
     }
     let depth = claims.as_ref().and_then(|claims| claims.depth).unwrap_or(0);
     let caller = claims.as_ref().and_then(attestation::attested_caller);
-    let target = target(&host.ns, parts.uri.path());
     // Decoded and validated in one pass.
     let id: Cow<'_, str> = match ids::decode_id_segment(target.raw_id) {
         Ok(id) => id,

@@ -21,7 +21,6 @@ use subtle::ConstantTimeEq;
 
 use crate::alarm::{self, Run, RunError};
 use crate::directory::{Admission, HostShared};
-use crate::dispatch::target;
 use crate::response;
 
 /// How long a wake waits for a quick activation before answering 202.
@@ -66,7 +65,7 @@ pub(crate) async fn wake(
 }
 
 /// `POST /<ns>/<id>/_alarm`.
-pub(crate) async fn alarm(host: &Arc<HostShared>, parts: &Parts) -> Response {
+pub(crate) async fn alarm(host: &Arc<HostShared>, parts: &Parts, raw_id: &str) -> Response {
     if parts.method != Method::POST {
         return not_allowed();
     }
@@ -77,7 +76,6 @@ pub(crate) async fn alarm(host: &Arc<HostShared>, parts: &Parts) -> Response {
     if !secret_ok {
         return response::detail(StatusCode::FORBIDDEN, "invalid proxy secret");
     }
-    let raw_id = target(&host.ns, parts.uri.path()).raw_id;
     let id = match ids::decode_id_segment(raw_id) {
         Ok(id) => id.into_owned(),
         Err(invalid) => return response::detail(StatusCode::BAD_REQUEST, &invalid.to_string()),

@@ -44,7 +44,6 @@ async fn a_shutdown_signal_drains_then_stops_the_server() {
         .expect("serve");
     assert_eq!(worker.stats()["instances"], json!([]));
     assert!(worker.stats()["draining"].as_bool().expect("bool"));
-    // `/metrics` was served beside the worker's routes.
 }
 
 static ACTIVATIONS: AtomicU64 = AtomicU64::new(0);
