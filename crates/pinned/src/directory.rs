@@ -279,7 +279,7 @@ impl HostShared {
         epoch: Option<u64>,
     ) -> Result<(Busy, Instance), Admission> {
         if self.shut_down.load(Ordering::SeqCst) {
-            return Err(Admission::ShutDown);
+            return Err(self.shut_down_answer());
         }
         // Past its lease the placement may live elsewhere: a woken process
         // serves nothing until it has re-registered.
@@ -294,7 +294,7 @@ impl HostShared {
         }
         loop {
             if self.shut_down.load(Ordering::SeqCst) {
-                return Err(Admission::ShutDown);
+                return Err(self.shut_down_answer());
             }
             let resident = self.slots.get(id).map(|entry| entry.value().clone());
             let Some(slot) = resident else {
@@ -331,6 +331,17 @@ impl HostShared {
                     self.wait_gone(&slot).await;
                 }
             }
+        }
+    }
+
+    /// What a closed worker answers. Behind pinboard, a request routed just
+    /// before the deregistration landed gets the retryable draining refusal
+    /// so pinboard places it elsewhere; locally, the reference's 500.
+    fn shut_down_answer(&self) -> Admission {
+        if self.plane.is_some() {
+            Admission::Refused(Refusal::Draining)
+        } else {
+            Admission::ShutDown
         }
     }
 
@@ -423,7 +434,8 @@ impl HostShared {
             Some(activation) => activation.await,
             None => match (busy.slot().phase(), busy.slot().instance()) {
                 (Phase::Live, Some(instance)) => Activation::Ready(instance.clone()),
-                (Phase::Closing, _) => Activation::Aborted,
+                // Aborted and torn down before this request looked.
+                (Phase::Closing | Phase::Closed, _) => Activation::Aborted,
                 _ => Activation::Failed,
             },
         };
