@@ -330,7 +330,7 @@ async fn forward<S: PlacementStore>(
         let verdict = match app.client.request(upstream_req).await {
             Err(e) => {
                 app.metrics.proxy_upstream_errors.inc();
-                let v = classify_transport(e.is_connect(), attempt);
+                let v = classify_transport(e.is_connect() || parts.method.is_idempotent(), attempt);
                 if v == Verdict::Relay || attempt >= retries {
                     app.directory.invalidate(key);
                     tracing::debug!(target: "pinboard::proxy", error = %e, "worker unreachable");

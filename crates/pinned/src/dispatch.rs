@@ -16,7 +16,7 @@ use axum::extract::ConnectInfo;
 use axum::extract::Request;
 use axum::response::Response;
 use futures_util::FutureExt;
-use http::{Extensions, StatusCode, Uri};
+use http::{Extensions, HeaderValue, StatusCode, Uri};
 use http_body::Body as _;
 use pinned_wire::refusal::Refusal;
 use pinned_wire::{attestation, epoch, headers, ids};
@@ -68,7 +68,22 @@ fn wall_now() -> f64 {
 }
 
 /// Serves one request for the namespace of `host`.
+///
+/// While the host drains, every answer carries `Connection: close`: the
+/// process is about to stop serving, and a keep-alive connection it closes
+/// at exit could race a request pinboard is sending on it. Closing after
+/// each answer leaves no idle connection to race.
 pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Response {
+    let mut response = serve(&host, request).await;
+    if host.draining() {
+        response
+            .headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
     let started = Instant::now();
     let (mut parts, body) = request.into_parts();
     let target = target(&host.ns, parts.uri.path());

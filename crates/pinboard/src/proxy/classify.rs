@@ -13,6 +13,7 @@
 //! | 503 `lease expired; not serving` | re-read after a backoff (the record lapses soon) |
 //! | 403 `invalid attestation` (inferred) | our view of the worker's session is stale (it re-registered): refresh workers and re-read; if it persists the client gets 503 + `Retry-After`, not the 403 |
 //! | connect failure before the request was sent | re-read after a backoff |
+//! | connection lost before any response, idempotent method (RFC 9110 §9.2.2) | re-read after a backoff |
 //! | anything else (incl. `activation queue full; retry`, `instance aborted`) | relay as is |
 
 use http::StatusCode;
@@ -96,10 +97,13 @@ pub fn classify(
     }
 }
 
-/// Classify a transport failure. `before_send` is true when the connection
-/// failed before any byte of the request left (safe to re-send).
-pub fn classify_transport(before_send: bool, attempt: u32) -> Verdict {
-    if before_send {
+/// Classify a transport failure. `resend_safe` is true when sending the
+/// request again cannot repeat an effect the client did not ask twice for:
+/// the connection failed before any byte left, or the method is idempotent
+/// and no response arrived (a keep-alive connection the worker closed
+/// while the request was on its way looks exactly like this).
+pub fn classify_transport(resend_safe: bool, attempt: u32) -> Verdict {
+    if resend_safe {
         Verdict::Retry {
             action: RetryAction::Reread,
             delay_ms: backoff(attempt, 50),
