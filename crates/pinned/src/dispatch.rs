@@ -90,7 +90,7 @@ async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
     // pinboard's alarm delivery authenticates with the proxy secret, not a
     // token, so it is routed before the attestation gate.
     if host.plane.is_some() && host.store.is_some() && target.rest == "/_alarm" {
-        return durable::alarm(&host, &parts, target.raw_id).await;
+        return durable::alarm(host, &parts, target.raw_id).await;
     }
     // Attestation first (before id validation, as the reference orders
     // it): required behind pinboard, read but optional in local mode.
@@ -132,7 +132,7 @@ async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
         },
     };
     if host.plane.is_some() && host.store.is_some() && target.rest == "/_wake" {
-        return durable::wake(&host, &parts.method, id.into_owned(), epoch).await;
+        return durable::wake(host, &parts.method, id.into_owned(), epoch).await;
     }
     let uri = match rewrite(target.rest, parts.uri.query()) {
         Ok(uri) => uri,
