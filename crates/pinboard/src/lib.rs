@@ -15,11 +15,14 @@
 //! - [`sweeper`]: due alarms and marked ids from the state store, delivered
 //!   as `_alarm` / `_wake` through placement (with `--database-url`).
 //! - [`metrics`], [`upstream`], [`server`]: metrics, the pooled client, wiring.
+//! - [`accept`]: the accept loop, which sends control paths to the router
+//!   and everything else straight to the proxy.
 //!
 //! The crate never depends on the worker SDK: worker and control plane share
 //! only `pinned-wire` (and read the same `pinned-store` tables).
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod challenge;
 pub mod cli;
 pub mod clock;
@@ -87,13 +90,7 @@ async fn serve_with<S: PlacementStore>(
         shutdown.await;
         let _ = stop.send(true);
     };
-    // Proxied exchanges are small: never wait on Nagle's algorithm.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let served = axum::serve(listener, server::router(app))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let served = accept::serve(listener, app, shutdown).await;
     if let Some(sweeper) = sweeper {
         // The sender is gone or signalled: the sweeper stops after its
         // current lap and releases its lease (else the lease lapses).

@@ -43,7 +43,7 @@ use self::cluster::{Caller, ClusterError};
 use self::resolve::{Avoid, ResolveError, WorkerConn};
 use crate::placement::PlacementStore;
 use crate::server::App;
-use crate::upstream::UpstreamBody;
+use crate::upstream::{PooledBody, UpstreamBody};
 
 /// Largest refusal body read to classify it.
 pub(crate) const MAX_REFUSAL_BODY: u64 = 4096;
@@ -167,7 +167,7 @@ fn cluster_refusal(e: ClusterError) -> Response {
     }
 }
 
-fn relay(res: http::Response<hyper::body::Incoming>) -> Response {
+fn relay(res: http::Response<PooledBody>) -> Response {
     let (mut parts, body) = res.into_parts();
     for h in [
         header::CONNECTION,
@@ -193,7 +193,7 @@ fn relay_buffered(parts: http::response::Parts, body: Bytes) -> Response {
 
 /// Switch protocols: answer 101 and splice the two upgraded connections.
 fn switch(
-    mut res: http::Response<hyper::body::Incoming>,
+    mut res: http::Response<PooledBody>,
     client: Option<hyper::upgrade::OnUpgrade>,
     app: &App<impl PlacementStore>,
 ) -> Response {
@@ -301,7 +301,7 @@ async fn forward<S: PlacementStore>(
         };
         let now = app.clock.now();
         let worker = &route.worker;
-        let Ok(uri) = upstream_uri(worker, path_and_query) else {
+        let Ok(uri) = upstream_target(worker, path_and_query) else {
             return detail_response(StatusCode::BAD_GATEWAY, "worker address is not a valid URL");
         };
         let mut headers = parts.headers.clone();
@@ -327,14 +327,15 @@ async fn forward<S: PlacementStore>(
                 )
             }
         };
-        let verdict = match app.client.request(upstream_req).await {
+        let verdict = match worker.pool.send(upstream_req).await {
             Err(e) => {
                 app.metrics.proxy_upstream_errors.inc();
-                let v = classify_transport(e.is_connect() || parts.method.is_idempotent(), attempt);
+                let v =
+                    classify_transport(e.before_send() || parts.method.is_idempotent(), attempt);
                 if v == Verdict::Relay || attempt >= retries {
                     app.directory.invalidate(key);
                     tracing::debug!(target: "pinboard::proxy", error = %e, "worker unreachable");
-                    return if e.is_connect() {
+                    return if e.before_send() {
                         detail_response(StatusCode::SERVICE_UNAVAILABLE, "owner unreachable; retry")
                     } else {
                         detail_response(
@@ -416,6 +417,23 @@ async fn forward<S: PlacementStore>(
     }
 }
 
+/// The origin-form request target for `worker`: `<path>?<query>` (shared
+/// bytes, no allocation), behind the advertise URL's base path if it has one.
+pub(crate) fn upstream_target(
+    worker: &WorkerConn,
+    path_and_query: &PathAndQuery,
+) -> Result<Uri, http::Error> {
+    if worker.origin.is_some() {
+        return Ok(Uri::from(path_and_query.clone()));
+    }
+    let base: Uri = worker.record.advertise_url.parse()?;
+    let base = base.path().trim_end_matches('/');
+    let mut target = String::with_capacity(base.len() + path_and_query.as_str().len());
+    target.push_str(base);
+    target.push_str(path_and_query.as_str());
+    Ok(Uri::try_from(target)?)
+}
+
 /// `<advertiseUrl><path>?<query>`: shared bytes, no allocation, unless the
 /// advertise URL carries a base path.
 pub(crate) fn upstream_uri(
@@ -438,7 +456,7 @@ pub(crate) fn upstream_uri(
     }
 }
 
-fn upgrade_ok(res: &http::Response<hyper::body::Incoming>) -> bool {
+fn upgrade_ok(res: &http::Response<PooledBody>) -> bool {
     res.status() == StatusCode::SWITCHING_PROTOCOLS
 }
 
@@ -472,6 +490,15 @@ mod tests {
         assert_eq!(u.to_string(), "http://127.0.0.1:9/c/a/hit?x=1");
         let u = upstream_uri(&conn("http://10.0.0.1:9/base"), &pq).expect("uri");
         assert_eq!(u.to_string(), "http://10.0.0.1:9/base/c/a/hit?x=1");
+    }
+
+    #[test]
+    fn upstream_target_is_origin_form_behind_any_base_path() {
+        let pq = PathAndQuery::from_static("/c/a/hit?x=1");
+        let u = upstream_target(&conn("http://127.0.0.1:9"), &pq).expect("uri");
+        assert_eq!(u.to_string(), "/c/a/hit?x=1");
+        let u = upstream_target(&conn("http://10.0.0.1:9/base/"), &pq).expect("uri");
+        assert_eq!(u.to_string(), "/base/c/a/hit?x=1");
     }
 
     #[test]

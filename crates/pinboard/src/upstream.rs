@@ -1,16 +1,22 @@
-//! The pooled HTTP/1 client pinboard uses to reach workers (data plane and
-//! challenge probes).
+//! The HTTP/1 clients pinboard uses to reach workers: [`Pool`], one per
+//! worker, for proxied requests, and the generic pooled [`Upstream`] for
+//! challenge probes and the sweeper's deliveries.
 //!
 //! Owns connection pooling and keep-alive settings; never decides what to
 //! send or how to react (that is `proxy` and `challenge`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::Request;
 use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
 
 /// Request body sent upstream: buffered (replayable) or streamed through.
 pub type UpstreamBody = Either<Full<Bytes>, axum::body::Body>;
@@ -40,4 +46,185 @@ pub fn client() -> Upstream {
 /// An empty replayable body.
 pub fn empty() -> UpstreamBody {
     Either::Left(Full::new(Bytes::new()))
+}
+
+/// Most idle connections one [`Pool`] keeps.
+const POOL_MAX_IDLE: usize = 1024;
+
+/// Why [`Pool::send`] produced no response.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// No connection could be opened: nothing was sent.
+    #[error("cannot connect to the worker: {0}")]
+    Connect(std::io::Error),
+    /// The connection closed before the request was written: nothing was
+    /// sent.
+    #[error("worker connection closed before the request was sent: {0}")]
+    Unsent(hyper::Error),
+    /// The request was (at least partly) sent and no response came back.
+    #[error("worker connection failed: {0}")]
+    Failed(hyper::Error),
+}
+
+impl SendError {
+    /// Nothing reached the worker, so sending again repeats nothing.
+    pub fn before_send(&self) -> bool {
+        !matches!(self, Self::Failed(_))
+    }
+}
+
+/// Keep-alive HTTP/1 connections to one worker, for the proxy's hot path.
+///
+/// A connection goes back to the pool when its response body ended, so
+/// every idle one is free for the next request; the most recently used is
+/// taken first. No task is spawned per request (the generic pooled client
+/// spawns one to wait for each connection to become reusable), and no
+/// pool key is hashed: the pool hangs off the worker it serves.
+#[derive(Debug)]
+pub struct Pool {
+    authority: http::uri::Authority,
+    idle: parking_lot::Mutex<Vec<SendRequest<UpstreamBody>>>,
+}
+
+impl Pool {
+    /// An empty pool for the worker at `authority` (`host:port`).
+    pub fn new(authority: http::uri::Authority) -> Arc<Self> {
+        Arc::new(Self {
+            authority,
+            idle: parking_lot::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Idle connections right now.
+    pub fn idle(&self) -> usize {
+        self.idle.lock().len()
+    }
+
+    /// Sends `request` (origin-form URI, `Host` set by the caller) on an
+    /// idle connection, or a new one. A request that a reused connection
+    /// refused unsent (the worker had closed it) goes out once more on a
+    /// fresh connection.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError`]: connect failure, or the connection failing before a
+    /// response head arrived.
+    pub async fn send(
+        self: &Arc<Self>,
+        mut request: Request<UpstreamBody>,
+    ) -> Result<http::Response<PooledBody>, SendError> {
+        loop {
+            let (mut sender, reused) = match self.take() {
+                Some(sender) => (sender, true),
+                None => (self.connect().await?, false),
+            };
+            if let Err(error) = sender.ready().await {
+                if reused {
+                    continue;
+                }
+                return Err(SendError::Unsent(error));
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    // An upgraded connection belongs to the upgrade now.
+                    let sender = (response.status() != http::StatusCode::SWITCHING_PROTOCOLS)
+                        .then(|| (sender, self.clone()));
+                    return Ok(response.map(|body| PooledBody { body, home: sender }));
+                }
+                Err(mut error) => match error.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    Some(_) => return Err(SendError::Unsent(error.into_error())),
+                    None => return Err(SendError::Failed(error.into_error())),
+                },
+            }
+        }
+    }
+
+    fn take(&self) -> Option<SendRequest<UpstreamBody>> {
+        let mut idle = self.idle.lock();
+        while let Some(sender) = idle.pop() {
+            if !sender.is_closed() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    fn put(&self, sender: SendRequest<UpstreamBody>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock();
+        if idle.len() < POOL_MAX_IDLE {
+            idle.push(sender);
+        }
+    }
+
+    async fn connect(&self) -> Result<SendRequest<UpstreamBody>, SendError> {
+        let host = self.authority.host();
+        let port = self.authority.port_u16().unwrap_or(80);
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port)))
+            .await
+            .map_err(|_| {
+                SendError::Connect(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connect timed out",
+                ))
+            })?
+            .map_err(SendError::Connect)?;
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(SendError::Unsent)?;
+        tokio::spawn(async move {
+            // Ends when the worker closes the connection or the last
+            // handle to it is dropped; either is routine.
+            let _ = connection.with_upgrades().await;
+        });
+        Ok(sender)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that hands its connection back to the [`Pool`] once
+    /// it has been read to the end (dropped early, the connection closes).
+    pub struct PooledBody {
+        #[pin]
+        body: Incoming,
+        home: Option<(SendRequest<UpstreamBody>, Arc<Pool>)>,
+    }
+}
+
+impl PooledBody {
+    fn finished(self: std::pin::Pin<&mut Self>) {
+        if let Some((sender, pool)) = self.project().home.take() {
+            pool.put(sender);
+        }
+    }
+}
+
+impl http_body::Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let polled = self.as_mut().project().body.poll_frame(cx);
+        match &polled {
+            std::task::Poll::Ready(None) => self.finished(),
+            std::task::Poll::Ready(Some(Ok(_))) if self.body.is_end_stream() => self.finished(),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }

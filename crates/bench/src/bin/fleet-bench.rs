@@ -33,6 +33,11 @@ use pinned_bench::load::{self, load_average, Load, Paths, Report};
 use serde_json::Value;
 use tokio::time::Instant;
 
+/// The allocator the `pinboard` binary uses (pinboard and the Rust worker
+/// run from this binary).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Ids probed to find one placed on a given worker.
 const PROBES: usize = 500;
 

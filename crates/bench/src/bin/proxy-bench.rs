@@ -26,6 +26,11 @@ use pinned_bench::deploy::{self, Operator, Serve};
 use pinned_bench::load::{self, load_average, Load, Paths, Report};
 use pinned_bench::nginx;
 
+/// The allocator pinboard and the worker run with in this benchmark (the
+/// `pinboard` binary uses it too).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Attestations live 30 s plus the worker's 30 s skew allowance; one is
 /// minted per scenario, which must end well inside that.
 const MAX_SCENARIO_SECS: u64 = 50;

@@ -33,6 +33,7 @@ use prometheus_client::metrics::counter::Counter;
 
 use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::placement::{choose_candidate, ClaimOutcome, PlacementStore, StoreError, WorkerRecord};
+use crate::upstream::Pool;
 
 /// A live worker as the proxy uses it.
 pub struct WorkerConn {
@@ -44,6 +45,9 @@ pub struct WorkerConn {
     /// without allocating; `None` when the URL has a base path (then the
     /// proxy concatenates strings).
     pub origin: Option<(http::uri::Scheme, http::uri::Authority)>,
+    /// Keep-alive connections to the worker, kept across record changes of
+    /// the same session (headroom moves with every heartbeat).
+    pub pool: Arc<Pool>,
     /// HMAC key derived once from the worker secret.
     key: attestation::Key,
     /// Anonymous attestation cached per wall second: `(iat, token)`.
@@ -61,14 +65,21 @@ impl std::fmt::Debug for WorkerConn {
 
 impl WorkerConn {
     pub(crate) fn new(record: WorkerRecord) -> Option<Self> {
+        Self::with_pool(record, None)
+    }
+
+    /// As [`new`](Self::new), reusing `pool` when given (the same session
+    /// with a changed record).
+    fn with_pool(record: WorkerRecord, pool: Option<Arc<Pool>>) -> Option<Self> {
         let uri: http::Uri = record.advertise_url.parse().ok()?;
         let authority = uri.authority()?.clone();
         let host = HeaderValue::from_str(authority.as_str()).ok()?;
         let origin = match (uri.scheme(), uri.path()) {
-            (Some(scheme), "" | "/") => Some((scheme.clone(), authority)),
+            (Some(scheme), "" | "/") => Some((scheme.clone(), authority.clone())),
             _ => None,
         };
         Some(Self {
+            pool: pool.unwrap_or_else(|| Pool::new(authority)),
             origin,
             key: attestation::Key::new(&record.secret),
             record,
@@ -246,10 +257,15 @@ impl<S: PlacementStore> Directory<S> {
             let sid = w.record.session_id.clone();
             let conn = match old.by_session.get(&sid) {
                 Some(c) if c.record == w.record => c.clone(),
-                _ => match WorkerConn::new(w.record) {
-                    Some(c) => Arc::new(c),
-                    None => continue,
-                },
+                known => {
+                    let pool = known
+                        .filter(|c| c.record.advertise_url == w.record.advertise_url)
+                        .map(|c| c.pool.clone());
+                    match WorkerConn::with_pool(w.record, pool) {
+                        Some(c) => Arc::new(c),
+                        None => continue,
+                    }
+                }
             };
             by_session.insert(sid, conn);
         }
