@@ -1,7 +1,13 @@
-//! A closed-loop HTTP/1.1 load generator: `connections` keep-alive
-//! connections, each sending its next request as soon as the previous answer
-//! arrived (as `wrk` does), latencies recorded in an HDR histogram after a
-//! warm-up.
+//! An HTTP/1.1 load generator: `connections` keep-alive connections,
+//! latencies recorded in an HDR histogram after a warm-up.
+//!
+//! Closed loop by default: each connection sends its next request as soon as
+//! the previous answer arrived (as `wrk` does), which measures throughput;
+//! latency under that load is mostly queueing. With a `rate`, requests go
+//! out on a fixed schedule instead (as `wrk2` does) and each latency counts
+//! from the request's scheduled time, so a stall shows up in full rather
+//! than delaying the next sends (no coordinated omission): the figure for
+//! what a proxy adds to a request when it is not saturated.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +54,9 @@ pub struct Load {
     pub paths: Paths,
     /// Extra request headers.
     pub headers: Vec<(String, String)>,
+    /// Requests per second over all connections (open loop), or `None` for
+    /// a closed loop.
+    pub rate: Option<f64>,
 }
 
 /// What one run measured.
@@ -113,11 +122,17 @@ pub async fn run(load: Load) -> anyhow::Result<Report> {
     let measure_from = start + load.warmup;
     let end = measure_from + load.duration;
     let mut tasks = Vec::with_capacity(load.connections);
-    for _ in 0..load.connections {
+    for lane in 0..load.connections {
         let load = load.clone();
         let counter = counter.clone();
+        // Lanes start evenly staggered over one interval.
+        let schedule = load.rate.map(|rate| {
+            let interval = Duration::from_secs_f64(load.connections as f64 / rate.max(1e-3));
+            let offset = interval.mul_f64(lane as f64 / load.connections as f64);
+            (start + offset, interval)
+        });
         tasks.push(tokio::spawn(async move {
-            connection(load, counter, measure_from, end).await
+            connection(load, counter, measure_from, end, schedule).await
         }));
     }
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
@@ -142,6 +157,7 @@ async fn connection(
     counter: Arc<AtomicU64>,
     measure_from: Instant,
     end: Instant,
+    mut schedule: Option<(Instant, Duration)>,
 ) -> anyhow::Result<(Histogram<u64>, u64, u64)> {
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
     let (mut ok, mut errors) = (0u64, 0u64);
@@ -176,7 +192,23 @@ async fn connection(
             errors += 1;
             break;
         }
-        let started = Instant::now();
+        let started = match &mut schedule {
+            None => Instant::now(),
+            Some((next, interval)) => {
+                let due = *next;
+                *next += *interval;
+                if Instant::now() >= due {
+                    // Behind schedule: the wait for the previous answer
+                    // is part of this request's latency.
+                    due
+                } else {
+                    // Ahead: the timer's own lateness (up to a
+                    // millisecond) is nobody's latency.
+                    tokio::time::sleep_until(due).await;
+                    Instant::now()
+                }
+            }
+        };
         let outcome = match sender.send_request(request).await {
             Ok(response) => {
                 let success = response.status().is_success();

@@ -58,6 +58,13 @@ struct Cli {
     /// Concurrent keep-alive client connections.
     #[arg(long, default_value_t = 64)]
     connections: usize,
+    /// Requests/s of the paced (open-loop) latency run of each path; 0
+    /// skips it.
+    #[arg(long, default_value_t = 5000.0)]
+    paced_rate: f64,
+    /// Connections of the paced latency run.
+    #[arg(long, default_value_t = 16)]
+    paced_connections: usize,
     /// Redis for scenario (c) and the placements (a unique key prefix, wiped after).
     #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
     redis_url: String,
@@ -136,17 +143,37 @@ impl Bench<'_> {
         proxy: Option<&Server>,
         worker: &Server,
     ) -> anyhow::Result<(Report, Cost)> {
+        self.measure_at(addr, paths, headers, proxy, worker, None)
+            .await
+    }
+
+    /// As [`measure`](Self::measure), open loop at `rate` requests/s (over
+    /// `--paced-connections`) when given.
+    async fn measure_at(
+        &self,
+        addr: std::net::SocketAddr,
+        paths: Paths,
+        headers: Vec<(String, String)>,
+        proxy: Option<&Server>,
+        worker: &Server,
+        rate: Option<f64>,
+    ) -> anyhow::Result<(Report, Cost)> {
         let warmup = Duration::from_secs(self.cli.warmup);
         let cpu = || (proxy.and_then(Server::cpu_time), worker.cpu_time());
         let (report, before) = tokio::join!(
             load::run(Load {
                 addr,
-                connections: self.cli.connections,
+                connections: if rate.is_some() {
+                    self.cli.paced_connections
+                } else {
+                    self.cli.connections
+                },
                 warmup,
                 duration: Duration::from_secs(self.cli.seconds),
                 method: Method::GET,
                 paths,
                 headers,
+                rate,
             }),
             async {
                 tokio::time::sleep(warmup).await;
@@ -340,6 +367,72 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
         via_nginx.0.push(report);
     }
 
+    let mut paced: Vec<(Report, Cost)> = Vec::new();
+    if cli.paced_rate > 0.0 {
+        println!(
+            "paced: {} requests/s over {} connections (open loop, latency from each request's scheduled time)",
+            cli.paced_rate, cli.paced_connections
+        );
+        let rate = Some(cli.paced_rate);
+        let warm = || Paths::Fixed(warm_path.clone());
+        let report = bench
+            .measure_at(
+                worker_mem.addr,
+                warm(),
+                stamped(&secret),
+                None,
+                &worker_mem,
+                rate,
+            )
+            .await?;
+        line("(a) direct to worker", &report);
+        paced.push(report);
+        let report = bench
+            .measure_at(
+                pb_mem.addr,
+                warm(),
+                Vec::new(),
+                Some(&pb_mem),
+                &worker_mem,
+                rate,
+            )
+            .await?;
+        line("(b) pinboard, memory", &report);
+        paced.push(report);
+        let report = bench
+            .measure_at(
+                pb_redis.addr,
+                warm(),
+                Vec::new(),
+                Some(&pb_redis),
+                &worker_redis,
+                rate,
+            )
+            .await?;
+        line("(c) pinboard, Redis", &report);
+        paced.push(report);
+        let mut proxy = nginx::start(
+            &cli.nginx,
+            &bench.dir.join("nginx"),
+            worker_mem.addr,
+            &stamped(&secret),
+        )
+        .await?;
+        let report = bench
+            .measure_at(
+                proxy.addr,
+                warm(),
+                Vec::new(),
+                Some(&proxy),
+                &worker_mem,
+                rate,
+            )
+            .await?;
+        proxy.kill().await?;
+        line("(d) nginx", &report);
+        paced.push(report);
+    }
+
     let mut placements = Series::default();
     println!("new ids through pinboard on Redis (each request a new id)");
     for round in 1..=cli.placement_rounds {
@@ -360,6 +453,19 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
     }
 
     summary([&direct, &via_mem, &via_redis, &via_nginx], &placements);
+    if let [a, b, c, d] = &paced[..] {
+        println!(
+            "  added p99 over (a), paced at {} req/s: (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (target < 1 ms); \
+             added p50: (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms",
+            cli.paced_rate,
+            ms(b.0.added_p99_us(&a.0)),
+            ms(c.0.added_p99_us(&a.0)),
+            ms(d.0.added_p99_us(&a.0)),
+            ms(b.0.p50_us as i64 - a.0.p50_us as i64),
+            ms(c.0.p50_us as i64 - a.0.p50_us as i64),
+            ms(d.0.p50_us as i64 - a.0.p50_us as i64),
+        );
+    }
     for server in [
         &mut worker_mem,
         &mut worker_redis,
@@ -392,7 +498,7 @@ fn summary(warm: [&Series; 4], placements: &Series) {
         rc.ratio(rd)
     );
     println!(
-        "  added p99 over (a)     (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (target < 1 ms)",
+        "  added p99 over (a)     (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (closed loop: mostly queueing at saturation)",
         ms(rb.added_p99_us(ra)),
         ms(rc.added_p99_us(ra)),
         ms(rd.added_p99_us(ra)),

@@ -190,6 +190,7 @@ async fn measure(cli: &Cli, addr: std::net::SocketAddr, paths: Paths) -> anyhow:
         method: Method::POST,
         paths,
         headers: Vec::new(),
+        rate: None,
     })
     .await
 }

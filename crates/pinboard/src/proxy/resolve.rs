@@ -23,6 +23,7 @@
 //! placed a second time.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use dashmap::DashMap;
@@ -140,6 +141,20 @@ pub enum ResolveError {
     Store(#[from] StoreError),
 }
 
+/// A worker view up to this many refresh intervals old is still served
+/// while one caller refreshes it; older, every caller waits for a fresh one.
+const STALE_GRACE_FACTOR: u64 = 4;
+
+/// Clears the refreshing flag however the refresh ends (a cancelled
+/// request included).
+struct RefreshGuard<'a>(&'a AtomicBool);
+
+impl Drop for RefreshGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 #[derive(Debug, Default)]
 struct Snapshot {
     by_session: HashMap<String, Arc<WorkerConn>>,
@@ -154,6 +169,8 @@ pub struct Directory<S> {
     floor: Arc<EpochFloor>,
     routes: DashMap<String, Arc<Route>>,
     snapshot: RwLock<Arc<Snapshot>>,
+    /// A caller is re-reading the worker list (see [`Directory::workers`]).
+    refreshing: AtomicBool,
     refresh_ms: u64,
     quarantine_until_mono_ms: u64,
     placements: Counter,
@@ -198,6 +215,7 @@ impl<S: PlacementStore> Directory<S> {
             floor,
             routes: DashMap::new(),
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
+            refreshing: AtomicBool::new(false),
             refresh_ms,
             quarantine_until_mono_ms: start + quarantine_ms,
             placements,
@@ -245,11 +263,22 @@ impl<S: PlacementStore> Directory<S> {
         {
             let snap = self.snapshot.read();
             if let Some(at) = snap.fetched_mono_ms {
-                if !force && now.mono_ms.saturating_sub(at) < self.refresh_ms {
+                let age = now.mono_ms.saturating_sub(at);
+                if !force && age < self.refresh_ms {
+                    return Ok(snap.clone());
+                }
+                // Stale but recent: one caller refreshes, the others keep
+                // going on the old view instead of all waiting on the
+                // store at once.
+                if !force
+                    && age < self.refresh_ms.saturating_mul(STALE_GRACE_FACTOR)
+                    && self.refreshing.swap(true, Ordering::AcqRel)
+                {
                     return Ok(snap.clone());
                 }
             }
         }
+        let _refreshing = RefreshGuard(&self.refreshing);
         let live = self.store.list_workers(now).await?;
         let old = self.snapshot.read().clone();
         let mut by_session = HashMap::with_capacity(live.len());
