@@ -2,7 +2,10 @@
 //! worker in control-plane mode, reached (a) directly, (b) through pinboard
 //! on the memory store, (c) through pinboard on Redis and (d) through nginx,
 //! plus new-id placements per second through pinboard on Redis; all in one
-//! run, on loopback, with the same closed-loop load.
+//! run, on loopback, with the same closed-loop load. A paced run of each
+//! path at a fixed rate (`--paced-rate`, open loop) then measures what each
+//! proxy adds to a request's latency when it is not saturated: under the
+//! closed loop, p99 is mostly queueing and tracks throughput.
 //!
 //! The direct path and nginx carry what pinboard would add: a valid
 //! `Pinboard-Attestation` (minted with the worker's secret for its session,
