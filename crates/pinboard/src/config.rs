@@ -24,6 +24,8 @@ pub const DEFAULT_RETRY_BODY_LIMIT: usize = 64 * 1024;
 pub const DEFAULT_CHALLENGE_TIMEOUT_MS: u64 = 3_000;
 /// Default interval at which the local worker list is re-read from the store.
 pub const DEFAULT_WORKER_REFRESH_MS: u64 = 500;
+/// Default `--route-cache-capacity`.
+pub const DEFAULT_ROUTE_CACHE_CAPACITY: usize = 1_000_000;
 /// Default interval between two sweeper laps (the JS document's `sweepIntervalMs`).
 pub const DEFAULT_SWEEP_INTERVAL_MS: u64 = 5_000;
 /// Default most rows one sweeper lap reads per scan (due alarms, marked instances).
@@ -75,6 +77,11 @@ pub struct Config {
     /// How often the local view of live workers is re-read from the store, in milliseconds.
     #[arg(long, env = "PINBOARD_WORKER_REFRESH_MS", default_value_t = DEFAULT_WORKER_REFRESH_MS)]
     pub worker_refresh_ms: u64,
+
+    /// Most `(namespace, id)` routes a node keeps in memory (about 200 bytes
+    /// each); a route evicted early costs one store read on its next request.
+    #[arg(long, env = "PINBOARD_ROUTE_CACHE_CAPACITY", default_value_t = DEFAULT_ROUTE_CACHE_CAPACITY)]
+    pub route_cache_capacity: usize,
 
     /// Postgres URL of the workers' state store; enables the alarm and
     /// durable-wake sweeper (`postgresql://user@host:port/db`).

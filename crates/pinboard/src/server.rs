@@ -21,7 +21,7 @@ use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::placement::PlacementStore;
-use crate::proxy::resolve::Directory;
+use crate::proxy::resolve::{Directory, DirectorySettings};
 use crate::proxy::{self, ProxySettings};
 use crate::registry::{self, Registry, RegistryConfig};
 use crate::upstream::{self, Upstream};
@@ -85,8 +85,11 @@ impl<S: PlacementStore> App<S> {
                 clock.clone(),
                 entropy,
                 floor,
-                config.worker_refresh_ms,
-                config.quarantine_ms(),
+                DirectorySettings {
+                    refresh_ms: config.worker_refresh_ms,
+                    quarantine_ms: config.quarantine_ms(),
+                    route_capacity: config.route_cache_capacity,
+                },
                 metrics.placements.clone(),
             ),
             client,

@@ -7,10 +7,12 @@
 //! worker re-registered): the worker's epoch fence turns that into a refusal,
 //! and the proxy then calls [`Directory::invalidate`] and resolves again.
 //!
-//! The route cache holds one entry per id this node has resolved; entries go
-//! when a worker refuses or fails for that id, on release through this node,
-//! and when a session ends here. TODO(pinboard): bound it (idle eviction) for
-//! fleets with unbounded id churn.
+//! The route cache holds one entry per id this node has resolved, up to
+//! `--route-cache-capacity` entries (beyond that the least useful go, by
+//! quick_cache's S3-FIFO-like policy: an id that keeps being asked for stays);
+//! entries also go when a worker refuses or fails for that id, on release
+//! through this node, and when a session ends here. A route evicted early
+//! costs one store read on its next request, nothing else.
 //!
 //! # Cold-start quarantine (inferred)
 //!
@@ -26,7 +28,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use dashmap::DashMap;
 use http::HeaderValue;
 use parking_lot::{Mutex, RwLock};
 use pinned_wire::attestation;
@@ -161,13 +162,27 @@ struct Snapshot {
     fetched_mono_ms: Option<u64>,
 }
 
+/// The cache of resolved routes, keyed `"<ns>/<id>"`.
+type RouteCache = quick_cache::sync::Cache<String, Arc<Route>>;
+
+/// How a [`Directory`] caches and refreshes.
+#[derive(Debug, Clone, Copy)]
+pub struct DirectorySettings {
+    /// Re-read the worker list at most this often, milliseconds.
+    pub refresh_ms: u64,
+    /// No new placement until this long after start, milliseconds.
+    pub quarantine_ms: u64,
+    /// Most routes kept in memory.
+    pub route_capacity: usize,
+}
+
 /// Route cache plus the local worker view.
 pub struct Directory<S> {
     store: Arc<S>,
     clock: Arc<dyn Clock>,
     entropy: Arc<dyn Entropy>,
     floor: Arc<EpochFloor>,
-    routes: DashMap<String, Arc<Route>>,
+    routes: RouteCache,
     snapshot: RwLock<Arc<Snapshot>>,
     /// A caller is re-reading the worker list (see [`Directory::workers`]).
     refreshing: AtomicBool,
@@ -196,24 +211,28 @@ pub struct Avoid<'a> {
 }
 
 impl<S: PlacementStore> Directory<S> {
-    /// A directory; new placements wait until `quarantine_ms` after now.
-    /// `placements` counts the new placements it claims.
+    /// A directory; new placements wait until `settings.quarantine_ms`
+    /// after now. `placements` counts the new placements it claims.
     pub fn new(
         store: Arc<S>,
         clock: Arc<dyn Clock>,
         entropy: Arc<dyn Entropy>,
         floor: Arc<EpochFloor>,
-        refresh_ms: u64,
-        quarantine_ms: u64,
+        settings: DirectorySettings,
         placements: Counter,
     ) -> Self {
+        let DirectorySettings {
+            refresh_ms,
+            quarantine_ms,
+            ..
+        } = settings;
         let start = clock.now().mono_ms;
         Self {
             store,
             clock,
             entropy,
             floor,
-            routes: DashMap::new(),
+            routes: RouteCache::new(settings.route_capacity.max(1)),
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             refreshing: AtomicBool::new(false),
             refresh_ms,
@@ -224,7 +243,7 @@ impl<S: PlacementStore> Directory<S> {
 
     /// The cached route for `key`, if any (no store access).
     pub fn cached(&self, key: &str) -> Option<Arc<Route>> {
-        self.routes.get(key).map(|r| r.value().clone())
+        self.routes.get(key)
     }
 
     /// Number of cached routes.
@@ -467,8 +486,11 @@ mod tests {
             clock.clone(),
             Arc::new(SeededEntropy::seeded(3)),
             Arc::new(EpochFloor::default()),
-            0,
-            quarantine_ms,
+            DirectorySettings {
+                refresh_ms: 0,
+                quarantine_ms,
+                route_capacity: 1000,
+            },
             Counter::default(),
         );
         (dir, clock, store)
@@ -496,6 +518,38 @@ mod tests {
             .expect("placed");
         assert_eq!(r.epoch, 5_000_000);
         assert!(dir.cached("/c/new").is_some());
+    }
+
+    #[tokio::test]
+    async fn the_route_cache_stays_bounded_and_evicted_ids_resolve_from_the_store() {
+        let (dir, _, _) = setup(0).await;
+        let mut owners = HashMap::new();
+        for i in 0..5000 {
+            let (key, id) = (format!("/c/i{i}"), format!("i{i}"));
+            let route = dir
+                .resolve(&key, "/c", &id, Avoid::default())
+                .await
+                .expect("placed");
+            owners.insert(key, (route.worker.record.session_id.clone(), route.epoch));
+        }
+        // Capacity 1 000 in `setup`; quick_cache's bound is approximate.
+        assert!(
+            dir.cached_routes() <= 1100,
+            "{} routes cached",
+            dir.cached_routes()
+        );
+        for (key, (owner, epoch)) in &owners {
+            let id = &key["/c/".len()..];
+            let route = dir
+                .resolve(key, "/c", id, Avoid::default())
+                .await
+                .expect("resolved");
+            assert_eq!(
+                (&route.worker.record.session_id, route.epoch),
+                (owner, *epoch),
+                "{key} moved"
+            );
+        }
     }
 
     #[tokio::test]
