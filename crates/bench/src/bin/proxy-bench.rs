@@ -136,23 +136,10 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    /// One closed-loop run against `addr`, with the CPU time `proxy` (if
+    /// One run against `addr` (closed loop, or open loop at `rate`
+    /// requests/s over `--paced-connections`), with the CPU time `proxy` (if
     /// any) and `worker` spent per request while it was measured.
     async fn measure(
-        &self,
-        addr: std::net::SocketAddr,
-        paths: Paths,
-        headers: Vec<(String, String)>,
-        proxy: Option<&Server>,
-        worker: &Server,
-    ) -> anyhow::Result<(Report, Cost)> {
-        self.measure_at(addr, paths, headers, proxy, worker, None)
-            .await
-    }
-
-    /// As [`measure`](Self::measure), open loop at `rate` requests/s (over
-    /// `--paced-connections`) when given.
-    async fn measure_at(
         &self,
         addr: std::net::SocketAddr,
         paths: Paths,
@@ -289,14 +276,16 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
         .printed("secret")
         .context("the worker printed no secret")?
         .to_owned();
-    let stamped = |secret: &str| {
-        vec![
-            (
-                "pinboard-attestation".to_owned(),
-                deploy::attestation(secret, &session),
-            ),
-            ("pinboard-epoch".to_owned(), epoch.to_string()),
-        ]
+    let warm = Warm {
+        bench,
+        path: warm_path.clone(),
+        secret,
+        session: session.clone(),
+        epoch,
+        worker_mem: &worker_mem,
+        worker_redis: &worker_redis,
+        pb_mem: &pb_mem,
+        pb_redis: &pb_redis,
     };
 
     println!(
@@ -316,125 +305,22 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
     let [mut direct, mut via_mem, mut via_redis, mut via_nginx]: [Series; 4] = Default::default();
     for round in 1..=cli.rounds {
         println!("round {round}");
-        let report = bench
-            .measure(
-                worker_mem.addr,
-                Paths::Fixed(warm_path.clone()),
-                stamped(&secret),
-                None,
-                &worker_mem,
-            )
-            .await?;
-        line("(a) direct to worker", &report);
-        direct.0.push(report);
-        let report = bench
-            .measure(
-                pb_mem.addr,
-                Paths::Fixed(warm_path.clone()),
-                Vec::new(),
-                Some(&pb_mem),
-                &worker_mem,
-            )
-            .await?;
-        line("(b) pinboard, memory", &report);
-        via_mem.0.push(report);
-        let report = bench
-            .measure(
-                pb_redis.addr,
-                Paths::Fixed(warm_path.clone()),
-                Vec::new(),
-                Some(&pb_redis),
-                &worker_redis,
-            )
-            .await?;
-        line("(c) pinboard, Redis", &report);
-        via_redis.0.push(report);
-        let mut proxy = nginx::start(
-            &cli.nginx,
-            &bench.dir.join("nginx"),
-            worker_mem.addr,
-            &stamped(&secret),
-        )
-        .await?;
-        let report = bench
-            .measure(
-                proxy.addr,
-                Paths::Fixed(warm_path.clone()),
-                Vec::new(),
-                Some(&proxy),
-                &worker_mem,
-            )
-            .await?;
-        proxy.kill().await?;
-        line("(d) nginx", &report);
-        via_nginx.0.push(report);
+        let [a, b, c, d] = warm.pass(None).await?;
+        direct.0.push(a);
+        via_mem.0.push(b);
+        via_redis.0.push(c);
+        via_nginx.0.push(d);
     }
 
-    let mut paced: Vec<(Report, Cost)> = Vec::new();
-    if cli.paced_rate > 0.0 {
+    let paced = if cli.paced_rate > 0.0 {
         println!(
             "paced: {} requests/s over {} connections (open loop, latency from each request's scheduled time)",
             cli.paced_rate, cli.paced_connections
         );
-        let rate = Some(cli.paced_rate);
-        let warm = || Paths::Fixed(warm_path.clone());
-        let report = bench
-            .measure_at(
-                worker_mem.addr,
-                warm(),
-                stamped(&secret),
-                None,
-                &worker_mem,
-                rate,
-            )
-            .await?;
-        line("(a) direct to worker", &report);
-        paced.push(report);
-        let report = bench
-            .measure_at(
-                pb_mem.addr,
-                warm(),
-                Vec::new(),
-                Some(&pb_mem),
-                &worker_mem,
-                rate,
-            )
-            .await?;
-        line("(b) pinboard, memory", &report);
-        paced.push(report);
-        let report = bench
-            .measure_at(
-                pb_redis.addr,
-                warm(),
-                Vec::new(),
-                Some(&pb_redis),
-                &worker_redis,
-                rate,
-            )
-            .await?;
-        line("(c) pinboard, Redis", &report);
-        paced.push(report);
-        let mut proxy = nginx::start(
-            &cli.nginx,
-            &bench.dir.join("nginx"),
-            worker_mem.addr,
-            &stamped(&secret),
-        )
-        .await?;
-        let report = bench
-            .measure_at(
-                proxy.addr,
-                warm(),
-                Vec::new(),
-                Some(&proxy),
-                &worker_mem,
-                rate,
-            )
-            .await?;
-        proxy.kill().await?;
-        line("(d) nginx", &report);
-        paced.push(report);
-    }
+        Some(warm.pass(Some(cli.paced_rate)).await?)
+    } else {
+        None
+    };
 
     let mut placements = Series::default();
     println!("new ids through pinboard on Redis (each request a new id)");
@@ -449,6 +335,7 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
                 Vec::new(),
                 Some(&pb_redis),
                 &worker_redis,
+                None,
             )
             .await?;
         line(&format!("round {round}"), &report);
@@ -456,7 +343,7 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
     }
 
     summary([&direct, &via_mem, &via_redis, &via_nginx], &placements);
-    if let [a, b, c, d] = &paced[..] {
+    if let Some([a, b, c, d]) = &paced {
         println!(
             "  added p99 over (a), paced at {} req/s: (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (target < 1 ms); \
              added p50: (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms",
@@ -478,6 +365,109 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
         stop(server).await;
     }
     Ok(())
+}
+
+/// The four warm paths to one counter: (a) direct to the worker, (b)
+/// through pinboard on the memory store, (c) through pinboard on Redis, (d)
+/// through nginx.
+struct Warm<'a> {
+    bench: &'a Bench<'a>,
+    path: String,
+    secret: String,
+    session: String,
+    epoch: u64,
+    worker_mem: &'a Server,
+    worker_redis: &'a Server,
+    pb_mem: &'a Server,
+    pb_redis: &'a Server,
+}
+
+impl Warm<'_> {
+    /// The two headers pinboard would add, for the direct path and nginx:
+    /// a fresh attestation for the worker's session and its epoch.
+    fn stamped(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "pinboard-attestation".to_owned(),
+                deploy::attestation(&self.secret, &self.session),
+            ),
+            ("pinboard-epoch".to_owned(), self.epoch.to_string()),
+        ]
+    }
+
+    /// Measures (a) to (d) once each, closed loop or at `rate`, printing
+    /// each line.
+    async fn pass(&self, rate: Option<f64>) -> anyhow::Result<[(Report, Cost); 4]> {
+        let bench = self.bench;
+        let a = self
+            .one(
+                "(a) direct to worker",
+                self.worker_mem.addr,
+                self.stamped(),
+                None,
+                self.worker_mem,
+                rate,
+            )
+            .await?;
+        let b = self
+            .one(
+                "(b) pinboard, memory",
+                self.pb_mem.addr,
+                Vec::new(),
+                Some(self.pb_mem),
+                self.worker_mem,
+                rate,
+            )
+            .await?;
+        let c = self
+            .one(
+                "(c) pinboard, Redis",
+                self.pb_redis.addr,
+                Vec::new(),
+                Some(self.pb_redis),
+                self.worker_redis,
+                rate,
+            )
+            .await?;
+        let mut proxy = nginx::start(
+            &bench.cli.nginx,
+            &bench.dir.join("nginx"),
+            self.worker_mem.addr,
+            &self.stamped(),
+        )
+        .await?;
+        let d = self
+            .one(
+                "(d) nginx",
+                proxy.addr,
+                Vec::new(),
+                Some(&proxy),
+                self.worker_mem,
+                rate,
+            )
+            .await?;
+        proxy.kill().await?;
+        Ok([a, b, c, d])
+    }
+
+    /// One path, printed as `label`.
+    async fn one(
+        &self,
+        label: &str,
+        addr: std::net::SocketAddr,
+        headers: Vec<(String, String)>,
+        proxy: Option<&Server>,
+        worker: &Server,
+        rate: Option<f64>,
+    ) -> anyhow::Result<(Report, Cost)> {
+        let paths = Paths::Fixed(self.path.clone());
+        let report = self
+            .bench
+            .measure(addr, paths, headers, proxy, worker, rate)
+            .await?;
+        line(label, &report);
+        Ok(report)
+    }
 }
 
 async fn stop(server: &mut Server) {
