@@ -78,6 +78,11 @@ pub struct Config {
     #[arg(long, env = "PINBOARD_WORKER_REFRESH_MS", default_value_t = DEFAULT_WORKER_REFRESH_MS)]
     pub worker_refresh_ms: u64,
 
+    /// I/O threads serving connections, each with its own single-threaded
+    /// runtime (0: one per CPU).
+    #[arg(long, env = "PINBOARD_IO_THREADS", default_value_t = 0)]
+    pub io_threads: usize,
+
     /// Most `(namespace, id)` routes a node keeps in memory (about 200 bytes
     /// each); a route evicted early costs one store read on its next request.
     #[arg(long, env = "PINBOARD_ROUTE_CACHE_CAPACITY", default_value_t = DEFAULT_ROUTE_CACHE_CAPACITY)]
@@ -117,6 +122,14 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The effective number of I/O threads (`--io-threads`, or one per CPU).
+    pub fn io_threads(&self) -> usize {
+        match self.io_threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => n,
+        }
+    }
+
     /// The effective quarantine (default: one lease TTL).
     pub fn quarantine_ms(&self) -> u64 {
         self.quarantine_ms.unwrap_or(self.lease_ttl_ms)

@@ -48,8 +48,28 @@ pub fn empty() -> UpstreamBody {
     Either::Left(Full::new(Bytes::new()))
 }
 
-/// Most idle connections one [`Pool`] keeps.
+/// Most idle connections one [`Pool`] keeps per thread slot.
 const POOL_MAX_IDLE: usize = 1024;
+
+/// Idle lists per pool, one per I/O thread (modulo): a connection is driven
+/// by a task on the runtime that opened it, so it is reused from that
+/// thread only, and an exchange never hops between runtimes.
+const POOL_SLOTS: usize = 32;
+
+thread_local! {
+    static SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the calling thread as I/O thread `slot` for every [`Pool`]:
+/// connections it opens go back to, and are taken from, its own idle list.
+/// Threads that never call this share slot 0.
+pub fn bind_thread_slot(slot: usize) {
+    SLOT.with(|cell| cell.set(slot % POOL_SLOTS));
+}
+
+fn thread_slot() -> usize {
+    SLOT.with(std::cell::Cell::get)
+}
 
 /// Why [`Pool::send`] produced no response.
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +103,7 @@ impl SendError {
 #[derive(Debug)]
 pub struct Pool {
     authority: http::uri::Authority,
-    idle: parking_lot::Mutex<Vec<SendRequest<UpstreamBody>>>,
+    idle: Box<[parking_lot::Mutex<Vec<SendRequest<UpstreamBody>>>]>,
 }
 
 impl Pool {
@@ -91,13 +111,15 @@ impl Pool {
     pub fn new(authority: http::uri::Authority) -> Arc<Self> {
         Arc::new(Self {
             authority,
-            idle: parking_lot::Mutex::new(Vec::new()),
+            idle: (0..POOL_SLOTS)
+                .map(|_| parking_lot::Mutex::new(Vec::new()))
+                .collect(),
         })
     }
 
     /// Idle connections right now.
     pub fn idle(&self) -> usize {
-        self.idle.lock().len()
+        self.idle.iter().map(|slot| slot.lock().len()).sum()
     }
 
     /// Sends `request` (origin-form URI, `Host` set by the caller) on an
@@ -141,7 +163,7 @@ impl Pool {
     }
 
     fn take(&self) -> Option<SendRequest<UpstreamBody>> {
-        let mut idle = self.idle.lock();
+        let mut idle = self.idle[thread_slot()].lock();
         while let Some(sender) = idle.pop() {
             if !sender.is_closed() {
                 return Some(sender);
@@ -154,7 +176,7 @@ impl Pool {
         if sender.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock();
+        let mut idle = self.idle[thread_slot()].lock();
         if idle.len() < POOL_MAX_IDLE {
             idle.push(sender);
         }
