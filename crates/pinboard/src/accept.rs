@@ -1,6 +1,8 @@
 //! The accept loop: HTTP/1.1 connections from clients and workers.
 //!
-//! Owns connection setup (`TCP_NODELAY`, upgrades), the one split every
+//! Owns the I/O threads (one single-threaded runtime each), handing every
+//! accepted connection to the least loaded one, connection setup
+//! (`TCP_NODELAY`, upgrades), the one split every
 //! request goes through (the few control paths to the axum router of
 //! [`server::router`], every other path straight to [`proxy::handle`]), and
 //! graceful shutdown (stop accepting, let open connections finish).
@@ -11,6 +13,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,8 +24,8 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
 use tower::ServiceExt;
 
 use crate::placement::PlacementStore;
@@ -56,28 +59,30 @@ pub fn is_control_path(path: &str) -> bool {
 /// Serves `listener` on `threads` I/O threads (at least one) until
 /// `shutdown` resolves, then waits for every open connection to finish.
 ///
-/// Each I/O thread runs its own single-threaded runtime and accepts from
-/// the shared socket: a connection, its requests and the worker connections
-/// they use stay on one thread, as in nginx's worker processes. On a
-/// work-stealing runtime the same exchange costs about a fifth more user
-/// CPU (`proxy-bench`), spent moving tasks and wake-ups between threads.
+/// The caller's task accepts; each connection goes to the I/O thread with
+/// the fewest open connections, and stays there: its requests and the
+/// worker connections they use all run on that thread's single-threaded
+/// runtime, as in nginx's worker processes. On a work-stealing runtime the
+/// same exchange costs about a fifth more CPU (`proxy-bench`), spent moving
+/// tasks and wake-ups between threads. Handing connections out (rather
+/// than letting every thread accept from the shared socket) keeps the
+/// threads evenly loaded when many connections arrive at once.
 ///
 /// # Errors
 ///
-/// When the listener cannot be shared with the I/O threads, or a thread or
-/// its runtime cannot be started.
+/// When an I/O thread or its runtime cannot be started.
 pub async fn serve<S: PlacementStore>(
     listener: TcpListener,
     app: Arc<App<S>>,
     threads: usize,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
-    let listener = listener.into_std()?;
-    let (stop, stopped) = watch::channel(false);
+    let mut lanes = Vec::new();
     let mut finished = Vec::new();
     for slot in 0..threads.max(1) {
-        let listener = listener.try_clone()?;
-        let (app, mut stopped) = (app.clone(), stopped.clone());
+        let (hand, handed) = mpsc::unbounded_channel::<std::net::TcpStream>();
+        let open = Arc::new(AtomicUsize::new(0));
+        let (app, load) = (app.clone(), open.clone());
         let (done, finished_rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name(format!("pinboard-io-{slot}"))
@@ -85,44 +90,17 @@ pub async fn serve<S: PlacementStore>(
                 let served = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
-                    .and_then(|runtime| {
+                    .map(|runtime| {
                         runtime.block_on(async move {
                             upstream::bind_thread_slot(slot);
-                            let listener = TcpListener::from_std(listener)?;
-                            let stop = async move {
-                                let _ = stopped.wait_for(|stop| *stop).await;
-                            };
-                            accept_loop(listener, app, stop).await
-                        })
+                            io_loop(handed, app, load).await;
+                        });
                     });
                 let _ = done.send(served);
             })?;
+        lanes.push((hand, open));
         finished.push(finished_rx);
     }
-    drop(listener);
-    shutdown.await;
-    let _ = stop.send(true);
-    for thread in finished {
-        if let Ok(Err(error)) = thread.await {
-            tracing::error!(target: "pinboard::accept", %error, "an I/O thread failed");
-        }
-    }
-    Ok(())
-}
-
-/// One I/O thread's accept loop, until `shutdown`; then it waits for its
-/// connections to finish.
-async fn accept_loop<S: PlacementStore>(
-    listener: TcpListener,
-    app: Arc<App<S>>,
-    shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    let control = server::router(app.clone());
-    // Every connection holds a receiver: a send asks them to finish, and
-    // `closed` resolves once the last one dropped its receiver.
-    let (stop, stopping) = watch::channel(());
-    let mut http = http1::Builder::new();
-    http.keep_alive(true);
     tokio::pin!(shutdown);
     loop {
         let tcp = tokio::select! {
@@ -139,6 +117,51 @@ async fn accept_loop<S: PlacementStore>(
         };
         // Proxied exchanges are small: never wait on Nagle's algorithm.
         let _ = tcp.set_nodelay(true);
+        let Ok(tcp) = tcp.into_std() else { continue };
+        let lane = lanes
+            .iter()
+            .min_by_key(|(_, open)| open.load(Ordering::Relaxed));
+        if let Some((hand, open)) = lane {
+            open.fetch_add(1, Ordering::Relaxed);
+            if hand.send(tcp).is_err() {
+                open.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+    drop(listener);
+    // Closing the lanes tells every I/O thread to finish its connections.
+    drop(lanes);
+    for thread in finished {
+        if let Ok(Err(error)) = thread.await {
+            tracing::error!(target: "pinboard::accept", %error, "an I/O thread failed");
+        }
+    }
+    Ok(())
+}
+
+/// One I/O thread: serves the connections handed to it until the acceptor
+/// closes its lane, then waits for them to finish. `open` counts its live
+/// connections for the acceptor's choice.
+async fn io_loop<S: PlacementStore>(
+    mut handed: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    app: Arc<App<S>>,
+    open: Arc<AtomicUsize>,
+) {
+    let control = server::router(app.clone());
+    // Every connection holds a receiver: a send asks them to finish, and
+    // `closed` resolves once the last one dropped its receiver.
+    let (stop, stopping) = watch::channel(());
+    let mut http = http1::Builder::new();
+    http.keep_alive(true);
+    while let Some(tcp) = handed.recv().await {
+        let tcp = match TcpStream::from_std(tcp) {
+            Ok(tcp) => tcp,
+            Err(error) => {
+                open.fetch_sub(1, Ordering::Relaxed);
+                tracing::warn!(target: "pinboard::accept", %error, "cannot adopt a connection");
+                continue;
+            }
+        };
         let (app, control) = (app.clone(), control.clone());
         let service = service_fn(move |request: hyper::Request<Incoming>| {
             let (app, control) = (app.clone(), control.clone());
@@ -147,24 +170,24 @@ async fn accept_loop<S: PlacementStore>(
         let connection = http
             .serve_connection(TokioIo::new(tcp), service)
             .with_upgrades();
-        let mut stopping = stopping.clone();
+        let (mut stopping, open) = (stopping.clone(), open.clone());
         tokio::spawn(async move {
             tokio::pin!(connection);
             // A client that goes away mid-exchange is routine, not an error.
             tokio::select! {
-                _ = connection.as_mut() => return,
-                _ = stopping.changed() => {}
+                _ = connection.as_mut() => {}
+                _ = stopping.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
             }
-            connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+            open.fetch_sub(1, Ordering::Relaxed);
             drop(stopping);
         });
     }
-    drop(listener);
     drop(stopping);
     let _ = stop.send(());
     stop.closed().await;
-    Ok(())
 }
 
 async fn route<S: PlacementStore>(

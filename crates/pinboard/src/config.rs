@@ -165,6 +165,14 @@ mod tests {
     fn defaults_and_quarantine() {
         let c = Config::try_parse_from(["pinboard", "--token", "t"]).expect("parse");
         assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(
+            c.io_threads(),
+            std::thread::available_parallelism().map_or(1, usize::from)
+        );
+        assert_eq!(c.route_cache_capacity, DEFAULT_ROUTE_CACHE_CAPACITY);
+        let c = Config::try_parse_from(["pinboard", "--token", "t", "--io-threads", "3"])
+            .expect("parse");
+        assert_eq!(c.io_threads(), 3);
         assert_eq!(c.quarantine_ms(), DEFAULT_LEASE_TTL_MS);
         assert!(c.validate().is_empty());
         let c = Config::try_parse_from(["pinboard", "--token", " ", "--lease-ttl-ms", "0"])
