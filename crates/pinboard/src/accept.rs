@@ -37,23 +37,11 @@ use crate::upstream;
 /// persistent one does not spin the loop.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
-/// Whether `path` is one of pinboard's own routes rather than `/<ns>/<id>/…`.
-/// Exact paths only: a namespace may be called `/registry` and keep every
-/// other path below it.
+/// Whether `path` is one of pinboard's own routes ([`server::paths`])
+/// rather than `/<ns>/<id>/…`. Exact paths only: a namespace may be called
+/// `/registry` and keep every other path below it.
 pub fn is_control_path(path: &str) -> bool {
-    matches!(
-        path,
-        "/healthz"
-            | "/metrics"
-            | "/registry/register"
-            | "/registry/heartbeat"
-            | "/registry/release"
-            | "/registry/deregister"
-            | "/registry/tag"
-            | "/registry/push"
-            | "/registry/workers"
-            | "/registry/overview"
-    )
+    server::paths::ALL.contains(&path)
 }
 
 /// Serves `listener` on `threads` I/O threads (at least one) until

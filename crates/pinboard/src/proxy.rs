@@ -423,11 +423,10 @@ pub(crate) fn upstream_target(
     worker: &WorkerConn,
     path_and_query: &PathAndQuery,
 ) -> Result<Uri, http::Error> {
-    if worker.origin.is_some() {
+    let base = &*worker.base_path;
+    if base.is_empty() {
         return Ok(Uri::from(path_and_query.clone()));
     }
-    let base: Uri = worker.record.advertise_url.parse()?;
-    let base = base.path().trim_end_matches('/');
     let mut target = String::with_capacity(base.len() + path_and_query.as_str().len());
     target.push_str(base);
     target.push_str(path_and_query.as_str());

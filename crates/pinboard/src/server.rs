@@ -125,22 +125,48 @@ async fn metrics<S: PlacementStore>(State(app): State<Arc<App<S>>>) -> Response 
         .into_response()
 }
 
+/// pinboard's own paths; every other path is `/<ns>/<id>/…` for the proxy.
+/// [`router`] serves these, and the accept loop hands exactly these to it.
+pub mod paths {
+    /// `POST`: a worker registers.
+    pub const REGISTER: &str = "/registry/register";
+    /// `POST`: a worker renews its lease.
+    pub const HEARTBEAT: &str = "/registry/heartbeat";
+    /// `POST`: a worker releases placements.
+    pub const RELEASE: &str = "/registry/release";
+    /// `POST`: a worker leaves.
+    pub const DEREGISTER: &str = "/registry/deregister";
+    /// `POST`: a worker tags an instance.
+    pub const TAG: &str = "/registry/tag";
+    /// `POST` (operator): a control message for a worker.
+    pub const PUSH: &str = "/registry/push";
+    /// `GET` (operator): live workers.
+    pub const WORKERS: &str = "/registry/workers";
+    /// `GET` (operator): placements.
+    pub const OVERVIEW: &str = "/registry/overview";
+    /// `GET`: liveness.
+    pub const HEALTHZ: &str = "/healthz";
+    /// `GET`: Prometheus metrics.
+    pub const METRICS: &str = "/metrics";
+    /// Every path above.
+    pub const ALL: [&str; 10] = [
+        REGISTER, HEARTBEAT, RELEASE, DEREGISTER, TAG, PUSH, WORKERS, OVERVIEW, HEALTHZ, METRICS,
+    ];
+}
+
 /// The full router: registry, health, metrics, and the proxy fallback.
 pub fn router<S: PlacementStore>(app: Arc<App<S>>) -> Router {
     Router::new()
-        .route("/registry/register", post(registry::http::register::<S>))
-        .route("/registry/heartbeat", post(registry::http::heartbeat::<S>))
-        .route("/registry/release", post(registry::http::release::<S>))
-        .route(
-            "/registry/deregister",
-            post(registry::http::deregister::<S>),
-        )
-        .route("/registry/tag", post(registry::http::tag::<S>))
-        .route("/registry/push", post(registry::http::push::<S>))
-        .route("/registry/workers", get(registry::http::workers::<S>))
-        .route("/registry/overview", get(registry::http::overview::<S>))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics::<S>))
+        .route(paths::REGISTER, post(registry::http::register::<S>))
+        .route(paths::HEARTBEAT, post(registry::http::heartbeat::<S>))
+        .route(paths::RELEASE, post(registry::http::release::<S>))
+        .route(paths::DEREGISTER, post(registry::http::deregister::<S>))
+        .route(paths::TAG, post(registry::http::tag::<S>))
+        .route(paths::PUSH, post(registry::http::push::<S>))
+        .route(paths::WORKERS, get(registry::http::workers::<S>))
+        .route(paths::OVERVIEW, get(registry::http::overview::<S>))
+        .route(paths::HEALTHZ, get(healthz))
+        .route(paths::METRICS, get(metrics::<S>))
         .fallback(proxy::handle::<S>)
         .with_state(app)
 }

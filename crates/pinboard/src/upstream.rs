@@ -117,11 +117,6 @@ impl Pool {
         })
     }
 
-    /// Idle connections right now.
-    pub fn idle(&self) -> usize {
-        self.idle.iter().map(|slot| slot.lock().len()).sum()
-    }
-
     /// Sends `request` (origin-form URI, `Host` set by the caller) on an
     /// idle connection, or a new one. A request that a reused connection
     /// refused unsent (the worker had closed it) goes out once more on a

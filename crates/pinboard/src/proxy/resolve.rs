@@ -47,6 +47,9 @@ pub struct WorkerConn {
     /// without allocating; `None` when the URL has a base path (then the
     /// proxy concatenates strings).
     pub origin: Option<(http::uri::Scheme, http::uri::Authority)>,
+    /// The advertise URL's path without its trailing `/` (usually empty):
+    /// proxied request targets go below it.
+    pub base_path: Box<str>,
     /// Keep-alive connections to the worker, kept across record changes of
     /// the same session (headroom moves with every heartbeat).
     pub pool: Arc<Pool>,
@@ -80,9 +83,11 @@ impl WorkerConn {
             (Some(scheme), "" | "/") => Some((scheme.clone(), authority.clone())),
             _ => None,
         };
+        let base_path = uri.path().trim_end_matches('/').into();
         Some(Self {
             pool: pool.unwrap_or_else(|| Pool::new(authority)),
             origin,
+            base_path,
             key: attestation::Key::new(&record.secret),
             record,
             host,
