@@ -120,6 +120,9 @@ pub(crate) struct HostShared {
     /// Signalled when a record leaves the map.
     changed: Notify,
     draining: AtomicBool,
+    /// The worker's own drain (SIGTERM, `close`) is in force: the process
+    /// is on its way out.
+    leaving: AtomicBool,
     drain: Mutex<DrainState>,
     shut_down: AtomicBool,
     pub(crate) metrics: Arc<Metrics>,
@@ -181,6 +184,7 @@ impl HostShared {
             settled: Notify::new(),
             changed: Notify::new(),
             draining: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             drain: Mutex::new(DrainState::default()),
             shut_down: AtomicBool::new(false),
             metrics,
@@ -204,6 +208,12 @@ impl HostShared {
 
     pub(crate) fn draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The worker's own drain is in force (a control-plane drain alone
+    /// does not count: that process keeps running).
+    pub(crate) fn leaving(&self) -> bool {
+        self.leaving.load(Ordering::SeqCst)
     }
 
     pub(crate) fn drain_deadline(&self) -> Option<Instant> {
@@ -578,6 +588,7 @@ impl HostShared {
     /// Publishes the drain state: flag, abort timer, lease cap.
     fn rearm(self: &Arc<Self>, drain: &mut DrainState) {
         self.draining.store(drain.draining(), Ordering::SeqCst);
+        self.leaving.store(drain.local.is_some(), Ordering::SeqCst);
         if let Some(timer) = drain.timer.take() {
             timer.abort();
         }

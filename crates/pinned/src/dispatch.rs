@@ -69,13 +69,14 @@ fn wall_now() -> f64 {
 
 /// Serves one request for the namespace of `host`.
 ///
-/// While the host drains, every answer carries `Connection: close`: the
-/// process is about to stop serving, and a keep-alive connection it closes
-/// at exit could race a request pinboard is sending on it. Closing after
-/// each answer leaves no idle connection to race.
+/// During the worker's own drain every answer carries `Connection: close`:
+/// the process is about to exit, and a keep-alive connection it closes then
+/// could race a request pinboard is sending on it. Closing after each
+/// answer leaves no idle connection to race. (A control-plane drain keeps
+/// connections: that process stays.)
 pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Response {
     let mut response = serve(&host, request).await;
-    if host.draining() {
+    if host.leaving() {
         response
             .headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));

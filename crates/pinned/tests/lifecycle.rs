@@ -245,6 +245,12 @@ async fn drain_without_deadline_waits_for_work_and_can_be_revoked() {
     .await;
     let refused = w.post("/t/drain-new/hit").await;
     assert_eq!(refused.status(), 503);
+    // The process is on its way out: no keep-alive connection is left to
+    // race its exit.
+    assert_eq!(
+        refused.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
     assert_eq!(
         refused.text().await.expect("body"),
         r#"{"detail":"host draining; retry"}"#
@@ -262,7 +268,9 @@ async fn drain_without_deadline_waits_for_work_and_can_be_revoked() {
     assert!(events_of("drain-busy").contains(&"hang-done".to_owned()));
     w.worker.undrain();
     assert!(!w.worker.draining());
-    assert_eq!(w.post("/t/drain-new/hit").await.status(), 200);
+    let served = w.post("/t/drain-new/hit").await;
+    assert_eq!(served.status(), 200);
+    assert!(served.headers().get("connection").is_none());
 }
 
 #[tokio::test]
