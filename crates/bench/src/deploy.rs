@@ -7,15 +7,13 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::routing::get;
-use axum::{Json, Router};
 use clap::{Args, Parser, Subcommand};
-use pinned::{BoxError, Context, HostOptions, Object, Options, This};
-use serde_json::{json, Value};
+use pinned::{HostOptions, Options};
+use pinned_fleet::counter::{process_token, Counter};
+use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::child::{self, Server, Spawn};
@@ -91,52 +89,6 @@ async fn serve_pinboard(args: &[String]) -> anyhow::Result<()> {
     println!("pinboard listening on http://{}", listener.local_addr()?);
     pinboard::run(config, listener, pinned::shutdown_signal()).await?;
     Ok(())
-}
-
-fn process_token() -> &'static str {
-    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    TOKEN.get_or_init(|| format!("{:016x}", rand::random::<u64>()))
-}
-
-/// The benchmarked object: the Python test app's counter (`GET /hit`
-/// answers the same JSON fields), so Rust and Python answer alike.
-struct Counter {
-    id: String,
-    count: AtomicU64,
-    instance: String,
-}
-
-impl Counter {
-    fn state(&self) -> Value {
-        json!({
-            "id": self.id,
-            "count": self.count.load(Ordering::Relaxed),
-            "instance": self.instance,
-            "process": process_token(),
-        })
-    }
-}
-
-async fn hit(this: This<Counter>) -> Json<Value> {
-    this.count.fetch_add(1, Ordering::Relaxed);
-    Json(this.state())
-}
-
-impl Object for Counter {
-    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
-        Ok(Counter {
-            id: ctx.id().to_owned(),
-            count: AtomicU64::new(0),
-            instance: format!("{:016x}", rand::random::<u64>()),
-        })
-    }
-
-    fn routes() -> Router {
-        Router::new().route("/hit", get(hit)).route(
-            "/peek",
-            get(|this: This<Counter>| async move { Json(this.state()) }),
-        )
-    }
 }
 
 /// Serves the counter in control-plane mode. Prints `secret <hex>`,

@@ -2,3 +2,8 @@
 //! (`fleet-worker`) and Python reference workers, Redis, and signals
 //! (SIGKILL, SIGSTOP, SIGTERM). The tests live in `tests/`; the binaries in
 //! `src/bin/` are the processes they start.
+//!
+//! [`counter`] is the object those Rust workers host; the benchmarks host it
+//! too.
+
+pub mod counter;

@@ -341,15 +341,11 @@ async fn first_answer(
     }
 }
 
-fn main() -> anyhow::Result<()> {
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        match &cli.command {
-            Some(Command::Serve(serve)) => serve.run().await,
-            None => run(&cli).await,
-        }
-    })
+    match &cli.command {
+        Some(Command::Serve(serve)) => serve.run().await,
+        None => run(&cli).await,
+    }
 }

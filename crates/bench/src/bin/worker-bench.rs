@@ -260,17 +260,13 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        match &cli.command {
-            Some(Command::ServePinned) => serve_pinned().await,
-            Some(Command::ServeBare) => serve_bare().await,
-            Some(Command::Memory { instances }) => memory(*instances).await,
-            None => run(&cli).await,
-        }
-    })
+    match &cli.command {
+        Some(Command::ServePinned) => serve_pinned().await,
+        Some(Command::ServeBare) => serve_bare().await,
+        Some(Command::Memory { instances }) => memory(*instances).await,
+        None => run(&cli).await,
+    }
 }

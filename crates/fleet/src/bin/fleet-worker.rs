@@ -12,198 +12,13 @@
 //! `write`, `state` and the process log `GET /fleet/writes`). Prints
 //! `secret <hex>` and then `pinned worker listening on http://<addr>`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::extract::{Path, Query};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use pinned::pinned_store::PostgresOptions;
-use pinned::{BoxError, Call, Caller, Context, HostOptions, Object, Options, Takeover, This};
-use serde_json::{json, Value};
-
-fn process_token() -> &'static str {
-    static TOKEN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    TOKEN.get_or_init(|| format!("{:016x}", rand::random::<u64>()))
-}
-
-struct Counter {
-    id: String,
-    count: AtomicU64,
-    instance: String,
-}
-
-impl Counter {
-    fn state(&self) -> Value {
-        json!({
-            "id": self.id,
-            "count": self.count.load(Ordering::SeqCst),
-            "instance": self.instance,
-            "process": process_token(),
-        })
-    }
-}
-
-async fn hit(this: This<Counter>) -> Json<Value> {
-    this.count.fetch_add(1, Ordering::SeqCst);
-    Json(this.state())
-}
-
-async fn whoami(call: Call) -> Json<Value> {
-    let caller = match call.attestation() {
-        Some(Caller::Instance { ns, id, depth }) => json!({"ns": ns, "id": id, "depth": depth}),
-        _ => Value::Null,
-    };
-    Json(json!({ "caller": caller, "process": process_token(), "id": call.ctx().id() }))
-}
-
-async fn call_peer(call: Call, Path(target): Path<String>) -> Result<Json<Value>, String> {
-    let response = call
-        .cluster()
-        .get(&format!("/counter/{target}/whoami"))
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status().as_u16();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .map_err(|e| e.to_string())?;
-    let target: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok(Json(json!({ "status": status, "target": target })))
-}
-
-async fn slow(
-    this: This<Counter>,
-    Query(q): Query<std::collections::HashMap<String, u64>>,
-) -> Json<Value> {
-    tokio::time::sleep(Duration::from_millis(q.get("ms").copied().unwrap_or(1000))).await;
-    Json(this.state())
-}
-
-/// Outcomes of `write` calls in this process, as `"<id> <outcome>"`.
-static WRITES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
-
-fn log_write(id: &str, outcome: &str) {
-    if let Ok(mut writes) = WRITES.lock() {
-        writes.push(format!("{id} {outcome}"));
-    }
-}
-
-fn error(e: impl std::fmt::Display) -> (axum::http::StatusCode, String) {
-    (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-}
-
-/// `POST /alarm?ms=N`: the alarm fires N ms from now.
-async fn set_alarm(
-    call: Call,
-    Query(q): Query<std::collections::HashMap<String, u64>>,
-) -> Result<&'static str, (axum::http::StatusCode, String)> {
-    let ms = q.get("ms").copied().unwrap_or(1000);
-    call.ctx()
-        .alarm()
-        .set_in(Duration::from_millis(ms))
-        .await
-        .map_err(error)?;
-    Ok("set")
-}
-
-/// `GET /fired`: the `("fired", "~")` row the alarm handler keeps.
-async fn fired(call: Call) -> Result<Json<Value>, (axum::http::StatusCode, String)> {
-    let store = call.ctx().store().ok_or_else(|| error("no store"))?;
-    let row = store.get_tray("fired", "~").await.map_err(error)?;
-    Ok(Json(row.map_or(json!({ "count": 0 }), |tray| {
-        Value::Object(tray.doc)
-    })))
-}
-
-/// `POST /write?later_ms=N`: writes `("state", "~")` now, or N ms later
-/// from tracked work (which survives until the instance's teardown).
-async fn write(
-    call: Call,
-    Query(q): Query<std::collections::HashMap<String, u64>>,
-) -> Result<&'static str, (axum::http::StatusCode, String)> {
-    let store = call.ctx().store().ok_or_else(|| error("no store"))?;
-    let id = call.ctx().id().to_owned();
-    let write = async move {
-        let mut doc = serde_json::Map::new();
-        doc.insert("by".into(), process_token().into());
-        let outcome = match store.set_tray("state", "~", false, doc).await {
-            Ok(()) => "written".to_owned(),
-            Err(e) => e.to_string(),
-        };
-        log_write(&id, &outcome);
-        outcome
-    };
-    match q.get("later_ms").copied() {
-        None => {
-            let outcome = write.await;
-            if outcome == "written" {
-                Ok("written")
-            } else {
-                Err(error(outcome))
-            }
-        }
-        Some(ms) => {
-            call.ctx().wait_until(async move {
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                write.await;
-                Ok(())
-            });
-            Ok("scheduled")
-        }
-    }
-}
-
-/// `GET /state`: the `("state", "~")` row.
-async fn state(call: Call) -> Result<Json<Value>, (axum::http::StatusCode, String)> {
-    let store = call.ctx().store().ok_or_else(|| error("no store"))?;
-    let row = store.get_tray("state", "~").await.map_err(error)?;
-    Ok(Json(
-        row.map_or(Value::Null, |tray| Value::Object(tray.doc)),
-    ))
-}
-
-impl Object for Counter {
-    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
-        if let Some(store) = ctx.store() {
-            ctx.on_alarm(move || {
-                let store = store.clone();
-                async move {
-                    let count = store
-                        .get_tray("fired", "~")
-                        .await?
-                        .and_then(|tray| tray.doc.get("count").and_then(Value::as_u64))
-                        .unwrap_or(0);
-                    let mut doc = serde_json::Map::new();
-                    doc.insert("count".into(), (count + 1).into());
-                    doc.insert("process".into(), process_token().into());
-                    store.set_tray("fired", "~", false, doc).await?;
-                    Ok(())
-                }
-            })?;
-        }
-        Ok(Counter {
-            id: ctx.id().to_owned(),
-            count: AtomicU64::new(0),
-            instance: format!("{:016x}", rand::random::<u64>()),
-        })
-    }
-
-    fn routes() -> Router {
-        Router::new()
-            .route("/hit", get(hit))
-            .route(
-                "/peek",
-                get(|this: This<Counter>| async move { Json(this.state()) }),
-            )
-            .route("/whoami", get(whoami))
-            .route("/call/{target}", get(call_peer))
-            .route("/slow", get(slow))
-            .route("/alarm", axum::routing::post(set_alarm))
-            .route("/fired", get(fired))
-            .route("/write", axum::routing::post(write))
-            .route("/state", get(state))
-    }
-}
+use pinned::{HostOptions, Options, Takeover};
+use pinned_fleet::counter::{writes, Counter};
 
 fn ms(name: &str) -> Option<Duration> {
     std::env::var(name)
@@ -259,10 +74,10 @@ async fn main() -> anyhow::Result<()> {
     let worker = options.build()?;
     println!("secret {}", worker.secret());
     println!("pinned worker listening on http://{addr}");
-    let app = worker.router().merge(worker.metrics_router()).route(
-        "/fleet/writes",
-        get(|| async { Json(json!(WRITES.lock().map(|w| w.clone()).unwrap_or_default())) }),
-    );
+    let app = worker
+        .router()
+        .merge(worker.metrics_router())
+        .route("/fleet/writes", get(|| async { Json(writes()) }));
     worker.start();
     let closing = worker.clone();
     axum::serve(listener, app)
