@@ -29,7 +29,7 @@ impl Object for Counter {
         })
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route("/increment", post(increment))
             .route("/value", get(value))

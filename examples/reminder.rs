@@ -27,19 +27,17 @@ struct In {
 }
 
 impl Object for Reminder {
-    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
-        let id = ctx.id().to_owned();
-        ctx.on_alarm(move || {
-            let id = id.clone();
-            async move {
-                println!("reminder {id} is due");
-                Ok(())
-            }
-        })?;
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
         Ok(Reminder)
     }
 
-    fn routes() -> Router {
+    // Runs when the alarm is due, activating the id again if it was evicted.
+    async fn alarm(&self, ctx: &Context) -> Result<(), BoxError> {
+        println!("reminder {} is due", ctx.id());
+        Ok(())
+    }
+
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route(
                 "/in",

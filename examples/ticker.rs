@@ -34,7 +34,7 @@ impl Object for Ticker {
         })
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new().route("/events", get(events))
     }
 }

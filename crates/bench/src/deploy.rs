@@ -113,7 +113,7 @@ async fn serve_worker(args: &WorkerArgs) -> anyhow::Result<()> {
     println!("secret {}", worker.secret());
     println!("process {}", process_token());
     println!("pinned worker listening on http://{addr}");
-    pinned::serve_worker(listener, worker, pinned::shutdown_signal()).await?;
+    pinned::serve(worker).listener(listener).await?;
     Ok(())
 }
 

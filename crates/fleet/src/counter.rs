@@ -163,23 +163,6 @@ async fn state(call: Call) -> Result<Json<Value>, (axum::http::StatusCode, Strin
 
 impl Object for Counter {
     async fn activate(ctx: &Context) -> Result<Self, BoxError> {
-        if let Some(store) = ctx.store() {
-            ctx.on_alarm(move || {
-                let store = store.clone();
-                async move {
-                    let count = store
-                        .get_tray("fired", "~")
-                        .await?
-                        .and_then(|tray| tray.doc.get("count").and_then(Value::as_u64))
-                        .unwrap_or(0);
-                    let mut doc = serde_json::Map::new();
-                    doc.insert("count".into(), (count + 1).into());
-                    doc.insert("process".into(), process_token().into());
-                    store.set_tray("fired", "~", false, doc).await?;
-                    Ok(())
-                }
-            })?;
-        }
         Ok(Counter {
             id: ctx.id().to_owned(),
             count: AtomicU64::new(0),
@@ -187,7 +170,24 @@ impl Object for Counter {
         })
     }
 
-    fn routes() -> Router {
+    /// Counts firings in the `("fired", "~")` row, with the process that ran it.
+    async fn alarm(&self, ctx: &Context) -> Result<(), BoxError> {
+        let Some(store) = ctx.store() else {
+            return Ok(());
+        };
+        let count = store
+            .get_tray("fired", "~")
+            .await?
+            .and_then(|tray| tray.doc.get("count").and_then(Value::as_u64))
+            .unwrap_or(0);
+        let mut doc = serde_json::Map::new();
+        doc.insert("count".into(), (count + 1).into());
+        doc.insert("process".into(), process_token().into());
+        store.set_tray("fired", "~", false, doc).await?;
+        Ok(())
+    }
+
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route("/hit", get(hit))
             .route(

@@ -72,11 +72,14 @@ pub fn database_url() -> String {
 /// Postgres tables at [`database_url`] when dropped, so tests sharing a database leave
 /// nothing behind for others (pinboard's sweeper scans these tables). Runs on its own
 /// thread and runtime, so it works inside and outside async code, and during a panic.
+/// Needs the `postgres` feature.
+#[cfg(feature = "postgres")]
 #[derive(Debug)]
 pub struct PostgresCleanup {
     ns: String,
 }
 
+#[cfg(feature = "postgres")]
 impl PostgresCleanup {
     /// Cleans up `ns` on drop.
     pub fn new(ns: &str) -> Self {
@@ -84,6 +87,7 @@ impl PostgresCleanup {
     }
 }
 
+#[cfg(feature = "postgres")]
 impl Drop for PostgresCleanup {
     fn drop(&mut self) {
         let ns = self.ns.clone();

@@ -7,7 +7,6 @@
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A boxed error from a backend, kept as the `source` of a [`StoreError`].
@@ -47,6 +46,7 @@ pub enum StoreError {
     /// Postgres refused a statement or the connection broke before commit. Nothing was
     /// committed. Retryable when the cause is transient (connection loss, lock or
     /// statement timeout, serialization failure, server shutting down).
+    #[cfg(feature = "postgres")]
     #[error("postgres: {source}")]
     Postgres {
         /// The driver's error (carries the SQLSTATE when the server sent one).
@@ -83,11 +83,12 @@ pub enum StoreError {
 
     /// SQLite failed. Nothing was committed. Retryable when the database was busy or
     /// locked by another process.
+    #[cfg(feature = "sqlite")]
     #[error("sqlite: {source}")]
     Sqlite {
         /// The driver's error.
         #[source]
-        source: Arc<rusqlite::Error>,
+        source: std::sync::Arc<rusqlite::Error>,
     },
 
     /// A stored row could not be read back as `(marked: bool, doc: JSON object)`.
@@ -109,6 +110,14 @@ pub enum StoreError {
         /// Why setup failed.
         #[source]
         source: BoxError,
+    },
+
+    /// The configured location names a backend this build of pinned-store was compiled
+    /// without (its Cargo feature is off); nothing was opened.
+    #[error("this build of pinned-store has no {backend} backend; enable the `{backend}` feature")]
+    BackendNotBuilt {
+        /// The backend, which is also its feature's name: `"sqlite"` or `"postgres"`.
+        backend: &'static str,
     },
 }
 
@@ -135,8 +144,10 @@ impl StoreError {
     /// unknown outcome are never retryable.
     pub fn retryable(&self) -> bool {
         match self {
+            #[cfg(feature = "postgres")]
             StoreError::Postgres { source } => postgres_transient(source),
             StoreError::Unavailable { .. } | StoreError::Deadline { .. } => true,
+            #[cfg(feature = "sqlite")]
             StoreError::Sqlite { source } => matches!(
                 source.sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
@@ -146,19 +157,22 @@ impl StoreError {
             | StoreError::CommitIndeterminate { .. }
             | StoreError::Corrupt { .. }
             | StoreError::Closed
-            | StoreError::Setup { .. } => false,
+            | StoreError::Setup { .. }
+            | StoreError::BackendNotBuilt { .. } => false,
         }
     }
 }
 
+#[cfg(feature = "sqlite")]
 impl From<rusqlite::Error> for StoreError {
     fn from(source: rusqlite::Error) -> Self {
         StoreError::Sqlite {
-            source: Arc::new(source),
+            source: std::sync::Arc::new(source),
         }
     }
 }
 
+#[cfg(feature = "postgres")]
 impl From<tokio_postgres::Error> for StoreError {
     fn from(source: tokio_postgres::Error) -> Self {
         StoreError::Postgres { source }
@@ -169,6 +183,7 @@ impl From<tokio_postgres::Error> for StoreError {
 /// reported a connection exception (08), a transaction rollback such as a deadlock or
 /// serialization failure (40), insufficient resources (53), a lock that could not be
 /// had (55P03), or operator intervention such as a statement timeout or shutdown (57).
+#[cfg(feature = "postgres")]
 pub(crate) fn postgres_transient(err: &tokio_postgres::Error) -> bool {
     match err.code() {
         Some(code) => {
@@ -249,5 +264,20 @@ mod tests {
         .retryable());
         assert!(!StoreError::Closed.retryable());
         assert!(!StoreError::EpochOutOfRange { epoch: u64::MAX }.retryable());
+        assert!(!StoreError::BackendNotBuilt {
+            backend: "postgres"
+        }
+        .retryable());
+    }
+
+    #[test]
+    fn backend_not_built_names_the_feature() {
+        assert_eq!(
+            StoreError::BackendNotBuilt {
+                backend: "postgres"
+            }
+            .to_string(),
+            "this build of pinned-store has no postgres backend; enable the `postgres` feature"
+        );
     }
 }

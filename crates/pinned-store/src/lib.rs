@@ -12,11 +12,24 @@
 //! | store | for | survives a restart |
 //! | --- | --- | --- |
 //! | [`MemoryStore`] | tests | no |
-//! | [`SqliteStore`] | one machine, no setup: the default without a database URL | yes (one file, WAL) |
-//! | [`PostgresStore`] | fleets; shares the Python reference's tables | yes |
+//! | `SqliteStore` | one machine, no setup: the default without a database URL | yes (one file, WAL) |
+//! | `PostgresStore` | fleets; shares the Python reference's tables | yes |
 //!
 //! [`StoreConfig::from_location`] picks one from a configured location (`postgres://…`,
 //! `sqlite:PATH`, `memory:`, or nothing for the default SQLite file).
+//!
+//! # Features
+//!
+//! Each durable backend is a Cargo feature; [`MemoryStore`] is always built.
+//!
+//! | feature | default | gives |
+//! | --- | --- | --- |
+//! | `sqlite` | yes | `SqliteStore`, `SqliteOptions`, `SyncMode`, `StoreError::Sqlite` |
+//! | `postgres` | no | `PostgresStore`, `PostgresOptions`, its `DEFAULT_*` constants, `StoreError::Postgres` |
+//! | `test-util` | no | the `conformance` suite (its `PostgresCleanup` needs `postgres` too) |
+//!
+//! A location naming a backend this build lacks is refused by
+//! [`StoreConfig::from_location`] with [`StoreError::BackendNotBuilt`].
 //!
 //! ```
 //! use pinned_store::{MemoryStore, StateStore, StoreError};
@@ -44,10 +57,13 @@
 #![forbid(unsafe_code)]
 
 mod error;
+#[cfg(feature = "postgres")]
 mod locks;
 mod memory;
 mod open;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod store;
 
@@ -57,9 +73,11 @@ pub mod conformance;
 pub use error::{BoxError, StoreError};
 pub use memory::MemoryStore;
 pub use open::StoreConfig;
+#[cfg(feature = "postgres")]
 pub use postgres::{
     PostgresOptions, PostgresStore, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT,
     DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
 };
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, SyncMode};
 pub use store::{BatchOp, Doc, DueAlarm, StateStore, Tray, TrayRow, ALARM_TRAY_ID, ALARM_TRAY_NS};

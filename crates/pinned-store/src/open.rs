@@ -7,23 +7,31 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::{
-    MemoryStore, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, StateStore, StoreError,
-};
+use crate::{MemoryStore, StateStore, StoreError};
+#[cfg(feature = "postgres")]
+use crate::{PostgresOptions, PostgresStore};
+#[cfg(feature = "sqlite")]
+use crate::{SqliteOptions, SqliteStore};
 
 /// Where durable state lives.
+///
+/// Only the backends this build has (Cargo features `sqlite`, `postgres`) have a
+/// variant, so the enum is non-exhaustive: enabling a feature adds one.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum StoreConfig {
     /// [`MemoryStore`]: nothing survives the process.
     Memory,
-    /// [`SqliteStore`] in this file.
+    /// `SqliteStore` in this file (feature `sqlite`).
+    #[cfg(feature = "sqlite")]
     Sqlite {
         /// The database file (created if absent).
         path: PathBuf,
         /// Its options.
         options: SqliteOptions,
     },
-    /// [`PostgresStore`] at this URL; tables are created on open.
+    /// `PostgresStore` at this URL; tables are created on open (feature `postgres`).
+    #[cfg(feature = "postgres")]
     Postgres {
         /// `postgres://…` or `postgresql://…`.
         url: String,
@@ -41,22 +49,18 @@ impl StoreConfig {
     ///
     /// # Errors
     ///
+    /// [`StoreError::BackendNotBuilt`] for a Postgres or SQLite location (including no
+    /// location, which means SQLite) when that backend's feature is off;
     /// [`StoreError::Setup`] for a location of any other shape.
     pub fn from_location(
         location: Option<&str>,
         default_file: impl Into<PathBuf>,
     ) -> Result<Self, StoreError> {
         let Some(location) = location.map(str::trim).filter(|l| !l.is_empty()) else {
-            return Ok(StoreConfig::Sqlite {
-                path: default_file.into(),
-                options: SqliteOptions::default(),
-            });
+            return Self::sqlite(default_file.into());
         };
         if location.starts_with("postgres://") || location.starts_with("postgresql://") {
-            return Ok(StoreConfig::Postgres {
-                url: location.to_owned(),
-                options: PostgresOptions::default(),
-            });
+            return Self::postgres(location);
         }
         if location == "memory:" {
             return Ok(StoreConfig::Memory);
@@ -66,10 +70,7 @@ impl StoreConfig {
             .or_else(|| location.strip_prefix("sqlite:"))
             .filter(|p| !p.is_empty())
         {
-            return Ok(StoreConfig::Sqlite {
-                path: PathBuf::from(path),
-                options: SqliteOptions::default(),
-            });
+            return Self::sqlite(PathBuf::from(path));
         }
         Err(StoreError::Setup {
             source: format!(
@@ -80,17 +81,51 @@ impl StoreConfig {
         })
     }
 
+    /// The SQLite file at `path` with default options.
+    #[cfg(feature = "sqlite")]
+    fn sqlite(path: PathBuf) -> Result<Self, StoreError> {
+        Ok(StoreConfig::Sqlite {
+            path,
+            options: SqliteOptions::default(),
+        })
+    }
+
+    /// This build has no SQLite backend.
+    #[cfg(not(feature = "sqlite"))]
+    fn sqlite(_path: PathBuf) -> Result<Self, StoreError> {
+        Err(StoreError::BackendNotBuilt { backend: "sqlite" })
+    }
+
+    /// Postgres at `url` with default options.
+    #[cfg(feature = "postgres")]
+    fn postgres(url: &str) -> Result<Self, StoreError> {
+        Ok(StoreConfig::Postgres {
+            url: url.to_owned(),
+            options: PostgresOptions::default(),
+        })
+    }
+
+    /// This build has no Postgres backend.
+    #[cfg(not(feature = "postgres"))]
+    fn postgres(_url: &str) -> Result<Self, StoreError> {
+        Err(StoreError::BackendNotBuilt {
+            backend: "postgres",
+        })
+    }
+
     /// Opens the configured store (creating tables as needed).
     ///
     /// # Errors
     ///
-    /// As [`SqliteStore::open`] and [`PostgresStore::open`].
+    /// As `SqliteStore::open` and `PostgresStore::open`.
     pub async fn open(self) -> Result<Arc<dyn StateStore>, StoreError> {
         Ok(match self {
             StoreConfig::Memory => Arc::new(MemoryStore::new()),
+            #[cfg(feature = "sqlite")]
             StoreConfig::Sqlite { path, options } => {
                 Arc::new(SqliteStore::open(path, options).await?)
             }
+            #[cfg(feature = "postgres")]
             StoreConfig::Postgres { url, options } => {
                 Arc::new(PostgresStore::open(&url, options).await?)
             }
@@ -106,6 +141,7 @@ mod tests {
         StoreConfig::from_location(location, "default.db")
     }
 
+    #[cfg(feature = "sqlite")]
     #[test]
     fn no_location_means_the_embedded_file() {
         for location in [None, Some(""), Some("  ")] {
@@ -118,17 +154,9 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "sqlite")]
     #[test]
-    fn locations_by_scheme() {
-        assert!(matches!(
-            parse(Some("postgresql://u@h/db")),
-            Ok(StoreConfig::Postgres { url, .. }) if url == "postgresql://u@h/db"
-        ));
-        assert!(matches!(
-            parse(Some("postgres://h/db")),
-            Ok(StoreConfig::Postgres { .. })
-        ));
-        assert!(matches!(parse(Some("memory:")), Ok(StoreConfig::Memory)));
+    fn sqlite_locations() {
         assert!(matches!(
             parse(Some("sqlite:/var/lib/pinned/state.db")),
             Ok(StoreConfig::Sqlite { path, .. }) if path.as_path() == std::path::Path::new("/var/lib/pinned/state.db")
@@ -137,6 +165,48 @@ mod tests {
             parse(Some("sqlite://rel.db")),
             Ok(StoreConfig::Sqlite { path, .. }) if path.as_path() == std::path::Path::new("rel.db")
         ));
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_locations() {
+        assert!(matches!(
+            parse(Some("postgresql://u@h/db")),
+            Ok(StoreConfig::Postgres { url, .. }) if url == "postgresql://u@h/db"
+        ));
+        assert!(matches!(
+            parse(Some("postgres://h/db")),
+            Ok(StoreConfig::Postgres { .. })
+        ));
+    }
+
+    #[cfg(not(feature = "sqlite"))]
+    #[test]
+    fn sqlite_locations_without_the_feature() {
+        for location in [None, Some("sqlite:state.db")] {
+            assert!(
+                matches!(
+                    parse(location),
+                    Err(StoreError::BackendNotBuilt { backend: "sqlite" })
+                ),
+                "{location:?}"
+            );
+        }
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    #[test]
+    fn postgres_locations_without_the_feature() {
+        let err = parse(Some("postgres://h/db")).expect_err("no postgres backend");
+        assert_eq!(
+            err.to_string(),
+            "this build of pinned-store has no postgres backend; enable the `postgres` feature"
+        );
+    }
+
+    #[test]
+    fn other_locations() {
+        assert!(matches!(parse(Some("memory:")), Ok(StoreConfig::Memory)));
         for bad in ["mysql://x", "sqlite:", "state.db"] {
             assert!(
                 matches!(parse(Some(bad)), Err(StoreError::Setup { .. })),

@@ -245,6 +245,82 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     ) -> Result<Vec<(String, String)>, StoreError>;
 }
 
+/// `Arc<S>` is a store whenever `S` is, so `Arc<dyn StateStore>` (what
+/// [`StoreConfig::open`](crate::StoreConfig::open) returns) can be passed wherever an
+/// `impl StateStore` is wanted. Every method forwards to `S`.
+#[async_trait]
+impl<S: StateStore + ?Sized> StateStore for std::sync::Arc<S> {
+    async fn set_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        marked: bool,
+        doc: Doc,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        (**self)
+            .set_tray(ns, id, tray_ns, tray_id, marked, doc, epoch)
+            .await
+    }
+
+    async fn delete_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        (**self).delete_tray(ns, id, tray_ns, tray_id, epoch).await
+    }
+
+    async fn get_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<Option<Tray>, StoreError> {
+        (**self).get_tray(ns, id, tray_ns, tray_id, epoch).await
+    }
+
+    async fn list(
+        &self,
+        ns: &str,
+        id: &str,
+        epoch: u64,
+        tray_ns: Option<&str>,
+        marked: Option<bool>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        (**self).list(ns, id, epoch, tray_ns, marked).await
+    }
+
+    async fn apply_batch(
+        &self,
+        ns: &str,
+        id: &str,
+        ops: Vec<BatchOp>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        (**self).apply_batch(ns, id, ops, epoch).await
+    }
+
+    async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
+        (**self).due_alarms(due_by_ms, limit).await
+    }
+
+    async fn marked_instances(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        (**self).marked_instances(after, limit).await
+    }
+}
+
 /// `doc.at` of an alarm row as epoch ms: an integer-valued JSON number within `i64`.
 pub(crate) fn alarm_at(doc: &Doc) -> Option<i64> {
     let at = doc.get("at")?.as_number()?;
@@ -270,6 +346,7 @@ pub(crate) fn alarm_nonce(doc: &Doc) -> Option<String> {
 }
 
 /// A scan limit as SQL `LIMIT`.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
@@ -277,4 +354,52 @@ pub(crate) fn sql_limit(limit: usize) -> i64 {
 /// Refuses epochs that do not fit the stores' signed 64-bit column.
 pub(crate) fn check_epoch(epoch: u64) -> Result<i64, StoreError> {
     i64::try_from(epoch).map_err(|_| StoreError::EpochOutOfRange { epoch })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::MemoryStore;
+
+    /// Writes, scans and reads back at `epoch` through any store, as generic code would.
+    async fn round_trip(store: impl StateStore, epoch: u64) -> Result<Option<Tray>, StoreError> {
+        let doc = json!({"v": 1}).as_object().cloned().unwrap_or_default();
+        store
+            .set_tray("/n", "a", "t", "~", true, doc, epoch)
+            .await?;
+        let extra = vec![BatchOp::set("t", "k", false, Doc::new())];
+        store.apply_batch("/n", "a", extra, epoch).await?;
+        assert_eq!(
+            store.list("/n", "a", epoch, Some("t"), None).await?.len(),
+            2
+        );
+        assert!(store.due_alarms(i64::MAX, 10).await?.is_empty());
+        let marked = store.marked_instances(None, 10).await?;
+        assert_eq!(marked, vec![("/n".to_owned(), "a".to_owned())]);
+        store.delete_tray("/n", "a", "t", "k", epoch).await?;
+        store.get_tray("/n", "a", "t", "~", epoch).await
+    }
+
+    #[tokio::test]
+    async fn an_arc_dyn_store_is_a_store() {
+        let store: Arc<dyn StateStore> = Arc::new(MemoryStore::new());
+        let tray = round_trip(Arc::clone(&store), 2).await.expect("round trip");
+        assert_eq!(
+            tray.map(|t| (t.marked, t.doc["v"].clone())),
+            Some((true, json!(1)))
+        );
+
+        // The clone forwarded to the one store underneath: it holds the rows the generic
+        // code left, and a newer epoch there fences the generic code out.
+        let rows = store.list("/n", "a", 3, None, None).await.expect("list");
+        assert_eq!(rows.len(), 1);
+        let err = round_trip(store, 2)
+            .await
+            .expect_err("epoch 2 is fenced by 3");
+        assert!(err.is_fence_lost(), "{err}");
+    }
 }

@@ -2,8 +2,10 @@
 //!
 //! The alarm is the tray row `("pinned", "alarm")`, unmarked, doc
 //! `{"at": <epoch ms, rounded up>, "nonce": <fresh per write>}`, written at
-//! the instance's epoch. A due alarm runs the instance's handler, one run
-//! at a time per instance and counted as in flight; the row is deleted
+//! the instance's epoch. A due alarm runs the object's
+//! [`Object::alarm`](crate::Object::alarm), one run at a time per instance,
+//! counted as in flight and, in exclusive mode, inside a turn of its own
+//! (never during a request's); the row is deleted
 //! after the handler succeeds unless a newer `set` replaced it (the nonce
 //! tells), so a failure or a crash leaves it to fire again.
 //!
@@ -13,29 +15,24 @@
 //! instances inside the lease; eviction drops it, activation re-arms it,
 //! and pinboard's sweeper delivers the rest through `POST …/_alarm`.
 
-use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use parking_lot::Mutex;
 use pinned_store::{Doc, StateStore, StoreError};
 use serde_json::Value;
 use tokio::task::AbortHandle;
 
+use crate::context::Context;
 use crate::directory::{panic_message, spawn_detached, Admission, HostShared};
 use crate::slot::Slot;
-use crate::BoxError;
 
 /// Tray namespace of the alarm row.
 pub const ALARM_TRAY_NS: &str = "pinned";
 /// Tray id of the alarm row.
 pub const ALARM_TRAY_ID: &str = "alarm";
-
-pub(crate) type AlarmHandler =
-    Arc<dyn Fn() -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
 
 /// Why an alarm operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,9 +41,6 @@ pub enum AlarmError {
     /// The worker has no state store.
     #[error("alarms need a state store; configure one with Options::store")]
     NoStore,
-    /// `on_alarm` was called twice for one instance.
-    #[error("an alarm handler is already set for this instance")]
-    HandlerAlreadySet,
     /// A time before the Unix epoch or too far in the future.
     #[error("invalid alarm time")]
     InvalidTime,
@@ -58,7 +52,6 @@ pub enum AlarmError {
 /// Per-instance alarm state, allocated on first use.
 #[derive(Default)]
 pub(crate) struct AlarmState {
-    handler: Mutex<Option<AlarmHandler>>,
     /// Serializes row reads-then-writes (a run's clear against `set`).
     row_turn: tokio::sync::Mutex<()>,
     /// One run at a time.
@@ -81,8 +74,8 @@ pub(crate) enum Run {
 pub(crate) enum RunError {
     #[error("alarm store: {0}")]
     Store(StoreError),
-    #[error("a due alarm has no handler (set one with ctx.on_alarm)")]
-    NoHandler,
+    #[error("the instance closed before its alarm ran")]
+    Closed,
     #[error("alarm handler failed: {0}")]
     Handler(String),
 }
@@ -232,20 +225,6 @@ impl Alarm {
     }
 }
 
-/// Registers the instance's alarm handler (once).
-pub(crate) fn on_alarm<F, Fut>(slot: &Slot, handler: F) -> Result<(), AlarmError>
-where
-    F: Fn() -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
-{
-    let mut current = slot.alarm_state().handler.lock();
-    if current.is_some() {
-        return Err(AlarmError::HandlerAlreadySet);
-    }
-    *current = Some(Arc::new(move || handler().boxed()));
-    Ok(())
-}
-
 /// Runs the instance's due alarm, if any. `wait`: queue behind a run in
 /// progress (timers) instead of answering [`Run::Running`] (`_alarm`).
 pub(crate) async fn run(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
@@ -279,10 +258,23 @@ pub(crate) async fn run(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
         slot.host.arm(&slot.id, at);
         return Ok(Run::Fired(false));
     }
-    let handler = state.handler.lock().clone().ok_or(RunError::NoHandler)?;
+    let instance = slot.instance().ok_or(RunError::Closed)?;
+    // Exclusive hosts: the alarm is a turn like a request, never inside one.
+    let _turn = match &slot.turn {
+        None => None,
+        Some(turn) => tokio::select! {
+            biased;
+            () = slot.cancel.cancelled() => return Err(RunError::Closed),
+            permit = turn.acquire() => Some(permit.map_err(|_| RunError::Closed)?),
+        },
+    };
     *state.running.lock() = nonce.clone();
-    let outcome = AssertUnwindSafe(handler()).catch_unwind().await;
+    let handler = (slot.host.lifecycle.alarm)(instance, Context::new(slot.clone()));
+    let outcome = AssertUnwindSafe(handler).catch_unwind().await;
     *state.running.lock() = None;
+    if !matches!(outcome, Ok(Ok(()))) {
+        slot.host.metrics.callback_failed("alarm");
+    }
     match outcome {
         Ok(Ok(())) => {}
         Ok(Err(error)) => return Err(RunError::Handler(error.to_string())),

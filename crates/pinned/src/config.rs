@@ -8,13 +8,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
-use axum::Router;
 use pinned_wire::ids;
 
-use crate::directory::Activator;
 use crate::host::HostOptions;
 use crate::lease::DEFAULT_LEASE_BUFFER;
-use crate::object::{activator, Object};
+use crate::object::{Lifecycle, Object};
 use crate::plane::{ClusterHost, Headroom, PlaneConfig, DEFAULT_HEARTBEAT_INTERVAL};
 use pinned_wire::registry::Takeover;
 
@@ -124,8 +122,7 @@ impl ConfigErrors {
 pub(crate) struct HostSpec {
     pub(crate) ns: String,
     pub(crate) options: HostOptions,
-    pub(crate) activator: Activator,
-    pub(crate) routes: fn() -> Router,
+    pub(crate) lifecycle: Lifecycle,
 }
 
 /// How a worker is built: which objects it hosts under which namespaces,
@@ -136,7 +133,7 @@ pub(crate) struct HostSpec {
 /// # struct Counter;
 /// # impl Object for Counter {
 /// #     async fn activate(_: &Context) -> Result<Self, BoxError> { Ok(Counter) }
-/// #     fn routes() -> axum::Router { axum::Router::new() }
+/// #     fn routes() -> pinned::Routes<Self> { axum::Router::new() }
 /// # }
 /// let worker = Options::new()
 ///     .host::<Counter>("/counter")
@@ -298,8 +295,8 @@ impl Options {
     /// [`Context::store`](crate::Context::store), and alarms live in. Open
     /// one with `pinned_store::StoreConfig` (Postgres for fleets, the
     /// embedded SQLite file for one machine).
-    pub fn store(mut self, store: std::sync::Arc<dyn pinned_store::StateStore>) -> Self {
-        self.store = Some(store);
+    pub fn store(mut self, store: impl pinned_store::StateStore + 'static) -> Self {
+        self.store = Some(std::sync::Arc::new(store));
         self
     }
 
@@ -320,8 +317,7 @@ impl Options {
         self.hosts.push(HostSpec {
             ns: ns.to_owned(),
             options,
-            activator: activator::<T>(),
-            routes: T::routes,
+            lifecycle: Lifecycle::of::<T>(),
         });
         self
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio_util::sync::WaitForCancellationFuture;
 
-use crate::alarm::{Alarm, AlarmError};
+use crate::alarm::Alarm;
 use crate::cluster::Cluster;
 use crate::directory::{self, HostShared};
 use crate::slot::{Phase, Slot};
@@ -107,9 +107,11 @@ impl Context {
         HostShared::abort(&self.slot);
     }
 
-    /// Runs `handler` when the instance closes, after its open work settled.
-    /// Handlers run last-registered first; an error or panic is logged and
-    /// the next handler still runs.
+    /// Runs `handler` when the instance closes, after its open work settled
+    /// and after [`Object::on_stop`](crate::Object::on_stop). Handlers run
+    /// last-registered first; an error or panic is logged and the next
+    /// handler still runs. Handlers are dropped once run, so one may
+    /// capture this context.
     pub fn on_stop<F, Fut>(&self, handler: F)
     where
         F: FnOnce() -> Fut + Send + 'static,
@@ -193,22 +195,6 @@ impl Context {
         Alarm::new(self.slot.clone())
     }
 
-    /// Sets the instance's alarm handler, usually in `activate`. It runs
-    /// when the alarm is due, one run at a time, keeping the instance in
-    /// flight; an error or panic leaves the alarm to fire again
-    /// (at-least-once: make it idempotent).
-    ///
-    /// # Errors
-    ///
-    /// A second handler for the same instance.
-    pub fn on_alarm<F, Fut>(&self, handler: F) -> Result<(), AlarmError>
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
-    {
-        crate::alarm::on_alarm(&self.slot, handler)
-    }
-
     /// A cluster client for calls to other instances (depth 1; inside a
     /// handler prefer [`Call::cluster`](crate::Call::cluster), which
     /// carries the request's depth).
@@ -240,5 +226,45 @@ impl Context {
     /// draining).
     pub fn winding_down(&self) -> bool {
         self.slot.winding_down()
+    }
+
+    /// Completes when the instance starts winding down (its own
+    /// [`wind_down`](Self::wind_down), a pinboard `wind_down`, or its worker
+    /// draining, as on SIGTERM) or is being evicted, with the deadline after
+    /// which it is aborted (`None`: no deadline). Already winding down, it
+    /// completes at once.
+    ///
+    /// Long-lived work such as a WebSocket loop selects on it to finish
+    /// early, so a drain does not wait for the deadline:
+    ///
+    /// ```
+    /// # async fn demo(ctx: pinned::Context, mut socket: pinned::ws::WebSocket) {
+    /// use pinned::ws::CLOSE_SERVICE_RESTART;
+    /// tokio::select! {
+    ///     _ = ctx.wind_down_started() => {
+    ///         let _ = socket.close(CLOSE_SERVICE_RESTART, "server restarting").await;
+    ///     }
+    ///     _ = socket.recv() => {}
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn wind_down_started(&self) -> Option<tokio::time::Instant> {
+        let host = &self.slot.host;
+        loop {
+            let notified = host.winding.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.slot.winding_down() {
+                return self.slot.effective_deadline();
+            }
+            tokio::select! {
+                () = &mut notified => {}
+                () = self.slot.cancel.cancelled() => return Some(tokio::time::Instant::now()),
+            }
+        }
     }
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
-use futures_util::future::{BoxFuture, FutureExt};
+use futures_util::future::FutureExt;
 use parking_lot::Mutex;
 use pinned_wire::refusal::Refusal;
 use prometheus_client::metrics::histogram::Histogram;
@@ -32,13 +32,9 @@ use crate::context::Context;
 use crate::fence::FenceTable;
 use crate::host::HostOptions;
 use crate::metrics::Metrics;
+use crate::object::Lifecycle;
 use crate::plane::Plane;
 use crate::slot::{Activation, Busy, Instance, Phase, Slot, WindDown};
-use crate::BoxError;
-
-/// Builds one instance's state from its context.
-pub(crate) type Activator =
-    Arc<dyn Fn(Context) -> BoxFuture<'static, Result<Instance, BoxError>> + Send + Sync>;
 
 /// Why a request could not enter an instance.
 #[derive(Debug)]
@@ -107,7 +103,8 @@ pub(crate) struct InstanceRow {
 pub(crate) struct HostShared {
     pub(crate) ns: Arc<str>,
     pub(crate) options: HostOptions,
-    activator: Activator,
+    /// The object type's activation and lifecycle hooks.
+    pub(crate) lifecycle: Lifecycle,
     /// The object's routes, built once for the namespace.
     pub(crate) router: Router,
     slots: DashMap<Arc<str>, Arc<Slot>>,
@@ -119,6 +116,10 @@ pub(crate) struct HostShared {
     pub(crate) settled: Notify,
     /// Signalled when a record leaves the map.
     changed: Notify,
+    /// Signalled when the host or one of its instances starts winding down
+    /// (waiters re-check their own instance: one `Notify` per host keeps
+    /// idle instances small).
+    pub(crate) winding: Notify,
     draining: AtomicBool,
     /// The worker's own drain (SIGTERM, `close`) is in force: the process
     /// is on its way out.
@@ -149,8 +150,7 @@ pub(crate) struct HostShared {
 pub(crate) struct HostParts {
     pub(crate) ns: Arc<str>,
     pub(crate) options: HostOptions,
-    pub(crate) activator: Activator,
-    pub(crate) router: Router,
+    pub(crate) lifecycle: Lifecycle,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) local_aud: String,
     pub(crate) secret: Arc<str>,
@@ -163,19 +163,19 @@ impl HostShared {
         let HostParts {
             ns,
             options,
-            activator,
-            router,
+            lifecycle,
             metrics,
             local_aud,
             secret,
             plane,
             store,
         } = parts;
+        let router = (lifecycle.routes)();
         let duration = metrics.duration_for(&ns);
         Self {
             ns,
             options,
-            activator,
+            lifecycle,
             router,
             slots: DashMap::new(),
             count: AtomicUsize::new(0),
@@ -183,6 +183,7 @@ impl HostShared {
             base: Instant::now(),
             settled: Notify::new(),
             changed: Notify::new(),
+            winding: Notify::new(),
             draining: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
             drain: Mutex::new(DrainState::default()),
@@ -324,7 +325,7 @@ impl HostShared {
                     }
                     return match phase {
                         Phase::Live => match slot.instance() {
-                            Some(instance) => Ok((busy, instance.clone())),
+                            Some(instance) => Ok((busy, instance)),
                             None => Err(Admission::ActivationFailed),
                         },
                         _ => Self::await_activation(busy).await,
@@ -402,7 +403,7 @@ impl HostShared {
             let slot = task_slot;
             let _entry = slot.adopt();
             let ctx = Context::new(slot.clone());
-            let activate = AssertUnwindSafe((host.activator)(ctx)).catch_unwind();
+            let activate = AssertUnwindSafe((host.lifecycle.activate)(ctx)).catch_unwind();
             let outcome = tokio::select! {
                 outcome = activate => outcome,
                 () = slot.cancel.cancelled() => return Activation::Aborted,
@@ -443,7 +444,7 @@ impl HostShared {
         let outcome = match pending {
             Some(activation) => activation.await,
             None => match (busy.slot().phase(), busy.slot().instance()) {
-                (Phase::Live, Some(instance)) => Activation::Ready(instance.clone()),
+                (Phase::Live, Some(instance)) => Activation::Ready(instance),
                 // Aborted and torn down before this request looked.
                 (Phase::Closing | Phase::Closed, _) => Activation::Aborted,
                 _ => Activation::Failed,
@@ -587,8 +588,11 @@ impl HostShared {
 
     /// Publishes the drain state: flag, abort timer, lease cap.
     fn rearm(self: &Arc<Self>, drain: &mut DrainState) {
-        self.draining.store(drain.draining(), Ordering::SeqCst);
+        let was_draining = self.draining.swap(drain.draining(), Ordering::SeqCst);
         self.leaving.store(drain.local.is_some(), Ordering::SeqCst);
+        if drain.draining() && !was_draining {
+            self.winding.notify_waiters();
+        }
         if let Some(timer) = drain.timer.take() {
             timer.abort();
         }
@@ -681,6 +685,7 @@ pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
         }
         slot.winding.store(true, Ordering::SeqCst);
     }
+    slot.host.winding.notify_waiters();
     HostShared::close_if_idle(slot);
 }
 
@@ -716,19 +721,24 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
         }
         settled.await;
     }
-    let hooks = std::mem::take(&mut *slot.on_stop.lock());
-    for hook in hooks.into_iter().rev() {
-        match AssertUnwindSafe(hook()).catch_unwind().await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::error!(namespace = %host.ns, id = %slot.id, %error, "on_stop handler failed");
-            }
-            Err(panic) => {
-                let error = panic_message(panic.as_ref());
-                tracing::error!(namespace = %host.ns, id = %slot.id, %error, "on_stop handler panicked");
-            }
+    if let Some(instance) = slot.instance() {
+        let stop = (host.lifecycle.on_stop)(instance, Context::new(slot.clone()));
+        if let Err(error) = settle(stop).await {
+            tracing::error!(namespace = %host.ns, id = %slot.id, %error, "Object::on_stop failed");
+            host.metrics.shutdown_failed("directory");
         }
     }
+    let hooks = std::mem::take(&mut *slot.on_stop.lock());
+    for hook in hooks.into_iter().rev() {
+        if let Err(error) = settle(hook()).await {
+            tracing::error!(namespace = %host.ns, id = %slot.id, %error, "on_stop handler failed");
+            host.metrics.shutdown_failed("directory");
+        }
+    }
+    // The record may outlive the teardown (a task or the state itself can
+    // hold a `Context`); the state must not. Dropping it here breaks any
+    // cycle user code built through a `Context`.
+    drop(slot.take_instance());
     if host.plane.is_some() {
         // Behind pinboard an evicted instance's alarm is the sweeper's.
         host.disarm(&slot.id);
@@ -750,6 +760,17 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
         tracing::info!(namespace = %host.ns, id = %slot.id, "evicted instance");
     }
     host.remove(&slot);
+}
+
+/// Awaits a hook, turning a panic into an error message.
+async fn settle(
+    hook: impl std::future::Future<Output = Result<(), crate::BoxError>>,
+) -> Result<(), String> {
+    match AssertUnwindSafe(hook).catch_unwind().await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(panic) => Err(format!("panicked: {}", panic_message(panic.as_ref()))),
+    }
 }
 
 /// Releases the placement of a closing instance: the fence first (so a

@@ -8,7 +8,7 @@
 //! ```no_run
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use axum::{routing::{get, post}, Json, Router};
-//! use pinned::{BoxError, Context, Object, Options, This};
+//! use pinned::{BoxError, Context, Object, Options, Routes, This};
 //!
 //! struct Counter {
 //!     value: AtomicU64,
@@ -19,7 +19,7 @@
 //!         Ok(Counter { value: AtomicU64::new(0) })
 //!     }
 //!
-//!     fn routes() -> Router {
+//!     fn routes() -> Routes<Self> {
 //!         Router::new()
 //!             .route("/increment", post(|this: This<Counter>| async move {
 //!                 Json(serde_json::json!({ "value": this.value.fetch_add(1, Ordering::SeqCst) + 1 }))
@@ -77,17 +77,21 @@ pub use context::{Context, TagError};
 pub use headroom::{default_headroom, DEFAULT_HEADROOM_MB};
 pub use host::{HostOptions, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES, DEFAULT_SWEEP_INTERVAL};
 pub use lease::DEFAULT_LEASE_BUFFER;
-pub use object::{NotAnInstanceRoute, Object, This};
+pub use object::{NoAlarmHandler, NotAnInstanceRoute, Object, RouteState, Routes, This};
 /// The durable state crate, re-exported.
 pub use pinned_store;
 pub use pinned_wire::attestation::Caller;
 pub use pinned_wire::registry::Takeover;
 pub use plane::{ClusterHost, Headroom, RegistrationState, DEFAULT_HEARTBEAT_INTERVAL};
-pub use serve::{
-    serve, serve_worker, serve_worker_with, shutdown_signal, ServeError, SHUTDOWN_DRAIN_DEADLINE,
-};
+pub use serve::{serve, shutdown_signal, IntoWorker, Serve, ServeError, SHUTDOWN_DRAIN_DEADLINE};
 pub use store::{InstanceStore, InstanceStoreError, RESERVED_TRAY_NS};
 pub use worker::Worker;
+
+/// The repository README's code blocks, compiled as doc tests so the
+/// README cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
 
 /// The error type objects return from activation and hooks. `anyhow::Error`
 /// and any `std::error::Error` convert into it with `?`.

@@ -45,8 +45,7 @@ pub(crate) struct Namespace {
     pub(crate) namespace: String,
 }
 
-/// Every `pinned_*` metric of one worker. Hook and shutdown failures are
-/// registered (so dashboards see them) but nothing here counts them yet.
+/// Every `pinned_*` metric of one worker.
 pub(crate) struct Metrics {
     registry: Registry,
     pub(crate) activations: Counter,
@@ -59,6 +58,8 @@ pub(crate) struct Metrics {
     pub(crate) duplicate_quits: Counter,
     pub(crate) control_plane_failures: Family<OperationReason, Counter>,
     pub(crate) request_failures: Family<PhaseTransport, Counter>,
+    callback_failures: Family<Hook, Counter>,
+    shutdown_failures: Family<Phase, Counter>,
     request_duration: Family<Namespace, Histogram>,
 }
 
@@ -160,6 +161,8 @@ impl Metrics {
             duplicate_quits,
             control_plane_failures,
             request_failures,
+            callback_failures,
+            shutdown_failures,
             request_duration,
         }
     }
@@ -177,6 +180,18 @@ impl Metrics {
         self.request_failures
             .get_or_create(&PhaseTransport { phase, transport })
             .inc();
+    }
+
+    /// One `pinned_callback_failures_total{hook}`: a lifecycle callback
+    /// (`alarm`, ...) failed or panicked.
+    pub(crate) fn callback_failed(&self, hook: &'static str) {
+        self.callback_failures.get_or_create(&Hook { hook }).inc();
+    }
+
+    /// One `pinned_shutdown_failures_total{phase}`: a step of closing an
+    /// instance (`directory`: its `on_stop`) or the worker failed.
+    pub(crate) fn shutdown_failed(&self, phase: &'static str) {
+        self.shutdown_failures.get_or_create(&Phase { phase }).inc();
     }
 
     /// One `pinned_control_plane_failures_total{operation, reason}`.

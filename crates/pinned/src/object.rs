@@ -1,32 +1,41 @@
-//! The [`Object`] trait and the [`This`] extractor.
+//! The [`Object`] trait, the router state that ties routes to their object
+//! ([`RouteState`], [`Routes`]), and the [`This`] extractor.
 //!
 //! An object's routes are built once per namespace; activation builds only
 //! the instance's state. That is what lets one worker hold a million idle
 //! instances: a two-route axum `Router` costs kilobytes, the state struct
 //! of a counter eight bytes.
+//!
+//! Lifecycle code is trait methods with defaults, called with the instance
+//! and its context. Nothing here stores a closure per instance: a closure
+//! that captured the instance's `Context` would hold the instance record
+//! alive from inside it, and an evicted instance would never be freed.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::ops::Deref;
 use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use futures_util::future::BoxFuture;
 use http::request::Parts;
 use http::StatusCode;
 
 use crate::call::Scope;
 use crate::context::Context;
 use crate::response::detail;
+use crate::slot::Instance;
 use crate::BoxError;
 
 /// A durable object: state built per id on first request, routes built once
-/// per namespace.
+/// per namespace, lifecycle hooks as methods with defaults.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use axum::{routing::post, Json, Router};
-/// use pinned::{BoxError, Context, Object, This};
+/// use pinned::{BoxError, Context, Object, Routes, This};
 ///
 /// struct Counter {
 ///     value: AtomicU64,
@@ -37,13 +46,19 @@ use crate::BoxError;
 ///         Ok(Counter { value: AtomicU64::new(0) })
 ///     }
 ///
-///     fn routes() -> Router {
+///     fn routes() -> Routes<Self> {
 ///         Router::new().route(
 ///             "/increment",
 ///             post(|this: This<Counter>| async move {
 ///                 Json(this.value.fetch_add(1, Ordering::SeqCst) + 1)
 ///             }),
 ///         )
+///     }
+///
+///     // Optional: runs when the instance's alarm is due.
+///     async fn alarm(&self, _ctx: &Context) -> Result<(), BoxError> {
+///         self.value.store(0, Ordering::SeqCst);
+///         Ok(())
 ///     }
 /// }
 /// ```
@@ -55,13 +70,92 @@ pub trait Object: Sized + Send + Sync + 'static {
 
     /// The routes of every instance, relative to `/<namespace>/<id>` (the
     /// bare instance URL matches `/`). Called once per hosted namespace.
-    fn routes() -> Router;
+    ///
+    /// The router's state type ties its handlers to this object: a
+    /// [`This`] naming another object type does not compile.
+    fn routes() -> Routes<Self>;
+
+    /// Runs when the instance's alarm is due (set with
+    /// [`Context::alarm`]), one run at a time, keeping the instance in
+    /// flight; in exclusive mode it takes a turn like a request. An error or
+    /// a panic leaves the alarm to fire again (at-least-once: make it
+    /// idempotent).
+    ///
+    /// The default fails, so an alarm set on an object without this method
+    /// is kept (and retried) rather than lost.
+    fn alarm(&self, ctx: &Context) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let object = std::any::type_name::<Self>();
+        let _ = ctx;
+        async move { Err(BoxError::from(NoAlarmHandler(object))) }
+    }
+
+    /// Runs once when the instance closes (idle eviction, wind-down, drain,
+    /// abort, worker close), after its open work settled and before the
+    /// handlers registered with [`Context::on_stop`]. The place for a final
+    /// snapshot to the store. An error or a panic is logged and counted in
+    /// `pinned_shutdown_failures_total`.
+    fn on_stop(&self, ctx: &Context) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = ctx;
+        async { Ok(()) }
+    }
 }
+
+/// The error of the default [`Object::alarm`]: the alarm stays stored and
+/// fires again.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} has a due alarm but does not implement Object::alarm")]
+pub struct NoAlarmHandler(&'static str);
+
+/// The state type of an object's router. It carries nothing at run time;
+/// it exists so that the extractors of `T`'s routes are checked against
+/// `T` by the compiler.
+pub struct RouteState<T>(PhantomData<fn() -> T>);
+
+impl<T> RouteState<T> {
+    pub(crate) fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+impl<T> Clone for RouteState<T> {
+    fn clone(&self) -> Self {
+        Self::new()
+    }
+}
+
+impl<T> std::fmt::Debug for RouteState<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RouteState<{}>", std::any::type_name::<T>())
+    }
+}
+
+/// The routes of object `T`: what [`Object::routes`] returns.
+pub type Routes<T> = Router<RouteState<T>>;
 
 /// Extracts the instance's state in a handler of an [`Object`]'s routes.
 ///
-/// Used outside such a route, or naming another object's type, it answers
-/// 500 and logs why.
+/// Only the object's own routes can extract it: `This<Other>` in a route of
+/// another object is a compile-time error.
+///
+/// ```compile_fail
+/// use axum::{routing::get, Router};
+/// use pinned::{BoxError, Context, Object, Routes, This};
+///
+/// struct Room;
+/// struct Lobby;
+///
+/// impl Object for Room {
+///     async fn activate(_: &Context) -> Result<Self, BoxError> { Ok(Room) }
+///     // A `Lobby` in `Room`'s routes: rejected by the compiler.
+///     fn routes() -> Routes<Self> {
+///         Router::new().route("/", get(|_lobby: This<Lobby>| async { "wrong object" }))
+///     }
+/// }
+/// # impl Object for Lobby {
+/// #     async fn activate(_: &Context) -> Result<Self, BoxError> { Ok(Lobby) }
+/// #     fn routes() -> Routes<Self> { Router::new() }
+/// # }
+/// ```
 pub struct This<T>(Arc<T>);
 
 impl<T> This<T> {
@@ -85,8 +179,9 @@ impl<T> Deref for This<T> {
     }
 }
 
-/// The rejection of [`This`] and [`Call`](crate::Call) outside an instance
-/// route: a programming error, answered 500.
+/// The rejection of [`This`], [`Call`](crate::Call) and
+/// [`WebSocketUpgrade`](crate::ws::WebSocketUpgrade) outside an instance
+/// route (a router served on its own): a programming error, answered 500.
 #[derive(Debug, thiserror::Error)]
 #[error("{0} used outside a pinned instance route of that object")]
 pub struct NotAnInstanceRoute(pub(crate) &'static str);
@@ -98,34 +193,71 @@ impl IntoResponse for NotAnInstanceRoute {
     }
 }
 
-impl<T, S> FromRequestParts<S> for This<T>
-where
-    T: Send + Sync + 'static,
-    S: Send + Sync,
-{
+impl<T: Object> FromRequestParts<RouteState<T>> for This<T> {
     type Rejection = NotAnInstanceRoute;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let scope = parts
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &RouteState<T>,
+    ) -> Result<Self, Self::Rejection> {
+        parts
             .extensions
             .get::<Scope>()
-            .ok_or(NotAnInstanceRoute(std::any::type_name::<Self>()))?;
-        scope
-            .instance
-            .clone()
-            .downcast::<T>()
+            .and_then(|scope| scope.instance.clone().downcast::<T>().ok())
             .map(This)
-            .map_err(|_| NotAnInstanceRoute(std::any::type_name::<Self>()))
+            .ok_or(NotAnInstanceRoute(std::any::type_name::<Self>()))
     }
 }
 
-/// Turns an object type into the directory's type-erased activator.
-pub(crate) fn activator<T: Object>() -> crate::directory::Activator {
-    Arc::new(|ctx: Context| {
-        Box::pin(async move {
-            let state = T::activate(&ctx).await?;
-            Ok(Arc::new(state) as crate::slot::Instance)
-        })
-            as futures_util::future::BoxFuture<'static, Result<crate::slot::Instance, BoxError>>
+/// A lifecycle hook of one object type, erased so the directory can hold it.
+pub(crate) type Hook = fn(Instance, Context) -> BoxFuture<'static, Result<(), BoxError>>;
+
+/// An object type's lifecycle, type-erased: what one hosted namespace needs
+/// to build and run its instances.
+#[derive(Clone)]
+pub(crate) struct Lifecycle {
+    pub(crate) activate: fn(Context) -> BoxFuture<'static, Result<Instance, BoxError>>,
+    pub(crate) routes: fn() -> Router,
+    pub(crate) alarm: Hook,
+    pub(crate) on_stop: Hook,
+}
+
+impl Lifecycle {
+    /// The lifecycle of object type `T`.
+    pub(crate) fn of<T: Object>() -> Self {
+        Self {
+            activate: activate::<T>,
+            routes: routes::<T>,
+            alarm: alarm::<T>,
+            on_stop: on_stop::<T>,
+        }
+    }
+}
+
+fn activate<T: Object>(ctx: Context) -> BoxFuture<'static, Result<Instance, BoxError>> {
+    Box::pin(async move {
+        let state = T::activate(&ctx).await?;
+        Ok(Arc::new(state) as Instance)
     })
+}
+
+fn routes<T: Object>() -> Router {
+    T::routes().with_state(RouteState::new())
+}
+
+fn downcast<T: Object>(instance: Instance) -> Result<Arc<T>, BoxError> {
+    instance
+        .downcast::<T>()
+        .map_err(|_| BoxError::from(format!("instance is not a {}", std::any::type_name::<T>())))
+}
+
+fn alarm<T: Object>(instance: Instance, ctx: Context) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move { downcast::<T>(instance)?.alarm(&ctx).await })
+}
+
+fn on_stop<T: Object>(
+    instance: Instance,
+    ctx: Context,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move { downcast::<T>(instance)?.on_stop(&ctx).await })
 }

@@ -1,97 +1,224 @@
-//! [`serve`]: bind, start, and on SIGTERM/SIGINT drain under a deadline
-//! before exiting. The one-call way to run a worker.
+//! [`serve`]: one builder that binds, starts the worker, serves it beside
+//! the application's own routes, and on a shutdown signal drains under a
+//! deadline and closes before returning.
+//!
+//! The drain-then-close sequence lives here and nowhere else, so an
+//! application that adds routes keeps it: its instances' `on_stop` hooks
+//! run on SIGTERM instead of being cut off.
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::io;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use axum::serve::ListenerExt;
+use axum::Router;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use tokio::net::TcpListener;
 
 use crate::config::{ConfigErrors, Options};
 use crate::worker::Worker;
 
 /// How long a signalled worker lets its instances finish before aborting
-/// them.
+/// them, unless [`Serve::drain_deadline`] says otherwise.
 pub const SHUTDOWN_DRAIN_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Why [`serve`] stopped with an error.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServeError {
-    /// The options are invalid.
+    /// The options are invalid (every problem, reported together).
     #[error("invalid pinned options: {0}")]
     Config(#[from] ConfigErrors),
+    /// The application's routes overlap the worker's (`/_pinned/*`,
+    /// `/metrics`, or a hosted namespace).
+    #[error("the application's routes conflict with the worker's: {0}")]
+    Routes(String),
     /// Binding or serving failed.
     #[error("pinned worker I/O: {0}")]
     Io(#[from] io::Error),
 }
 
-/// Builds the worker from `options`, binds `HOST:PORT` (default
-/// `127.0.0.1`, an ephemeral port), prints the bound address, serves the
-/// worker's routes and `/metrics`, and on SIGTERM or SIGINT drains with a
-/// 30 s deadline, closes, and returns.
-///
-/// # Errors
-///
-/// Invalid options, or a socket that cannot be bound.
-pub async fn serve(options: Options) -> Result<(), ServeError> {
-    let port = options.parsed_port().map_err(|e| ConfigErrors(vec![e]))?;
-    let bind = options
-        .bind
-        .clone()
-        .unwrap_or_else(|| "127.0.0.1".to_owned());
-    let worker = options.build()?;
-    let listener = TcpListener::bind((bind.as_str(), port)).await?;
-    let address = listener.local_addr()?;
-    println!("pinned worker listening on http://{address}");
-    serve_worker(listener, worker, shutdown_signal()).await?;
-    Ok(())
+/// What [`serve`] runs: worker [`Options`] (built when served) or a
+/// [`Worker`] already built (to keep a handle on it, for its secret or a
+/// drain of your own).
+pub trait IntoWorker: sealed::Sealed {
+    /// Builds the worker.
+    ///
+    /// # Errors
+    ///
+    /// Every configuration problem at once.
+    fn into_worker(self) -> Result<Worker, ConfigErrors>;
 }
 
-/// Serves `worker` on `listener` until `signal` completes, then drains (30 s
-/// deadline), closes the worker and stops the server.
-///
-/// # Errors
-///
-/// An I/O failure of the server.
-pub async fn serve_worker(
-    listener: TcpListener,
-    worker: Worker,
-    signal: impl Future<Output = ()> + Send + 'static,
-) -> io::Result<()> {
-    serve_worker_with(listener, worker, signal, SHUTDOWN_DRAIN_DEADLINE).await
+impl IntoWorker for Options {
+    fn into_worker(self) -> Result<Worker, ConfigErrors> {
+        self.build()
+    }
 }
 
-/// [`serve_worker`] with another drain deadline.
+impl IntoWorker for Worker {
+    fn into_worker(self) -> Result<Worker, ConfigErrors> {
+        Ok(self)
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::Options {}
+    impl Sealed for crate::Worker {}
+}
+
+type Signal = BoxFuture<'static, ()>;
+
+/// Serves a worker: the future of [`serve`], configured before it is
+/// awaited.
 ///
-/// # Errors
+/// ```no_run
+/// use std::time::Duration;
+/// use axum::{routing::get, Router};
+/// # use pinned::{BoxError, Context, Object, Options, Routes};
+/// # struct Counter;
+/// # impl Object for Counter {
+/// #     async fn activate(_: &Context) -> Result<Self, BoxError> { Ok(Counter) }
+/// #     fn routes() -> Routes<Self> { Router::new() }
+/// # }
 ///
-/// An I/O failure of the server.
-pub async fn serve_worker_with(
-    listener: TcpListener,
-    worker: Worker,
-    signal: impl Future<Output = ()> + Send + 'static,
+/// # async fn run() -> Result<(), pinned::ServeError> {
+/// pinned::serve(Options::from_env().host::<Counter>("/counter"))
+///     .routes(Router::new().route("/healthz", get(|| async { "ok" })))
+///     .drain_deadline(Duration::from_secs(10))
+///     .await
+/// # }
+/// ```
+#[must_use = "a Serve does nothing until awaited"]
+pub struct Serve {
+    worker: Result<Worker, ConfigErrors>,
+    listener: Option<TcpListener>,
+    routes: Router,
+    signal: Option<Signal>,
     drain_deadline: Duration,
-) -> io::Result<()> {
-    let app = worker.router().merge(worker.metrics_router());
-    worker.start();
-    let draining = worker.clone();
-    // Small request/response exchanges must not wait on Nagle's algorithm.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
-        signal.await;
-        tracing::info!(deadline = ?drain_deadline, "shutdown signal: draining");
-        draining.drain(Some(drain_deadline)).await;
-        draining.close().await;
-        tracing::info!("drained; stopping");
-    })
-    .await
+}
+
+/// Serves the worker `app` builds (its [`Options`], or a built [`Worker`]):
+/// binds `HOST:PORT` (default `127.0.0.1` and an ephemeral port) unless
+/// given a [`listener`](Serve::listener), prints the bound address, starts
+/// the worker, serves its routes, `/metrics` and the application's own
+/// [`routes`](Serve::routes), and on SIGTERM or SIGINT (or the signal given
+/// to [`with_graceful_shutdown`](Serve::with_graceful_shutdown)) drains with
+/// a 30 s deadline, closes the worker, and returns.
+///
+/// ```no_run
+/// # use pinned::{BoxError, Context, Object, Options, Routes};
+/// # struct Counter;
+/// # impl Object for Counter {
+/// #     async fn activate(_: &Context) -> Result<Self, BoxError> { Ok(Counter) }
+/// #     fn routes() -> Routes<Self> { axum::Router::new() }
+/// # }
+/// #[tokio::main]
+/// async fn main() -> Result<(), pinned::ServeError> {
+///     pinned::serve(Options::from_env().host::<Counter>("/counter")).await
+/// }
+/// ```
+pub fn serve(app: impl IntoWorker) -> Serve {
+    Serve {
+        worker: app.into_worker(),
+        listener: None,
+        routes: Router::new(),
+        signal: None,
+        drain_deadline: SHUTDOWN_DRAIN_DEADLINE,
+    }
+}
+
+impl Serve {
+    /// Serves on `listener` instead of binding `HOST:PORT`.
+    pub fn listener(mut self, listener: TcpListener) -> Self {
+        self.listener = Some(listener);
+        self
+    }
+
+    /// Serves `routes` beside the worker's (merged; they must not overlap
+    /// `/_pinned/*`, `/metrics` or a hosted namespace). Called again, the
+    /// routes add up.
+    pub fn routes(mut self, routes: Router) -> Self {
+        self.routes = self.routes.merge(routes);
+        self
+    }
+
+    /// Drains and stops when `signal` completes instead of on SIGTERM or
+    /// SIGINT.
+    pub fn with_graceful_shutdown(
+        mut self,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        self.signal = Some(Box::pin(signal));
+        self
+    }
+
+    /// How long the drain lets instances finish before aborting them
+    /// (default 30 s).
+    pub fn drain_deadline(mut self, deadline: Duration) -> Self {
+        self.drain_deadline = deadline;
+        self
+    }
+
+    async fn run(self) -> Result<(), ServeError> {
+        let worker = self.worker?;
+        let app = merge(&worker, self.routes)?;
+        let listener = match self.listener {
+            Some(listener) => listener,
+            None => {
+                let (host, port) = worker.bind_address();
+                let listener = TcpListener::bind((host, port)).await?;
+                println!(
+                    "pinned worker listening on http://{}",
+                    listener.local_addr()?
+                );
+                listener
+            }
+        };
+        worker.start();
+        let signal = self.signal.unwrap_or_else(|| Box::pin(shutdown_signal()));
+        let drain_deadline = self.drain_deadline;
+        let draining = worker.clone();
+        // Small request/response exchanges must not wait on Nagle's algorithm.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            signal.await;
+            tracing::info!(deadline = ?drain_deadline, "shutdown signal: draining");
+            draining.drain(Some(drain_deadline)).await;
+            draining.close().await;
+            tracing::info!("drained; stopping");
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+/// The worker's routes, `/metrics`, and the application's, or why they
+/// cannot be served together (axum refuses overlapping routes by
+/// panicking; that becomes an error here).
+fn merge(worker: &Worker, routes: Router) -> Result<Router, ServeError> {
+    let ours = worker.router().merge(worker.metrics_router());
+    std::panic::catch_unwind(AssertUnwindSafe(|| ours.merge(routes)))
+        .map_err(|panic| ServeError::Routes(crate::directory::panic_message(panic.as_ref())))
+}
+
+impl IntoFuture for Serve {
+    type Output = Result<(), ServeError>;
+    type IntoFuture = BoxFuture<'static, Result<(), ServeError>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        self.run().boxed()
+    }
 }
 
 /// Completes on SIGTERM or SIGINT.

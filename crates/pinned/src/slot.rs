@@ -105,7 +105,9 @@ pub(crate) struct Slot {
     activated_at: AtomicU64,
     epoch: AtomicU64,
     pub(crate) cancel: CancellationToken,
-    instance: OnceLock<Instance>,
+    /// The object's state: set when the activation succeeds, taken at the
+    /// end of teardown (so nothing the state holds can keep it alive).
+    instance: Mutex<Option<Instance>>,
     pub(crate) activation: Mutex<Option<ActivationFuture>>,
     pub(crate) on_stop: Mutex<Vec<StopHook>>,
     pub(crate) wind: Mutex<Option<Box<WindDown>>>,
@@ -115,7 +117,7 @@ pub(crate) struct Slot {
     pub(crate) releasing: AtomicBool,
     /// Exclusive (turn-based) hosts: one request at a time.
     pub(crate) turn: Option<Semaphore>,
-    /// Alarm handler and turns, allocated on first use.
+    /// Alarm turns, allocated on first use.
     pub(crate) alarm: OnceLock<Box<crate::alarm::AlarmState>>,
 }
 
@@ -135,7 +137,7 @@ impl Slot {
             activated_at: AtomicU64::new(0),
             epoch: AtomicU64::new(NO_EPOCH),
             cancel: CancellationToken::new(),
-            instance: OnceLock::new(),
+            instance: Mutex::new(None),
             activation: Mutex::new(None),
             on_stop: Mutex::new(Vec::new()),
             wind: Mutex::new(None),
@@ -158,12 +160,17 @@ impl Slot {
         self.streams.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn instance(&self) -> Option<&Instance> {
-        self.instance.get()
+    pub(crate) fn instance(&self) -> Option<Instance> {
+        self.instance.lock().clone()
     }
 
     pub(crate) fn set_instance(&self, instance: Instance) {
-        let _ = self.instance.set(instance);
+        *self.instance.lock() = Some(instance);
+    }
+
+    /// Takes the state out of a record whose teardown finished.
+    pub(crate) fn take_instance(&self) -> Option<Instance> {
+        self.instance.lock().take()
     }
 
     /// Enters the instance: counts one in-flight entry unless it is closing.

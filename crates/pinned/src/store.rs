@@ -3,11 +3,16 @@
 //!
 //! It refuses instance writes to the reserved tray namespace `pinned`
 //! (the alarm row lives there) and otherwise passes straight through; it
-//! never caches.
+//! never caches. It also owns the typed view of a tray ([`InstanceStore::get`],
+//! [`InstanceStore::put`]): a doc (always a JSON object) to and from any serde
+//! type.
 
 use std::sync::Arc;
 
 use pinned_store::{BatchOp, Doc, StateStore, StoreError, Tray, TrayRow};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::slot::Slot;
 
@@ -25,6 +30,41 @@ pub enum InstanceStoreError {
     /// owns the instance).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// [`InstanceStore::get`]: the stored doc does not deserialize as the
+    /// requested type.
+    #[error("tray {tray_ns}/{tray_id} does not decode as the requested type: {source}")]
+    Decode {
+        /// The tray namespace read.
+        tray_ns: String,
+        /// The tray id read.
+        tray_id: String,
+        /// Why deserializing failed.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// [`InstanceStore::put`]: the value failed to serialize to JSON.
+    #[error("value for tray {tray_ns}/{tray_id} does not serialize: {source}")]
+    Encode {
+        /// The tray namespace written.
+        tray_ns: String,
+        /// The tray id written.
+        tray_id: String,
+        /// Why serializing failed.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// [`InstanceStore::put`]: the value serialized to JSON other than an
+    /// object; a tray doc is always a JSON object.
+    #[error("tray {tray_ns}/{tray_id} doc must be a JSON object, got {kind}")]
+    NotAnObject {
+        /// The tray namespace written.
+        tray_ns: String,
+        /// The tray id written.
+        tray_id: String,
+        /// The JSON kind the value serialized to: `"null"`, `"boolean"`,
+        /// `"number"`, `"string"` or `"array"`.
+        kind: &'static str,
+    },
 }
 
 /// The instance's durable rows. Get it from
@@ -49,6 +89,54 @@ fn writable(tray_ns: &str) -> Result<(), InstanceStoreError> {
         return Err(InstanceStoreError::Reserved(tray_ns.to_owned()));
     }
     Ok(())
+}
+
+/// The name of a JSON value's kind, as [`InstanceStoreError::NotAnObject`]
+/// reports it.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// `value` as the doc of tray `(tray_ns, tray_id)`: it must serialize to a
+/// JSON object.
+fn to_doc<T: Serialize + ?Sized>(
+    tray_ns: &str,
+    tray_id: &str,
+    value: &T,
+) -> Result<Doc, InstanceStoreError> {
+    match serde_json::to_value(value) {
+        Ok(Value::Object(doc)) => Ok(doc),
+        Ok(other) => Err(InstanceStoreError::NotAnObject {
+            tray_ns: tray_ns.to_owned(),
+            tray_id: tray_id.to_owned(),
+            kind: json_kind(&other),
+        }),
+        Err(source) => Err(InstanceStoreError::Encode {
+            tray_ns: tray_ns.to_owned(),
+            tray_id: tray_id.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// The doc of tray `(tray_ns, tray_id)` as a `T`.
+fn from_doc<T: DeserializeOwned>(
+    tray_ns: &str,
+    tray_id: &str,
+    doc: Doc,
+) -> Result<T, InstanceStoreError> {
+    serde_json::from_value(Value::Object(doc)).map_err(|source| InstanceStoreError::Decode {
+        tray_ns: tray_ns.to_owned(),
+        tray_id: tray_id.to_owned(),
+        source,
+    })
 }
 
 impl InstanceStore {
@@ -117,6 +205,101 @@ impl InstanceStore {
             .await?)
     }
 
+    /// Reads tray `(tray_ns, tray_id)` and deserializes its doc as a `T`;
+    /// `None` when the tray is absent. Whether it is marked is not reported
+    /// (use [`get_tray`](Self::get_tray) for that).
+    ///
+    /// ```no_run
+    /// # async fn demo(ctx: pinned::Context) -> Result<(), pinned::InstanceStoreError> {
+    /// #[derive(serde::Deserialize)]
+    /// struct Profile {
+    ///     name: String,
+    /// }
+    ///
+    /// if let Some(store) = ctx.store() {
+    ///     let profile: Option<Profile> = store.get("profile", "~").await?;
+    ///     println!("{:?}", profile.map(|p| p.name));
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InstanceStoreError::Decode`] when the doc does not deserialize as a
+    /// `T`; a lost fence, a store failure.
+    pub async fn get<T: DeserializeOwned>(
+        &self,
+        tray_ns: &str,
+        tray_id: &str,
+    ) -> Result<Option<T>, InstanceStoreError> {
+        self.get_tray(tray_ns, tray_id)
+            .await?
+            .map(|tray| from_doc(tray_ns, tray_id, tray.doc))
+            .transpose()
+    }
+
+    /// Serializes `value` as the doc of tray `(tray_ns, tray_id)` and upserts
+    /// it unmarked (at rest); [`put_marked`](Self::put_marked) chooses.
+    ///
+    /// ```no_run
+    /// # async fn demo(ctx: pinned::Context) -> Result<(), pinned::InstanceStoreError> {
+    /// #[derive(serde::Serialize)]
+    /// struct Profile {
+    ///     name: String,
+    /// }
+    ///
+    /// if let Some(store) = ctx.store() {
+    ///     let profile = Profile { name: "Ada".into() };
+    ///     store.put("profile", "~", &profile).await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The reserved namespace; [`InstanceStoreError::NotAnObject`] when
+    /// `value` serializes to anything but a JSON object (a tray doc always is
+    /// one), [`InstanceStoreError::Encode`] when it fails to serialize; a lost
+    /// fence, a store failure.
+    pub async fn put<T: Serialize + ?Sized>(
+        &self,
+        tray_ns: &str,
+        tray_id: &str,
+        value: &T,
+    ) -> Result<(), InstanceStoreError> {
+        self.put_marked(tray_ns, tray_id, false, value).await
+    }
+
+    /// As [`put`](Self::put), with the row's `marked` flag given: `true`
+    /// while the tray holds in-flight work.
+    ///
+    /// ```no_run
+    /// # async fn demo(ctx: pinned::Context) -> Result<(), pinned::InstanceStoreError> {
+    /// if let Some(store) = ctx.store() {
+    ///     let job = serde_json::json!({ "step": 1 });
+    ///     store.put_marked("jobs", "export", true, &job).await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`put`](Self::put).
+    pub async fn put_marked<T: Serialize + ?Sized>(
+        &self,
+        tray_ns: &str,
+        tray_id: &str,
+        marked: bool,
+        value: &T,
+    ) -> Result<(), InstanceStoreError> {
+        writable(tray_ns)?;
+        let doc = to_doc(tray_ns, tray_id, value)?;
+        self.set_tray(tray_ns, tray_id, marked, doc).await
+    }
+
     /// Every row of the instance, filtered (ANDed), ordered by
     /// `(tray_ns, tray_id)`.
     ///
@@ -146,5 +329,95 @@ impl InstanceStore {
         }
         let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
         Ok(self.store.apply_batch(ns, id, ops, self.epoch()).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde::ser::Error as _;
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Profile {
+        name: String,
+        visits: u32,
+    }
+
+    /// Refuses to serialize.
+    struct Broken;
+
+    impl Serialize for Broken {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(S::Error::custom("broken on purpose"))
+        }
+    }
+
+    #[test]
+    fn objects_become_docs_and_back() {
+        let profile = Profile {
+            name: "Ada".into(),
+            visits: 3,
+        };
+        let doc = to_doc("p", "~", &profile).expect("a struct is an object");
+        assert_eq!(
+            Value::Object(doc.clone()),
+            json!({"name": "Ada", "visits": 3})
+        );
+        let back: Profile = from_doc("p", "~", doc).expect("round trip");
+        assert_eq!(back, profile);
+
+        let map = BTreeMap::from([("k", 1)]);
+        assert!(to_doc("p", "~", &map).is_ok());
+        assert!(to_doc("p", "~", &json!({})).is_ok());
+    }
+
+    #[test]
+    fn anything_but_an_object_names_its_kind() {
+        let kind = |err: InstanceStoreError| match err {
+            InstanceStoreError::NotAnObject {
+                tray_ns,
+                tray_id,
+                kind,
+            } => {
+                assert_eq!((tray_ns.as_str(), tray_id.as_str()), ("t", "i"));
+                kind
+            }
+            other => panic!("expected NotAnObject, got {other:?}"),
+        };
+        let err = |r: Result<Doc, InstanceStoreError>| r.expect_err("not an object");
+        assert_eq!(kind(err(to_doc("t", "i", &[1, 2]))), "array");
+        assert_eq!(kind(err(to_doc("t", "i", "text"))), "string");
+        assert_eq!(kind(err(to_doc("t", "i", &7))), "number");
+        assert_eq!(kind(err(to_doc("t", "i", &true))), "boolean");
+        assert_eq!(kind(err(to_doc("t", "i", &()))), "null");
+        assert_eq!(kind(err(to_doc("t", "i", &None::<Profile>))), "null");
+
+        let text = err(to_doc("t", "i", &[1])).to_string();
+        assert_eq!(text, "tray t/i doc must be a JSON object, got array");
+    }
+
+    #[test]
+    fn serialization_failure_is_encode() {
+        match to_doc("t", "i", &Broken) {
+            Err(InstanceStoreError::Encode { source, .. }) => {
+                assert!(source.to_string().contains("broken on purpose"))
+            }
+            other => panic!("expected Encode, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_doc_of_the_wrong_shape_is_decode() {
+        let doc = to_doc("t", "i", &json!({"name": 5})).expect("object");
+        match from_doc::<Profile>("t", "i", doc) {
+            Err(InstanceStoreError::Decode {
+                tray_ns, tray_id, ..
+            }) => assert_eq!((tray_ns.as_str(), tray_id.as_str()), ("t", "i")),
+            other => panic!("expected Decode, got {other:?}"),
+        }
     }
 }

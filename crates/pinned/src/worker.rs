@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     cpu: CpuProbe,
     started: AtomicBool,
     router: OnceLock<Router>,
+    /// `HOST` and `PORT` as configured, for [`serve`](crate::serve).
+    bind: (String, u16),
 }
 
 impl Inner {
@@ -113,6 +115,10 @@ impl Options {
             .as_ref()
             .map_or_else(|| Arc::from(random_hex(32)), |plane| plane.secret.clone());
         let store = self.store.clone();
+        let bind = (
+            self.bind.clone().unwrap_or_else(|| "127.0.0.1".to_owned()),
+            self.parsed_port().unwrap_or(0),
+        );
         let hosts: Vec<Arc<HostShared>> = self
             .into_hosts()
             .into_iter()
@@ -120,8 +126,7 @@ impl Options {
                 Arc::new(HostShared::new(HostParts {
                     ns: Arc::from(spec.ns.as_str()),
                     options: spec.options,
-                    activator: spec.activator,
-                    router: (spec.routes)(),
+                    lifecycle: spec.lifecycle,
                     metrics: metrics.clone(),
                     local_aud: random_hex(16),
                     secret: secret.clone(),
@@ -143,6 +148,7 @@ impl Options {
                 cpu: CpuProbe::default(),
                 started: AtomicBool::new(false),
                 router: OnceLock::new(),
+                bind,
             }),
         };
         for host in &worker.inner.hosts {
@@ -195,9 +201,21 @@ impl Worker {
 
     /// The worker's routes: `GET /_pinned/stats`, `GET /_pinned/challenge`
     /// in control-plane mode, and, per namespace `ns`, every method on
-    /// `/<ns>/` and `/<ns>/*`. Merge it beside the application's routes.
+    /// `/<ns>/` and `/<ns>/*`.
+    ///
+    /// Asking for the router starts the worker (as [`start`](Self::start)),
+    /// so a router served by hand never runs without idle eviction. Prefer
+    /// [`serve`](crate::serve) with [`Serve::routes`](crate::Serve::routes):
+    /// a router served by hand gets no drain on SIGTERM.
     pub fn router(&self) -> Router {
+        self.start();
         self.inner.router()
+    }
+
+    /// The address [`serve`](crate::serve) binds: `HOST` (default
+    /// `127.0.0.1`) and `PORT` (default 0, an ephemeral port).
+    pub(crate) fn bind_address(&self) -> (&str, u16) {
+        (&self.inner.bind.0, self.inner.bind.1)
     }
 
     /// `GET /metrics` in Prometheus text format, to merge where wanted.
@@ -223,8 +241,14 @@ impl Worker {
     }
 
     /// Starts the idle sweeps and, behind pinboard, the registration loop
-    /// (idempotent). Call once the server listens.
+    /// (idempotent; [`serve`](crate::serve) and [`router`](Self::router) call
+    /// it). Needs a tokio runtime.
     pub fn start(&self) {
+        // Outside a runtime there is nothing to spawn on; a later call
+        // (from `serve`, or the router asked for again) starts it.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
         if self.inner.started.swap(true, Ordering::SeqCst) {
             return;
         }

@@ -47,6 +47,12 @@ use crate::slot::Slot;
 
 /// Close code sent to sockets still open when their instance is aborted.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
+/// Close code for "service restart, reconnect" (RFC 6455 registry): what a
+/// socket loop sends when [`Context::wind_down_started`] fires, so clients
+/// reconnect and pinboard places them on another worker.
+///
+/// [`Context::wind_down_started`]: crate::Context::wind_down_started
+pub const CLOSE_SERVICE_RESTART: u16 = 1012;
 /// Reason sent with [`CLOSE_GOING_AWAY`].
 pub const CLOSE_REASON: &str = "instance closed";
 
@@ -141,6 +147,25 @@ impl WebSocket {
     /// Fails when the connection is gone.
     pub async fn send(&mut self, message: Message) -> Result<(), axum::Error> {
         SinkExt::send(self, message).await
+    }
+
+    /// Starts the close handshake with `code` and `reason`, waiting at most
+    /// one second for the frame to go out (a frozen peer cannot hold the
+    /// instance).
+    ///
+    /// # Errors
+    ///
+    /// Fails when the connection is gone or the frame could not be sent in
+    /// time.
+    pub async fn close(&mut self, code: u16, reason: &str) -> Result<(), axum::Error> {
+        let frame = CloseFrame {
+            code,
+            reason: Utf8Bytes::from(reason),
+        };
+        match tokio::time::timeout(CLOSE_TIMEOUT, self.send(Message::Close(Some(frame)))).await {
+            Ok(sent) => sent,
+            Err(elapsed) => Err(axum::Error::new(elapsed)),
+        }
     }
 }
 

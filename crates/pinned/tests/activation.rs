@@ -28,7 +28,7 @@ impl Object for Slow {
         })
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new().route(
             "/increment",
             post(|this: This<Slow>| async move {
@@ -79,7 +79,7 @@ impl Object for Fragile {
         Ok(Fragile)
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route("/", get(|| async { "root" }))
             .route("/boom", get(boom))
@@ -141,7 +141,7 @@ impl Object for Echo {
         Ok(Echo)
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         async fn echo(
             call: Call,
             uri: http::Uri,

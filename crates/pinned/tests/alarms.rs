@@ -37,28 +37,26 @@ struct Reminder {
 }
 
 impl Object for Reminder {
-    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
-        let id = ctx.id().to_owned();
-        ctx.on_alarm(move || {
-            let id = id.clone();
-            async move {
-                FIRED.lock().push(id.clone());
-                let mut failures = FAILURES.lock();
-                if let Some(left) = failures.iter_mut().find(|(f, _)| *f == id) {
-                    if left.1 > 0 {
-                        left.1 -= 1;
-                        return Err("not yet".into());
-                    }
-                }
-                Ok(())
-            }
-        })?;
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
         Ok(Reminder {
             activations: AtomicU64::new(1),
         })
     }
 
-    fn routes() -> Router {
+    async fn alarm(&self, ctx: &Context) -> Result<(), BoxError> {
+        let id = ctx.id().to_owned();
+        FIRED.lock().push(id.clone());
+        let mut failures = FAILURES.lock();
+        if let Some(left) = failures.iter_mut().find(|(f, _)| *f == id) {
+            if left.1 > 0 {
+                left.1 -= 1;
+                return Err("not yet".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route(
                 "/in",
@@ -87,13 +85,6 @@ impl Object for Reminder {
                 post(|call: Call| async move {
                     call.ctx().alarm().set(None).await.map_err(fail)?;
                     Ok::<_, (http::StatusCode, String)>("cleared")
-                }),
-            )
-            .route(
-                "/twice",
-                post(|call: Call| async move {
-                    let again = call.ctx().on_alarm(|| async { Ok(()) });
-                    Json(json!({ "second": matches!(again, Err(AlarmError::HandlerAlreadySet)) }))
                 }),
             )
             .route(
@@ -202,14 +193,12 @@ async fn a_cleared_alarm_never_fires() {
 }
 
 #[tokio::test]
-async fn alarms_refuse_without_a_store_and_handlers_register_once() {
+async fn alarms_refuse_without_a_store_and_the_reserved_namespace() {
     let w = start(Options::new().host::<Reminder>("/r")).await;
     let response = w.post("/r/nostore/in").await;
     assert_eq!(response.status(), 500);
     assert!(response.text().await.expect("text").contains("state store"));
     let w = start(Options::new().host::<Reminder>("/r").store(memory())).await;
-    let (_, body) = json(w.post("/r/twice/twice").await).await;
-    assert_eq!(body["second"], true);
     let (_, body) = json(w.post("/r/res/reserved").await).await;
     assert_eq!(body, json!({"refused": true, "allowed": true}));
 }

@@ -35,7 +35,7 @@ impl Object for Peer {
         Ok(Peer)
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route(
                 "/whoami",

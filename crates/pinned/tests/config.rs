@@ -10,7 +10,7 @@ impl Object for Nothing {
         Ok(Nothing)
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
     }
 }

@@ -1,5 +1,6 @@
-//! Exclusive (turn-based) hosting runs one request at a time per instance;
-//! the default runs them concurrently.
+//! Exclusive (turn-based) hosting runs one request at a time per instance,
+//! and an alarm takes a turn of its own (never inside a request's); the
+//! default runs them concurrently.
 
 mod support;
 
@@ -8,13 +9,25 @@ use std::time::Duration;
 
 use axum::routing::post;
 use axum::{Json, Router};
-use pinned::{BoxError, Context, HostOptions, Object, Options, This};
+use pinned::pinned_store::MemoryStore;
+use pinned::{BoxError, Call, Context, HostOptions, Object, Options, This};
 use serde_json::json;
 use support::{json, start};
 
 struct Turns {
     inside: AtomicU64,
     most: AtomicU64,
+    alarms: AtomicU64,
+}
+
+impl Turns {
+    /// One turn of `work`: counts how many turns overlapped.
+    async fn turn(&self, work: Duration) {
+        let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(work).await;
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Object for Turns {
@@ -22,20 +35,45 @@ impl Object for Turns {
         Ok(Turns {
             inside: AtomicU64::new(0),
             most: AtomicU64::new(0),
+            alarms: AtomicU64::new(0),
         })
     }
 
-    fn routes() -> Router {
-        Router::new().route(
-            "/turn",
-            post(|this: This<Turns>| async move {
-                let now = this.inside.fetch_add(1, Ordering::SeqCst) + 1;
-                this.most.fetch_max(now, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                this.inside.fetch_sub(1, Ordering::SeqCst);
-                Json(json!({ "most": this.most.load(Ordering::SeqCst) }))
-            }),
-        )
+    async fn alarm(&self, _ctx: &Context) -> Result<(), BoxError> {
+        self.turn(Duration::from_millis(10)).await;
+        self.alarms.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new()
+            .route(
+                "/turn",
+                post(|this: This<Turns>| async move {
+                    this.turn(Duration::from_millis(50)).await;
+                    Json(json!({ "most": this.most.load(Ordering::SeqCst) }))
+                }),
+            )
+            // Sets an alarm due in 50 ms, then works for 400 ms in its turn.
+            .route(
+                "/alarm-then-work",
+                post(|this: This<Turns>, call: Call| async move {
+                    let set = call.ctx().alarm().set_in(Duration::from_millis(50)).await;
+                    this.turn(Duration::from_millis(400)).await;
+                    Json(
+                        json!({ "set": set.is_ok(), "alarms": this.alarms.load(Ordering::SeqCst) }),
+                    )
+                }),
+            )
+            .route(
+                "/stats",
+                post(|this: This<Turns>| async move {
+                    Json(json!({
+                        "most": this.most.load(Ordering::SeqCst),
+                        "alarms": this.alarms.load(Ordering::SeqCst),
+                    }))
+                }),
+            )
     }
 }
 
@@ -65,4 +103,32 @@ async fn exclusive_mode_serializes_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_mode_runs_requests_concurrently() {
     assert!(most_concurrent(false).await > 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alarm_waits_for_the_turn_of_the_request_that_set_it() {
+    let options = HostOptions::default().exclusive(true);
+    let w = start(
+        Options::new()
+            .host_with::<Turns>("/turns", options)
+            .store(MemoryStore::new()),
+    )
+    .await;
+    let (status, body) = json(w.post("/turns/a/alarm-then-work").await).await;
+    assert_eq!((status, body["set"].as_bool()), (200, Some(true)));
+    // The alarm came due 350 ms before the turn ended, and did not run in it.
+    assert_eq!(body["alarms"], 0, "the alarm ran inside the request's turn");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, stats) = json(w.post("/turns/a/stats").await).await;
+        if stats["alarms"] == 1 {
+            assert_eq!(stats["most"], 1, "the alarm overlapped a request: {stats}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the alarm never ran: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

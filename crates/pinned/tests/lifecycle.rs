@@ -62,7 +62,7 @@ impl Object for Tracked {
         })
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route(
                 "/hit",

@@ -1,13 +1,16 @@
-//! `serve_worker`: a shutdown signal drains (in-flight work finishes), then
-//! the server stops; and a request that meets a closing instance waits for
-//! the close and activates it afresh.
+//! `pinned::serve`: a shutdown signal drains (in-flight work finishes,
+//! `on_stop` runs), then the server stops, also with the application's own
+//! routes beside the worker's; overlapping routes are an error, not a
+//! panic; and a request that meets a closing instance waits for the close
+//! and activates it afresh.
 
 mod support;
 
+use std::future::IntoFuture;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use pinned::{BoxError, Call, Context, Object, Options, This};
 use serde_json::json;
@@ -25,9 +28,14 @@ async fn a_shutdown_signal_drains_then_stops_the_server() {
         .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let (stop, signal) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(pinned::serve_worker(listener, worker.clone(), async move {
-        let _ = signal.await;
-    }));
+    let server = tokio::spawn(
+        pinned::serve(worker.clone())
+            .listener(listener)
+            .with_graceful_shutdown(async move {
+                let _ = signal.await;
+            })
+            .into_future(),
+    );
     let client = reqwest::Client::new();
     let slow = {
         let request = client.post(format!("{url}/counter/s/sleep/300"));
@@ -65,7 +73,7 @@ impl Object for SlowStop {
         })
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route(
                 "/hit",
@@ -95,4 +103,116 @@ async fn a_request_for_a_closing_instance_waits_and_reactivates() {
     let (status, body) = json(w.post("/slow/c/hit").await).await;
     assert_eq!((status, body["hits"].as_u64()), (200, Some(1)));
     assert_eq!(ACTIVATIONS.load(Ordering::SeqCst), 2);
+}
+
+static SNAPSHOTS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts its final snapshots (`Object::on_stop`).
+struct Snapshotting;
+
+impl Object for Snapshotting {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Snapshotting)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new().route("/", get(|| async { "here" }))
+    }
+
+    async fn on_stop(&self, _ctx: &Context) -> Result<(), BoxError> {
+        SNAPSHOTS.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn own_routes_beside_the_worker_keep_the_drain_and_on_stop() {
+    let worker = Options::new()
+        .host::<Snapshotting>("/snap")
+        .env_vars(Vec::<(String, String)>::new())
+        .build()
+        .expect("worker");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, signal) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        pinned::serve(worker.clone())
+            .listener(listener)
+            .routes(Router::new().route("/healthz", get(|| async { "ok" })))
+            .drain_deadline(Duration::from_secs(5))
+            .with_graceful_shutdown(async move {
+                let _ = signal.await;
+            })
+            .into_future(),
+    );
+    let client = reqwest::Client::new();
+    let health = client
+        .get(format!("{url}/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.text().await.expect("text"), "ok");
+    for id in ["a", "b"] {
+        let answer = client
+            .get(format!("{url}/snap/{id}"))
+            .send()
+            .await
+            .expect("snap");
+        assert_eq!(answer.status(), 200);
+    }
+    // The worker's secret still opens /_pinned/stats beside the app's routes.
+    let stats = client
+        .get(format!("{url}/_pinned/stats"))
+        .header("pinboard-proxy-secret", worker.secret())
+        .send()
+        .await
+        .expect("stats");
+    assert_eq!(stats.status(), 200);
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("server stops after the drain")
+        .expect("join")
+        .expect("serve");
+    assert_eq!(
+        SNAPSHOTS.load(Ordering::SeqCst),
+        2,
+        "on_stop ran for both instances"
+    );
+}
+
+#[tokio::test]
+async fn routes_that_overlap_the_workers_are_an_error() {
+    let served = pinned::serve(
+        Options::new()
+            .host::<Snapshotting>("/snap")
+            .env_vars(Vec::<(String, String)>::new()),
+    )
+    .listener(
+        tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind"),
+    )
+    .routes(Router::new().route("/metrics", get(|| async { "mine" })))
+    .await;
+    assert!(
+        matches!(served, Err(pinned::ServeError::Routes(_))),
+        "{served:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_configuration_problem_is_reported_by_serve() {
+    let served = pinned::serve(
+        Options::new()
+            .host::<Snapshotting>("bad")
+            .env_vars([("PORT", "eighty")]),
+    )
+    .await;
+    let Err(pinned::ServeError::Config(errors)) = served else {
+        panic!("expected a configuration error, got {served:?}");
+    };
+    assert_eq!(errors.0.len(), 2, "{errors}");
 }

@@ -22,7 +22,7 @@ impl Object for Streamer {
         Ok(Streamer)
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route(
                 "/sse",

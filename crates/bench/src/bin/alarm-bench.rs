@@ -47,7 +47,7 @@ fn now_ms() -> i64 {
 /// Fire lags in ms, reported by every handler run.
 static LAGS: std::sync::OnceLock<mpsc::UnboundedSender<i64>> = std::sync::OnceLock::new();
 
-fn routes() -> Router {
+fn routes() -> pinned::Routes<Lagging> {
     Router::new().route(
         "/at/{due}",
         post(
@@ -65,25 +65,24 @@ fn routes() -> Router {
 struct Lagging;
 
 impl Object for Lagging {
-    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
-        let id = ctx.id().to_owned();
-        ctx.on_alarm(move || {
-            let due: i64 = id
-                .rsplit('-')
-                .next()
-                .and_then(|d| d.parse().ok())
-                .unwrap_or(0);
-            async move {
-                if let Some(lags) = LAGS.get() {
-                    let _ = lags.send(now_ms() - due);
-                }
-                Ok(())
-            }
-        })?;
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
         Ok(Lagging)
     }
 
-    fn routes() -> Router {
+    async fn alarm(&self, ctx: &Context) -> Result<(), BoxError> {
+        let due: i64 = ctx
+            .id()
+            .rsplit('-')
+            .next()
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(0);
+        if let Some(lags) = LAGS.get() {
+            let _ = lags.send(now_ms() - due);
+        }
+        Ok(())
+    }
+
+    fn routes() -> pinned::Routes<Self> {
         routes()
     }
 }

@@ -55,6 +55,13 @@ enum Command {
         #[arg(long, default_value_t = 1_000_000)]
         instances: u64,
     },
+    /// Activate and evict instances whose state holds their own `Context`,
+    /// in process, and report what stays resident per cycle.
+    Churn {
+        /// How many activate/evict cycles.
+        #[arg(long, default_value_t = 100_000)]
+        cycles: u64,
+    },
 }
 
 /// The benchmarked object: the issue's counter.
@@ -66,6 +73,34 @@ async fn increment(this: This<Counter>) -> Json<Value> {
     Json(json!({ "value": this.value.fetch_add(1, Ordering::Relaxed) + 1 }))
 }
 
+/// The churned object: its state holds its own context (once a reference
+/// cycle that leaked every evicted instance) and a 1 KiB payload, so a leak
+/// shows as at least 1 KiB per cycle.
+struct Churned {
+    _ctx: Context,
+    _payload: Vec<u8>,
+}
+
+impl Object for Churned {
+    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Churned {
+            _ctx: ctx.clone(),
+            _payload: vec![1; 1024],
+        })
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        // Closes as soon as the request is done.
+        Router::new().route(
+            "/visit",
+            post(|call: pinned::Call| async move {
+                call.ctx().wind_down(None);
+                "bye"
+            }),
+        )
+    }
+}
+
 impl Object for Counter {
     async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
         Ok(Counter {
@@ -73,7 +108,7 @@ impl Object for Counter {
         })
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new().route("/increment", post(increment))
     }
 }
@@ -91,7 +126,7 @@ async fn serve_pinned() -> anyhow::Result<()> {
         "pinned worker listening on http://{}",
         listener.local_addr()?
     );
-    pinned::serve_worker(listener, worker, pinned::shutdown_signal()).await?;
+    pinned::serve(worker).listener(listener).await?;
     Ok(())
 }
 
@@ -181,6 +216,77 @@ async fn memory(instances: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn churn(cycles: u64) -> anyhow::Result<()> {
+    use tower::ServiceExt;
+    let worker = Options::new()
+        .env_vars(Vec::<(String, String)>::new())
+        .host_with::<Churned>("/churn", HostOptions::default().max_instances(1_000_000))
+        .build()?;
+    let router = worker.router();
+    let visit = |i: u64| {
+        let router = router.clone();
+        async move {
+            let request = http::Request::post(format!("/churn/c{i}/visit"))
+                .body(axum::body::Body::empty())
+                .map_err(anyhow::Error::from)?;
+            let response = router.oneshot(request).await.map_err(anyhow::Error::from)?;
+            anyhow::ensure!(response.status().is_success(), "visit failed");
+            Ok::<(), anyhow::Error>(())
+        }
+    };
+    let round = |from: u64, count: u64| {
+        let worker = worker.clone();
+        let visit = &visit;
+        async move {
+            let mut stream = futures_util::stream::iter(from..from + count)
+                .map(visit)
+                .buffer_unordered(256);
+            while let Some(result) = stream.next().await {
+                result?;
+            }
+            // Every instance closed before memory is read.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while worker.stats()["instances"]
+                .as_array()
+                .is_some_and(|rows| !rows.is_empty())
+            {
+                anyhow::ensure!(
+                    tokio::time::Instant::now() < deadline,
+                    "instances never closed"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok::<(), anyhow::Error>(())
+        }
+    };
+    // Warm the allocator first: its high-water mark is not a leak.
+    let warmup = cycles / 10;
+    round(0, warmup).await?;
+    let before = rss_bytes()?;
+    let started = std::time::Instant::now();
+    round(warmup, cycles).await?;
+    let elapsed = started.elapsed();
+    let after = rss_bytes()?;
+    let (activations, evictions) = {
+        let stats = worker.stats();
+        let ns = &stats["namespaces"]["/churn"];
+        (
+            ns["activations"].as_u64().unwrap_or(0),
+            ns["evictions"].as_u64().unwrap_or(0),
+        )
+    };
+    println!(
+        "churn: {cycles} activate/evict cycles of a state holding its Context and 1 KiB \
+         ({activations} activations, {evictions} evictions in all) in {:.1} s: RSS {:.1} -> {:.1} MiB, \
+         {:+.1} B retained per cycle (a leak would be >= 1024)",
+        elapsed.as_secs_f64(),
+        before as f64 / 1_048_576.0,
+        after as f64 / 1_048_576.0,
+        (after as f64 - before as f64) / cycles as f64,
+    );
+    Ok(())
+}
+
 async fn measure(cli: &Cli, addr: std::net::SocketAddr, paths: Paths) -> anyhow::Result<Report> {
     load::run(Load {
         addr,
@@ -257,6 +363,12 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         .status()
         .await?;
     anyhow::ensure!(status.success(), "memory run failed");
+    println!("4. activate/evict churn");
+    let status = tokio::process::Command::new(exe)
+        .args(["churn"])
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "churn run failed");
     Ok(())
 }
 
@@ -267,6 +379,7 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::ServePinned) => serve_pinned().await,
         Some(Command::ServeBare) => serve_bare().await,
         Some(Command::Memory { instances }) => memory(*instances).await,
+        Some(Command::Churn { cycles }) => churn(*cycles).await,
         None => run(&cli).await,
     }
 }

@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use axum::routing::get;
-use axum::Json;
+use axum::{Json, Router};
 use pinned::pinned_store::PostgresOptions;
 use pinned::{HostOptions, Options, Takeover};
 use pinned_fleet::counter::{writes, Counter};
@@ -68,24 +68,16 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(url) = std::env::var("FLEET_DATABASE_URL") {
         let store =
             pinned::pinned_store::PostgresStore::open(&url, PostgresOptions::default()).await?;
-        options = options.store(std::sync::Arc::new(store));
+        options = options.store(store);
     }
     let drain = ms("FLEET_DRAIN_MS").unwrap_or(pinned::SHUTDOWN_DRAIN_DEADLINE);
     let worker = options.build()?;
     println!("secret {}", worker.secret());
     println!("pinned worker listening on http://{addr}");
-    let app = worker
-        .router()
-        .merge(worker.metrics_router())
-        .route("/fleet/writes", get(|| async { Json(writes()) }));
-    worker.start();
-    let closing = worker.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            pinned::shutdown_signal().await;
-            closing.drain(Some(drain)).await;
-            closing.close().await;
-        })
+    pinned::serve(worker)
+        .listener(listener)
+        .routes(Router::new().route("/fleet/writes", get(|| async { Json(writes()) })))
+        .drain_deadline(drain)
         .await?;
     Ok(())
 }

@@ -107,7 +107,7 @@ impl Object for Counter {
         })
     }
 
-    fn routes() -> Router {
+    fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route(
                 "/increment",
