@@ -1,7 +1,8 @@
 //! Durable reminders: `POST /reminder/<id>/in?seconds=N` sets the
 //! instance's alarm; when it is due the handler logs it, even if the
 //! instance was evicted meanwhile or the process restarted (the alarm lives
-//! in the embedded store file, `DATABASE_URL` picks Postgres instead).
+//! in the embedded store file; `DATABASE_URL=postgres://...` picks Postgres
+//! instead, in a build with `--features postgres`).
 //!
 //! ```text
 //! PORT=8080 cargo run --example reminder

@@ -1,32 +1,23 @@
-//! The request path of one hosted namespace, in the reference's order:
-//! id validation (400), placement epoch (400), admission (refusals, 500 on
-//! a failed activation), then the object's routes, raced against the
-//! instance's abort and shielded from handler panics.
+//! The request path of the worker's namespaces: find the hosted namespace,
+//! split `/<ns>/<id><rest>`, answer pinboard's `_alarm` and `_wake`, and
+//! hand everything else to the object's routes with the path rewritten to
+//! `<rest>` and the request's own extensions intact (an outer layer's
+//! request id, tracing span or `Extension` reaches the handlers).
 //!
-//! Dispatch never decides lifecycle; it asks the directory and maps every
-//! answer to a response in one place.
+//! Dispatch never decides lifecycle and never activates: the admission
+//! layer around the object's matched routes ([`admit`](crate::admit)) does,
+//! so an unknown path or method is answered before any instance exists.
 
-use std::borrow::Cow;
-use std::net::SocketAddr;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::ConnectInfo;
 use axum::extract::Request;
 use axum::response::Response;
-use futures_util::FutureExt;
-use http::{Extensions, HeaderValue, StatusCode, Uri};
-use http_body::Body as _;
-use pinned_wire::refusal::Refusal;
-use pinned_wire::{attestation, epoch, headers, ids};
+use http::{HeaderValue, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::body::TrackedBody;
-use crate::call::{Call, Scope};
-use crate::context::Context;
-use crate::directory::{panic_message, Admission, HostShared};
+use crate::admit::{gate, Pending};
+use crate::directory::HostShared;
 use crate::{durable, response};
 
 /// The id segment and the path the object's routes see.
@@ -60,28 +51,39 @@ fn rewrite(rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri
     }
 }
 
-fn wall_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|since| since.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-/// Serves one request for the namespace of `host`.
+/// Serves one request for a path under a hosted namespace, or answers 404
+/// `{"detail":"Not Found"}` for any other path.
 ///
 /// During the worker's own drain every answer carries `Connection: close`:
 /// the process is about to exit, and a keep-alive connection it closes then
 /// could race a request pinboard is sending on it. Closing after each
 /// answer leaves no idle connection to race. (A control-plane drain keeps
 /// connections: that process stays.)
-pub(crate) async fn dispatch(host: Arc<HostShared>, request: Request) -> Response {
-    let mut response = serve(&host, request).await;
+pub(crate) async fn dispatch(hosts: &[Arc<HostShared>], request: Request) -> Response {
+    let path = request.uri().path();
+    let Some(host) = hosts.iter().find(|host| {
+        path.strip_prefix(&*host.ns)
+            .is_some_and(|after| after.starts_with('/'))
+    }) else {
+        return not_found();
+    };
+    let mut response = serve(host, request).await;
     if host.leaving() {
         response
             .headers_mut()
             .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+/// 404 `{"detail":"Not Found"}`, the reference framework's answer.
+pub(crate) fn not_found() -> Response {
+    response::detail(StatusCode::NOT_FOUND, "Not Found")
+}
+
+/// 405 `{"detail":"Method Not Allowed"}`, the reference framework's answer.
+pub(crate) fn method_not_allowed() -> Response {
+    response::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
 }
 
 async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
@@ -93,129 +95,29 @@ async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
     if host.plane.is_some() && host.store.is_some() && target.rest == "/_alarm" {
         return durable::alarm(host, &parts, target.raw_id).await;
     }
-    // Attestation first (before id validation, as the reference orders
-    // it): required behind pinboard, read but optional in local mode.
-    let claims = parts
-        .headers
-        .get(headers::ATTESTATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|token| {
-            attestation::verify(
-                token,
-                &host.secret,
-                |aud| {
-                    aud == host.local_aud
-                        || host
-                            .plane
-                            .as_ref()
-                            .is_some_and(|plane| plane.is_session(aud))
-                },
-                wall_now(),
-            )
-        });
-    if host.plane.is_some() && claims.is_none() {
-        return response::detail(StatusCode::FORBIDDEN, "invalid attestation");
-    }
-    let depth = claims.as_ref().and_then(|claims| claims.depth).unwrap_or(0);
-    let caller = claims.as_ref().and_then(attestation::attested_caller);
-    // Decoded and validated in one pass.
-    let id: Cow<'_, str> = match ids::decode_id_segment(target.raw_id) {
-        Ok(id) => id,
-        Err(invalid) => return response::detail(StatusCode::BAD_REQUEST, &invalid.to_string()),
-    };
-    let epoch = match parts.headers.get(headers::EPOCH) {
-        None => None,
-        Some(value) => match epoch::parse_epoch(value.as_bytes()) {
-            Ok(epoch) => Some(epoch),
-            Err(malformed) => {
-                return response::detail(StatusCode::BAD_REQUEST, &malformed.to_string())
-            }
-        },
-    };
     if host.plane.is_some() && host.store.is_some() && target.rest == "/_wake" {
-        return durable::wake(host, &parts.method, id.into_owned(), epoch).await;
+        let passed = match gate(host, &parts.headers, target.raw_id) {
+            Ok(passed) => passed,
+            Err(refused) => return refused,
+        };
+        return durable::wake(host, &parts.method, passed.id.into_owned(), passed.epoch).await;
     }
     let uri = match rewrite(target.rest, parts.uri.query()) {
         Ok(uri) => uri,
         Err(_) => return response::detail(StatusCode::BAD_REQUEST, "invalid request path"),
     };
-
-    let (entry, instance) = match host.enter(&id, epoch).await {
-        Ok(entered) => entered,
-        Err(Admission::Refused(refusal)) => return response::refusal(refusal),
-        Err(Admission::ActivationFailed | Admission::ShutDown) => {
-            return response::internal_error()
-        }
-    };
-    let slot = entry.slot().clone();
-    if let Some(epoch) = epoch {
-        slot.adopt_epoch(epoch);
-    }
-
-    // A fresh extension map: the worker's own router left its path params
-    // here, and the object's routes must not see them. The upgrade handle
-    // and the peer address are the two things worth carrying over.
-    let mut extensions = Extensions::new();
-    if let Some(upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
-        extensions.insert(upgrade);
-    }
-    if let Some(peer) = parts.extensions.remove::<ConnectInfo<SocketAddr>>() {
-        extensions.insert(peer);
-    }
-    extensions.insert(Scope {
-        call: Call {
-            ctx: Context::new(slot.clone()),
-            attestation: caller,
-            epoch,
-            depth,
-        },
-        instance,
-    });
-    parts.extensions = extensions;
+    let raw_id = target.raw_id.to_owned();
     parts.uri = uri;
+    parts.extensions.insert(Pending {
+        host: host.clone(),
+        raw_id,
+        started,
+    });
     let request = Request::from_parts(parts, body);
-
-    let cancelled = slot.cancel.cancelled();
-    tokio::pin!(cancelled);
-    let _turn = match &slot.turn {
-        None => None,
-        Some(turn) => tokio::select! {
-            biased;
-            () = &mut cancelled => return response::refusal(Refusal::Aborted),
-            permit = turn.acquire() => match permit {
-                Ok(permit) => Some(permit),
-                Err(_) => return response::refusal(Refusal::Aborted),
-            },
-        },
-    };
-    let handler = AssertUnwindSafe(host.router.clone().oneshot(request)).catch_unwind();
-    let outcome = tokio::select! {
-        biased;
-        () = &mut cancelled => return response::refusal(Refusal::Aborted),
-        outcome = handler => outcome,
-    };
-    host.duration.observe(started.elapsed().as_secs_f64());
-    let response = match outcome {
-        Ok(Ok(response)) => response,
-        Ok(Err(infallible)) => match infallible {},
-        Err(panic) => {
-            tracing::error!(
-                namespace = %host.ns,
-                id = %slot.id,
-                error = %panic_message(panic.as_ref()),
-                "handler panicked"
-            );
-            return response::internal_error();
-        }
-    };
-    let body = response.body();
-    if body.is_end_stream() || body.size_hint().exact().is_some() {
-        return response;
+    match host.router.clone().oneshot(request).await {
+        Ok(response) => response,
+        Err(infallible) => match infallible {},
     }
-    // A streaming body: the instance stays in flight while it is pulled.
-    let stream = slot.hold_stream();
-    drop(entry);
-    response.map(|body| Body::new(TrackedBody::new(body, stream)))
 }
 
 #[cfg(test)]

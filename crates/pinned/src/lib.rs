@@ -41,6 +41,7 @@
 //! refusal to start when the environment says production.
 #![forbid(unsafe_code)]
 
+mod admit;
 mod alarm;
 mod body;
 mod call;

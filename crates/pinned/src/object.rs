@@ -241,8 +241,20 @@ fn activate<T: Object>(ctx: Context) -> BoxFuture<'static, Result<Instance, BoxE
     })
 }
 
+/// `T`'s routes as the worker serves them: every matched route behind the
+/// admission layer; an unknown path or method answered by the reference's
+/// 404/405 without reaching it (so nothing is activated for it).
 fn routes<T: Object>() -> Router {
-    T::routes().with_state(RouteState::new())
+    let routes = T::routes();
+    let routes = if routes.has_routes() {
+        routes.route_layer(crate::admit::AdmitLayer)
+    } else {
+        routes
+    };
+    routes
+        .method_not_allowed_fallback(|| async { crate::dispatch::method_not_allowed() })
+        .fallback(|| async { crate::dispatch::not_found() })
+        .with_state(RouteState::new())
 }
 
 fn downcast<T: Object>(instance: Instance) -> Result<Arc<T>, BoxError> {

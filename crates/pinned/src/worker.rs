@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
+use axum::routing::get;
 use axum::Router;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -72,10 +72,6 @@ fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     rand::rng().fill_bytes(&mut buf);
     hex::encode(buf)
-}
-
-fn route_escape(ns: &str) -> String {
-    ns.replace('{', "{{").replace('}', "}}")
 }
 
 fn wall_now() -> f64 {
@@ -182,26 +178,24 @@ impl Worker {
                 ),
             );
         }
-        for host in &self.inner.hosts {
-            let ns = route_escape(&host.ns);
-            let bare = host.clone();
-            let nested = host.clone();
-            router = router
-                .route(
-                    &format!("{ns}/"),
-                    any(move |request: Request| dispatch(bare.clone(), request)),
-                )
-                .route(
-                    &format!("{ns}/{{*rest}}"),
-                    any(move |request: Request| dispatch(nested.clone(), request)),
-                );
-        }
+        // Namespaces are dispatched from the fallback, not matched as
+        // routes: a route match would leave its path parameters in the
+        // request's extensions, where the object's own routes would see
+        // them; the fallback leaves every extension as the client's
+        // request and the outer layers made it.
+        let hosts: Arc<[Arc<HostShared>]> = self.inner.hosts.clone().into();
+        router = router.fallback(move |request: Request| {
+            let hosts = hosts.clone();
+            async move { dispatch(&hosts, request).await }
+        });
         router
     }
 
     /// The worker's routes: `GET /_pinned/stats`, `GET /_pinned/challenge`
-    /// in control-plane mode, and, per namespace `ns`, every method on
-    /// `/<ns>/` and `/<ns>/*`.
+    /// in control-plane mode, and, as the router's fallback, every path
+    /// under a hosted namespace (`/<ns>/<id>...`; any other path answers 404
+    /// `{"detail":"Not Found"}`). Because namespaces are its fallback, it
+    /// cannot be merged with another router that has a fallback of its own.
     ///
     /// Asking for the router starts the worker (as [`start`](Self::start)),
     /// so a router served by hand never runs without idle eviction. Prefer

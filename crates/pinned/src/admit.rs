@@ -1,0 +1,237 @@
+//! Admission: the layer around every matched route of an object. It enters
+//! the instance (activating it on a cold id), takes the exclusive turn,
+//! runs the handler raced against the instance's abort and shielded from
+//! panics, and keeps a streaming answer's instance in flight.
+//!
+//! It is applied with `Router::route_layer`, so it only ever runs for a
+//! path and method the object has a route for: an unknown route answers
+//! 404/405 without creating, activating or placing anything. Then come the
+//! reference's checks in its order ([`gate`]: attestation 403, id 400,
+//! `Pinboard-Epoch` 400), then the directory's admission.
+//! [`dispatch`](crate::dispatch) only split the path and left a [`Pending`]
+//! in the request's extensions.
+
+use std::borrow::Cow;
+use std::convert::Infallible;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use http::{HeaderMap, StatusCode};
+use http_body::Body as _;
+use pinned_wire::attestation::Caller;
+use pinned_wire::refusal::Refusal;
+use pinned_wire::{attestation, epoch, headers, ids};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+
+use crate::body::TrackedBody;
+use crate::call::{Call, Scope};
+use crate::context::Context;
+use crate::directory::{panic_message, Admission, HostShared};
+use crate::object::NotAnInstanceRoute;
+use crate::response;
+
+/// What dispatch established about a request before routing it: which
+/// namespace and which (still unchecked) id segment it is for.
+#[derive(Clone)]
+pub(crate) struct Pending {
+    pub(crate) host: Arc<HostShared>,
+    pub(crate) raw_id: String,
+    pub(crate) started: Instant,
+}
+
+/// A request that passed the gate: the decoded id, its placement epoch, and
+/// the attested caller.
+pub(crate) struct Passed<'a> {
+    pub(crate) id: Cow<'a, str>,
+    pub(crate) epoch: Option<u64>,
+    pub(crate) caller: Option<Caller>,
+    pub(crate) depth: i64,
+}
+
+fn wall_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|since| since.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The reference's checks before admission, in its order: attestation
+/// (required behind pinboard, read but optional in local mode), id,
+/// `Pinboard-Epoch`.
+pub(crate) fn gate<'a>(
+    host: &HostShared,
+    headers: &HeaderMap,
+    raw_id: &'a str,
+) -> Result<Passed<'a>, Response> {
+    let claims = headers
+        .get(headers::ATTESTATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|token| {
+            attestation::verify(
+                token,
+                &host.secret,
+                |aud| {
+                    aud == host.local_aud
+                        || host
+                            .plane
+                            .as_ref()
+                            .is_some_and(|plane| plane.is_session(aud))
+                },
+                wall_now(),
+            )
+        });
+    if host.plane.is_some() && claims.is_none() {
+        return Err(response::detail(
+            StatusCode::FORBIDDEN,
+            "invalid attestation",
+        ));
+    }
+    let depth = claims.as_ref().and_then(|claims| claims.depth).unwrap_or(0);
+    let caller = claims.as_ref().and_then(attestation::attested_caller);
+    let id = ids::decode_id_segment(raw_id)
+        .map_err(|invalid| response::detail(StatusCode::BAD_REQUEST, &invalid.to_string()))?;
+    let epoch = match headers.get(headers::EPOCH) {
+        None => None,
+        Some(value) => Some(epoch::parse_epoch(value.as_bytes()).map_err(|malformed| {
+            response::detail(StatusCode::BAD_REQUEST, &malformed.to_string())
+        })?),
+    };
+    Ok(Passed {
+        id,
+        epoch,
+        caller,
+        depth,
+    })
+}
+
+/// The admission layer (see the module docs).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AdmitLayer;
+
+impl<S> Layer<S> for AdmitLayer {
+    type Service = Admit<S>;
+
+    fn layer(&self, inner: S) -> Admit<S> {
+        Admit { inner }
+    }
+}
+
+/// One matched route, wrapped by [`AdmitLayer`].
+#[derive(Clone)]
+pub(crate) struct Admit<S> {
+    inner: S,
+}
+
+impl<S> Service<Request> for Admit<S>
+where
+    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
+    S::Response: IntoResponse,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let inner = self.inner.clone();
+        admit(inner, request).map(Ok).boxed()
+    }
+}
+
+async fn admit<S>(inner: S, mut request: Request) -> Response
+where
+    S: Service<Request, Error = Infallible> + Send + 'static,
+    S::Response: IntoResponse,
+    S::Future: Send + 'static,
+{
+    let Some(pending) = request.extensions_mut().remove::<Pending>() else {
+        return NotAnInstanceRoute("an object's routes").into_response();
+    };
+    let Pending {
+        host,
+        raw_id,
+        started,
+    } = pending;
+    let Passed {
+        id,
+        epoch,
+        caller,
+        depth,
+    } = match gate(&host, request.headers(), &raw_id) {
+        Ok(passed) => passed,
+        Err(refused) => return refused,
+    };
+    let (entry, instance) = match host.enter(&id, epoch).await {
+        Ok(entered) => entered,
+        Err(Admission::Refused(refusal)) => return response::refusal(refusal),
+        Err(Admission::ActivationFailed | Admission::ShutDown) => {
+            return response::internal_error()
+        }
+    };
+    let slot = entry.slot().clone();
+    if let Some(epoch) = epoch {
+        slot.adopt_epoch(epoch);
+    }
+    request.extensions_mut().insert(Scope {
+        call: Call {
+            ctx: Context::new(slot.clone()),
+            attestation: caller,
+            epoch,
+            depth,
+        },
+        instance,
+    });
+
+    let cancelled = slot.cancel.cancelled();
+    tokio::pin!(cancelled);
+    let _turn = match &slot.turn {
+        None => None,
+        Some(turn) => tokio::select! {
+            biased;
+            () = &mut cancelled => return response::refusal(Refusal::Aborted),
+            permit = turn.acquire() => match permit {
+                Ok(permit) => Some(permit),
+                Err(_) => return response::refusal(Refusal::Aborted),
+            },
+        },
+    };
+    let handler = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
+    let outcome = tokio::select! {
+        biased;
+        () = &mut cancelled => return response::refusal(Refusal::Aborted),
+        outcome = handler => outcome,
+    };
+    host.duration.observe(started.elapsed().as_secs_f64());
+    let response = match outcome {
+        Ok(Ok(response)) => response.into_response(),
+        Ok(Err(infallible)) => match infallible {},
+        Err(panic) => {
+            tracing::error!(
+                namespace = %host.ns,
+                id = %slot.id,
+                error = %panic_message(panic.as_ref()),
+                "handler panicked"
+            );
+            return response::internal_error();
+        }
+    };
+    let body = response.body();
+    if body.is_end_stream() || body.size_hint().exact().is_some() {
+        return response;
+    }
+    // A streaming body: the instance stays in flight while it is pulled.
+    let stream = slot.hold_stream();
+    drop(entry);
+    response.map(|body| Body::new(TrackedBody::new(body, stream)))
+}
