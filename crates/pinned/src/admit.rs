@@ -62,6 +62,29 @@ fn wall_now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Why a request did not pass the [`gate`].
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// 403 `invalid attestation` (control-plane mode).
+    Attestation,
+    /// 400 with the id rule that failed.
+    Id(ids::InvalidId),
+    /// 400 `malformed placement epoch`.
+    Epoch(epoch::MalformedEpoch),
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Attestation => response::detail(StatusCode::FORBIDDEN, "invalid attestation"),
+            Self::Id(invalid) => response::detail(StatusCode::BAD_REQUEST, &invalid.to_string()),
+            Self::Epoch(malformed) => {
+                response::detail(StatusCode::BAD_REQUEST, &malformed.to_string())
+            }
+        }
+    }
+}
+
 /// The reference's checks before admission, in its order: attestation
 /// (required behind pinboard, read but optional in local mode), id,
 /// `Pinboard-Epoch`.
@@ -69,7 +92,7 @@ pub(crate) fn gate<'a>(
     host: &HostShared,
     headers: &HeaderMap,
     raw_id: &'a str,
-) -> Result<Passed<'a>, Response> {
+) -> Result<Passed<'a>, Refused> {
     let claims = headers
         .get(headers::ATTESTATION)
         .and_then(|value| value.to_str().ok())
@@ -88,20 +111,14 @@ pub(crate) fn gate<'a>(
             )
         });
     if host.plane.is_some() && claims.is_none() {
-        return Err(response::detail(
-            StatusCode::FORBIDDEN,
-            "invalid attestation",
-        ));
+        return Err(Refused::Attestation);
     }
     let depth = claims.as_ref().and_then(|claims| claims.depth).unwrap_or(0);
     let caller = claims.as_ref().and_then(attestation::attested_caller);
-    let id = ids::decode_id_segment(raw_id)
-        .map_err(|invalid| response::detail(StatusCode::BAD_REQUEST, &invalid.to_string()))?;
+    let id = ids::decode_id_segment(raw_id).map_err(Refused::Id)?;
     let epoch = match headers.get(headers::EPOCH) {
         None => None,
-        Some(value) => Some(epoch::parse_epoch(value.as_bytes()).map_err(|malformed| {
-            response::detail(StatusCode::BAD_REQUEST, &malformed.to_string())
-        })?),
+        Some(value) => Some(epoch::parse_epoch(value.as_bytes()).map_err(Refused::Epoch)?),
     };
     Ok(Passed {
         id,
@@ -170,7 +187,7 @@ where
         depth,
     } = match gate(&host, request.headers(), &raw_id) {
         Ok(passed) => passed,
-        Err(refused) => return refused,
+        Err(refused) => return refused.into_response(),
     };
     let (entry, instance) = match host.enter(&id, epoch).await {
         Ok(entered) => entered,

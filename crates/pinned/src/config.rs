@@ -159,6 +159,7 @@ pub struct Options {
     pub(crate) lease_buffer: Duration,
     pub(crate) headroom: Option<Headroom>,
     pub(crate) store: Option<std::sync::Arc<dyn pinned_store::StateStore>>,
+    pub(crate) states: crate::state::States,
 }
 
 impl Default for Options {
@@ -200,6 +201,7 @@ impl Options {
             lease_buffer: DEFAULT_LEASE_BUFFER,
             headroom: None,
             store: None,
+            states: crate::state::States::default(),
         }
     }
 
@@ -297,6 +299,16 @@ impl Options {
     /// embedded SQLite file for one machine).
     pub fn store(mut self, store: impl pinned_store::StateStore + 'static) -> Self {
         self.store = Some(std::sync::Arc::new(store));
+        self
+    }
+
+    /// Shares `state` (a database pool, an HTTP client, a configuration)
+    /// with every instance: handlers extract it with
+    /// [`State<S>`](crate::State), lifecycle code reads it with
+    /// [`Context::state`](crate::Context::state). One value per type; a
+    /// second value of the same type replaces the first.
+    pub fn state<S: Clone + Send + Sync + 'static>(mut self, state: S) -> Self {
+        self.states.insert(state);
         self
     }
 

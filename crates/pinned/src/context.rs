@@ -190,6 +190,13 @@ impl Context {
             .map(|store| InstanceStore::new(store, self.slot.clone()))
     }
 
+    /// Application state `S`, given to the worker with
+    /// [`Options::state`](crate::Options::state); `None` when no state of
+    /// that type was given.
+    pub fn state<S: Clone + Send + Sync + 'static>(&self) -> Option<S> {
+        self.slot.host.states.get::<S>()
+    }
+
     /// The instance's alarm (`set`, `get`).
     pub fn alarm(&self) -> Alarm {
         Alarm::new(self.slot.clone())

@@ -142,6 +142,8 @@ pub(crate) struct HostShared {
     pub(crate) worker: std::sync::OnceLock<std::sync::Weak<crate::worker::Inner>>,
     /// The worker's state store, if any.
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
+    /// The application states ([`Options::state`](crate::Options::state)).
+    pub(crate) states: Arc<crate::state::States>,
     /// Armed alarm timers by id.
     pub(crate) timers: DashMap<Arc<str>, crate::alarm::Timer>,
 }
@@ -156,6 +158,7 @@ pub(crate) struct HostParts {
     pub(crate) secret: Arc<str>,
     pub(crate) plane: Option<Arc<Plane>>,
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
+    pub(crate) states: Arc<crate::state::States>,
 }
 
 impl HostShared {
@@ -169,6 +172,7 @@ impl HostShared {
             secret,
             plane,
             store,
+            states,
         } = parts;
         let router = (lifecycle.routes)();
         let duration = metrics.duration_for(&ns);
@@ -199,6 +203,7 @@ impl HostShared {
             fences: FenceTable::default(),
             worker: std::sync::OnceLock::new(),
             store,
+            states,
             timers: DashMap::new(),
         }
     }

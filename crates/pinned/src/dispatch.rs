@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use axum::extract::Request;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::ServiceExt;
@@ -98,7 +98,7 @@ async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
     if host.plane.is_some() && host.store.is_some() && target.rest == "/_wake" {
         let passed = match gate(host, &parts.headers, target.raw_id) {
             Ok(passed) => passed,
-            Err(refused) => return refused,
+            Err(refused) => return refused.into_response(),
         };
         return durable::wake(host, &parts.method, passed.id.into_owned(), passed.epoch).await;
     }

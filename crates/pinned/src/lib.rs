@@ -63,6 +63,7 @@ mod registration;
 mod response;
 mod serve;
 mod slot;
+mod state;
 mod store;
 mod worker;
 pub mod ws;
@@ -85,6 +86,7 @@ pub use pinned_wire::attestation::Caller;
 pub use pinned_wire::registry::Takeover;
 pub use plane::{ClusterHost, Headroom, RegistrationState, DEFAULT_HEARTBEAT_INTERVAL};
 pub use serve::{serve, shutdown_signal, IntoWorker, Serve, ServeError, SHUTDOWN_DRAIN_DEADLINE};
+pub use state::{MissingState, State};
 pub use store::{InstanceStore, InstanceStoreError, RESERVED_TRAY_NS};
 pub use worker::Worker;
 

@@ -111,6 +111,7 @@ impl Options {
             .as_ref()
             .map_or_else(|| Arc::from(random_hex(32)), |plane| plane.secret.clone());
         let store = self.store.clone();
+        let states = Arc::new(std::mem::take(&mut self.states));
         let bind = (
             self.bind.clone().unwrap_or_else(|| "127.0.0.1".to_owned()),
             self.parsed_port().unwrap_or(0),
@@ -128,6 +129,7 @@ impl Options {
                     secret: secret.clone(),
                     plane: plane.clone(),
                     store: store.clone(),
+                    states: states.clone(),
                 }))
             })
             .collect();
