@@ -13,6 +13,7 @@
 
 use std::borrow::Cow;
 use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
@@ -30,12 +31,20 @@ use pinned_wire::{attestation, epoch, headers, ids};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 
+use crate::auth::AuthError;
 use crate::body::TrackedBody;
 use crate::call::{Call, Scope};
 use crate::context::Context;
-use crate::directory::{panic_message, Admission, HostShared};
-use crate::object::NotAnInstanceRoute;
+use crate::directory::{panic_message, Admission, Entered, HostShared};
+use crate::object::{NotAnInstanceRoute, Object};
 use crate::response;
+
+fn admission_refused(refused: Admission) -> Response {
+    match refused {
+        Admission::Refused(refusal) => response::refusal(refusal),
+        Admission::ActivationFailed | Admission::ShutDown => response::internal_error(),
+    }
+}
 
 /// What dispatch established about a request before routing it: which
 /// namespace and which (still unchecked) id segment it is for.
@@ -128,26 +137,50 @@ pub(crate) fn gate<'a>(
     })
 }
 
-/// The admission layer (see the module docs).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct AdmitLayer;
+/// The admission layer of object `T`'s routes (see the module docs).
+pub(crate) struct AdmitLayer<T>(PhantomData<fn() -> T>);
 
-impl<S> Layer<S> for AdmitLayer {
-    type Service = Admit<S>;
-
-    fn layer(&self, inner: S) -> Admit<S> {
-        Admit { inner }
+impl<T> AdmitLayer<T> {
+    pub(crate) fn new() -> Self {
+        Self(PhantomData)
     }
 }
 
-/// One matched route, wrapped by [`AdmitLayer`].
-#[derive(Clone)]
-pub(crate) struct Admit<S> {
-    inner: S,
+impl<T> Clone for AdmitLayer<T> {
+    fn clone(&self) -> Self {
+        Self::new()
+    }
 }
 
-impl<S> Service<Request> for Admit<S>
+impl<T, S> Layer<S> for AdmitLayer<T> {
+    type Service = Admit<T, S>;
+
+    fn layer(&self, inner: S) -> Admit<T, S> {
+        Admit {
+            inner,
+            object: PhantomData,
+        }
+    }
+}
+
+/// One matched route of `T`, wrapped by [`AdmitLayer`].
+pub(crate) struct Admit<T, S> {
+    inner: S,
+    object: PhantomData<fn() -> T>,
+}
+
+impl<T, S: Clone> Clone for Admit<T, S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            object: PhantomData,
+        }
+    }
+}
+
+impl<T, S> Service<Request> for Admit<T, S>
 where
+    T: Object,
     S: Service<Request, Error = Infallible> + Clone + Send + 'static,
     S::Response: IntoResponse,
     S::Future: Send + 'static,
@@ -162,12 +195,13 @@ where
 
     fn call(&mut self, request: Request) -> Self::Future {
         let inner = self.inner.clone();
-        admit(inner, request).map(Ok).boxed()
+        admit::<T, S>(inner, request).map(Ok).boxed()
     }
 }
 
-async fn admit<S>(inner: S, mut request: Request) -> Response
+async fn admit<T, S>(inner: S, mut request: Request) -> Response
 where
+    T: Object,
     S: Service<Request, Error = Infallible> + Send + 'static,
     S::Response: IntoResponse,
     S::Future: Send + 'static,
@@ -189,20 +223,45 @@ where
         Ok(passed) => passed,
         Err(refused) => return refused.into_response(),
     };
-    let (entry, instance) = match host.enter(&id, epoch).await {
+    let entered = match host.admit(&id, epoch).await {
         Ok(entered) => entered,
-        Err(Admission::Refused(refusal)) => return response::refusal(refusal),
-        Err(Admission::ActivationFailed | Admission::ShutDown) => {
-            return response::internal_error()
-        }
+        Err(refused) => return admission_refused(refused),
     };
-    let slot = entry.slot().clone();
+    let slot = match &entered {
+        Entered::Live(busy, _) | Entered::Activating(busy) => busy.slot().clone(),
+    };
     if let Some(epoch) = epoch {
         slot.adopt_epoch(epoch);
     }
+    // App authorization: on the constructed record, before a cold
+    // instance activates, on every request.
+    let ctx = Context::new(slot.clone());
+    let (parts, body) = request.into_parts();
+    let verdict = T::authorize(&ctx, &parts).await;
+    let mut request = Request::from_parts(parts, body);
+    if let Err(refusal) = verdict {
+        if let Entered::Activating(busy) = entered {
+            HostShared::discard(busy);
+        }
+        return match refusal {
+            AuthError::Denied(denial) => denial.into_response(),
+            AuthError::Failed(error) => {
+                tracing::error!(namespace = %host.ns, id = %slot.id, %error, "authorization failed");
+                host.metrics.request_failed("auth", "http");
+                response::detail(StatusCode::SERVICE_UNAVAILABLE, "authorization failed")
+            }
+        };
+    }
+    let (entry, instance) = match entered {
+        Entered::Live(busy, instance) => (busy, instance),
+        Entered::Activating(busy) => match HostShared::activation(busy).await {
+            Ok(activated) => activated,
+            Err(refused) => return admission_refused(refused),
+        },
+    };
     request.extensions_mut().insert(Scope {
         call: Call {
-            ctx: Context::new(slot.clone()),
+            ctx,
             attestation: caller,
             epoch,
             depth,

@@ -36,6 +36,14 @@ use crate::object::Lifecycle;
 use crate::plane::Plane;
 use crate::slot::{Activation, Busy, Instance, Phase, Slot, WindDown};
 
+/// A request inside an instance record.
+pub(crate) enum Entered {
+    /// The instance is live.
+    Live(Busy, Instance),
+    /// The record is not live yet: its activation may not have started.
+    Activating(Busy),
+}
+
 /// Why a request could not enter an instance.
 #[derive(Debug)]
 pub(crate) enum Admission {
@@ -294,6 +302,25 @@ impl HostShared {
         id: &str,
         epoch: Option<u64>,
     ) -> Result<(Busy, Instance), Admission> {
+        match self.admit(id, epoch).await? {
+            Entered::Live(busy, instance) => Ok((busy, instance)),
+            Entered::Activating(busy) => Self::activation(busy).await,
+        }
+    }
+
+    /// Enters instance `id` without activating it: a record that is not
+    /// live yet (constructed by this request or an earlier one) comes back
+    /// as [`Entered::Activating`], for the caller to authorize the request
+    /// before [`activation`](Self::activation) starts it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(crate) async fn admit(
+        self: &Arc<Self>,
+        id: &str,
+        epoch: Option<u64>,
+    ) -> Result<Entered, Admission> {
         if self.shut_down.load(Ordering::SeqCst) {
             return Err(self.shut_down_answer());
         }
@@ -315,7 +342,7 @@ impl HostShared {
             let resident = self.slots.get(id).map(|entry| entry.value().clone());
             let Some(slot) = resident else {
                 match self.create(id, epoch)? {
-                    Some(busy) => return Self::await_activation(busy).await,
+                    Some(busy) => return Ok(Entered::Activating(busy)),
                     None => continue,
                 }
             };
@@ -330,10 +357,10 @@ impl HostShared {
                     }
                     return match phase {
                         Phase::Live => match slot.instance() {
-                            Some(instance) => Ok((busy, instance)),
+                            Some(instance) => Ok(Entered::Live(busy, instance)),
                             None => Err(Admission::ActivationFailed),
                         },
-                        _ => Self::await_activation(busy).await,
+                        _ => Ok(Entered::Activating(busy)),
                     };
                 }
                 // While its placement release is in flight the proxy must
@@ -387,26 +414,52 @@ impl HostShared {
             Entry::Vacant(vacant) => vacant,
         };
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        // Two entries: the requester's and the activation task's.
-        let slot = Arc::new(Slot::new(key, self.clone(), seq, 2));
+        // The requester's entry; the activation task takes its own when it
+        // starts.
+        let slot = Arc::new(Slot::new(key, self.clone(), seq, 1));
         // The activation (and the store reads it makes) runs at the
         // admitted epoch.
         if let Some(epoch) = epoch {
             slot.adopt_epoch(epoch);
         }
         vacant.insert(slot.clone());
-        let requester = slot.adopt();
-        self.start_activation(slot);
-        Ok(Some(requester))
+        Ok(Some(slot.adopt()))
     }
 
-    fn start_activation(self: &Arc<Self>, slot: Arc<Slot>) {
+    /// Drops a request's entry into a record whose activation it was
+    /// refused; a record nobody else entered and that never started
+    /// activating is closed with its placement released (the reference's
+    /// "denied cold request discards the constructed instance").
+    pub(crate) fn discard(busy: Busy) {
+        let slot = busy.slot().clone();
+        let untouched = slot.phase() == Phase::Activating
+            && slot.activation.lock().is_none()
+            && slot.in_flight() == 1;
+        drop(busy);
+        if untouched {
+            Self::abort(&slot);
+        }
+    }
+
+    /// Activates the record `busy` entered (once, whoever asks first) and
+    /// waits for the outcome.
+    pub(crate) async fn activation(busy: Busy) -> Result<(Busy, Instance), Admission> {
+        busy.slot().host.start_activation(busy.slot());
+        Self::await_activation(busy).await
+    }
+
+    /// Starts the activation of `slot` unless it started already.
+    fn start_activation(self: &Arc<Self>, slot: &Arc<Slot>) {
         let host = self.clone();
         let mut pending = slot.activation.lock();
+        if pending.is_some() || slot.phase() != Phase::Activating || slot.activated_at().is_some() {
+            return;
+        }
         let task_slot = slot.clone();
+        let entry = slot.hold();
         let handle = tokio::spawn(async move {
             let slot = task_slot;
-            let _entry = slot.adopt();
+            let _entry = entry;
             let ctx = Context::new(slot.clone());
             let activate = AssertUnwindSafe((host.lifecycle.activate)(ctx)).catch_unwind();
             let outcome = tokio::select! {

@@ -43,6 +43,7 @@
 
 mod admit;
 mod alarm;
+mod auth;
 mod body;
 mod call;
 mod cluster;
@@ -69,6 +70,7 @@ mod worker;
 pub mod ws;
 
 pub use alarm::{Alarm, AlarmError, ALARM_TRAY_ID, ALARM_TRAY_NS};
+pub use auth::{AuthError, Denial};
 pub use call::Call;
 pub use cluster::{Cluster, ClusterError};
 pub use config::{

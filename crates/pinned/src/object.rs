@@ -75,6 +75,45 @@ pub trait Object: Sized + Send + Sync + 'static {
     /// [`This`] naming another object type does not compile.
     fn routes() -> Routes<Self>;
 
+    /// Decides whether a request may reach the instance: on every request
+    /// (cold and warm alike) after the instance's record exists and, on a
+    /// cold id, before [`activate`](Self::activate) runs, so it sees the
+    /// context (id, epoch, store, [`state`](Context::state)) and the
+    /// request's head, not the object. Not run for pinboard's `_wake` and
+    /// `_alarm`.
+    ///
+    /// A [`Denial`](crate::Denial) answers 401/403 `{"message": ...}` (or
+    /// its own payload or response); any other error answers 503
+    /// `authorization failed`. A denied cold request discards the record and
+    /// releases its placement. The default allows everything.
+    ///
+    /// ```
+    /// use pinned::{AuthError, BoxError, Context, Denial, Object, Routes};
+    ///
+    /// struct Account;
+    ///
+    /// impl Object for Account {
+    ///     async fn activate(_ctx: &Context) -> Result<Self, BoxError> { Ok(Account) }
+    ///     fn routes() -> Routes<Self> { axum::Router::new() }
+    ///
+    ///     async fn authorize(ctx: &Context, request: &http::request::Parts) -> Result<(), AuthError> {
+    ///         let owner = request.headers.get("x-user").and_then(|v| v.to_str().ok());
+    ///         match owner {
+    ///             None => Err(Denial::unauthorized("who are you?"))?,
+    ///             Some(user) if user != ctx.id() => Err(Denial::forbidden("not your account"))?,
+    ///             Some(_) => Ok(()),
+    ///         }
+    ///     }
+    /// }
+    /// ```
+    fn authorize(
+        ctx: &Context,
+        request: &Parts,
+    ) -> impl Future<Output = Result<(), crate::AuthError>> + Send {
+        let _ = (ctx, request);
+        async { Ok(()) }
+    }
+
     /// Runs when the instance's alarm is due (set with
     /// [`Context::alarm`]), one run at a time, keeping the instance in
     /// flight; in exclusive mode it takes a turn like a request. An error or
@@ -247,7 +286,7 @@ fn activate<T: Object>(ctx: Context) -> BoxFuture<'static, Result<Instance, BoxE
 fn routes<T: Object>() -> Router {
     let routes = T::routes();
     let routes = if routes.has_routes() {
-        routes.route_layer(crate::admit::AdmitLayer)
+        routes.route_layer(crate::admit::AdmitLayer::<T>::new())
     } else {
         routes
     };

@@ -1,0 +1,99 @@
+//! App-level authorization (`Object::authorize`): denials answer 401/403
+//! with the application's message or payload before a cold instance is
+//! activated (and leave nothing resident), authorizer failures answer 503
+//! `authorization failed` and are counted, and a warm instance survives a
+//! denied request.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::http::request::Parts;
+use axum::routing::get;
+use axum::Router;
+use pinned::{AuthError, BoxError, Context, Denial, Object, Options};
+use serde_json::json;
+use support::{json, start};
+
+static ACTIVATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Only the user named like the id may enter.
+struct Account;
+
+impl Object for Account {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        ACTIVATIONS.fetch_add(1, Ordering::SeqCst);
+        Ok(Account)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new().route("/balance", get(|| async { "42" }))
+    }
+
+    async fn authorize(ctx: &Context, request: &Parts) -> Result<(), AuthError> {
+        let user = request.headers.get("x-user").and_then(|v| v.to_str().ok());
+        match user {
+            None => Err(Denial::unauthorized("who are you?"))?,
+            Some("broken") => Err(std::io::Error::other("the user directory is down"))?,
+            Some("coded") => Err(Denial::forbidden("x").payload(json!({ "code": "E42" })))?,
+            Some("teapot") => Err(Denial::response((
+                http::StatusCode::IM_A_TEAPOT,
+                "short and stout",
+            )))?,
+            Some(user) if user != ctx.id() => Err(Denial::forbidden("not your account"))?,
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn denials_answer_before_activation_and_failures_are_counted() {
+    let w = start(Options::new().host::<Account>("/account")).await;
+    let as_user = |user: Option<&str>| {
+        let mut request = w.client.get(w.url("/account/ada/balance"));
+        if let Some(user) = user {
+            request = request.header("x-user", user);
+        }
+        request
+    };
+
+    let cases = [
+        (None, 401, json!({ "message": "who are you?" })),
+        (Some("bob"), 403, json!({ "message": "not your account" })),
+        (Some("coded"), 403, json!({ "code": "E42" })),
+    ];
+    for (user, status, body) in cases {
+        let answer = as_user(user).send().await.expect("send");
+        assert_eq!(json(answer).await, (status, body), "{user:?}");
+    }
+    let teapot = as_user(Some("teapot")).send().await.expect("send");
+    assert_eq!(teapot.status(), 418);
+    assert_eq!(teapot.text().await.expect("text"), "short and stout");
+    let broken = as_user(Some("broken")).send().await.expect("send");
+    assert!(broken.headers().get("retry-after").is_none());
+    assert_eq!(
+        json(broken).await,
+        (503, json!({ "detail": "authorization failed" }))
+    );
+    // Nothing was activated, and the denied cold records are gone.
+    assert_eq!(ACTIVATIONS.load(Ordering::SeqCst), 0);
+    w.wait_for("denied records discarded", |stats| {
+        stats["instances"].as_array().is_some_and(Vec::is_empty)
+    })
+    .await;
+    let metrics = w.worker.metrics();
+    assert!(
+        metrics.contains(r#"pinned_request_failures_total{phase="auth",transport="http"} 1"#),
+        "{metrics}"
+    );
+
+    // The owner gets in; a denied request to the live instance leaves it be.
+    let owner = as_user(Some("ada")).send().await.expect("send");
+    assert_eq!(owner.status(), 200);
+    assert_eq!(owner.text().await.expect("text"), "42");
+    let (status, _) = json(as_user(Some("bob")).send().await.expect("send")).await;
+    assert_eq!(status, 403);
+    let owner = as_user(Some("ada")).send().await.expect("send");
+    assert_eq!(owner.status(), 200);
+    assert_eq!(ACTIVATIONS.load(Ordering::SeqCst), 1);
+}
