@@ -160,6 +160,14 @@ impl Alarm {
     ///
     /// No store, a time before 1970, a store failure.
     pub async fn set(&self, at: Option<SystemTime>) -> Result<(), AlarmError> {
+        self.write(at).await.inspect_err(|error| {
+            if let AlarmError::Store(error) = error {
+                crate::store::abort_on_fence_lost(&self.slot, error);
+            }
+        })
+    }
+
+    async fn write(&self, at: Option<SystemTime>) -> Result<(), AlarmError> {
         let store = self.store()?;
         let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
         let epoch = self.slot.epoch().unwrap_or(0);
@@ -212,7 +220,8 @@ impl Alarm {
                 ALARM_TRAY_ID,
                 epoch,
             )
-            .await?;
+            .await
+            .inspect_err(|error| crate::store::abort_on_fence_lost(&self.slot, error))?;
         let Some((at, nonce)) = row.as_ref().and_then(|tray| parse(&tray.doc)) else {
             return Ok(None);
         };
@@ -228,6 +237,14 @@ impl Alarm {
 /// Runs the instance's due alarm, if any. `wait`: queue behind a run in
 /// progress (timers) instead of answering [`Run::Running`] (`_alarm`).
 pub(crate) async fn run(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
+    run_once(slot, wait).await.inspect_err(|error| {
+        if let RunError::Store(error) = error {
+            crate::store::abort_on_fence_lost(slot, error);
+        }
+    })
+}
+
+async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
     let Some(store) = slot.host.store.clone() else {
         return Ok(Run::Fired(false));
     };

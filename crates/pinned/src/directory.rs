@@ -555,6 +555,9 @@ impl HostShared {
     /// Aborts `slot`: cancels its work and closes it.
     pub(crate) fn abort(slot: &Arc<Slot>) {
         if slot.begin_abort() {
+            // Cancelled now, not when the teardown task runs: a handler
+            // finishing in the same poll must see the abort and answer 503.
+            slot.cancel.cancel();
             spawn_detached(teardown(slot.clone(), true));
         }
     }

@@ -3,7 +3,8 @@
 //!
 //! It refuses instance writes to the reserved tray namespace `pinned`
 //! (the alarm row lives there) and otherwise passes straight through; it
-//! never caches. It also owns the typed view of a tray ([`InstanceStore::get`],
+//! never caches. A lost fence aborts the instance, so memory never runs
+//! ahead of the store. It also owns the typed view of a tray ([`InstanceStore::get`],
 //! [`InstanceStore::put`]): a doc (always a JSON object) to and from any serde
 //! type.
 
@@ -27,7 +28,7 @@ pub enum InstanceStoreError {
     #[error("tray namespace {0:?} is reserved for pinned itself")]
     Reserved(String),
     /// The store refused or failed (a `FenceLost` means a newer activation
-    /// owns the instance).
+    /// owns the instance: this one has been aborted).
     #[error(transparent)]
     Store(#[from] StoreError),
     /// [`InstanceStore::get`]: the stored doc does not deserialize as the
@@ -81,6 +82,15 @@ impl std::fmt::Debug for InstanceStore {
             .field("ns", &self.slot.host.ns)
             .field("id", &self.slot.id)
             .finish()
+    }
+}
+
+/// Aborts the instance of `slot` when `error` is a lost fence: a newer
+/// activation owns its rows.
+pub(crate) fn abort_on_fence_lost(slot: &Arc<Slot>, error: &StoreError) {
+    if error.is_fence_lost() {
+        tracing::warn!(namespace = %slot.host.ns, id = %slot.id, %error, "store fence lost; aborting the instance");
+        crate::directory::HostShared::abort(slot);
     }
 }
 
@@ -150,6 +160,18 @@ impl InstanceStore {
         self.slot.epoch().unwrap_or(0)
     }
 
+    /// Passes a store answer through; a lost fence first aborts the
+    /// instance: a newer activation owns its rows, so this one's memory
+    /// must not run ahead of the store (its in-flight requests answer 503
+    /// `instance aborted`, and the next request activates afresh from the
+    /// rows).
+    fn fenced<T>(&self, answer: Result<T, StoreError>) -> Result<T, InstanceStoreError> {
+        answer.map_err(|error| {
+            abort_on_fence_lost(&self.slot, &error);
+            InstanceStoreError::Store(error)
+        })
+    }
+
     /// Upserts tray `(tray_ns, tray_id)`.
     ///
     /// # Errors
@@ -164,10 +186,11 @@ impl InstanceStore {
     ) -> Result<(), InstanceStoreError> {
         writable(tray_ns)?;
         let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
-        Ok(self
+        let written = self
             .store
             .set_tray(ns, id, tray_ns, tray_id, marked, doc, self.epoch())
-            .await?)
+            .await;
+        self.fenced(written)
     }
 
     /// Deletes tray `(tray_ns, tray_id)`.
@@ -182,10 +205,11 @@ impl InstanceStore {
     ) -> Result<(), InstanceStoreError> {
         writable(tray_ns)?;
         let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
-        Ok(self
+        let deleted = self
             .store
             .delete_tray(ns, id, tray_ns, tray_id, self.epoch())
-            .await?)
+            .await;
+        self.fenced(deleted)
     }
 
     /// Reads tray `(tray_ns, tray_id)`.
@@ -199,10 +223,11 @@ impl InstanceStore {
         tray_id: &str,
     ) -> Result<Option<Tray>, InstanceStoreError> {
         let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
-        Ok(self
+        let read = self
             .store
             .get_tray(ns, id, tray_ns, tray_id, self.epoch())
-            .await?)
+            .await;
+        self.fenced(read)
     }
 
     /// Reads tray `(tray_ns, tray_id)` and deserializes its doc as a `T`;
@@ -312,10 +337,8 @@ impl InstanceStore {
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, InstanceStoreError> {
         let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
-        Ok(self
-            .store
-            .list(ns, id, self.epoch(), tray_ns, marked)
-            .await?)
+        let rows = self.store.list(ns, id, self.epoch(), tray_ns, marked).await;
+        self.fenced(rows)
     }
 
     /// Applies `ops` atomically, in order.
@@ -328,7 +351,8 @@ impl InstanceStore {
             writable(op.key().0)?;
         }
         let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
-        Ok(self.store.apply_batch(ns, id, ops, self.epoch()).await?)
+        let applied = self.store.apply_batch(ns, id, ops, self.epoch()).await;
+        self.fenced(applied)
     }
 }
 
