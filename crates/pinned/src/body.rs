@@ -3,7 +3,9 @@
 //! The body is pulled only as hyper writes to the client, so a slow client
 //! slows its own stream and nothing is buffered here. The instance stays in
 //! flight until the body ends or is dropped (the client went away); when the
-//! instance is aborted the body ends at the next poll.
+//! instance is aborted the body fails at the next poll, so the connection is
+//! cut rather than closed cleanly: a truncated download must never look
+//! complete to the client.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,6 +17,11 @@ use http_body::{Frame, SizeHint};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::slot::Busy;
+
+/// Why a tracked body failed: its instance was aborted mid-stream.
+#[derive(Debug, thiserror::Error)]
+#[error("instance aborted; the response body was cut short")]
+pub(crate) struct Truncated;
 
 pin_project_lite::pin_project! {
     /// A response body counted as an open stream of its instance.
@@ -52,7 +59,7 @@ impl http_body::Body for TrackedBody {
         }
         if this.aborted.poll(cx).is_ready() {
             this.entry.take();
-            return Poll::Ready(None);
+            return Poll::Ready(Some(Err(axum::Error::new(Truncated))));
         }
         let frame = this.inner.poll_frame(cx);
         if matches!(frame, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
