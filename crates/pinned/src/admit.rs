@@ -39,6 +39,17 @@ use crate::directory::{panic_message, Admission, Entered, HostShared};
 use crate::object::{NotAnInstanceRoute, Object};
 use crate::response;
 
+/// A newer epoch was adopted: the owner tag goes with the placement.
+fn retag(slot: &Arc<crate::slot::Slot>) {
+    let Some(tag) = slot.tag() else { return };
+    let ctx = Context::new(slot.clone());
+    crate::directory::spawn_detached(async move {
+        if let Err(error) = ctx.tag(&tag).await {
+            tracing::warn!(namespace = %ctx.ns(), id = %ctx.id(), %error, "cannot stamp the owner tag at the new epoch");
+        }
+    });
+}
+
 fn admission_refused(refused: Admission) -> Response {
     match refused {
         Admission::Refused(refusal) => response::refusal(refusal),
@@ -231,7 +242,9 @@ where
         Entered::Live(busy, _) | Entered::Activating(busy) => busy.slot().clone(),
     };
     if let Some(epoch) = epoch {
-        slot.adopt_epoch(epoch);
+        if slot.adopt_epoch(epoch) {
+            retag(&slot);
+        }
     }
     // App authorization: on the constructed record, before a cold
     // instance activates, on every request.

@@ -211,7 +211,9 @@ impl Context {
 
     /// Stamps an owner `tag` on the instance's placement (`POST
     /// /registry/tag` at the admitted epoch), for `GET
-    /// /registry/overview?tag=`. A no-op without a control plane.
+    /// /registry/overview?tag=`. The tag is stamped again whenever the
+    /// instance adopts a newer placement epoch. A no-op without a control
+    /// plane.
     ///
     /// # Errors
     ///
@@ -222,6 +224,7 @@ impl Context {
             return Ok(());
         };
         let epoch = self.epoch().ok_or(TagError::NotAdmitted)?;
+        self.slot.set_tag(tag);
         if plane.tag(self.ns(), self.id(), epoch, tag).await {
             Ok(())
         } else {

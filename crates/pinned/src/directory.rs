@@ -420,7 +420,7 @@ impl HostShared {
         // The activation (and the store reads it makes) runs at the
         // admitted epoch.
         if let Some(epoch) = epoch {
-            slot.adopt_epoch(epoch);
+            let _ = slot.adopt_epoch(epoch);
         }
         vacant.insert(slot.clone());
         Ok(Some(slot.adopt()))

@@ -95,7 +95,7 @@ pub(crate) async fn alarm(host: &Arc<HostShared>, parts: &Parts, raw_id: &str) -
     };
     let slot = entry.slot().clone();
     if let Some(epoch) = epoch {
-        slot.adopt_epoch(epoch);
+        let _ = slot.adopt_epoch(epoch);
     }
     drop(entry);
     match alarm::run(&slot, false).await {

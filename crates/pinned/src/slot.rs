@@ -78,6 +78,16 @@ fn word(phase: Phase, count: u64) -> u64 {
     ((phase as u64) << PHASE_SHIFT) | count
 }
 
+/// Raises `epoch` to `next` if `next` is newer; true when that replaced an
+/// older epoch (not the first one).
+fn raise(epoch: &AtomicU64, next: u64) -> bool {
+    epoch
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |current| {
+            (current == NO_EPOCH || next > current).then_some(next)
+        })
+        .is_ok_and(|previous| previous != NO_EPOCH)
+}
+
 /// Wind-down state of one instance (rare, so boxed behind an `Option`).
 #[derive(Default)]
 pub(crate) struct WindDown {
@@ -117,6 +127,8 @@ pub(crate) struct Slot {
     pub(crate) releasing: AtomicBool,
     /// Exclusive (turn-based) hosts: one request at a time.
     pub(crate) turn: Option<Semaphore>,
+    /// The owner tag, stamped again when the instance adopts a newer epoch.
+    tag: Mutex<Option<Arc<str>>>,
     /// Alarm turns, allocated on first use.
     pub(crate) alarm: OnceLock<Box<crate::alarm::AlarmState>>,
 }
@@ -144,6 +156,7 @@ impl Slot {
             winding: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
             turn,
+            tag: Mutex::new(None),
             alarm: OnceLock::new(),
         }
     }
@@ -295,13 +308,19 @@ impl Slot {
     }
 
     /// Raises the instance epoch to `epoch` if it is newer (a resident
-    /// instance adopting a newer placement).
-    pub(crate) fn adopt_epoch(&self, epoch: u64) {
-        let _ = self
-            .epoch
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |current| {
-                (current == NO_EPOCH || epoch > current).then_some(epoch)
-            });
+    /// instance adopting a newer placement). True when it replaced an older
+    /// epoch (not the first one).
+    pub(crate) fn adopt_epoch(&self, epoch: u64) -> bool {
+        raise(&self.epoch, epoch)
+    }
+
+    /// The owner tag last stamped with `Context::tag`.
+    pub(crate) fn tag(&self) -> Option<Arc<str>> {
+        self.tag.lock().clone()
+    }
+
+    pub(crate) fn set_tag(&self, tag: &str) {
+        *self.tag.lock() = Some(Arc::from(tag));
     }
 
     /// Winding down: the host drains or the instance was told to wind down.
@@ -359,6 +378,17 @@ impl Drop for Busy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adopting_a_newer_epoch_reports_a_replacement() {
+        let epoch = AtomicU64::new(NO_EPOCH);
+        let adopt = |next: u64| raise(&epoch, next);
+        assert!(!adopt(3), "the first epoch replaces nothing");
+        assert!(!adopt(3), "the same epoch is not newer");
+        assert!(!adopt(2), "an older epoch is not adopted");
+        assert!(adopt(4), "a newer epoch replaces the old one");
+        assert_eq!(epoch.load(Ordering::SeqCst), 4);
+    }
 
     #[test]
     fn word_packs_phase_and_count() {
