@@ -30,6 +30,7 @@ use pinned_wire::refusal::Refusal;
 use pinned_wire::{attestation, epoch, headers, ids};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
+use tracing::Instrument;
 
 use crate::auth::AuthError;
 use crate::body::TrackedBody;
@@ -251,7 +252,7 @@ where
     let ctx = Context::new(slot.clone());
     let (parts, body) = request.into_parts();
     let verdict = T::authorize(&ctx, &parts).await;
-    let mut request = Request::from_parts(parts, body);
+    let request = Request::from_parts(parts, body);
     if let Err(refusal) = verdict {
         if let Entered::Activating(busy) = entered {
             HostShared::discard(busy);
@@ -265,6 +266,35 @@ where
             }
         };
     }
+    let call = Call {
+        ctx,
+        attestation: caller,
+        epoch,
+        depth,
+    };
+    let instance_span = slot.span();
+    let span = tracing::info_span!(parent: &instance_span, "request", method = %request.method(), path = %request.uri().path());
+    serve(inner, request, call, entered, started)
+        .instrument(span)
+        .await
+}
+
+/// Activates when needed and runs the handler: the part of admission that
+/// belongs to the request's span.
+async fn serve<S>(
+    inner: S,
+    mut request: Request,
+    call: Call,
+    entered: Entered,
+    started: Instant,
+) -> Response
+where
+    S: Service<Request, Error = Infallible> + Send + 'static,
+    S::Response: IntoResponse,
+    S::Future: Send + 'static,
+{
+    let slot = call.ctx.slot().clone();
+    let host = slot.host.clone();
     let (entry, instance) = match entered {
         Entered::Live(busy, instance) => (busy, instance),
         Entered::Activating(busy) => match HostShared::activation(busy).await {
@@ -272,15 +302,7 @@ where
             Err(refused) => return admission_refused(refused),
         },
     };
-    request.extensions_mut().insert(Scope {
-        call: Call {
-            ctx,
-            attestation: caller,
-            epoch,
-            depth,
-        },
-        instance,
-    });
+    request.extensions_mut().insert(Scope { call, instance });
 
     let cancelled = slot.cancel.cancelled();
     tokio::pin!(cancelled);

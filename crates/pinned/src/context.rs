@@ -154,23 +154,27 @@ impl Context {
         }
         let entry = self.slot.hold();
         let slot = self.slot.clone();
-        tokio::spawn(async move {
-            let _entry = entry;
-            let outcome = if cancellable {
-                tokio::select! {
-                    outcome = std::panic::AssertUnwindSafe(work).catch_unwind() => outcome,
-                    () = slot.cancel.cancelled() => return,
-                }
-            } else {
-                std::panic::AssertUnwindSafe(work).catch_unwind().await
-            };
-            let error = match outcome {
-                Ok(Ok(())) => return,
-                Ok(Err(error)) => error.to_string(),
-                Err(panic) => directory::panic_message(panic.as_ref()),
-            };
-            tracing::error!(namespace = %slot.host.ns, id = %slot.id, %error, "background task failed");
-        });
+        let span = slot.span();
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let _entry = entry;
+                let outcome = if cancellable {
+                    tokio::select! {
+                        outcome = std::panic::AssertUnwindSafe(work).catch_unwind() => outcome,
+                        () = slot.cancel.cancelled() => return,
+                    }
+                } else {
+                    std::panic::AssertUnwindSafe(work).catch_unwind().await
+                };
+                let error = match outcome {
+                    Ok(Ok(())) => return,
+                    Ok(Err(error)) => error.to_string(),
+                    Err(panic) => directory::panic_message(panic.as_ref()),
+                };
+                tracing::error!(namespace = %slot.host.ns, id = %slot.id, %error, "background task failed");
+            },
+            span,
+        ));
     }
 
     /// Winds the instance down: it closes as soon as nothing is in flight,

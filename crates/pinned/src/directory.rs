@@ -27,6 +27,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::context::Context;
 use crate::fence::FenceTable;
@@ -457,6 +458,7 @@ impl HostShared {
         }
         let task_slot = slot.clone();
         let entry = slot.hold();
+        let span = slot.span();
         let handle = tokio::spawn(async move {
             let slot = task_slot;
             let _entry = entry;
@@ -489,7 +491,7 @@ impl HostShared {
             slot.cancel.cancel();
             host.remove(&slot);
             Activation::Failed
-        });
+        }.instrument(span));
         *pending = Some(
             async move { handle.await.unwrap_or(Activation::Failed) }
                 .boxed()
@@ -548,7 +550,7 @@ impl HostShared {
     /// entry leaving a winding-down instance).
     pub(crate) fn close_if_idle(slot: &Arc<Slot>) {
         if slot.begin_idle_close() {
-            spawn_detached(teardown(slot.clone(), false));
+            spawn_detached(teardown(slot.clone(), false).instrument(slot.span()));
         }
     }
 
@@ -558,7 +560,7 @@ impl HostShared {
             // Cancelled now, not when the teardown task runs: a handler
             // finishing in the same poll must see the abort and answer 503.
             slot.cancel.cancel();
-            spawn_detached(teardown(slot.clone(), true));
+            spawn_detached(teardown(slot.clone(), true).instrument(slot.span()));
         }
     }
 

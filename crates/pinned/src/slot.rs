@@ -314,6 +314,18 @@ impl Slot {
         raise(&self.epoch, epoch)
     }
 
+    /// The instance's tracing span: everything the instance does (its
+    /// activation, requests, background tasks, alarm runs, teardown) runs
+    /// inside one, so its logs carry the namespace, id and epoch.
+    pub(crate) fn span(&self) -> tracing::Span {
+        tracing::info_span!(
+            "instance",
+            namespace = %self.host.ns,
+            id = %self.id,
+            epoch = self.epoch(),
+        )
+    }
+
     /// The owner tag last stamped with `Context::tag`.
     pub(crate) fn tag(&self) -> Option<Arc<str>> {
         self.tag.lock().clone()

@@ -1,0 +1,99 @@
+//! Everything an instance does runs in its tracing span: a handler's log
+//! line carries the instance (namespace, id, epoch) and the request
+//! (method, path); background work carries the instance.
+
+mod support;
+
+use std::io::Write;
+use std::sync::Arc;
+
+use axum::routing::get;
+use axum::Router;
+use parking_lot::Mutex;
+use pinned::{BoxError, Call, Context, Object, Options};
+use support::start;
+
+/// Collects formatted log lines.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Lines {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+struct Chatty;
+
+impl Object for Chatty {
+    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
+        ctx.spawn(async {
+            tracing::info!("from the background");
+        });
+        Ok(Chatty)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new().route(
+            "/hello",
+            get(|_call: Call| async {
+                tracing::info!("from the handler");
+                "hi"
+            }),
+        )
+    }
+}
+
+#[tokio::test]
+async fn log_lines_carry_the_instance_and_the_request() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let w = start(Options::new().host::<Chatty>("/chatty")).await;
+    let answer = w
+        .client
+        .get(w.url("/chatty/a/hello"))
+        .header("pinboard-epoch", "7")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(answer.status(), 200);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let handler = text
+            .lines()
+            .find(|line| line.contains("from the handler"))
+            .map(str::to_owned);
+        let background = text
+            .lines()
+            .find(|line| line.contains("from the background"))
+            .map(str::to_owned);
+        if let (Some(handler), Some(background)) = (handler, background) {
+            assert!(
+                handler.contains("instance{namespace=/chatty id=a epoch=7}")
+                    && handler.contains("request{method=GET path=/hello}"),
+                "{handler}"
+            );
+            assert!(
+                background.contains("instance{namespace=/chatty id=a epoch=7}"),
+                "{background}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "missing lines:\n{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
