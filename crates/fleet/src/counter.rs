@@ -76,6 +76,19 @@ async fn slow(
 /// Outcomes of `write` calls in this process, as `"<id> <outcome>"`.
 static WRITES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
+static LEASE_EVENTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Lease hooks heard in this process so far, as `<hook> <id>`.
+pub fn lease_events() -> Vec<String> {
+    LEASE_EVENTS.lock().map(|e| e.clone()).unwrap_or_default()
+}
+
+fn log_lease_event(hook: &str, id: &str) {
+    if let Ok(mut events) = LEASE_EVENTS.lock() {
+        events.push(format!("{hook} {id}"));
+    }
+}
+
 /// Outcomes of `write` calls in this process so far.
 pub fn writes() -> Vec<String> {
     WRITES.lock().map(|w| w.clone()).unwrap_or_default()
@@ -168,6 +181,16 @@ impl Object for Counter {
             count: AtomicU64::new(0),
             instance: format!("{:016x}", rand::random::<u64>()),
         })
+    }
+
+    async fn on_unhealthy(&self, ctx: &Context) -> Result<(), BoxError> {
+        log_lease_event("on_unhealthy", ctx.id());
+        Ok(())
+    }
+
+    async fn on_restored(&self, ctx: &Context) -> Result<(), BoxError> {
+        log_lease_event("on_restored", ctx.id());
+        Ok(())
     }
 
     /// Counts firings in the `("fired", "~")` row, with the process that ran it.

@@ -54,6 +54,9 @@ pub enum ConfigError {
     /// `sweep_interval` is 0.
     #[error("sweep_interval must be positive (namespace '{0}')")]
     SweepInterval(String),
+    /// `detached_timeout` is 0.
+    #[error("detached_timeout must be positive (namespace '{0}')")]
+    DetachedTimeout(String),
     /// `PORT` is not an integer port.
     #[error("PORT must be an integer port, got {0:?}")]
     Port(String),
@@ -372,6 +375,9 @@ impl Options {
             }
             if host.options.sweep_interval.is_zero() {
                 errors.push(ConfigError::SweepInterval(host.ns.clone()));
+            }
+            if host.options.detached_timeout.is_zero() {
+                errors.push(ConfigError::DetachedTimeout(host.ns.clone()));
             }
         }
         if let Err(port) = self.parsed_port() {

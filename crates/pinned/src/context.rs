@@ -16,6 +16,7 @@ use tokio_util::sync::WaitForCancellationFuture;
 use crate::alarm::Alarm;
 use crate::cluster::Cluster;
 use crate::directory::{self, HostShared};
+use crate::instance_lease::{wall, EvictionRequested, InstanceLease};
 use crate::slot::{Phase, Slot};
 use crate::store::InstanceStore;
 use crate::BoxError;
@@ -240,6 +241,51 @@ impl Context {
     /// draining).
     pub fn winding_down(&self) -> bool {
         self.slot.winding_down()
+    }
+
+    /// A snapshot of the instance's lease: the worker's lease health and
+    /// expiry, the instance's wind-down and its eviction deadline.
+    pub fn lease(&self) -> InstanceLease {
+        let lease = self.slot.host.plane.as_ref().map(|plane| &plane.lease);
+        InstanceLease {
+            healthy: lease.is_none_or(|lease| lease.healthy()),
+            expired: lease.is_some_and(|lease| lease.expired()),
+            expires_at: lease.and_then(|lease| lease.expires_at()).map(wall),
+            buffer: lease.map_or(crate::DEFAULT_LEASE_BUFFER, |lease| lease.buffer()),
+            winding_down: self.slot.winding_down(),
+            eviction_deadline: self
+                .slot
+                .winding_down()
+                .then(|| self.slot.effective_deadline())
+                .flatten()
+                .map(wall),
+        }
+    }
+
+    /// A checkpoint for long work: `Err(EvictionRequested)` once the
+    /// instance is winding down, so the work can stop and leave the rest to
+    /// the next activation instead of being aborted at the deadline.
+    ///
+    /// ```
+    /// # async fn demo(ctx: pinned::Context, items: Vec<u64>) -> Result<(), pinned::BoxError> {
+    /// for item in items {
+    ///     ctx.eviction_checkpoint()?;
+    ///     // ... process `item`, recording progress in the store ...
+    /// #   let _ = item;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`EvictionRequested`] while the instance winds down.
+    pub fn eviction_checkpoint(&self) -> Result<(), EvictionRequested> {
+        if self.slot.winding_down() {
+            Err(EvictionRequested)
+        } else {
+            Ok(())
+        }
     }
 
     /// Completes when the instance starts winding down (its own

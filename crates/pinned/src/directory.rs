@@ -140,6 +140,8 @@ pub(crate) struct HostShared {
     activations: AtomicU64,
     evictions: AtomicU64,
     sweeper: Mutex<Option<AbortHandle>>,
+    /// Calls `on_unhealthy`/`on_restored` as the lease's health changes.
+    lease_watch: Mutex<Option<AbortHandle>>,
     /// Audience of tokens the worker mints for its own in-process calls.
     pub(crate) local_aud: String,
     /// The worker secret: verifies attestations.
@@ -206,6 +208,7 @@ impl HostShared {
             activations: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             sweeper: Mutex::new(None),
+            lease_watch: Mutex::new(None),
             local_aud,
             secret,
             plane,
@@ -564,26 +567,41 @@ impl HostShared {
         }
     }
 
-    /// One pass of the idle sweep.
+    /// One pass of the idle sweep: detached instances wind down, idle ones
+    /// are offered to `on_idle` (winding-down ones close when idle).
     pub(crate) fn sweep(&self) {
         let idle_ms = u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        let detached_ms =
+            u64::try_from(self.options.detached_timeout.as_millis()).unwrap_or(u64::MAX);
         let draining = self.draining();
-        let candidates: Vec<Arc<Slot>> = self
-            .slots
-            .iter()
-            .filter(|entry| {
-                let slot = entry.value();
-                slot.phase() == Phase::Live
-                    && slot.in_flight() == 0
-                    && (draining || slot.winding_down() || slot.idle_ms() >= idle_ms)
-            })
-            .map(|entry| entry.value().clone())
-            .collect();
-        for slot in candidates {
-            Self::close_if_idle(&slot);
+        for slot in self.live() {
+            if slot.streams() > 0 {
+                slot.connected();
+            } else if !slot.winding.load(Ordering::SeqCst) && slot.detached_ms() >= detached_ms {
+                tracing::warn!(namespace = %self.ns, id = %slot.id, "no client for the detached timeout; winding the instance down");
+                wind_down(&slot, Some(Duration::ZERO));
+                continue;
+            }
+            if slot.in_flight() != 0 {
+                continue;
+            }
+            if draining || slot.winding_down() {
+                Self::close_if_idle(&slot);
+            } else if slot.idle_ms() >= idle_ms {
+                crate::hooks::idle(&slot);
+            }
         }
         self.fences
             .sweep(self.plane.as_ref().and_then(|plane| plane.lease.ttl()));
+    }
+
+    /// The live records.
+    pub(crate) fn live(&self) -> Vec<Arc<Slot>> {
+        self.slots
+            .iter()
+            .filter(|entry| entry.value().phase() == Phase::Live)
+            .map(|entry| entry.value().clone())
+            .collect()
     }
 
     fn all(&self) -> Vec<Arc<Slot>> {
@@ -618,6 +636,13 @@ impl HostShared {
             }
         });
         *sweeper = Some(task.abort_handle());
+        if let Some(plane) = &self.plane {
+            let watcher = tokio::spawn(crate::hooks::watch_lease(
+                Arc::downgrade(self),
+                plane.lease.health(),
+            ));
+            *self.lease_watch.lock() = Some(watcher.abort_handle());
+        }
     }
 
     /// Drains (`kind`): refuse new activations, evict idle instances now,
@@ -633,6 +658,9 @@ impl HostShared {
             self.rearm(&mut drain);
         }
         tracing::info!(namespace = %self.ns, ?kind, ?deadline, "draining");
+        for slot in self.live() {
+            crate::hooks::wind_down(&slot, slot.effective_deadline());
+        }
         self.sweep();
     }
 
@@ -695,6 +723,9 @@ impl HostShared {
         if let Some(sweeper) = self.sweeper.lock().take() {
             sweeper.abort();
         }
+        if let Some(watch) = self.lease_watch.lock().take() {
+            watch.abort();
+        }
         if let Some(timer) = self.drain.lock().timer.take() {
             timer.abort();
         }
@@ -749,6 +780,7 @@ pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
         slot.winding.store(true, Ordering::SeqCst);
     }
     slot.host.winding.notify_waiters();
+    crate::hooks::wind_down(slot, slot.effective_deadline());
     HostShared::close_if_idle(slot);
 }
 

@@ -9,6 +9,9 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_MAX_INSTANCES: usize = 10_000;
 /// Default period of the idle sweep.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// Default detached timeout: an instance with no client request or open
+/// stream for this long is wound down, whatever background work it holds.
+pub const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// How one namespace hosts its object.
 ///
@@ -29,6 +32,7 @@ pub struct HostOptions {
     pub(crate) release_placement_on_idle: bool,
     pub(crate) exclusive: bool,
     pub(crate) env: Option<String>,
+    pub(crate) detached_timeout: Duration,
 }
 
 impl Default for HostOptions {
@@ -40,6 +44,7 @@ impl Default for HostOptions {
             release_placement_on_idle: true,
             exclusive: false,
             env: None,
+            detached_timeout: DEFAULT_DETACHED_TIMEOUT,
         }
     }
 }
@@ -57,6 +62,15 @@ impl HostOptions {
     /// existing instances keep serving. Must be at least 1.
     pub fn max_instances(mut self, max: usize) -> Self {
         self.max_instances = max;
+        self
+    }
+
+    /// Wind down (and abort at once) an instance that has had no client
+    /// request and no open stream for this long, whatever background work
+    /// keeps it busy (default 86 400 s): a dead instance must not hold a
+    /// slot forever. Must be non-zero.
+    pub fn detached_timeout(mut self, timeout: Duration) -> Self {
+        self.detached_timeout = timeout;
         self
     }
 

@@ -40,6 +40,9 @@ pub(crate) struct Lease {
     unhealthy: AtomicBool,
     flaps: AtomicU64,
     watch: Mutex<Option<AbortHandle>>,
+    /// Health as published to the hosts (their instances' `on_unhealthy`
+    /// and `on_restored`).
+    health: tokio::sync::watch::Sender<bool>,
     metrics: Arc<Metrics>,
 }
 
@@ -54,8 +57,30 @@ impl Lease {
             unhealthy: AtomicBool::new(false),
             flaps: AtomicU64::new(0),
             watch: Mutex::new(None),
+            health: tokio::sync::watch::Sender::new(true),
             metrics,
         }
+    }
+
+    /// Health changes: `false` when the lease crosses into unhealthy,
+    /// `true` when an ack restores it.
+    pub(crate) fn health(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.health.subscribe()
+    }
+
+    /// When pinboard may re-place this worker's ids (the last ack's send
+    /// time plus its TTL, capped by a drain deadline); `None` before the
+    /// first ack and in local mode.
+    pub(crate) fn expires_at(&self) -> Option<Instant> {
+        match self.deadline.load(Ordering::SeqCst) {
+            NONE => None,
+            deadline => Some(self.base + Duration::from_millis(deadline)),
+        }
+    }
+
+    /// The safety margin before [`expires_at`](Self::expires_at).
+    pub(crate) fn buffer(&self) -> Duration {
+        self.buffer
     }
 
     fn ms(&self, at: Instant) -> u64 {
@@ -119,6 +144,7 @@ impl Lease {
         self.deadline.store(deadline, Ordering::SeqCst);
         if self.unhealthy.swap(false, Ordering::SeqCst) {
             tracing::info!("lease restored");
+            self.health.send_replace(true);
         }
         self.metrics.lease_healthy.set(1);
         self.arm(deadline);
@@ -146,6 +172,7 @@ impl Lease {
                     flaps,
                     "lease unhealthy: no heartbeat ack within the health window"
                 );
+                lease.health.send_replace(false);
             }
         });
         *watch = Some(task.abort_handle());

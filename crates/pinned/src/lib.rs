@@ -54,7 +54,9 @@ mod dispatch;
 mod durable;
 mod fence;
 mod headroom;
+mod hooks;
 mod host;
+mod instance_lease;
 mod lease;
 mod metrics;
 mod object;
@@ -79,9 +81,13 @@ pub use config::{
 };
 pub use context::{Context, TagError};
 pub use headroom::{default_headroom, DEFAULT_HEADROOM_MB};
-pub use host::{HostOptions, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES, DEFAULT_SWEEP_INTERVAL};
+pub use host::{
+    HostOptions, DEFAULT_DETACHED_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES,
+    DEFAULT_SWEEP_INTERVAL,
+};
+pub use instance_lease::{EvictionRequested, InstanceLease};
 pub use lease::DEFAULT_LEASE_BUFFER;
-pub use object::{NoAlarmHandler, NotAnInstanceRoute, Object, RouteState, Routes, This};
+pub use object::{Idle, NoAlarmHandler, NotAnInstanceRoute, Object, RouteState, Routes, This};
 /// The durable state crate, re-exported.
 pub use pinned_store;
 pub use pinned_wire::attestation::Caller;

@@ -128,6 +128,51 @@ pub trait Object: Sized + Send + Sync + 'static {
         async move { Err(BoxError::from(NoAlarmHandler(object))) }
     }
 
+    /// Called when the idle sweep finds the instance idle (nothing in
+    /// flight for the namespace's `idle_timeout`), instead of evicting it
+    /// outright: [`Idle::Evict`] (the default) evicts it, [`Idle::Keep`]
+    /// keeps it until its next activity goes idle again. An error evicts
+    /// it and is counted in `pinned_callback_failures_total{hook="on_idle"}`.
+    /// Not called while winding down: a winding-down instance closes when
+    /// idle.
+    fn on_idle(&self, ctx: &Context) -> impl Future<Output = Result<Idle, BoxError>> + Send {
+        let _ = ctx;
+        async { Ok(Idle::Evict) }
+    }
+
+    /// Called when the instance starts winding down (its own
+    /// [`Context::wind_down`], pinboard's `wind_down`, or its worker's
+    /// drain), and again when its deadline changes, with that deadline
+    /// (`None`: no abort). [`Context::wind_down_started`] is the same news
+    /// as a future. Errors are logged and counted in
+    /// `pinned_callback_failures_total{hook="on_wind_down"}`.
+    fn on_wind_down(
+        &self,
+        ctx: &Context,
+        deadline: Option<tokio::time::Instant>,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = (ctx, deadline);
+        async { Ok(()) }
+    }
+
+    /// Called on every live instance when the worker's lease with pinboard
+    /// turns unhealthy (no heartbeat ack in time): new activations are
+    /// refused, and past the lease's expiry nothing is served, until an ack
+    /// restores it. Never called in local mode. Errors are counted in
+    /// `pinned_callback_failures_total{hook="on_unhealthy"}`.
+    fn on_unhealthy(&self, ctx: &Context) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = ctx;
+        async { Ok(()) }
+    }
+
+    /// Called on every live instance when an ack restores the worker's
+    /// unhealthy lease. Errors are counted in
+    /// `pinned_callback_failures_total{hook="on_restored"}`.
+    fn on_restored(&self, ctx: &Context) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = ctx;
+        async { Ok(()) }
+    }
+
     /// Runs once when the instance closes (idle eviction, wind-down, drain,
     /// abort, worker close), after its open work settled and before the
     /// handlers registered with [`Context::on_stop`]. The place for a final
@@ -137,6 +182,15 @@ pub trait Object: Sized + Send + Sync + 'static {
         let _ = ctx;
         async { Ok(()) }
     }
+}
+
+/// What [`Object::on_idle`] decides for an idle instance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Idle {
+    /// Evict it now (the default).
+    Evict,
+    /// Keep it resident until it is busy and idle again.
+    Keep,
 }
 
 /// The error of the default [`Object::alarm`]: the alarm stays stored and
@@ -251,6 +305,13 @@ impl<T: Object> FromRequestParts<RouteState<T>> for This<T> {
 /// A lifecycle hook of one object type, erased so the directory can hold it.
 pub(crate) type Hook = fn(Instance, Context) -> BoxFuture<'static, Result<(), BoxError>>;
 
+/// [`Object::on_idle`], type-erased.
+pub(crate) type IdleHook = fn(Instance, Context) -> BoxFuture<'static, Result<Idle, BoxError>>;
+
+/// [`Object::on_wind_down`], type-erased.
+pub(crate) type WindDownHook =
+    fn(Instance, Context, Option<tokio::time::Instant>) -> BoxFuture<'static, Result<(), BoxError>>;
+
 /// An object type's lifecycle, type-erased: what one hosted namespace needs
 /// to build and run its instances.
 #[derive(Clone)]
@@ -259,6 +320,10 @@ pub(crate) struct Lifecycle {
     pub(crate) routes: fn() -> Router,
     pub(crate) alarm: Hook,
     pub(crate) on_stop: Hook,
+    pub(crate) on_idle: IdleHook,
+    pub(crate) on_wind_down: WindDownHook,
+    pub(crate) on_unhealthy: Hook,
+    pub(crate) on_restored: Hook,
 }
 
 impl Lifecycle {
@@ -269,6 +334,10 @@ impl Lifecycle {
             routes: routes::<T>,
             alarm: alarm::<T>,
             on_stop: on_stop::<T>,
+            on_idle: on_idle::<T>,
+            on_wind_down: on_wind_down::<T>,
+            on_unhealthy: on_unhealthy::<T>,
+            on_restored: on_restored::<T>,
         }
     }
 }
@@ -311,4 +380,33 @@ fn on_stop<T: Object>(
     ctx: Context,
 ) -> BoxFuture<'static, Result<(), BoxError>> {
     Box::pin(async move { downcast::<T>(instance)?.on_stop(&ctx).await })
+}
+
+fn on_idle<T: Object>(
+    instance: Instance,
+    ctx: Context,
+) -> BoxFuture<'static, Result<Idle, BoxError>> {
+    Box::pin(async move { downcast::<T>(instance)?.on_idle(&ctx).await })
+}
+
+fn on_wind_down<T: Object>(
+    instance: Instance,
+    ctx: Context,
+    deadline: Option<tokio::time::Instant>,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move { downcast::<T>(instance)?.on_wind_down(&ctx, deadline).await })
+}
+
+fn on_unhealthy<T: Object>(
+    instance: Instance,
+    ctx: Context,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move { downcast::<T>(instance)?.on_unhealthy(&ctx).await })
+}
+
+fn on_restored<T: Object>(
+    instance: Instance,
+    ctx: Context,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move { downcast::<T>(instance)?.on_restored(&ctx).await })
 }

@@ -111,6 +111,12 @@ pub(crate) struct Slot {
     streams: AtomicU32,
     /// Milliseconds since the host's clock base of the last activity.
     last_activity: AtomicU64,
+    /// Milliseconds since the host's clock base when a client last had a
+    /// request or an open stream on the instance (`detached_timeout`).
+    last_connected: AtomicU64,
+    /// The `last_activity` at which `on_idle` was last asked (so it is
+    /// asked once per idle period).
+    idle_asked: AtomicU64,
     /// Wall-clock ms of the completed activation, 0 before.
     activated_at: AtomicU64,
     epoch: AtomicU64,
@@ -146,6 +152,8 @@ impl Slot {
             state: AtomicU64::new(word(Phase::Activating, initial)),
             streams: AtomicU32::new(0),
             last_activity: AtomicU64::new(now),
+            last_connected: AtomicU64::new(now),
+            idle_asked: AtomicU64::new(u64::MAX),
             activated_at: AtomicU64::new(0),
             epoch: AtomicU64::new(NO_EPOCH),
             cancel: CancellationToken::new(),
@@ -198,6 +206,7 @@ impl Slot {
         match phase {
             Phase::Activating | Phase::Live => {
                 self.touch();
+                self.connected();
                 Ok((busy, phase))
             }
             // Dropping `busy` undoes the increment and wakes a teardown
@@ -284,6 +293,30 @@ impl Slot {
     pub(crate) fn touch(&self) {
         self.last_activity
             .store(self.host.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    /// A client is connected now (a request entered, or a stream is open).
+    pub(crate) fn connected(&self) {
+        self.last_connected
+            .store(self.host.elapsed_ms(), Ordering::Relaxed);
+    }
+
+    /// Milliseconds since a client was last connected.
+    pub(crate) fn detached_ms(&self) -> u64 {
+        self.host
+            .elapsed_ms()
+            .saturating_sub(self.last_connected.load(Ordering::Relaxed))
+    }
+
+    /// The last activity, as an opaque mark for [`mark_idle_asked`](Self::mark_idle_asked).
+    pub(crate) fn activity_mark(&self) -> u64 {
+        self.last_activity.load(Ordering::Relaxed)
+    }
+
+    /// Records that `on_idle` is asked for the idle period that began at
+    /// `activity`; false when it was asked for that period already.
+    pub(crate) fn mark_idle_asked(&self, activity: u64) -> bool {
+        self.idle_asked.swap(activity, Ordering::Relaxed) != activity
     }
 
     /// Milliseconds since the last activity, floored at 0.

@@ -9,7 +9,8 @@
 //! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
 //! `FLEET_NS` (the namespace, default `/counter`), and
 //! `FLEET_DATABASE_URL` (a Postgres state store: enables `alarm`, `fired`,
-//! `write`, `state` and the process log `GET /fleet/writes`). Prints
+//! `write`, `state` and the process log `GET /fleet/writes`);
+//! `GET /fleet/lease-events` lists the lease hooks heard. Prints
 //! `secret <hex>` and then `pinned worker listening on http://<addr>`.
 
 use std::time::Duration;
@@ -18,7 +19,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use pinned::pinned_store::PostgresOptions;
 use pinned::{HostOptions, Options, Takeover};
-use pinned_fleet::counter::{writes, Counter};
+use pinned_fleet::counter::{lease_events, writes, Counter};
 
 fn ms(name: &str) -> Option<Duration> {
     std::env::var(name)
@@ -76,7 +77,14 @@ async fn main() -> anyhow::Result<()> {
     println!("pinned worker listening on http://{addr}");
     pinned::serve(worker)
         .listener(listener)
-        .routes(Router::new().route("/fleet/writes", get(|| async { Json(writes()) })))
+        .routes(
+            Router::new()
+                .route("/fleet/writes", get(|| async { Json(writes()) }))
+                .route(
+                    "/fleet/lease-events",
+                    get(|| async { Json(lease_events()) }),
+                ),
+        )
         .drain_deadline(drain)
         .await?;
     Ok(())

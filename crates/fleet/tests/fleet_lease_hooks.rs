@@ -1,0 +1,56 @@
+//! The lease hooks on a real fleet: with pinboard frozen (SIGSTOP) the
+//! worker's lease turns unhealthy and every live instance hears
+//! `on_unhealthy`; once pinboard runs again an ack restores it and they
+//! hear `on_restored`.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{client, get_json, pinboard, rust_worker, wait_workers};
+
+async fn wait_event(c: &reqwest::Client, worker: &str, event: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let events: Value = c
+            .get(format!("{worker}/fleet/lease-events"))
+            .send()
+            .await
+            .expect("events")
+            .json()
+            .await
+            .expect("json");
+        let heard = events
+            .as_array()
+            .is_some_and(|events| events.iter().any(|e| e == event));
+        if heard {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never heard {event}: {events}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_pinboard_makes_the_lease_unhealthy_then_restored() {
+    // A 6 s lease, healthy until 5 s before its end: a pause of about a
+    // second makes it unhealthy, far from expiring.
+    let pb = pinboard(&["--lease-ttl-ms", "6000"]);
+    let worker = rust_worker(&pb.url, &[("FLEET_LEASE_BUFFER_MS", "5000")]);
+    let c = client();
+    wait_workers(&c, &pb.url, 1).await;
+    get_json(
+        &c,
+        &format!("{}/counter/h-1/hit", pb.url),
+        Duration::from_secs(5),
+    )
+    .await;
+    pb.pause();
+    wait_event(&c, &worker.url, "on_unhealthy h-1").await;
+    pb.resume();
+    wait_event(&c, &worker.url, "on_restored h-1").await;
+}

@@ -1,0 +1,138 @@
+//! Calling an object's lifecycle hooks ([`Object::on_idle`],
+//! [`Object::on_wind_down`], [`Object::on_unhealthy`],
+//! [`Object::on_restored`]) for the directory, without ever blocking it: a
+//! hook is polled once in place (the defaults finish there, costing no
+//! task), and only one that is still pending continues in a task of its
+//! own, inside the instance's span.
+//!
+//! A hook's failure or panic is logged and counted in
+//! `pinned_callback_failures_total{hook}`; it never reaches the caller.
+//!
+//! [`Object::on_idle`]: crate::Object::on_idle
+//! [`Object::on_wind_down`]: crate::Object::on_wind_down
+//! [`Object::on_unhealthy`]: crate::Object::on_unhealthy
+//! [`Object::on_restored`]: crate::Object::on_restored
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::context::Context;
+use crate::directory::{panic_message, spawn_detached, HostShared};
+use crate::object::Idle;
+use crate::slot::{Phase, Slot};
+use crate::BoxError;
+
+/// Runs `hook` and hands its outcome to `then`, in place when it is ready
+/// at once, in a task otherwise.
+fn run<T, F>(
+    slot: &Arc<Slot>,
+    name: &'static str,
+    hook: BoxFuture<'static, Result<T, BoxError>>,
+    then: F,
+) where
+    T: Send + 'static,
+    F: FnOnce(&Arc<Slot>, Option<T>) + Send + 'static,
+{
+    let mut hook = AssertUnwindSafe(hook).catch_unwind();
+    let settle = move |slot: &Arc<Slot>, outcome: std::thread::Result<Result<T, BoxError>>| {
+        let value = match outcome {
+            Ok(Ok(value)) => Some(value),
+            Ok(Err(error)) => {
+                failed(slot, name, &error.to_string());
+                None
+            }
+            Err(panic) => {
+                failed(
+                    slot,
+                    name,
+                    &format!("panicked: {}", panic_message(panic.as_ref())),
+                );
+                None
+            }
+        };
+        then(slot, value);
+    };
+    match (&mut hook).now_or_never() {
+        Some(outcome) => settle(slot, outcome),
+        None => {
+            let slot = slot.clone();
+            let span = slot.span();
+            spawn_detached(
+                async move {
+                    let outcome = hook.await;
+                    settle(&slot, outcome);
+                }
+                .instrument(span),
+            );
+        }
+    }
+}
+
+fn failed(slot: &Slot, name: &'static str, error: &str) {
+    tracing::error!(namespace = %slot.host.ns, id = %slot.id, hook = name, %error, "lifecycle hook failed");
+    slot.host.metrics.callback_failed(name);
+}
+
+/// The sweep found `slot` idle (and not winding down): ask the object
+/// whether to evict it. Asked once per idle period.
+pub(crate) fn idle(slot: &Arc<Slot>) {
+    let Some(instance) = slot.instance() else {
+        HostShared::close_if_idle(slot);
+        return;
+    };
+    let activity = slot.activity_mark();
+    if !slot.mark_idle_asked(activity) {
+        return;
+    }
+    let hook = (slot.host.lifecycle.on_idle)(instance, Context::new(slot.clone()));
+    run(slot, "on_idle", hook, |slot, decision| match decision {
+        Some(Idle::Keep) => {}
+        // Evict, or the hook failed: the reference closes the instance.
+        Some(Idle::Evict) | None => HostShared::close_if_idle(slot),
+    });
+}
+
+/// `slot` started winding down or its deadline changed.
+pub(crate) fn wind_down(slot: &Arc<Slot>, deadline: Option<Instant>) {
+    if slot.phase() != Phase::Live {
+        return;
+    }
+    let Some(instance) = slot.instance() else {
+        return;
+    };
+    let hook = (slot.host.lifecycle.on_wind_down)(instance, Context::new(slot.clone()), deadline);
+    run(slot, "on_wind_down", hook, |_, _| {});
+}
+
+/// The worker's lease health changed: tell every live instance.
+pub(crate) fn lease_health(host: &HostShared, healthy: bool) {
+    let (hook, name) = if healthy {
+        (host.lifecycle.on_restored, "on_restored")
+    } else {
+        (host.lifecycle.on_unhealthy, "on_unhealthy")
+    };
+    for slot in host.live() {
+        let Some(instance) = slot.instance() else {
+            continue;
+        };
+        let call = hook(instance, Context::new(slot.clone()));
+        run(&slot, name, call, |_, _| {});
+    }
+}
+
+/// Follows the lease's health for `host` until either is gone.
+pub(crate) async fn watch_lease(
+    host: std::sync::Weak<HostShared>,
+    mut health: tokio::sync::watch::Receiver<bool>,
+) {
+    while health.changed().await.is_ok() {
+        let healthy = *health.borrow_and_update();
+        let Some(host) = host.upgrade() else { return };
+        lease_health(&host, healthy);
+    }
+}
