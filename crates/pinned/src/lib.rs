@@ -68,6 +68,7 @@ mod serve;
 mod slot;
 mod state;
 mod store;
+mod task;
 mod worker;
 pub mod ws;
 

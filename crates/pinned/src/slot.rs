@@ -205,8 +205,10 @@ impl Slot {
         };
         match phase {
             Phase::Activating | Phase::Live => {
-                self.touch();
-                self.connected();
+                // A request is both activity and a connected client.
+                let now = self.host.elapsed_ms();
+                self.last_activity.store(now, Ordering::Relaxed);
+                self.last_connected.store(now, Ordering::Relaxed);
                 Ok((busy, phase))
             }
             // Dropping `busy` undoes the increment and wakes a teardown

@@ -1,0 +1,290 @@
+//! Admission: how a request enters an instance record of the directory,
+//! creating it for a new id (one record per id, also under a burst), and
+//! how the record's activation is started once and awaited by everyone.
+//!
+//! Admission never runs object code itself: activation runs in a task of
+//! its own, so a client that goes away mid-activation leaves it to finish
+//! for the next request.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use dashmap::mapref::entry::Entry;
+use futures_util::future::FutureExt;
+use pinned_wire::refusal::Refusal;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use super::{panic_message, wall_ms, HostShared};
+use crate::context::Context;
+use crate::slot::{Activation, Busy, Instance, Phase, Slot};
+
+/// A request inside an instance record.
+pub(crate) enum Entered {
+    /// The instance is live.
+    Live(Busy, Instance),
+    /// The record is not live yet: its activation may not have started.
+    Activating(Busy),
+}
+
+/// Why a request could not enter an instance.
+#[derive(Debug)]
+pub(crate) enum Admission {
+    /// A 503 refusal with the reference's detail.
+    Refused(Refusal),
+    /// The activation failed or panicked: 500.
+    ActivationFailed,
+    /// The worker was closed: 500.
+    ShutDown,
+}
+
+impl From<Refusal> for Admission {
+    fn from(refusal: Refusal) -> Self {
+        Self::Refused(refusal)
+    }
+}
+
+impl HostShared {
+    /// Enters instance `id`, activating it first when it is not resident.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: an activation runs in its own task, so a client that
+    /// goes away mid-activation leaves it to finish for the next request.
+    pub(crate) async fn enter(
+        self: &Arc<Self>,
+        id: &str,
+        epoch: Option<u64>,
+    ) -> Result<(Busy, Instance), Admission> {
+        match self.admit(id, epoch).await? {
+            Entered::Live(busy, instance) => Ok((busy, instance)),
+            Entered::Activating(busy) => Self::activation(busy).await,
+        }
+    }
+
+    /// Enters instance `id` without activating it: a record that is not
+    /// live yet (constructed by this request or an earlier one) comes back
+    /// as [`Entered::Activating`], for the caller to authorize the request
+    /// before [`activation`](Self::activation) starts it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(crate) async fn admit(
+        self: &Arc<Self>,
+        id: &str,
+        epoch: Option<u64>,
+    ) -> Result<Entered, Admission> {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(self.shut_down_answer());
+        }
+        // Past its lease the placement may live elsewhere: a woken process
+        // serves nothing until it has re-registered.
+        if let Some(plane) = &self.plane {
+            if plane.lease.expired() {
+                return Err(Refusal::LeaseExpired.into());
+            }
+        }
+        if let Some(epoch) = epoch {
+            let ttl = self.plane.as_ref().and_then(|plane| plane.lease.ttl());
+            self.fences.admit(id, epoch, ttl)?;
+        }
+        loop {
+            if self.shut_down.load(Ordering::SeqCst) {
+                return Err(self.shut_down_answer());
+            }
+            let resident = self.slots.get(id).map(|entry| entry.value().clone());
+            let Some(slot) = resident else {
+                match self.create(id, epoch)? {
+                    Some(busy) => return Ok(Entered::Activating(busy)),
+                    None => continue,
+                }
+            };
+            match slot.enter() {
+                Ok((busy, phase)) => {
+                    if slot.winding.load(Ordering::Relaxed) || self.draining() {
+                        if let Some(deadline) = slot.effective_deadline() {
+                            if Instant::now() >= deadline {
+                                return Err(Refusal::PastWindDown.into());
+                            }
+                        }
+                    }
+                    return match phase {
+                        Phase::Live => match slot.instance() {
+                            Some(instance) => Ok(Entered::Live(busy, instance)),
+                            None => Err(Admission::ActivationFailed),
+                        },
+                        _ => Ok(Entered::Activating(busy)),
+                    };
+                }
+                // While its placement release is in flight the proxy must
+                // re-resolve, not re-activate here; otherwise (local mode, a
+                // close that keeps its placement) the close is waited out
+                // and the id activates afresh.
+                Err(_) => {
+                    if self.plane.is_some() && slot.releasing.load(Ordering::SeqCst) {
+                        return Err(Refusal::Closing.into());
+                    }
+                    self.wait_gone(&slot).await;
+                }
+            }
+        }
+    }
+
+    /// What a closed worker answers. Behind pinboard, a request routed just
+    /// before the deregistration landed gets the retryable draining refusal
+    /// so pinboard places it elsewhere; locally, the reference's 500.
+    fn shut_down_answer(&self) -> Admission {
+        if self.plane.is_some() {
+            Admission::Refused(Refusal::Draining)
+        } else {
+            Admission::ShutDown
+        }
+    }
+
+    /// Creates and starts activating a record for `id`; `None` when another
+    /// request created one first.
+    fn create(self: &Arc<Self>, id: &str, epoch: Option<u64>) -> Result<Option<Busy>, Refusal> {
+        // Existing instances keep serving; only new activations refuse.
+        if let Some(plane) = &self.plane {
+            if !plane.lease.healthy() {
+                return Err(Refusal::LeaseUnhealthy);
+            }
+        }
+        if self.draining() {
+            return Err(Refusal::Draining);
+        }
+        if self.count.fetch_add(1, Ordering::SeqCst) >= self.options.max_instances {
+            self.count.fetch_sub(1, Ordering::SeqCst);
+            return Err(Refusal::Capacity);
+        }
+        let key: Arc<str> = Arc::from(id);
+        let entry = self.slots.entry(key.clone());
+        let vacant = match entry {
+            Entry::Occupied(_) => {
+                self.count.fetch_sub(1, Ordering::SeqCst);
+                return Ok(None);
+            }
+            Entry::Vacant(vacant) => vacant,
+        };
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        // The requester's entry; the activation task takes its own when it
+        // starts.
+        let slot = Arc::new(Slot::new(key, self.clone(), seq, 1));
+        // The activation (and the store reads it makes) runs at the
+        // admitted epoch.
+        if let Some(epoch) = epoch {
+            let _ = slot.adopt_epoch(epoch);
+        }
+        vacant.insert(slot.clone());
+        Ok(Some(slot.adopt()))
+    }
+
+    /// Drops a request's entry into a record whose activation it was
+    /// refused; a record nobody else entered and that never started
+    /// activating is closed with its placement released (the reference's
+    /// "denied cold request discards the constructed instance").
+    pub(crate) fn discard(busy: Busy) {
+        let slot = busy.slot().clone();
+        let untouched = slot.phase() == Phase::Activating
+            && slot.activation.lock().is_none()
+            && slot.in_flight() == 1;
+        drop(busy);
+        if untouched {
+            Self::abort(&slot);
+        }
+    }
+
+    /// Activates the record `busy` entered (once, whoever asks first) and
+    /// waits for the outcome.
+    pub(crate) async fn activation(busy: Busy) -> Result<(Busy, Instance), Admission> {
+        busy.slot().host.start_activation(busy.slot());
+        Self::await_activation(busy).await
+    }
+
+    /// Starts the activation of `slot` unless it started already.
+    fn start_activation(self: &Arc<Self>, slot: &Arc<Slot>) {
+        let host = self.clone();
+        let mut pending = slot.activation.lock();
+        if pending.is_some() || slot.phase() != Phase::Activating || slot.activated_at().is_some() {
+            return;
+        }
+        let task_slot = slot.clone();
+        let entry = slot.hold();
+        let span = slot.span();
+        let handle = tokio::spawn(async move {
+            let slot = task_slot;
+            let _entry = entry;
+            let ctx = Context::new(slot.clone());
+            let activate = AssertUnwindSafe((host.lifecycle.activate)(ctx)).catch_unwind();
+            let outcome = tokio::select! {
+                outcome = activate => outcome,
+                () = slot.cancel.cancelled() => return Activation::Aborted,
+            };
+            let failure = match outcome {
+                Ok(Ok(instance)) => {
+                    slot.set_instance(instance.clone());
+                    let activated = slot.go_live(wall_ms());
+                    *slot.activation.lock() = None;
+                    if !activated {
+                        return Activation::Aborted;
+                    }
+                    host.activations.fetch_add(1, Ordering::Relaxed);
+                    host.metrics.activations.inc();
+                    host.metrics.active_instances.inc();
+                    host.rearm_from_store(&slot);
+                    tracing::info!(namespace = %host.ns, id = %slot.id, "activated instance");
+                    return Activation::Ready(instance);
+                }
+                Ok(Err(error)) => error.to_string(),
+                Err(panic) => panic_message(panic.as_ref()),
+            };
+            tracing::error!(namespace = %host.ns, id = %slot.id, error = %failure, "instance activation failed");
+            host.metrics.request_failed("lifespan", "http");
+            slot.cancel.cancel();
+            host.remove(&slot);
+            Activation::Failed
+        }.instrument(span));
+        *pending = Some(
+            async move { handle.await.unwrap_or(Activation::Failed) }
+                .boxed()
+                .shared(),
+        );
+    }
+
+    async fn await_activation(busy: Busy) -> Result<(Busy, Instance), Admission> {
+        let pending = busy.slot().activation.lock().clone();
+        let outcome = match pending {
+            Some(activation) => activation.await,
+            None => match (busy.slot().phase(), busy.slot().instance()) {
+                (Phase::Live, Some(instance)) => Activation::Ready(instance),
+                // Aborted and torn down before this request looked.
+                (Phase::Closing | Phase::Closed, _) => Activation::Aborted,
+                _ => Activation::Failed,
+            },
+        };
+        match outcome {
+            Activation::Ready(instance) => Ok((busy, instance)),
+            Activation::Failed => Err(Admission::ActivationFailed),
+            Activation::Aborted => Err(Refusal::Aborted.into()),
+        }
+    }
+
+    /// Waits until `slot` has left the map.
+    async fn wait_gone(&self, slot: &Arc<Slot>) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let present = self
+                .slots
+                .get(&*slot.id)
+                .is_some_and(|entry| Arc::ptr_eq(entry.value(), slot));
+            if !present {
+                return;
+            }
+            changed.await;
+        }
+    }
+}

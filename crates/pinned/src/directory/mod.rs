@@ -1,0 +1,354 @@
+//! The directory of one hosted namespace: which ids are resident, how a new
+//! id is admitted and activated, and how instances leave (idle eviction,
+//! wind-down, drain, abort).
+//!
+//! Invariants:
+//! - at most one record per id; a burst of first requests shares one
+//!   activation (the map's entry lock decides who creates the record);
+//! - a record leaves the map only at the end of its teardown, after its
+//!   in-flight count reached zero and its `on_stop` handlers ran;
+//! - refusals for ids that are not resident never touch resident ones.
+//!
+//! The directory never parses HTTP; [`dispatch`](crate::dispatch) turns its
+//! answers into responses.
+//!
+//! This module owns the record map and the sweep; the phases of a record's
+//! life have a module each: [`admission`] (entering, creating, activating),
+//! [`drain`], [`wind_down`] and [`teardown`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::fence::FenceTable;
+use crate::host::HostOptions;
+use crate::metrics::Metrics;
+use crate::object::Lifecycle;
+use crate::plane::Plane;
+use crate::slot::{Phase, Slot};
+
+mod admission;
+mod drain;
+mod teardown;
+mod wind_down;
+
+pub(crate) use self::admission::{Admission, Entered};
+pub(crate) use self::drain::DrainKind;
+use self::drain::DrainState;
+pub(crate) use self::wind_down::wind_down;
+pub(crate) use crate::task::{panic_message, spawn_detached};
+
+/// One row of `/_pinned/stats` `instances`.
+pub(crate) struct InstanceRow {
+    pub(crate) seq: u64,
+    pub(crate) id: Arc<str>,
+    pub(crate) connections: u32,
+    pub(crate) tasks: u64,
+    pub(crate) idle_ms: u64,
+    pub(crate) activated_at: Option<u64>,
+}
+
+/// Everything one hosted namespace shares among its instances.
+pub(crate) struct HostShared {
+    pub(crate) ns: Arc<str>,
+    pub(crate) options: HostOptions,
+    /// The object type's activation and lifecycle hooks.
+    pub(crate) lifecycle: Lifecycle,
+    /// The object's routes, built once for the namespace.
+    pub(crate) router: Router,
+    slots: DashMap<Arc<str>, Arc<Slot>>,
+    /// Records in `slots`, kept apart so capacity checks never walk the map.
+    count: AtomicUsize,
+    seq: AtomicU64,
+    base: Instant,
+    /// Signalled when a closing instance's in-flight count reaches zero.
+    pub(crate) settled: Notify,
+    /// Signalled when a record leaves the map.
+    changed: Notify,
+    /// Signalled when the host or one of its instances starts winding down
+    /// (waiters re-check their own instance: one `Notify` per host keeps
+    /// idle instances small).
+    pub(crate) winding: Notify,
+    draining: AtomicBool,
+    /// The worker's own drain (SIGTERM, `close`) is in force: the process
+    /// is on its way out.
+    leaving: AtomicBool,
+    drain: Mutex<DrainState>,
+    shut_down: AtomicBool,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) duration: Histogram,
+    activations: AtomicU64,
+    evictions: AtomicU64,
+    sweeper: Mutex<Option<AbortHandle>>,
+    /// Calls `on_unhealthy`/`on_restored` as the lease's health changes.
+    lease_watch: Mutex<Option<AbortHandle>>,
+    /// Audience of tokens the worker mints for its own in-process calls.
+    pub(crate) local_aud: String,
+    /// The worker secret: verifies attestations.
+    pub(crate) secret: Arc<str>,
+    /// The control plane, `None` in local mode.
+    pub(crate) plane: Option<Arc<Plane>>,
+    pub(crate) fences: FenceTable,
+    /// The worker, for in-process cluster calls (set once built).
+    pub(crate) worker: std::sync::OnceLock<std::sync::Weak<crate::worker::Inner>>,
+    /// The worker's state store, if any.
+    pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
+    /// The application states ([`Options::state`](crate::Options::state)).
+    pub(crate) states: Arc<crate::state::States>,
+    /// Armed alarm timers by id.
+    pub(crate) timers: DashMap<Arc<str>, crate::alarm::Timer>,
+}
+
+/// What a host is built from, besides its options.
+pub(crate) struct HostParts {
+    pub(crate) ns: Arc<str>,
+    pub(crate) options: HostOptions,
+    pub(crate) lifecycle: Lifecycle,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) local_aud: String,
+    pub(crate) secret: Arc<str>,
+    pub(crate) plane: Option<Arc<Plane>>,
+    pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
+    pub(crate) states: Arc<crate::state::States>,
+}
+
+impl HostShared {
+    pub(crate) fn new(parts: HostParts) -> Self {
+        let HostParts {
+            ns,
+            options,
+            lifecycle,
+            metrics,
+            local_aud,
+            secret,
+            plane,
+            store,
+            states,
+        } = parts;
+        let router = (lifecycle.routes)();
+        let duration = metrics.duration_for(&ns);
+        Self {
+            ns,
+            options,
+            lifecycle,
+            router,
+            slots: DashMap::new(),
+            count: AtomicUsize::new(0),
+            seq: AtomicU64::new(0),
+            base: Instant::now(),
+            settled: Notify::new(),
+            changed: Notify::new(),
+            winding: Notify::new(),
+            draining: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
+            drain: Mutex::new(DrainState::default()),
+            shut_down: AtomicBool::new(false),
+            metrics,
+            duration,
+            activations: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            sweeper: Mutex::new(None),
+            lease_watch: Mutex::new(None),
+            local_aud,
+            secret,
+            plane,
+            fences: FenceTable::default(),
+            worker: std::sync::OnceLock::new(),
+            store,
+            states,
+            timers: DashMap::new(),
+        }
+    }
+
+    pub(crate) fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The worker's own drain is in force (a control-plane drain alone
+    /// does not count: that process keeps running).
+    pub(crate) fn leaving(&self) -> bool {
+        self.leaving.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn drain_deadline(&self) -> Option<Instant> {
+        self.drain.lock().deadline()
+    }
+
+    /// The ids of every record (resident, activating or closing).
+    pub(crate) fn ids(&self) -> Vec<String> {
+        self.slots
+            .iter()
+            .map(|entry| entry.key().to_string())
+            .collect()
+    }
+
+    /// Whether `id` has a record that is not closing.
+    pub(crate) fn is_resident(&self, id: &str) -> bool {
+        self.slot(id)
+            .is_some_and(|slot| matches!(slot.phase(), Phase::Activating | Phase::Live))
+    }
+
+    /// The record of `id` when it is live.
+    pub(crate) fn resident_slot(&self, id: &str) -> Option<Arc<Slot>> {
+        self.slot(id).filter(|slot| slot.phase() == Phase::Live)
+    }
+
+    fn slot(&self, id: &str) -> Option<Arc<Slot>> {
+        self.slots.get(id).map(|entry| entry.value().clone())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn counters(&self) -> (u64, u64) {
+        (
+            self.activations.load(Ordering::Relaxed),
+            self.evictions.load(Ordering::Relaxed),
+        )
+    }
+
+    /// One pass of the idle sweep: detached instances wind down, idle ones
+    /// are offered to `on_idle` (winding-down ones close when idle).
+    pub(crate) fn sweep(&self) {
+        let idle_ms = u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        let detached_ms =
+            u64::try_from(self.options.detached_timeout.as_millis()).unwrap_or(u64::MAX);
+        let draining = self.draining();
+        for slot in self.live() {
+            if slot.streams() > 0 {
+                slot.connected();
+            } else if !slot.winding.load(Ordering::SeqCst) && slot.detached_ms() >= detached_ms {
+                tracing::warn!(namespace = %self.ns, id = %slot.id, "no client for the detached timeout; winding the instance down");
+                wind_down(&slot, Some(Duration::ZERO));
+                continue;
+            }
+            if slot.in_flight() != 0 {
+                continue;
+            }
+            if draining || slot.winding_down() {
+                Self::close_if_idle(&slot);
+            } else if slot.idle_ms() >= idle_ms {
+                crate::hooks::idle(&slot);
+            }
+        }
+        self.fences
+            .sweep(self.plane.as_ref().and_then(|plane| plane.lease.ttl()));
+    }
+
+    /// The live records.
+    pub(crate) fn live(&self) -> Vec<Arc<Slot>> {
+        self.slots
+            .iter()
+            .filter(|entry| entry.value().phase() == Phase::Live)
+            .map(|entry| entry.value().clone())
+            .collect()
+    }
+
+    fn all(&self) -> Vec<Arc<Slot>> {
+        self.slots
+            .iter()
+            .map(|entry| entry.value().clone())
+            .collect()
+    }
+
+    /// Starts the idle sweep (idempotent).
+    pub(crate) fn start(self: &Arc<Self>) {
+        let mut sweeper = self.sweeper.lock();
+        if sweeper.is_some() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let period = self.options.sweep_interval;
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(host) = weak.upgrade() else { return };
+                host.sweep();
+            }
+        });
+        *sweeper = Some(task.abort_handle());
+        if let Some(plane) = &self.plane {
+            let watcher = tokio::spawn(crate::hooks::watch_lease(
+                Arc::downgrade(self),
+                plane.lease.health(),
+            ));
+            *self.lease_watch.lock() = Some(watcher.abort_handle());
+        }
+    }
+
+    /// Resolves once no record is left.
+    pub(crate) async fn wait_empty(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.len() == 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Closes everything and refuses all further requests.
+    pub(crate) async fn shut_down(&self) {
+        self.shut_down.store(true, Ordering::SeqCst);
+        if let Some(sweeper) = self.sweeper.lock().take() {
+            sweeper.abort();
+        }
+        if let Some(watch) = self.lease_watch.lock().take() {
+            watch.abort();
+        }
+        if let Some(timer) = self.drain.lock().timer.take() {
+            timer.abort();
+        }
+        self.timers.retain(|_, timer| {
+            timer.abort();
+            false
+        });
+        self.abort_all();
+        self.wait_empty().await;
+    }
+
+    pub(crate) fn rows(&self) -> Vec<InstanceRow> {
+        let mut rows: Vec<InstanceRow> = self
+            .slots
+            .iter()
+            .map(|entry| {
+                let slot = entry.value();
+                let streams = slot.streams();
+                InstanceRow {
+                    seq: slot.seq,
+                    id: slot.id.clone(),
+                    connections: streams,
+                    tasks: slot.in_flight().saturating_sub(u64::from(streams)),
+                    idle_ms: slot.idle_ms(),
+                    activated_at: slot.activated_at(),
+                }
+            })
+            .collect();
+        rows.sort_unstable_by_key(|row| row.seq);
+        rows
+    }
+}
+
+pub(crate) fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

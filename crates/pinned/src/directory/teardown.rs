@@ -1,0 +1,157 @@
+//! Teardown: how an instance leaves (idle close, abort), in order: signal,
+//! let open work settle, run `Object::on_stop` and the `on_stop`
+//! handlers, drop the state, release the placement, leave the map.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::FutureExt;
+use tracing::Instrument;
+
+use super::{panic_message, spawn_detached, HostShared};
+use crate::context::Context;
+use crate::slot::Slot;
+
+/// How long a closing instance waits for its placement release before the
+/// release continues in the background (about one registry call).
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+impl HostShared {
+    pub(super) fn remove(&self, slot: &Arc<Slot>) {
+        slot.finish();
+        if self
+            .slots
+            .remove_if(&*slot.id, |_, current| Arc::ptr_eq(current, slot))
+            .is_some()
+        {
+            self.count.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Closes `slot` if nothing is in flight (idle eviction, or the last
+    /// entry leaving a winding-down instance).
+    pub(crate) fn close_if_idle(slot: &Arc<Slot>) {
+        if slot.begin_idle_close() {
+            spawn_detached(teardown(slot.clone(), false).instrument(slot.span()));
+        }
+    }
+
+    /// Aborts `slot`: cancels its work and closes it.
+    pub(crate) fn abort(slot: &Arc<Slot>) {
+        if slot.begin_abort() {
+            // Cancelled now, not when the teardown task runs: a handler
+            // finishing in the same poll must see the abort and answer 503.
+            slot.cancel.cancel();
+            spawn_detached(teardown(slot.clone(), true).instrument(slot.span()));
+        }
+    }
+
+    /// Aborts instance `id` if resident (a duplicate placement, an operator).
+    pub(crate) fn abort_id(&self, id: &str) {
+        if let Some(slot) = self.slot(id) {
+            Self::abort(&slot);
+        }
+    }
+
+    /// Aborts every instance.
+    pub(crate) fn abort_all(&self) {
+        for slot in self.all() {
+            Self::abort(&slot);
+        }
+    }
+}
+
+/// Closes one instance: signal, let open work settle, run `on_stop`
+/// handlers last-registered first, then leave the map.
+async fn teardown(slot: Arc<Slot>, aborted: bool) {
+    let host = slot.host.clone();
+    if let Some(wind) = slot.wind.lock().as_mut() {
+        if let Some(timer) = wind.timer.take() {
+            timer.abort();
+        }
+    }
+    let was_live = slot.activated_at().is_some();
+    slot.cancel.cancel();
+    loop {
+        let settled = host.settled.notified();
+        tokio::pin!(settled);
+        settled.as_mut().enable();
+        if slot.in_flight() == 0 {
+            break;
+        }
+        settled.await;
+    }
+    if let Some(instance) = slot.instance() {
+        let stop = (host.lifecycle.on_stop)(instance, Context::new(slot.clone()));
+        if let Err(error) = settle(stop).await {
+            tracing::error!(namespace = %host.ns, id = %slot.id, %error, "Object::on_stop failed");
+            host.metrics.shutdown_failed("directory");
+        }
+    }
+    let hooks = std::mem::take(&mut *slot.on_stop.lock());
+    for hook in hooks.into_iter().rev() {
+        if let Err(error) = settle(hook()).await {
+            tracing::error!(namespace = %host.ns, id = %slot.id, %error, "on_stop handler failed");
+            host.metrics.shutdown_failed("directory");
+        }
+    }
+    // The record may outlive the teardown (a task or the state itself can
+    // hold a `Context`); the state must not. Dropping it here breaks any
+    // cycle user code built through a `Context`.
+    drop(slot.take_instance());
+    if host.plane.is_some() {
+        // Behind pinboard an evicted instance's alarm is the sweeper's.
+        host.disarm(&slot.id);
+    }
+    if slot.releasing.load(Ordering::SeqCst) {
+        release(&host, &slot).await;
+    }
+    host.evictions.fetch_add(1, Ordering::Relaxed);
+    host.metrics.evictions.inc();
+    if aborted {
+        host.metrics.aborts.inc();
+    }
+    if was_live {
+        host.metrics.active_instances.dec();
+    }
+    if aborted {
+        tracing::info!(namespace = %host.ns, id = %slot.id, "aborted instance");
+    } else {
+        tracing::info!(namespace = %host.ns, id = %slot.id, "evicted instance");
+    }
+    host.remove(&slot);
+}
+
+/// Awaits a hook, turning a panic into an error message.
+async fn settle(
+    hook: impl std::future::Future<Output = Result<(), crate::BoxError>>,
+) -> Result<(), String> {
+    match AssertUnwindSafe(hook).catch_unwind().await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(panic) => Err(format!("panicked: {}", panic_message(panic.as_ref()))),
+    }
+}
+
+/// Releases the placement of a closing instance: the fence first (so a
+/// late request at that epoch bounces), then `/registry/release`, waited up
+/// to [`RELEASE_WAIT`] and finished in the background after that.
+async fn release(host: &Arc<HostShared>, slot: &Arc<Slot>) {
+    let epoch = slot.epoch();
+    if let Some(epoch) = epoch {
+        host.fences.release(&slot.id, epoch);
+    }
+    let Some(plane) = &host.plane else { return };
+    let call = tokio::spawn({
+        let plane = plane.clone();
+        let ns = host.ns.to_string();
+        let id = slot.id.to_string();
+        async move { plane.release(ns, id, epoch).await }
+    });
+    if tokio::time::timeout(RELEASE_WAIT, call).await.is_err() {
+        tracing::warn!(namespace = %host.ns, id = %slot.id, "placement release still pending; continuing in the background");
+    }
+}

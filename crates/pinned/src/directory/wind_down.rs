@@ -1,0 +1,67 @@
+//! Wind-down of one instance: close as soon as it is idle, abort at its
+//! deadline if still busy; set by the instance itself or by pinboard's
+//! `wind_down` messages, and revocable.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::HostShared;
+use crate::slot::{Phase, Slot, WindDown};
+
+impl HostShared {
+    /// A `wind_down` control message: a deadline in seconds from now, or
+    /// `None` to revoke. A no-op for an id that is not resident.
+    pub(crate) fn wind_down_id(&self, id: &str, deadline: Option<Duration>) {
+        let Some(slot) = self.slot(id) else { return };
+        match deadline {
+            None => unwind(&slot),
+            Some(after) => {
+                if matches!(slot.phase(), Phase::Closing | Phase::Closed) {
+                    slot.releasing.store(true, Ordering::SeqCst);
+                    return;
+                }
+                wind_down(&slot, Some(after));
+            }
+        }
+    }
+}
+
+/// Sets or clears an instance's own wind-down.
+pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
+    let deadline = after.map(|after| Instant::now() + after);
+    {
+        let mut wind = slot.wind.lock();
+        let state = wind.get_or_insert_with(|| Box::new(WindDown::default()));
+        if let Some(timer) = state.timer.take() {
+            timer.abort();
+        }
+        state.deadline = deadline;
+        if let Some(at) = deadline {
+            let target = slot.clone();
+            let timer = tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                HostShared::abort(&target);
+            });
+            state.timer = Some(timer.abort_handle());
+        }
+        slot.winding.store(true, Ordering::SeqCst);
+    }
+    slot.host.winding.notify_waiters();
+    crate::hooks::wind_down(slot, slot.effective_deadline());
+    HostShared::close_if_idle(slot);
+}
+
+/// Revokes an instance's wind-down (a `wind_down` message with a null
+/// deadline).
+pub(crate) fn unwind(slot: &Arc<Slot>) {
+    let mut wind = slot.wind.lock();
+    if let Some(state) = wind.take() {
+        if let Some(timer) = state.timer {
+            timer.abort();
+        }
+    }
+    slot.winding.store(false, Ordering::SeqCst);
+}
