@@ -137,6 +137,15 @@ fn memory() -> Arc<dyn StateStore> {
     Arc::new(MemoryStore::new())
 }
 
+/// Sets an alarm `ms` from now on another id and waits for it to fire: a
+/// witness that that much time passed with the alarm machinery running,
+/// so a test can assert what did *not* fire without a bare sleep.
+async fn witness(w: &support::TestWorker, ns: &str, id: &str, ms: u64) {
+    let set = w.post(&format!("{ns}/{id}/in?ms={ms}")).await;
+    assert_eq!(set.status(), 200, "witness alarm");
+    wait_fired(id, 1, Duration::from_millis(ms) + Duration::from_secs(5)).await;
+}
+
 #[tokio::test]
 async fn an_alarm_fires_once_and_its_row_is_cleared() {
     let w = start(Options::new().host::<Reminder>("/r").store(memory())).await;
@@ -144,7 +153,7 @@ async fn an_alarm_fires_once_and_its_row_is_cleared() {
     let (_, body) = json(w.get("/r/once/get").await).await;
     assert_eq!(body["set"], true);
     wait_fired("once", 1, Duration::from_secs(3)).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    witness(&w, "/r", "once-witness", 300).await;
     assert_eq!(fired("once"), 1);
     let (_, body) = json(w.get("/r/once/get").await).await;
     assert_eq!(body["set"], false);
@@ -179,7 +188,8 @@ async fn a_failing_handler_fires_again_until_it_succeeds_then_never() {
     .await;
     assert_eq!(w.post("/r/flaky/in?ms=50&fail=2").await.status(), 200);
     wait_fired("flaky", 3, Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Six retry periods later, still three.
+    witness(&w, "/r", "flaky-witness", 600).await;
     assert_eq!(fired("flaky"), 3);
 }
 
@@ -188,7 +198,9 @@ async fn a_cleared_alarm_never_fires() {
     let w = start(Options::new().host::<Reminder>("/r").store(memory())).await;
     assert_eq!(w.post("/r/cleared/in?ms=200").await.status(), 200);
     assert_eq!(w.post("/r/cleared/clear").await.status(), 200);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // An alarm due well after the cleared one has fired: the cleared one
+    // would have by then.
+    witness(&w, "/r", "cleared-witness", 400).await;
     assert_eq!(fired("cleared"), 0);
 }
 

@@ -41,7 +41,15 @@ async fn a_shutdown_signal_drains_then_stops_the_server() {
         let request = client.post(format!("{url}/counter/s/sleep/300"));
         tokio::spawn(async move { request.send().await.expect("slow").status() })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The slow request is in flight before the signal.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while worker.stats()["instances"][0]["tasks"] != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slow request never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let _ = stop.send(());
     // The in-flight request finishes within the drain.
     assert_eq!(slow.await.expect("join"), 200);
@@ -96,8 +104,9 @@ async fn a_request_for_a_closing_instance_waits_and_reactivates() {
     let w = support::start(Options::new().host::<SlowStop>("/slow")).await;
     let (_, body) = json(w.post("/slow/c/hit").await).await;
     assert_eq!(body["hits"], 1);
+    // The wind-down closes the instance as that request leaves it: by the
+    // time its answer arrives the close (300 ms of on_stop) is under way.
     assert_eq!(w.post("/slow/c/wind").await.status(), 200);
-    tokio::time::sleep(Duration::from_millis(50)).await;
     // The instance is closing (its on_stop takes 300 ms): this request waits
     // for the close, then reaches a fresh instance.
     let (status, body) = json(w.post("/slow/c/hit").await).await;
