@@ -8,6 +8,7 @@ mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use axum::extract::MatchedPath;
 use axum::http::request::Parts;
 use axum::routing::get;
 use axum::Router;
@@ -15,22 +16,38 @@ use pinned::{AuthError, BoxError, Context, Denial, Object, Options};
 use serde_json::json;
 use support::{json, start};
 
+/// Activations of the account `ada`.
 static ACTIVATIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Only the user named like the id may enter.
 struct Account;
 
 impl Object for Account {
-    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
-        ACTIVATIONS.fetch_add(1, Ordering::SeqCst);
+    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
+        if ctx.id() == "ada" {
+            ACTIVATIONS.fetch_add(1, Ordering::SeqCst);
+        }
         Ok(Account)
     }
 
     fn routes() -> pinned::Routes<Self> {
-        Router::new().route("/balance", get(|| async { "42" }))
+        Router::new()
+            .route("/balance", get(|| async { "42" }))
+            .route("/audit/{year}", get(|| async { "audited" }))
     }
 
     async fn authorize(ctx: &Context, request: &Parts) -> Result<(), AuthError> {
+        // Per route: the matched route is known before the handler runs.
+        let route = request
+            .extensions
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str);
+        if route == Some("/audit/{year}") {
+            return match request.headers.get("x-auditor") {
+                Some(_) => Ok(()),
+                None => Err(Denial::forbidden("auditors only"))?,
+            };
+        }
         let user = request.headers.get("x-user").and_then(|v| v.to_str().ok());
         match user {
             None => Err(Denial::unauthorized("who are you?"))?,
@@ -96,4 +113,19 @@ async fn denials_answer_before_activation_and_failures_are_counted() {
     let owner = as_user(Some("ada")).send().await.expect("send");
     assert_eq!(owner.status(), 200);
     assert_eq!(ACTIVATIONS.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn authorize_can_decide_per_route() {
+    let w = start(Options::new().host::<Account>("/account")).await;
+    let audit = w.client.get(w.url("/account/zed/audit/2026"));
+    let (status, body) = json(audit.send().await.expect("send")).await;
+    assert_eq!((status, body), (403, json!({ "message": "auditors only" })));
+    let audit = w
+        .client
+        .get(w.url("/account/zed/audit/2026"))
+        .header("x-auditor", "yes");
+    let answer = audit.send().await.expect("send");
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.text().await.expect("text"), "audited");
 }
