@@ -76,13 +76,6 @@ pub(crate) struct Passed<'a> {
     pub(crate) depth: i64,
 }
 
-fn wall_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|since| since.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
 /// Why a request did not pass the [`gate`].
 #[derive(Debug)]
 pub(crate) enum Refused {
@@ -128,7 +121,7 @@ pub(crate) fn gate<'a>(
                             .as_ref()
                             .is_some_and(|plane| plane.is_session(aud))
                 },
-                wall_now(),
+                host.clock.unix_secs(),
             )
         });
     if host.plane.is_some() && claims.is_none() {

@@ -93,11 +93,9 @@ impl Timer {
     }
 }
 
-fn wall_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+/// The host's wall clock in epoch ms, as alarm rows store it.
+fn wall_ms(host: &HostShared) -> i64 {
+    i64::try_from(host.clock.unix_ms()).unwrap_or(i64::MAX)
 }
 
 fn ms_of(at: SystemTime) -> Result<i64, AlarmError> {
@@ -200,7 +198,7 @@ impl Alarm {
     ///
     /// As [`set`](Self::set).
     pub async fn set_in(&self, after: Duration) -> Result<(), AlarmError> {
-        self.set(Some(SystemTime::now() + after)).await
+        self.set(Some(self.slot.host.clock.now() + after)).await
     }
 
     /// The stored alarm time; `None` when there is none, or while its own
@@ -270,7 +268,7 @@ async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
     let Some((at, nonce)) = row.as_ref().and_then(|tray| parse(&tray.doc)) else {
         return Ok(Run::Fired(false));
     };
-    if at > wall_ms() {
+    if at > wall_ms(&slot.host) {
         // Not due yet (a sweep raced a newer `set`): keep the timer.
         slot.host.arm(&slot.id, at);
         return Ok(Run::Fired(false));
@@ -321,7 +319,7 @@ async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
 impl HostShared {
     /// Arms (or re-arms) the timer of `id` for wall time `at` (ms).
     pub(crate) fn arm(self: &Arc<Self>, id: &Arc<str>, at: i64) {
-        let delay = Duration::from_millis(u64::try_from(at - wall_ms()).unwrap_or(0));
+        let delay = Duration::from_millis(u64::try_from(at - wall_ms(self)).unwrap_or(0));
         let host = Arc::downgrade(self);
         let target = id.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -387,7 +385,7 @@ impl HostShared {
             Err(error) => {
                 tracing::error!(namespace = %self.ns, id = %id, %error, "alarm run failed; it fires again");
                 if self.plane.is_none() {
-                    let retry = wall_ms()
+                    let retry = wall_ms(&self)
                         + i64::try_from(self.options.sweep_interval.as_millis())
                             .unwrap_or(i64::MAX);
                     if !self.timers.contains_key(&*id) {

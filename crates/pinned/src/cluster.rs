@@ -11,7 +11,6 @@
 //! forward an attestation or a session.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::response::Response;
@@ -72,13 +71,6 @@ impl std::fmt::Debug for Cluster {
             .field("depth", &self.depth)
             .finish()
     }
-}
-
-fn wall_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 fn sanitized(headers: &HeaderMap) -> HeaderMap {
@@ -221,7 +213,7 @@ impl Cluster {
         let token = attestation::mint(
             &self.host.secret,
             &target.local_aud,
-            wall_now(),
+            self.host.clock.unix_secs(),
             Some(&self.caller),
             Some(self.depth),
         );

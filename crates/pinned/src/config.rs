@@ -163,6 +163,7 @@ pub struct Options {
     pub(crate) headroom: Option<Headroom>,
     pub(crate) store: Option<std::sync::Arc<dyn pinned_store::StateStore>>,
     pub(crate) states: crate::state::States,
+    pub(crate) clock: crate::clock::Clock,
 }
 
 impl Default for Options {
@@ -205,6 +206,7 @@ impl Options {
             headroom: None,
             store: None,
             states: crate::state::States::default(),
+            clock: crate::clock::Clock::system(),
         }
     }
 
@@ -312,6 +314,17 @@ impl Options {
     /// second value of the same type replaces the first.
     pub fn state<S: Clone + Send + Sync + 'static>(mut self, state: S) -> Self {
         self.states.insert(state);
+        self
+    }
+
+    /// Where the worker reads wall time (default [`Clock::system`]);
+    /// [`Clock::tokio`] runs alarms and attestation expiry on tokio's clock,
+    /// for tests on paused time and simulations.
+    ///
+    /// [`Clock::system`]: crate::Clock::system
+    /// [`Clock::tokio`]: crate::Clock::tokio
+    pub fn clock(mut self, clock: crate::Clock) -> Self {
+        self.clock = clock;
         self
     }
 

@@ -46,6 +46,7 @@ mod alarm;
 mod auth;
 mod body;
 mod call;
+mod clock;
 mod cluster;
 mod config;
 mod context;
@@ -75,6 +76,7 @@ pub mod ws;
 pub use alarm::{Alarm, AlarmError, ALARM_TRAY_ID, ALARM_TRAY_NS};
 pub use auth::{AuthError, Denial};
 pub use call::Call;
+pub use clock::Clock;
 pub use cluster::{Cluster, ClusterError};
 pub use config::{
     ConfigError, ConfigErrors, Options, ENV_ADVERTISE_URL, ENV_ALLOW_DEV_IN_PRODUCTION, ENV_HOST,

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
@@ -53,6 +53,7 @@ pub(crate) struct Inner {
     router: OnceLock<Router>,
     /// `HOST` and `PORT` as configured, for [`serve`](crate::serve).
     bind: (String, u16),
+    clock: crate::clock::Clock,
 }
 
 impl Inner {
@@ -72,13 +73,6 @@ fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     rand::rng().fill_bytes(&mut buf);
     hex::encode(buf)
-}
-
-fn wall_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|since| since.as_secs_f64())
-        .unwrap_or(0.0)
 }
 
 impl Options {
@@ -112,6 +106,7 @@ impl Options {
             .map_or_else(|| Arc::from(random_hex(32)), |plane| plane.secret.clone());
         let store = self.store.clone();
         let states = Arc::new(std::mem::take(&mut self.states));
+        let clock = self.clock.clone();
         let bind = (
             self.bind.clone().unwrap_or_else(|| "127.0.0.1".to_owned()),
             self.parsed_port().unwrap_or(0),
@@ -130,6 +125,7 @@ impl Options {
                     plane: plane.clone(),
                     store: store.clone(),
                     states: states.clone(),
+                    clock: clock.clone(),
                 }))
             })
             .collect();
@@ -147,6 +143,7 @@ impl Options {
                 started: AtomicBool::new(false),
                 router: OnceLock::new(),
                 bind,
+                clock,
             }),
         };
         for host in &worker.inner.hosts {
@@ -474,7 +471,7 @@ impl Worker {
                 hosts.iter().any(|host| host.local_aud == aud)
                     || plane.is_some_and(|plane| plane.is_session(aud))
             },
-            wall_now(),
+            self.inner.clock.unix_secs(),
         )
         .is_some()
     }

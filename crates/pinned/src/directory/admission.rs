@@ -16,7 +16,7 @@ use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{panic_message, wall_ms, HostShared};
+use super::{panic_message, HostShared};
 use crate::context::Context;
 use crate::slot::{Activation, Busy, Instance, Phase, Slot};
 
@@ -225,7 +225,7 @@ impl HostShared {
             let failure = match outcome {
                 Ok(Ok(instance)) => {
                     slot.set_instance(instance.clone());
-                    let activated = slot.go_live(wall_ms());
+                    let activated = slot.go_live(host.clock.unix_ms());
                     *slot.activation.lock() = None;
                     if !activated {
                         return Activation::Aborted;

@@ -18,7 +18,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Router;
 use dashmap::DashMap;
@@ -103,6 +103,8 @@ pub(crate) struct HostShared {
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     /// The application states ([`Options::state`](crate::Options::state)).
     pub(crate) states: Arc<crate::state::States>,
+    /// The worker's wall clock.
+    pub(crate) clock: crate::clock::Clock,
     /// Armed alarm timers by id.
     pub(crate) timers: DashMap<Arc<str>, crate::alarm::Timer>,
 }
@@ -118,6 +120,7 @@ pub(crate) struct HostParts {
     pub(crate) plane: Option<Arc<Plane>>,
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     pub(crate) states: Arc<crate::state::States>,
+    pub(crate) clock: crate::clock::Clock,
 }
 
 impl HostShared {
@@ -132,6 +135,7 @@ impl HostShared {
             plane,
             store,
             states,
+            clock,
         } = parts;
         let router = (lifecycle.routes)();
         let duration = metrics.duration_for(&ns);
@@ -164,6 +168,7 @@ impl HostShared {
             worker: std::sync::OnceLock::new(),
             store,
             states,
+            clock,
             timers: DashMap::new(),
         }
     }
@@ -344,11 +349,4 @@ impl HostShared {
         rows.sort_unstable_by_key(|row| row.seq);
         rows
     }
-}
-
-pub(crate) fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
