@@ -138,13 +138,7 @@ async fn idle_instances_are_evicted_and_on_stop_runs_last_first() {
     let (_, body) = json(w.post("/t/idle-1/hit").await).await;
     assert_eq!(body["hits"], 1);
     // Still resident after a third of its idle timeout.
-    let stats = w
-        .wait_for("100 ms of idleness", |s| {
-            s["instances"][0]["idleMs"]
-                .as_u64()
-                .is_some_and(|ms| ms >= 100)
-        })
-        .await;
+    let stats = w.wait_idle(100).await;
     assert_eq!(stats["instances"][0]["id"], "idle-1");
     let stats = w
         .wait_for("eviction", |s| {
@@ -335,13 +329,7 @@ async fn wait_until_keeps_an_instance_past_its_idle_timeout() {
     let w = start(Options::new().host_with::<Tracked>("/t", quick())).await;
     assert_eq!(w.post("/t/wu/wait-until?ms=800").await.status(), 200);
     // Twice the idle timeout (300 ms) passed, but the tracked work holds it.
-    let stats = w
-        .wait_for("600 ms since the last activity", |s| {
-            s["instances"][0]["idleMs"]
-                .as_u64()
-                .is_some_and(|ms| ms >= 600)
-        })
-        .await;
+    let stats = w.wait_idle(600).await;
     assert_eq!(stats["instances"][0]["id"], "wu");
     assert_eq!(stats["instances"][0]["tasks"], 1);
     w.wait_for("eviction after the work", |s| {

@@ -16,10 +16,20 @@ use pinned::{BoxError, Call, Context, Object, Options, This};
 use serde_json::json;
 use support::{json, Counter};
 
-#[tokio::test]
-async fn a_shutdown_signal_drains_then_stops_the_server() {
-    let worker = Options::new()
-        .host::<Counter>("/counter")
+type Served = tokio::task::JoinHandle<Result<(), pinned::ServeError>>;
+
+/// Builds `options` (empty environment), serves it on 127.0.0.1:0 through
+/// `pinned::serve` configured by `configure`, until `stop` is sent.
+async fn serving(
+    options: Options,
+    configure: impl FnOnce(pinned::Serve) -> pinned::Serve,
+) -> (
+    pinned::Worker,
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    Served,
+) {
+    let worker = options
         .env_vars(Vec::<(String, String)>::new())
         .build()
         .expect("worker");
@@ -28,14 +38,21 @@ async fn a_shutdown_signal_drains_then_stops_the_server() {
         .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let (stop, signal) = tokio::sync::oneshot::channel::<()>();
+    let serve = configure(pinned::serve(worker.clone()).listener(listener));
     let server = tokio::spawn(
-        pinned::serve(worker.clone())
-            .listener(listener)
+        serve
             .with_graceful_shutdown(async move {
                 let _ = signal.await;
             })
             .into_future(),
     );
+    (worker, url, stop, server)
+}
+
+#[tokio::test]
+async fn a_shutdown_signal_drains_then_stops_the_server() {
+    let (worker, url, stop, server) =
+        serving(Options::new().host::<Counter>("/counter"), |serve| serve).await;
     let client = reqwest::Client::new();
     let slow = {
         let request = client.post(format!("{url}/counter/s/sleep/300"));
@@ -136,26 +153,13 @@ impl Object for Snapshotting {
 
 #[tokio::test]
 async fn own_routes_beside_the_worker_keep_the_drain_and_on_stop() {
-    let worker = Options::new()
-        .host::<Snapshotting>("/snap")
-        .env_vars(Vec::<(String, String)>::new())
-        .build()
-        .expect("worker");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    let (stop, signal) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        pinned::serve(worker.clone())
-            .listener(listener)
-            .routes(Router::new().route("/healthz", get(|| async { "ok" })))
-            .drain_deadline(Duration::from_secs(5))
-            .with_graceful_shutdown(async move {
-                let _ = signal.await;
-            })
-            .into_future(),
-    );
+    let (worker, url, stop, server) =
+        serving(Options::new().host::<Snapshotting>("/snap"), |serve| {
+            serve
+                .routes(Router::new().route("/healthz", get(|| async { "ok" })))
+                .drain_deadline(Duration::from_secs(5))
+        })
+        .await;
     let client = reqwest::Client::new();
     let health = client
         .get(format!("{url}/healthz"))

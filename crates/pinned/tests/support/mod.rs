@@ -76,6 +76,17 @@ impl TestWorker {
             .collect()
     }
 
+    /// Waits until the first instance has been idle for `ms` (its last
+    /// activity that long ago) and answers the stats of that moment.
+    pub async fn wait_idle(&self, ms: u64) -> Value {
+        self.wait_for(&format!("{ms} ms since the last activity"), |s| {
+            s["instances"][0]["idleMs"]
+                .as_u64()
+                .is_some_and(|idle| idle >= ms)
+        })
+        .await
+    }
+
     /// Polls `/_pinned/stats` until `done` holds (at most 5 s).
     pub async fn wait_for(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
         for _ in 0..500 {
