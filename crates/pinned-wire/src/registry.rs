@@ -8,6 +8,11 @@
 //! (`#[serde(default)]`) so a worker that omits them is still understood;
 //! optional answer fields are skipped when absent, so a Rust worker and a
 //! Python worker see the same bytes.
+//!
+//! The answer types are `pinboard`'s encoding types. What a worker decodes
+//! from an answer lives in [`received`]: lenient views that ignore unknown
+//! fields and keep a malformed member as raw JSON, so the worker, not serde,
+//! decides what a malformed answer means.
 
 use std::collections::BTreeMap;
 
@@ -143,16 +148,32 @@ pub struct HeartbeatAck {
 }
 
 /// 409 answer to a heartbeat: the session is unknown or was displaced.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Decodes leniently, as the worker reads any non-200 heartbeat body: the
+/// flags take Python's truthiness of whatever JSON they hold (absent and
+/// `null` are false) and a non-string `error` reads as `None`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HeartbeatNack {
     /// Set when the worker must register again.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(
+        default,
+        skip_serializing_if = "std::ops::Not::not",
+        deserialize_with = "lenient::truthy"
+    )]
     pub reregister: bool,
     /// Set when a higher-epoch registration of the same hostname took over.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(
+        default,
+        skip_serializing_if = "std::ops::Not::not",
+        deserialize_with = "lenient::truthy"
+    )]
     pub superseded: bool,
     /// Human-readable reason (with `superseded`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient::string"
+    )]
     pub error: Option<String>,
 }
 
@@ -311,6 +332,224 @@ pub struct OverviewResponse {
     pub workers: Vec<WorkerRow>,
     /// Placements (filtered by `?tag=` when given).
     pub placements: Vec<PlacementRow>,
+}
+
+pub mod received {
+    //! What a worker decodes from the registry's answers: lenient views of
+    //! [`RegisterAck`](super::RegisterAck), [`HeartbeatAck`](super::HeartbeatAck)
+    //! and [`ControlMessage`](super::ControlMessage).
+    //!
+    //! Unknown fields are ignored. Only the members without which an ack means
+    //! nothing are strict (`sessionId` a string, `expiresInMs` any JSON number,
+    //! integer or float, even negative); every other member is a [`Field`] or an
+    //! [`Entry`], which never fails to decode and keeps a malformed value as raw
+    //! JSON for the worker to count and log. Decode from the answer object
+    //! (`RegisterAck::deserialize(&map)` on a `serde_json::Map`).
+
+    use std::fmt;
+
+    use serde::de::{DeserializeOwned, Error as _};
+    use serde::{Deserialize, Deserializer};
+    use serde_json::Value;
+
+    use super::Duplicate;
+
+    /// The only control message type a worker understands.
+    pub const WIND_DOWN: &str = "wind_down";
+
+    /// A member of an answer object, read leniently.
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub enum Field<T> {
+        /// The key is missing (`#[serde(default)]` on the member).
+        #[default]
+        Absent,
+        /// The key holds `null`.
+        Null,
+        /// The key holds a value that decodes as `T`.
+        Valid(T),
+        /// The key holds something else, kept as received.
+        Invalid(Value),
+    }
+
+    impl<T> Field<T> {
+        /// The decoded value, if the member holds one.
+        pub fn valid(&self) -> Option<&T> {
+            match self {
+                Self::Valid(value) => Some(value),
+                Self::Absent | Self::Null | Self::Invalid(_) => None,
+            }
+        }
+    }
+
+    impl<'de, T: DeserializeOwned> Deserialize<'de> for Field<T> {
+        fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+            let value = Value::deserialize(de)?;
+            if value.is_null() {
+                return Ok(Self::Null);
+            }
+            Ok(match T::deserialize(&value) {
+                Ok(decoded) => Self::Valid(decoded),
+                Err(_) => Self::Invalid(value),
+            })
+        }
+    }
+
+    /// An item of an answer array that must be a JSON object decoding as
+    /// `T` (an array never stands in for an object here).
+    #[derive(Debug, Clone, PartialEq)]
+    pub enum Entry<T> {
+        /// An object that decodes as `T`.
+        Valid(T),
+        /// Anything else, kept as received.
+        Invalid(Value),
+    }
+
+    impl<'de, T: DeserializeOwned> Deserialize<'de> for Entry<T> {
+        fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+            let value = Value::deserialize(de)?;
+            if !value.is_object() {
+                return Ok(Self::Invalid(value));
+            }
+            Ok(match T::deserialize(&value) {
+                Ok(decoded) => Self::Valid(decoded),
+                Err(_) => Self::Invalid(value),
+            })
+        }
+    }
+
+    /// The server-side drain echo carried by both 200 acks.
+    #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct DrainEcho {
+        /// `draining`; the echo means something only when it is a bool.
+        #[serde(default)]
+        pub draining: Field<bool>,
+        /// `drainDeadline`: remaining seconds, `null` or absent for none.
+        #[serde(default)]
+        pub drain_deadline: Field<f64>,
+    }
+
+    /// A 200 answer to `POST /registry/register`, as the worker reads it.
+    ///
+    /// Fails to decode only without a string `sessionId` or a numeric
+    /// `expiresInMs` (a malformed ack).
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct RegisterAck {
+        /// The new session (lease token).
+        pub session_id: String,
+        /// Lease length granted, in milliseconds (any JSON number).
+        pub expires_in_ms: f64,
+        /// Re-submitted ids owned by another live session.
+        #[serde(default)]
+        pub duplicates: Field<Vec<Entry<Duplicate>>>,
+        /// Server-side drain echo.
+        #[serde(flatten)]
+        pub echo: DrainEcho,
+    }
+
+    /// A 200 answer to `POST /registry/heartbeat`, as the worker reads it.
+    ///
+    /// Fails to decode only without a numeric `expiresInMs` (a malformed ack).
+    #[derive(Debug, Clone, PartialEq, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct HeartbeatAck {
+        /// Lease length granted, in milliseconds (any JSON number).
+        pub expires_in_ms: f64,
+        /// Unconfirmed control messages, oldest first.
+        #[serde(default)]
+        pub messages: Field<Vec<Entry<ControlMessage>>>,
+        /// Server-side drain echo.
+        #[serde(flatten)]
+        pub echo: DrainEcho,
+    }
+
+    /// A control message as delivered: every member read leniently, and the
+    /// object itself kept for error texts (its `Display` is the compact
+    /// JSON as received).
+    ///
+    /// Decodes from any JSON object; anything else is an error.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct ControlMessage {
+        /// `type`, e.g. [`WIND_DOWN`].
+        pub kind: Field<String>,
+        /// `id`: target instance id.
+        pub id: Field<String>,
+        /// `ns`: target namespace (with its slash).
+        pub ns: Field<String>,
+        /// `deadline`: seconds until the instance must be gone; `null` revokes.
+        pub deadline: Field<f64>,
+        /// `msgId`: delivery id the worker acks.
+        pub msg_id: Field<String>,
+        /// The object as received.
+        raw: Value,
+    }
+
+    /// The members of a [`ControlMessage`].
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Members {
+        #[serde(default, rename = "type")]
+        kind: Field<String>,
+        #[serde(default)]
+        id: Field<String>,
+        #[serde(default)]
+        ns: Field<String>,
+        #[serde(default)]
+        deadline: Field<f64>,
+        #[serde(default)]
+        msg_id: Field<String>,
+    }
+
+    impl<'de> Deserialize<'de> for ControlMessage {
+        fn deserialize<D: Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+            let raw = Value::deserialize(de)?;
+            if !raw.is_object() {
+                return Err(D::Error::custom("a control message must be a JSON object"));
+            }
+            let members = Members::deserialize(&raw).map_err(D::Error::custom)?;
+            Ok(Self {
+                kind: members.kind,
+                id: members.id,
+                ns: members.ns,
+                deadline: members.deadline,
+                msg_id: members.msg_id,
+                raw,
+            })
+        }
+    }
+
+    impl fmt::Display for ControlMessage {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            fmt::Display::fmt(&self.raw, f)
+        }
+    }
+}
+
+/// Serde glue for members the worker reads as the Python reference does.
+mod lenient {
+    use serde::{Deserialize, Deserializer};
+    use serde_json::Value;
+
+    /// Python's truthiness of any JSON value (`null` is false).
+    pub(super) fn truthy<'de, D: Deserializer<'de>>(de: D) -> Result<bool, D::Error> {
+        Ok(match Value::deserialize(de)? {
+            Value::Null => false,
+            Value::Bool(b) => b,
+            Value::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
+            Value::String(s) => !s.is_empty(),
+            Value::Array(a) => !a.is_empty(),
+            Value::Object(o) => !o.is_empty(),
+        })
+    }
+
+    /// A string, or `None` for anything else.
+    pub(super) fn string<'de, D: Deserializer<'de>>(de: D) -> Result<Option<String>, D::Error> {
+        Ok(match Value::deserialize(de)? {
+            Value::String(s) => Some(s),
+            _ => None,
+        })
+    }
 }
 
 /// Serde glue for a field that is absent, `null`, or a number.

@@ -11,9 +11,10 @@
 //!   aborted before the lease renews;
 //! - `superseded` NACK: every instance aborted, the loop ends for good.
 //!
-//! Control-plane input is never trusted to be well formed: a malformed
-//! answer is logged, counted in `pinned_control_plane_failures_total`, and
-//! the loop carries on.
+//! Control-plane input is never trusted to be well formed: answers are
+//! decoded into the lenient views of [`pinned_wire::registry::received`]
+//! (and [`HeartbeatNack`]); a malformed answer or member is logged, counted
+//! in `pinned_control_plane_failures_total`, and the loop carries on.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -21,15 +22,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use pinned_wire::registry::received::{self, Entry, Field, WIND_DOWN};
 use pinned_wire::registry::{
-    DeregisterRequest, HeartbeatRequest, RegisterRequest, ReleaseItem, TagRequest,
+    DeregisterRequest, Duplicate, HeartbeatNack, HeartbeatRequest, RegisterRequest, ReleaseItem,
+    TagRequest,
 };
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
 use crate::plane::{PendingRelease, Plane};
+
+/// The longest duration the worker takes from pinboard (a lease, a drain or
+/// wind-down deadline): one year. Anything longer, or infinite, means "not
+/// in this process's lifetime" and is capped, so no arithmetic on it can
+/// overflow; a negative or NaN value is zero.
+const MAX_GRANTED: Duration = Duration::from_secs(365 * 86_400);
+
+/// `seconds` from pinboard as a duration, capped at [`MAX_GRANTED`].
+fn bounded_secs(seconds: f64) -> Duration {
+    if seconds.is_nan() || seconds <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::try_from_secs_f64(seconds).map_or(MAX_GRANTED, |granted| granted.min(MAX_GRANTED))
+}
 
 /// Register backoff cap.
 const BACKOFF_MAX: f64 = 30.0;
@@ -69,23 +86,8 @@ impl Backoff {
     }
 }
 
-/// Python's truthiness of a JSON value.
-fn truthy(value: Option<&Value>) -> bool {
-    match value {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(Value::Number(n)) => n.as_f64().is_some_and(|f| f != 0.0),
-        Some(Value::String(s)) => !s.is_empty(),
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(Value::Object(o)) => !o.is_empty(),
-    }
-}
-
-/// A JSON number that is not a bool, as f64.
-fn number(value: Option<&Value>) -> Option<f64> {
-    value.and_then(Value::as_f64)
-}
-
+/// The answer body; anything but a JSON object reads as `{}`. Kept raw for
+/// the logs of a malformed or refused answer.
 async fn json_object(response: reqwest::Response) -> Map<String, Value> {
     match response.json::<Value>().await {
         Ok(Value::Object(map)) => map,
@@ -244,52 +246,51 @@ impl Plane {
                 return;
             }
         }
-        let ack = json_object(response).await;
-        let (Some(Value::String(session)), Some(expires_ms)) =
-            (ack.get("sessionId"), number(ack.get("expiresInMs")))
-        else {
+        let body = json_object(response).await;
+        let Ok(ack) = received::RegisterAck::deserialize(&body) else {
             self.register_failed(backoff, "malformed");
-            tracing::error!(?ack, "malformed register response");
+            tracing::error!(ack = ?body, "malformed register response");
             return;
         };
+        let session = ack.session_id;
         backoff.failures = 0;
         self.set_session(Some(Arc::from(session.as_str())));
         *self.prev_session.lock() = None;
         self.acks.lock().clear();
         // Duplicates quit before the lease renews: no request may land on
         // an instance another session owns.
-        self.quit_duplicates(ack.get("duplicates"));
-        self.lease.renewed(
-            Duration::from_secs_f64(expires_ms.max(0.0) / 1000.0),
-            anchor,
-        );
+        self.quit_duplicates(&ack.duplicates);
+        self.lease
+            .renewed(bounded_secs(ack.expires_in_ms / 1000.0), anchor);
         self.registered.store(true, Ordering::SeqCst);
         self.metrics.registered.set(1);
-        self.apply_echo(&ack);
+        self.apply_echo(&ack.echo);
         tracing::info!(session = %session, reregistrations = self.reregistrations.load(Ordering::Relaxed), "registered with pinboard");
         self.flush_releases().await;
     }
 
-    fn quit_duplicates(&self, duplicates: Option<&Value>) {
-        let Some(duplicates) = duplicates.filter(|value| !value.is_null()) else {
-            return;
-        };
-        let Some(entries) = duplicates.as_array() else {
-            self.metrics
-                .control_failed("register", "malformed_duplicates");
-            tracing::error!(?duplicates, "malformed register ack duplicates");
-            return;
-        };
-        for entry in entries {
-            let (Some(ns), Some(id)) = (
-                entry.get("ns").and_then(Value::as_str),
-                entry.get("id").and_then(Value::as_str),
-            ) else {
+    fn quit_duplicates(&self, duplicates: &Field<Vec<Entry<Duplicate>>>) {
+        let entries = match duplicates {
+            Field::Absent | Field::Null => return,
+            Field::Invalid(duplicates) => {
                 self.metrics
                     .control_failed("register", "malformed_duplicates");
-                tracing::error!(?entry, "malformed duplicate entry");
-                continue;
+                tracing::error!(?duplicates, "malformed register ack duplicates");
+                return;
+            }
+            Field::Valid(entries) => entries,
+        };
+        for entry in entries {
+            let Duplicate { ns, id } = match entry {
+                Entry::Valid(duplicate) => duplicate,
+                Entry::Invalid(entry) => {
+                    self.metrics
+                        .control_failed("register", "malformed_duplicates");
+                    tracing::error!(?entry, "malformed duplicate entry");
+                    continue;
+                }
             };
+            let (ns, id) = (ns.as_str(), id.as_str());
             self.metrics.duplicate_quits.inc();
             tracing::warn!(namespace = ns, id, "duplicate placement; quitting instance");
             if let Some(host) = self.host(ns) {
@@ -329,19 +330,17 @@ impl Plane {
             }
         };
         let status = response.status().as_u16();
-        let ack = json_object(response).await;
+        let body = json_object(response).await;
         if status == 200 {
-            let Some(expires_ms) = number(ack.get("expiresInMs")) else {
+            let Ok(ack) = received::HeartbeatAck::deserialize(&body) else {
                 self.metrics.control_failed("heartbeat", "malformed");
-                tracing::error!(?ack, "malformed heartbeat ack");
+                tracing::error!(ack = ?body, "malformed heartbeat ack");
                 return;
             };
-            self.lease.renewed(
-                Duration::from_secs_f64(expires_ms.max(0.0) / 1000.0),
-                anchor,
-            );
-            self.apply_echo(&ack);
-            let delivered = self.apply_messages(ack.get("messages"));
+            self.lease
+                .renewed(bounded_secs(ack.expires_in_ms / 1000.0), anchor);
+            self.apply_echo(&ack.echo);
+            let delivered = self.apply_messages(&ack.messages);
             let mut pending = self.acks.lock();
             for sent in &acks {
                 pending.remove(sent);
@@ -349,11 +348,13 @@ impl Plane {
             pending.extend(delivered);
             return;
         }
-        if status == 409 && truthy(ack.get("superseded")) {
-            self.displaced(&ack);
+        // Decoding a NACK never fails on an object; a failure reads as no flag.
+        let nack = HeartbeatNack::deserialize(&body).unwrap_or_default();
+        if status == 409 && nack.superseded {
+            self.displaced(&nack);
             return;
         }
-        if truthy(ack.get("reregister")) {
+        if nack.reregister {
             self.session_lost();
             Box::pin(self.register(backoff)).await;
             return;
@@ -366,7 +367,7 @@ impl Plane {
             return;
         }
         self.metrics.control_failed("heartbeat", "rejected");
-        tracing::warn!(status, ?ack, "pinboard heartbeat rejected; retrying");
+        tracing::warn!(status, ack = ?body, "pinboard heartbeat rejected; retrying");
     }
 
     fn session_lost(&self) {
@@ -378,37 +379,31 @@ impl Plane {
         tracing::warn!("pinboard session unknown; instances retained pending reregistration");
     }
 
-    fn displaced(&self, ack: &Map<String, Value>) {
+    fn displaced(&self, nack: &HeartbeatNack) {
         // A higher-epoch worker owns this binding now: retrying with this
         // configuration can never succeed.
         self.superseded.store(true, Ordering::SeqCst);
         self.registered.store(false, Ordering::SeqCst);
         self.metrics.registered.set(0);
         self.metrics.control_failed("heartbeat", "superseded");
-        tracing::error!(error = ?ack.get("error"), "pinboard superseded this worker; stopping registration");
+        tracing::error!(error = ?nack.error, "pinboard superseded this worker; stopping registration");
         self.abort_all();
     }
 
     /// The `draining` echo of an ack, applied only on a change.
-    fn apply_echo(&self, ack: &Map<String, Value>) {
-        let Some(Value::Bool(draining)) = ack.get("draining") else {
+    fn apply_echo(&self, echo: &received::DrainEcho) {
+        let Field::Valid(draining) = echo.draining else {
             return;
         };
-        let draining = *draining;
-        let raw = if draining {
-            ack.get("drainDeadline")
-        } else {
-            None
-        };
-        let deadline = match raw {
-            None | Some(Value::Null) => None,
-            Some(Value::Number(n)) if n.as_f64().is_some_and(|f| f >= 0.0) => {
-                n.as_f64().map(Duration::from_secs_f64)
+        let deadline = match (draining, &echo.drain_deadline) {
+            (false, _) | (true, Field::Absent | Field::Null) => None,
+            (true, Field::Valid(seconds)) if *seconds >= 0.0 => Some(bounded_secs(*seconds)),
+            (true, Field::Valid(other)) => {
+                self.malformed_deadline(other);
+                None
             }
-            Some(other) => {
-                self.metrics
-                    .control_failed("server_draining", "malformed_deadline");
-                tracing::error!(?other, "malformed drainDeadline in ack");
+            (true, Field::Invalid(other)) => {
+                self.malformed_deadline(other);
                 None
             }
         };
@@ -437,72 +432,89 @@ impl Plane {
         self.server_drain(draining, deadline);
     }
 
+    fn malformed_deadline(&self, other: &dyn std::fmt::Debug) {
+        self.metrics
+            .control_failed("server_draining", "malformed_deadline");
+        tracing::error!(?other, "malformed drainDeadline in ack");
+    }
+
     /// Applies a batch of control messages; returns the msgIds to confirm
     /// (the contiguous prefix applied without error).
-    fn apply_messages(&self, messages: Option<&Value>) -> Vec<String> {
-        let Some(messages) = messages.filter(|value| !value.is_null()) else {
-            return Vec::new();
-        };
-        let Some(messages) = messages.as_array() else {
-            self.metrics
-                .control_failed("control_message", "malformed_batch");
-            tracing::error!(?messages, "malformed heartbeat ack messages");
-            return Vec::new();
+    fn apply_messages(
+        &self,
+        messages: &Field<Vec<Entry<received::ControlMessage>>>,
+    ) -> Vec<String> {
+        let messages = match messages {
+            Field::Absent | Field::Null => return Vec::new(),
+            Field::Invalid(messages) => {
+                self.metrics
+                    .control_failed("control_message", "malformed_batch");
+                tracing::error!(?messages, "malformed heartbeat ack messages");
+                return Vec::new();
+            }
+            Field::Valid(messages) => messages,
         };
         let mut confirmed = Vec::new();
         let mut confirming = true;
         for message in messages {
-            let Some(message) = message.as_object() else {
-                self.metrics.control_failed("control_message", "malformed");
-                tracing::error!(?message, "malformed control message");
-                continue;
+            let message = match message {
+                Entry::Valid(message) => message,
+                Entry::Invalid(message) => {
+                    self.metrics.control_failed("control_message", "malformed");
+                    tracing::error!(?message, "malformed control message");
+                    continue;
+                }
             };
             if let Err(error) = self.apply_message(message) {
                 confirming = false;
                 self.metrics.control_failed("control_message", "callback");
                 tracing::error!(%error, "control message failed");
             }
-            if let (true, Some(Value::String(id))) = (confirming, message.get("msgId")) {
+            if let (true, Field::Valid(id)) = (confirming, &message.msg_id) {
                 confirmed.push(id.clone());
             }
         }
         confirmed
     }
 
-    fn apply_message(&self, message: &Map<String, Value>) -> Result<(), String> {
-        let shown = Value::Object(message.clone());
-        if message.get("type").and_then(Value::as_str) != Some("wind_down") {
-            return Err(format!("unknown control message: {shown}"));
+    fn apply_message(&self, message: &received::ControlMessage) -> Result<(), String> {
+        if message.kind.valid().map(String::as_str) != Some(WIND_DOWN) {
+            return Err(format!("unknown control message: {message}"));
         }
-        let deadline = match message.get("deadline") {
-            None => {
+        let deadline = match message.deadline {
+            Field::Absent => {
                 return Err(format!(
-                    "wind_down requires a deadline (null revokes): {shown}"
+                    "wind_down requires a deadline (null revokes): {message}"
                 ))
             }
-            Some(Value::Null) => None,
-            Some(Value::Number(n)) => n.as_f64(),
-            Some(_) => return Err(format!("deadline must be a number or null: {shown}")),
+            Field::Null => None,
+            Field::Valid(seconds) => Some(seconds),
+            Field::Invalid(_) => {
+                return Err(format!("deadline must be a number or null: {message}"))
+            }
         };
-        let Some(id) = message.get("id").and_then(Value::as_str) else {
-            return Err(format!("wind_down requires an id: {shown}"));
+        let Field::Valid(id) = &message.id else {
+            return Err(format!("wind_down requires an id: {message}"));
         };
-        let host = match message.get("ns") {
-            None | Some(Value::Null) => {
+        let id = id.as_str();
+        let host = match &message.ns {
+            Field::Absent | Field::Null => {
                 let hosts = self.hosts();
                 match hosts.as_slice() {
                     [only] => only.clone(),
                     _ => {
                         return Err(format!(
-                            "wind_down without a namespace on a multi-namespace worker (upgrade pinboard): {shown}"
+                            "wind_down without a namespace on a multi-namespace worker (upgrade pinboard): {message}"
                         ))
                     }
                 }
             }
-            Some(Value::String(ns)) => self
+            Field::Valid(ns) => self
                 .host(ns)
-                .ok_or_else(|| format!("wind_down for an unknown namespace: {shown}"))?,
-            Some(_) => return Err(format!("wind_down for an unknown namespace: {shown}")),
+                .ok_or_else(|| format!("wind_down for an unknown namespace: {message}"))?,
+            Field::Invalid(_) => {
+                return Err(format!("wind_down for an unknown namespace: {message}"))
+            }
         };
         match deadline {
             None => {
@@ -514,7 +526,7 @@ impl Plane {
             }
             Some(seconds) => {
                 tracing::info!(namespace = %host.ns, id, seconds, "winding down instance");
-                host.wind_down_id(id, Some(Duration::from_secs_f64(seconds.max(0.0))));
+                host.wind_down_id(id, Some(bounded_secs(seconds)));
             }
         }
         Ok(())
@@ -626,6 +638,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn granted_durations_are_bounded() {
+        assert_eq!(bounded_secs(1.5), Duration::from_millis(1500));
+        assert_eq!(bounded_secs(-3.0), Duration::ZERO);
+        assert_eq!(bounded_secs(f64::NAN), Duration::ZERO);
+        // The operator's absurd deadlines: capped, never a panic or a wrap.
+        assert_eq!(bounded_secs(1e19), MAX_GRANTED);
+        assert_eq!(bounded_secs(1e17), MAX_GRANTED);
+        assert_eq!(bounded_secs(f64::INFINITY), MAX_GRANTED);
+        assert_eq!(bounded_secs(1e300 / 1000.0), MAX_GRANTED);
+        // And the capped deadline can be added to now.
+        assert!(tokio::time::Instant::now()
+            .checked_add(MAX_GRANTED)
+            .is_some());
+    }
+
+    #[test]
     fn backoff_grows_is_capped_and_jittered() {
         let interval = Duration::from_secs(3);
         let mut backoff = Backoff::default();
@@ -643,15 +671,5 @@ mod tests {
         assert!((0.6..=2.0).contains(&d), "{d}");
         deferred.defer(Some("nonsense"));
         assert_eq!(deferred.deferred, Some(1.0));
-    }
-
-    #[test]
-    fn truthiness_follows_python() {
-        assert!(truthy(Some(&Value::Bool(true))));
-        assert!(truthy(Some(&serde_json::json!("x"))));
-        assert!(truthy(Some(&serde_json::json!(1))));
-        assert!(!truthy(Some(&serde_json::json!(0))));
-        assert!(!truthy(Some(&serde_json::json!(""))));
-        assert!(!truthy(None));
     }
 }

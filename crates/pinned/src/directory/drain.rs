@@ -47,7 +47,8 @@ impl HostShared {
     /// Drains (`kind`): refuse new activations, evict idle instances now,
     /// abort the rest at `deadline` from now (never, for `None`).
     pub(crate) fn start_drain(self: &Arc<Self>, kind: DrainKind, deadline: Option<Duration>) {
-        let at = deadline.map(|after| Instant::now() + after);
+        // A deadline too far to represent never comes: no abort.
+        let at = deadline.and_then(|after| Instant::now().checked_add(after));
         {
             let mut drain = self.drain.lock();
             match kind {

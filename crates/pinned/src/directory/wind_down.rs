@@ -31,7 +31,8 @@ impl HostShared {
 
 /// Sets or clears an instance's own wind-down.
 pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
-    let deadline = after.map(|after| Instant::now() + after);
+    // A deadline too far to represent never comes: no abort.
+    let deadline = after.and_then(|after| Instant::now().checked_add(after));
     {
         let mut wind = slot.wind.lock();
         let state = wind.get_or_insert_with(|| Box::new(WindDown::default()));
