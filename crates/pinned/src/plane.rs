@@ -7,7 +7,7 @@
 //! and what a message does to instances lives in the directory.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -61,11 +61,20 @@ pub(crate) struct PendingRelease {
     pub(crate) epoch: Option<u64>,
 }
 
-/// Registration state of the worker, readable by the application.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Registration state of the worker, readable by the application: a
+/// snapshot from [`Worker::registration`](crate::Worker::registration), or
+/// every change from
+/// [`Worker::watch_registration`](crate::Worker::watch_registration).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RegistrationState {
     /// The current session, `None` while unregistered.
     pub session_id: Option<String>,
+    /// Registered with pinboard (an ack arrived and the session is live).
+    pub registered: bool,
+    /// A higher-epoch worker of the same hostname displaced this one; it
+    /// stopped registering for good.
+    pub superseded: bool,
     /// Sessions lost to a `reregister` NACK.
     pub reregistrations: u64,
     /// The worker's own drain, as reported in heartbeats.
@@ -82,11 +91,9 @@ pub(crate) struct Plane {
     challenge: RwLock<(String, String)>,
     session: RwLock<Option<Arc<str>>>,
     pub(crate) prev_session: Mutex<Option<String>>,
-    pub(crate) registered: AtomicBool,
-    pub(crate) superseded: AtomicBool,
-    /// The worker's own drain flag, reported in every register/heartbeat.
-    pub(crate) draining: AtomicBool,
-    pub(crate) reregistrations: AtomicU64,
+    /// The registration state, published to whoever watches it (the
+    /// worker's own drain flag in it rides every register/heartbeat).
+    state: tokio::sync::watch::Sender<RegistrationState>,
     /// Confirmed msgIds riding the next heartbeat.
     pub(crate) acks: Mutex<BTreeSet<String>>,
     pub(crate) releases: Mutex<Vec<PendingRelease>>,
@@ -100,6 +107,15 @@ pub(crate) struct Plane {
     pub(crate) task: Mutex<Option<AbortHandle>>,
     pub(crate) http: reqwest::Client,
     hosts: OnceLock<Vec<Weak<HostShared>>>,
+}
+
+/// Sets `*field` to `value`; true when that changed it.
+fn replace<T: PartialEq>(field: &mut T, value: T) -> bool {
+    if *field == value {
+        return false;
+    }
+    *field = value;
+    true
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -126,10 +142,7 @@ impl Plane {
             challenge: RwLock::new((random_hex(16), random_hex(16))),
             session: RwLock::new(None),
             prev_session: Mutex::new(None),
-            registered: AtomicBool::new(false),
-            superseded: AtomicBool::new(false),
-            draining: AtomicBool::new(false),
-            reregistrations: AtomicU64::new(0),
+            state: tokio::sync::watch::Sender::new(RegistrationState::default()),
             acks: Mutex::new(BTreeSet::new()),
             releases: Mutex::new(Vec::new()),
             release_turn: tokio::sync::Mutex::new(()),
@@ -162,7 +175,56 @@ impl Plane {
     }
 
     pub(crate) fn set_session(&self, session: Option<Arc<str>>) {
+        let published = session.as_deref().map(str::to_owned);
         *self.session.write() = session;
+        self.state
+            .send_if_modified(|state| replace(&mut state.session_id, published));
+    }
+
+    /// Whether registered with pinboard.
+    pub(crate) fn registered(&self) -> bool {
+        self.state.borrow().registered
+    }
+
+    /// Records (and publishes) whether the worker is registered.
+    pub(crate) fn set_registered(&self, registered: bool) {
+        self.metrics.registered.set(i64::from(registered));
+        self.state
+            .send_if_modified(|state| replace(&mut state.registered, registered));
+    }
+
+    /// Whether a higher-epoch worker displaced this one.
+    pub(crate) fn superseded(&self) -> bool {
+        self.state.borrow().superseded
+    }
+
+    /// Records (and publishes) that this worker was displaced for good.
+    pub(crate) fn set_superseded(&self) {
+        self.state.send_modify(|state| {
+            state.superseded = true;
+            state.registered = false;
+        });
+        self.metrics.registered.set(0);
+    }
+
+    /// The worker's own drain flag.
+    pub(crate) fn draining(&self) -> bool {
+        self.state.borrow().draining
+    }
+
+    /// Counts (and publishes) a session lost to a `reregister` NACK.
+    pub(crate) fn count_reregistration(&self) -> u64 {
+        let mut count = 0;
+        self.state.send_modify(|state| {
+            state.reregistrations += 1;
+            count = state.reregistrations;
+        });
+        count
+    }
+
+    /// Every change of the registration state, from the current one on.
+    pub(crate) fn watch(&self) -> tokio::sync::watch::Receiver<RegistrationState> {
+        self.state.subscribe()
     }
 
     /// Mints the pair the next register or heartbeat carries.
@@ -187,11 +249,7 @@ impl Plane {
     }
 
     pub(crate) fn state(&self) -> RegistrationState {
-        RegistrationState {
-            session_id: self.session().map(|s| s.to_string()),
-            reregistrations: self.reregistrations.load(Ordering::Relaxed),
-            draining: self.draining.load(Ordering::SeqCst),
-        }
+        self.state.borrow().clone()
     }
 
     /// Ids held per namespace (resident, activating or closing), for a
@@ -213,7 +271,10 @@ impl Plane {
 
     /// Reports the worker's own drain flag and wakes the loop on a change.
     pub(crate) fn set_draining(&self, draining: bool) {
-        if self.draining.swap(draining, Ordering::SeqCst) != draining {
+        if self
+            .state
+            .send_if_modified(|state| replace(&mut state.draining, draining))
+        {
             self.wake.notify_one();
         }
     }

@@ -102,7 +102,7 @@ impl Plane {
 
     /// Starts the loop (a no-op once superseded or already running).
     pub(crate) fn start(self: &Arc<Self>) {
-        if self.superseded.load(Ordering::SeqCst) {
+        if self.superseded() {
             return;
         }
         let mut task = self.task.lock();
@@ -135,14 +135,14 @@ impl Plane {
 
     async fn run(self: Arc<Self>) {
         let mut backoff = Backoff::default();
-        while !self.stopping.load(Ordering::SeqCst) && !self.superseded.load(Ordering::SeqCst) {
+        while !self.stopping.load(Ordering::SeqCst) && !self.superseded() {
             let started = Instant::now();
             if self.session().is_none() {
                 self.register(&mut backoff).await;
             } else {
                 self.heartbeat(&mut backoff).await;
             }
-            if self.superseded.load(Ordering::SeqCst) {
+            if self.superseded() {
                 return;
             }
             let delay = backoff
@@ -183,7 +183,7 @@ impl Plane {
             namespaces: hosts.iter().map(|host| host.ns.to_string()).collect(),
             advertise_url: self.config.advertise_url.clone(),
             headroom: (self.config.headroom)(),
-            draining: self.draining.load(Ordering::SeqCst),
+            draining: self.draining(),
             challenge,
             challenge_value,
             hostname: self.config.hostname.clone(),
@@ -262,10 +262,9 @@ impl Plane {
         self.quit_duplicates(&ack.duplicates);
         self.lease
             .renewed(bounded_secs(ack.expires_in_ms / 1000.0), anchor);
-        self.registered.store(true, Ordering::SeqCst);
-        self.metrics.registered.set(1);
+        self.set_registered(true);
         self.apply_echo(&ack.echo);
-        tracing::info!(session = %session, reregistrations = self.reregistrations.load(Ordering::Relaxed), "registered with pinboard");
+        tracing::info!(session = %session, reregistrations = self.state().reregistrations, "registered with pinboard");
         self.flush_releases().await;
     }
 
@@ -309,7 +308,7 @@ impl Plane {
         let body = HeartbeatRequest {
             session_id: session.to_string(),
             headroom: (self.config.headroom)(),
-            draining: self.draining.load(Ordering::SeqCst),
+            draining: self.draining(),
             challenge: Some(challenge),
             challenge_value: Some(value),
             acks: acks.clone(),
@@ -371,20 +370,17 @@ impl Plane {
     }
 
     fn session_lost(&self) {
-        self.registered.store(false, Ordering::SeqCst);
-        self.metrics.registered.set(0);
+        self.set_registered(false);
         *self.prev_session.lock() = self.session().map(|s| s.to_string());
         self.set_session(None);
-        self.reregistrations.fetch_add(1, Ordering::Relaxed);
+        self.count_reregistration();
         tracing::warn!("pinboard session unknown; instances retained pending reregistration");
     }
 
     fn displaced(&self, nack: &HeartbeatNack) {
         // A higher-epoch worker owns this binding now: retrying with this
         // configuration can never succeed.
-        self.superseded.store(true, Ordering::SeqCst);
-        self.registered.store(false, Ordering::SeqCst);
-        self.metrics.registered.set(0);
+        self.set_superseded();
         self.metrics.control_failed("heartbeat", "superseded");
         tracing::error!(error = ?nack.error, "pinboard superseded this worker; stopping registration");
         self.abort_all();
@@ -576,8 +572,7 @@ impl Plane {
         {
             self.set_session(None);
         }
-        self.registered.store(false, Ordering::SeqCst);
-        self.metrics.registered.set(0);
+        self.set_registered(false);
     }
 
     /// Stamps an owner tag on a placement.

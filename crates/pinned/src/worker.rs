@@ -347,7 +347,7 @@ impl Worker {
     pub fn ready(&self) -> bool {
         match &self.inner.plane {
             None => true,
-            Some(plane) => plane.registered.load(Ordering::SeqCst) && !plane.lease.expired(),
+            Some(plane) => plane.registered() && !plane.lease.expired(),
         }
     }
 
@@ -357,7 +357,7 @@ impl Worker {
         self.inner
             .plane
             .as_ref()
-            .is_some_and(|plane| plane.superseded.load(Ordering::SeqCst))
+            .is_some_and(|plane| plane.superseded())
     }
 
     /// Lease health: new activations are allowed.
@@ -387,6 +387,24 @@ impl Worker {
     /// The registration state, `None` in local mode.
     pub fn registration(&self) -> Option<RegistrationState> {
         self.inner.plane.as_ref().map(|plane| plane.state())
+    }
+
+    /// Every change of the registration state (registered, session,
+    /// superseded, reregistrations, drain flag), `None` in local mode: for
+    /// a readiness probe that should flip the moment the worker registers.
+    ///
+    /// ```no_run
+    /// # async fn demo(worker: pinned::Worker) {
+    /// if let Some(mut changes) = worker.watch_registration() {
+    ///     while changes.changed().await.is_ok() {
+    ///         let state = changes.borrow_and_update().clone();
+    ///         println!("registered: {}", state.registered);
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn watch_registration(&self) -> Option<tokio::sync::watch::Receiver<RegistrationState>> {
+        self.inner.plane.as_ref().map(|plane| plane.watch())
     }
 
     /// The secret that authenticates `/_pinned/*` calls and signs
@@ -437,7 +455,7 @@ impl Worker {
             .inner
             .plane
             .as_ref()
-            .map_or(0, |plane| plane.reregistrations.load(Ordering::Relaxed));
+            .map_or(0, |plane| plane.state().reregistrations);
         json!({
             "draining": self.draining(),
             "leaseFlaps": self.lease_flaps(),
