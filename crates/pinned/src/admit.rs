@@ -114,17 +114,11 @@ pub(crate) fn gate<'a>(
             attestation::verify(
                 token,
                 &host.secret,
-                |aud| {
-                    aud == host.local_aud
-                        || host
-                            .plane
-                            .as_ref()
-                            .is_some_and(|plane| plane.is_session(aud))
-                },
+                |aud| aud == host.local_aud || host.control.is_session(aud),
                 host.clock.unix_secs(),
             )
         });
-    if host.plane.is_some() && claims.is_none() {
+    if host.control.requires_attestation() && claims.is_none() {
         return Err(Refused::Attestation);
     }
     let depth = claims.as_ref().and_then(|claims| claims.depth).unwrap_or(0);

@@ -353,17 +353,13 @@ impl HostShared {
     async fn fire(self: Arc<Self>, id: Arc<str>, at: i64) {
         // This timer is done; a newer one (re-armed meanwhile) stays.
         self.timers.remove_if(&*id, |_, timer| timer.at == at);
-        let outcome = if self.plane.is_some() {
+        let outcome = if !self.control.fires_evicted_alarms() {
             // Behind pinboard only a resident instance inside the lease
             // fires here; the sweeper delivers the rest.
             let Some(slot) = self.resident_slot(&id) else {
                 return;
             };
-            if self
-                .plane
-                .as_ref()
-                .is_some_and(|plane| !plane.lease.healthy())
-            {
+            if !self.control.lease_healthy() {
                 return;
             }
             run(&slot, true).await
@@ -384,7 +380,7 @@ impl HostShared {
             Ok(_) => {}
             Err(error) => {
                 tracing::error!(namespace = %self.ns, id = %id, %error, "alarm run failed; it fires again");
-                if self.plane.is_none() {
+                if self.control.fires_evicted_alarms() {
                     let retry = wall_ms(&self)
                         + i64::try_from(self.options.sweep_interval.as_millis())
                             .unwrap_or(i64::MAX);

@@ -140,9 +140,9 @@ impl Cluster {
             .get()
             .and_then(std::sync::Weak::upgrade)
             .ok_or(ClusterError::WorkerGone)?;
-        let plane = self.host.plane.clone();
+        let plane = self.host.control.pinboard().cloned();
         if let Some(target) = worker.host(&ns) {
-            if plane.is_none() || target.is_resident(id) {
+            if self.host.control.calls_every_id_in_process() || target.is_resident(id) {
                 return Ok(self.in_process(&worker, &target, request).await);
             }
         }

@@ -225,7 +225,7 @@ impl Context {
     /// Before any request was admitted with a placement epoch, or when
     /// pinboard stays unreachable over three attempts.
     pub async fn tag(&self, tag: &str) -> Result<(), TagError> {
-        let Some(plane) = &self.slot.host.plane else {
+        let Some(plane) = self.slot.host.control.pinboard() else {
             return Ok(());
         };
         let epoch = self.epoch().ok_or(TagError::NotAdmitted)?;
@@ -246,7 +246,7 @@ impl Context {
     /// A snapshot of the instance's lease: the worker's lease health and
     /// expiry, the instance's wind-down and its eviction deadline.
     pub fn lease(&self) -> InstanceLease {
-        let lease = self.slot.host.plane.as_ref().map(|plane| &plane.lease);
+        let lease = self.slot.host.control.lease();
         InstanceLease {
             healthy: lease.is_none_or(|lease| lease.healthy()),
             expired: lease.is_some_and(|lease| lease.expired()),

@@ -92,10 +92,11 @@ async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
     let target = target(&host.ns, parts.uri.path());
     // pinboard's alarm delivery authenticates with the proxy secret, not a
     // token, so it is routed before the attestation gate.
-    if host.plane.is_some() && host.store.is_some() && target.rest == "/_alarm" {
+    let durable = host.control.serves_durable_entry_points() && host.store.is_some();
+    if durable && target.rest == "/_alarm" {
         return durable::alarm(host, &parts, target.raw_id).await;
     }
-    if host.plane.is_some() && host.store.is_some() && target.rest == "/_wake" {
+    if durable && target.rest == "/_wake" {
         let passed = match gate(host, &parts.headers, target.raw_id) {
             Ok(passed) => passed,
             Err(refused) => return refused.into_response(),

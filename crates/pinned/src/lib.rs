@@ -50,6 +50,7 @@ mod clock;
 mod cluster;
 mod config;
 mod context;
+mod control;
 mod directory;
 mod dispatch;
 mod durable;

@@ -24,6 +24,7 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 
 use crate::config::{ConfigError, ConfigErrors, Options};
+use crate::control::ControlPlane;
 use crate::directory::{DrainKind, HostParts, HostShared};
 use crate::dispatch::dispatch;
 use crate::metrics::Metrics;
@@ -45,7 +46,7 @@ pub(crate) struct Inner {
     /// of in-process cluster calls. In local mode only in-process callers
     /// know it.
     secret: Arc<str>,
-    plane: Option<Arc<Plane>>,
+    control: ControlPlane,
     metrics: Arc<Metrics>,
     created: Instant,
     cpu: CpuProbe,
@@ -101,8 +102,9 @@ impl Options {
                 Some(Arc::new(plane))
             }
         };
-        let secret: Arc<str> = plane
-            .as_ref()
+        let control = plane.map_or(ControlPlane::Local, ControlPlane::Pinboard);
+        let secret: Arc<str> = control
+            .pinboard()
             .map_or_else(|| Arc::from(random_hex(32)), |plane| plane.secret.clone());
         let store = self.store.clone();
         let states = Arc::new(std::mem::take(&mut self.states));
@@ -122,21 +124,21 @@ impl Options {
                     metrics: metrics.clone(),
                     local_aud: random_hex(16),
                     secret: secret.clone(),
-                    plane: plane.clone(),
+                    control: control.clone(),
                     store: store.clone(),
                     states: states.clone(),
                     clock: clock.clone(),
                 }))
             })
             .collect();
-        if let Some(plane) = &plane {
+        if let Some(plane) = control.pinboard() {
             plane.attach(&hosts);
         }
         let worker = Worker {
             inner: Arc::new(Inner {
                 hosts,
                 secret,
-                plane,
+                control,
                 metrics,
                 created: Instant::now(),
                 cpu: CpuProbe::default(),
@@ -164,7 +166,7 @@ impl Worker {
                 async move { worker.stats_route(&headers) }
             }),
         );
-        if self.inner.plane.is_some() {
+        if self.inner.control.pinboard().is_some() {
             let challenge_worker = self.clone();
             router = router.route(
                 "/_pinned/challenge",
@@ -248,7 +250,7 @@ impl Worker {
         for host in &self.inner.hosts {
             host.start();
         }
-        if let Some(plane) = &self.inner.plane {
+        if let Some(plane) = self.inner.control.pinboard() {
             plane.start();
         } else {
             self.arm_stored_alarms();
@@ -285,7 +287,7 @@ impl Worker {
     ///
     /// Cancel safe: dropping the future leaves the drain in force.
     pub async fn drain(&self, deadline: Option<Duration>) {
-        if let Some(plane) = &self.inner.plane {
+        if let Some(plane) = self.inner.control.pinboard() {
             plane.set_draining(true);
         }
         for host in &self.inner.hosts {
@@ -303,7 +305,7 @@ impl Worker {
         for host in &self.inner.hosts {
             host.stop_drain(DrainKind::Local);
         }
-        if let Some(plane) = &self.inner.plane {
+        if let Some(plane) = self.inner.control.pinboard() {
             plane.set_draining(false);
         }
     }
@@ -333,7 +335,7 @@ impl Worker {
         for host in &self.inner.hosts {
             host.wait_empty().await;
         }
-        if let Some(plane) = &self.inner.plane {
+        if let Some(plane) = self.inner.control.pinboard() {
             plane.deregister().await;
             plane.stop();
         }
@@ -345,7 +347,7 @@ impl Worker {
     /// Registered with pinboard and inside the lease (always true in local
     /// mode). Wire it to the readiness probe.
     pub fn ready(&self) -> bool {
-        match &self.inner.plane {
+        match self.inner.control.pinboard() {
             None => true,
             Some(plane) => plane.registered() && !plane.lease.expired(),
         }
@@ -355,38 +357,29 @@ impl Worker {
     /// stopped registering for good.
     pub fn superseded(&self) -> bool {
         self.inner
-            .plane
-            .as_ref()
+            .control
+            .pinboard()
             .is_some_and(|plane| plane.superseded())
     }
 
     /// Lease health: new activations are allowed.
     pub fn lease_healthy(&self) -> bool {
-        self.inner
-            .plane
-            .as_ref()
-            .is_none_or(|plane| plane.lease.healthy())
+        self.inner.control.lease_healthy()
     }
 
     /// The lease ran out: nothing is served until a fresh ack.
     pub fn lease_expired(&self) -> bool {
-        self.inner
-            .plane
-            .as_ref()
-            .is_some_and(|plane| plane.lease.expired())
+        self.inner.control.lease_expired()
     }
 
     /// Times the lease crossed into unhealthy.
     pub fn lease_flaps(&self) -> u64 {
-        self.inner
-            .plane
-            .as_ref()
-            .map_or(0, |plane| plane.lease.flaps())
+        self.inner.control.lease().map_or(0, |lease| lease.flaps())
     }
 
     /// The registration state, `None` in local mode.
     pub fn registration(&self) -> Option<RegistrationState> {
-        self.inner.plane.as_ref().map(|plane| plane.state())
+        self.inner.control.pinboard().map(|plane| plane.state())
     }
 
     /// Every change of the registration state (registered, session,
@@ -404,7 +397,7 @@ impl Worker {
     /// # }
     /// ```
     pub fn watch_registration(&self) -> Option<tokio::sync::watch::Receiver<RegistrationState>> {
-        self.inner.plane.as_ref().map(|plane| plane.watch())
+        self.inner.control.pinboard().map(|plane| plane.watch())
     }
 
     /// The secret that authenticates `/_pinned/*` calls and signs
@@ -453,8 +446,8 @@ impl Worker {
         }
         let reregistrations = self
             .inner
-            .plane
-            .as_ref()
+            .control
+            .pinboard()
             .map_or(0, |plane| plane.state().reregistrations);
         json!({
             "draining": self.draining(),
@@ -481,14 +474,11 @@ impl Worker {
             return false;
         };
         let hosts = &self.inner.hosts;
-        let plane = self.inner.plane.as_deref();
+        let control = &self.inner.control;
         attestation::verify(
             token,
             &self.inner.secret,
-            |aud| {
-                hosts.iter().any(|host| host.local_aud == aud)
-                    || plane.is_some_and(|plane| plane.is_session(aud))
-            },
+            |aud| hosts.iter().any(|host| host.local_aud == aud) || control.is_session(aud),
             self.inner.clock.unix_secs(),
         )
         .is_some()
@@ -515,8 +505,8 @@ impl Worker {
         };
         match self
             .inner
-            .plane
-            .as_ref()
+            .control
+            .pinboard()
             .and_then(|plane| plane.answer(challenge))
         {
             Some(value) => axum::Json(json!({ "value": value })).into_response(),

@@ -81,14 +81,11 @@ impl HostShared {
         }
         // Past its lease the placement may live elsewhere: a woken process
         // serves nothing until it has re-registered.
-        if let Some(plane) = &self.plane {
-            if plane.lease.expired() {
-                return Err(Refusal::LeaseExpired.into());
-            }
+        if self.control.lease_expired() {
+            return Err(Refusal::LeaseExpired.into());
         }
         if let Some(epoch) = epoch {
-            let ttl = self.plane.as_ref().and_then(|plane| plane.lease.ttl());
-            self.fences.admit(id, epoch, ttl)?;
+            self.fences.admit(id, epoch, self.control.lease_ttl())?;
         }
         loop {
             if self.shut_down.load(Ordering::SeqCst) {
@@ -123,7 +120,9 @@ impl HostShared {
                 // close that keeps its placement) the close is waited out
                 // and the id activates afresh.
                 Err(_) => {
-                    if self.plane.is_some() && slot.releasing.load(Ordering::SeqCst) {
+                    if self.control.refuses_while_releasing()
+                        && slot.releasing.load(Ordering::SeqCst)
+                    {
                         return Err(Refusal::Closing.into());
                     }
                     self.wait_gone(&slot).await;
@@ -136,7 +135,7 @@ impl HostShared {
     /// before the deregistration landed gets the retryable draining refusal
     /// so pinboard places it elsewhere; locally, the reference's 500.
     fn shut_down_answer(&self) -> Admission {
-        if self.plane.is_some() {
+        if self.control.closed_is_retryable() {
             Admission::Refused(Refusal::Draining)
         } else {
             Admission::ShutDown
@@ -147,10 +146,8 @@ impl HostShared {
     /// request created one first.
     fn create(self: &Arc<Self>, id: &str, epoch: Option<u64>) -> Result<Option<Busy>, Refusal> {
         // Existing instances keep serving; only new activations refuse.
-        if let Some(plane) = &self.plane {
-            if !plane.lease.healthy() {
-                return Err(Refusal::LeaseUnhealthy);
-            }
+        if !self.control.lease_healthy() {
+            return Err(Refusal::LeaseUnhealthy);
         }
         if self.draining() {
             return Err(Refusal::Draining);

@@ -88,9 +88,7 @@ impl HostShared {
             timer.abort();
         }
         let deadline = drain.deadline();
-        if let Some(plane) = &self.plane {
-            plane.lease.cap(deadline);
-        }
+        self.control.cap_lease(deadline);
         if let Some(at) = deadline {
             let weak = Arc::downgrade(self);
             let timer = tokio::spawn(async move {

@@ -28,11 +28,11 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::control::ControlPlane;
 use crate::fence::FenceTable;
 use crate::host::HostOptions;
 use crate::metrics::Metrics;
 use crate::object::Lifecycle;
-use crate::plane::Plane;
 use crate::slot::{Phase, Slot};
 
 mod admission;
@@ -94,8 +94,8 @@ pub(crate) struct HostShared {
     pub(crate) local_aud: String,
     /// The worker secret: verifies attestations.
     pub(crate) secret: Arc<str>,
-    /// The control plane, `None` in local mode.
-    pub(crate) plane: Option<Arc<Plane>>,
+    /// Local mode or behind pinboard.
+    pub(crate) control: ControlPlane,
     pub(crate) fences: FenceTable,
     /// The worker, for in-process cluster calls (set once built).
     pub(crate) worker: std::sync::OnceLock<std::sync::Weak<crate::worker::Inner>>,
@@ -117,7 +117,7 @@ pub(crate) struct HostParts {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) local_aud: String,
     pub(crate) secret: Arc<str>,
-    pub(crate) plane: Option<Arc<Plane>>,
+    pub(crate) control: ControlPlane,
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     pub(crate) states: Arc<crate::state::States>,
     pub(crate) clock: crate::clock::Clock,
@@ -132,7 +132,7 @@ impl HostShared {
             metrics,
             local_aud,
             secret,
-            plane,
+            control,
             store,
             states,
             clock,
@@ -163,7 +163,7 @@ impl HostShared {
             lease_watch: Mutex::new(None),
             local_aud,
             secret,
-            plane,
+            control,
             fences: FenceTable::default(),
             worker: std::sync::OnceLock::new(),
             store,
@@ -249,8 +249,7 @@ impl HostShared {
                 crate::hooks::idle(&slot);
             }
         }
-        self.fences
-            .sweep(self.plane.as_ref().and_then(|plane| plane.lease.ttl()));
+        self.fences.sweep(self.control.lease_ttl());
     }
 
     /// The live records.
@@ -287,10 +286,10 @@ impl HostShared {
             }
         });
         *sweeper = Some(task.abort_handle());
-        if let Some(plane) = &self.plane {
+        if let Some(lease) = self.control.lease() {
             let watcher = tokio::spawn(crate::hooks::watch_lease(
                 Arc::downgrade(self),
-                plane.lease.health(),
+                lease.health(),
             ));
             *self.lease_watch.lock() = Some(watcher.abort_handle());
         }

@@ -102,7 +102,7 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
     // hold a `Context`); the state must not. Dropping it here breaks any
     // cycle user code built through a `Context`.
     drop(slot.take_instance());
-    if host.plane.is_some() {
+    if !host.control.fires_evicted_alarms() {
         // Behind pinboard an evicted instance's alarm is the sweeper's.
         host.disarm(&slot.id);
     }
@@ -144,7 +144,9 @@ async fn release(host: &Arc<HostShared>, slot: &Arc<Slot>) {
     if let Some(epoch) = epoch {
         host.fences.release(&slot.id, epoch);
     }
-    let Some(plane) = &host.plane else { return };
+    let Some(plane) = host.control.pinboard() else {
+        return;
+    };
     let call = tokio::spawn({
         let plane = plane.clone();
         let ns = host.ns.to_string();
