@@ -63,7 +63,11 @@ fn admission_refused(refused: Admission) -> Response {
 #[derive(Clone)]
 pub(crate) struct Pending {
     pub(crate) host: Arc<HostShared>,
-    pub(crate) raw_id: String,
+    /// The request's original URI (a cheap clone: its bytes are shared)
+    /// and where the raw id segment lies in its path, so no id is copied
+    /// before the gate decodes it.
+    pub(crate) original: http::Uri,
+    pub(crate) id_at: std::ops::Range<usize>,
     pub(crate) started: Instant,
 }
 
@@ -210,15 +214,17 @@ where
     };
     let Pending {
         host,
-        raw_id,
+        original,
+        id_at,
         started,
     } = pending;
+    let raw_id = original.path().get(id_at).unwrap_or_default();
     let Passed {
         id,
         epoch,
         caller,
         depth,
-    } = match gate(&host, request.headers(), &raw_id) {
+    } = match gate(&host, request.headers(), raw_id) {
         Ok(passed) => passed,
         Err(refused) => return refused.into_response(),
     };

@@ -107,11 +107,14 @@ async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
         Ok(uri) => uri,
         Err(_) => return response::detail(StatusCode::BAD_REQUEST, "invalid request path"),
     };
-    let raw_id = target.raw_id.to_owned();
-    parts.uri = uri;
+    // `target` split `/<ns>/<id><rest>`: the id starts after `/<ns>/`.
+    let id_start = host.ns.len() + 1;
+    let id_at = id_start..id_start + target.raw_id.len();
+    let original = std::mem::replace(&mut parts.uri, uri);
     parts.extensions.insert(Pending {
         host: host.clone(),
-        raw_id,
+        original,
+        id_at,
         started,
     });
     let request = Request::from_parts(parts, body);
