@@ -2,23 +2,31 @@
 //!
 //! Owns the I/O threads (one single-threaded runtime each), handing every
 //! accepted connection to the least loaded one, connection setup
-//! (`TCP_NODELAY`, upgrades), the one split every
-//! request goes through (the few control paths to the axum router of
-//! [`server::router`], every other path straight to [`proxy::handle`]), and
-//! graceful shutdown (stop accepting, let open connections finish).
+//! (`TCP_NODELAY`, upgrades), the edge's bounds and deadlines (the
+//! connection cap in [`cap`], accept back-off in [`backoff`], the header
+//! and keep-alive deadlines of [`phase`], the head size limit, the
+//! shutdown deadline), the one split every request goes through (the few
+//! control paths to the axum router of [`server::router`], every other
+//! path straight to [`proxy::serve`]), and graceful shutdown (stop
+//! accepting, let open connections finish within `--shutdown-timeout-ms`,
+//! then drop the rest).
 //!
 //! The data plane skips the router on purpose: matching, boxing and
 //! response mapping cost more per proxied request than the proxy's own
 //! bookkeeping. This module never looks at a request beyond its path.
 
+pub mod backoff;
+pub mod cap;
+pub mod phase;
+
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::State;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -28,14 +36,16 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tower::ServiceExt;
 
+use self::backoff::{AcceptBackoff, Throttle};
+use self::phase::{Check, ConnTimeouts, Lapse, Phase, Tracked, Watched};
+use crate::config::Config;
 use crate::placement::PlacementStore;
-use crate::proxy;
+use crate::proxy::{self, ClientAddr, UpgradeHold};
 use crate::server::{self, App};
 use crate::upstream;
 
-/// Pause after an accept error (out of file descriptors, say), so a
-/// persistent one does not spin the loop.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// Smallest read buffer hyper accepts (`max_buf_size` panics below it).
+const MIN_READ_BUFFER: usize = 8192;
 
 /// Whether `path` is one of pinboard's own routes ([`server::paths`])
 /// rather than `/<ns>/<id>/…`. Exact paths only: a namespace may be called
@@ -44,8 +54,69 @@ pub fn is_control_path(path: &str) -> bool {
     server::paths::ALL.contains(&path)
 }
 
-/// Serves `listener` on `threads` I/O threads (at least one) until
-/// `shutdown` resolves, then waits for every open connection to finish.
+/// How [`serve`] serves connections: plain data, from [`Config`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeSettings {
+    /// I/O threads (at least one is used).
+    pub threads: usize,
+    /// Header and keep-alive deadlines.
+    pub timeouts: ConnTimeouts,
+    /// How long open connections may finish after the shutdown signal.
+    pub shutdown_timeout: Duration,
+    /// Most client connections open at once (before the open-file limit
+    /// lowers it, see [`cap`]).
+    pub max_connections: usize,
+    /// Largest request head in bytes (431 beyond it).
+    pub max_header_bytes: usize,
+}
+
+impl From<&Config> for ServeSettings {
+    fn from(config: &Config) -> Self {
+        Self {
+            threads: config.io_threads(),
+            timeouts: ConnTimeouts {
+                header: Duration::from_millis(config.header_read_timeout_ms),
+                keep_alive: Duration::from_millis(config.keep_alive_timeout_ms),
+            },
+            shutdown_timeout: Duration::from_millis(config.shutdown_timeout_ms),
+            max_connections: config.max_connections,
+            max_header_bytes: config.max_header_bytes,
+        }
+    }
+}
+
+/// One connection's place under the cap: counted in its lane (and the
+/// `pinboard_connections_open` gauge) until dropped.
+struct Slot {
+    open: Arc<AtomicUsize>,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Slot {
+    /// A slot already counted in `open` by the acceptor.
+    fn new<S>(open: Arc<AtomicUsize>, app: &App<S>) -> Self {
+        let gauge = app.metrics.connections_open.clone();
+        gauge.inc();
+        Self { open, gauge }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.gauge.dec();
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection handed to an I/O thread.
+struct Handed {
+    tcp: std::net::TcpStream,
+    peer: SocketAddr,
+}
+
+/// Serves `listener` on `settings.threads` I/O threads (at least one)
+/// until `shutdown` resolves, then gives every open connection up to
+/// `settings.shutdown_timeout` to finish and drops the rest.
 ///
 /// The caller's task accepts; each connection goes to the I/O thread with
 /// the fewest open connections, and stays there: its requests and the
@@ -56,19 +127,34 @@ pub fn is_control_path(path: &str) -> bool {
 /// than letting every thread accept from the shared socket) keeps the
 /// threads evenly loaded when many connections arrive at once.
 ///
+/// A connection beyond the cap ([`cap::effective`]) is accepted and closed
+/// at once (the client sees the connection close before any answer); a
+/// failing accept pauses the loop as [`backoff`] says.
+///
 /// # Errors
 ///
 /// When an I/O thread or its runtime cannot be started.
 pub async fn serve<S: PlacementStore>(
     listener: TcpListener,
     app: Arc<App<S>>,
-    threads: usize,
+    settings: ServeSettings,
     shutdown: impl Future<Output = ()> + Send,
 ) -> std::io::Result<()> {
+    let fd_limit = cap::open_file_limit();
+    let max_connections = cap::effective(settings.max_connections, fd_limit);
+    if max_connections < settings.max_connections {
+        tracing::warn!(
+            target: "pinboard::accept",
+            configured = settings.max_connections,
+            open_file_limit = fd_limit,
+            max_connections,
+            "--max-connections lowered to what the open-file limit carries (raise `ulimit -n` for more)"
+        );
+    }
     let mut lanes = Vec::new();
     let mut finished = Vec::new();
-    for slot in 0..threads.max(1) {
-        let (hand, handed) = mpsc::unbounded_channel::<std::net::TcpStream>();
+    for slot in 0..settings.threads.max(1) {
+        let (hand, handed) = mpsc::unbounded_channel::<Handed>();
         let open = Arc::new(AtomicUsize::new(0));
         let (app, load) = (app.clone(), open.clone());
         let (done, finished_rx) = tokio::sync::oneshot::channel();
@@ -81,28 +167,71 @@ pub async fn serve<S: PlacementStore>(
                     .map(|runtime| {
                         runtime.block_on(async move {
                             upstream::bind_thread_slot(slot);
-                            io_loop(handed, app, load).await;
+                            io_loop(handed, app, load, settings).await;
                         });
+                        // Dropping the runtime drops every connection that
+                        // outlived the shutdown deadline.
                     });
                 let _ = done.send(served);
             })?;
         lanes.push((hand, open));
         finished.push(finished_rx);
     }
+    let mut backoff = AcceptBackoff::default();
+    let mut refusals = Throttle::default();
     tokio::pin!(shutdown);
     loop {
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             biased;
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((tcp, _peer)) => tcp,
+                Ok(accepted) => {
+                    if let Some(failures) = backoff.succeeded() {
+                        tracing::info!(target: "pinboard::accept", failures, "accepting again");
+                    }
+                    accepted
+                }
                 Err(error) => {
-                    tracing::warn!(target: "pinboard::accept", %error, "accept failed");
-                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    app.metrics.accept_errors.inc();
+                    let reaction = backoff.failed(&error, tokio::time::Instant::now());
+                    if let Some(held) = reaction.log {
+                        tracing::warn!(
+                            target: "pinboard::accept",
+                            %error,
+                            pause_ms = reaction.pause.as_millis() as u64,
+                            failures_since_last_line = held,
+                            "accept failed; pausing accepts"
+                        );
+                    }
+                    if !reaction.pause.is_zero() {
+                        tokio::select! {
+                            biased;
+                            () = &mut shutdown => break,
+                            () = tokio::time::sleep(reaction.pause) => {}
+                        }
+                    }
                     continue;
                 }
             },
         };
+        let open: usize = lanes
+            .iter()
+            .map(|(_, open)| open.load(Ordering::Relaxed))
+            .sum();
+        if open >= max_connections {
+            // Closed before any byte: the client sees the connection end.
+            drop(tcp);
+            app.metrics.connections_refused.inc();
+            if let Some(held) = refusals.hit(tokio::time::Instant::now()) {
+                tracing::warn!(
+                    target: "pinboard::accept",
+                    max_connections,
+                    refused_since_last_line = held,
+                    "connection cap reached; closing new connections"
+                );
+            }
+            continue;
+        }
         // Proxied exchanges are small: never wait on Nagle's algorithm.
         let _ = tcp.set_nodelay(true);
         let Ok(tcp) = tcp.into_std() else { continue };
@@ -111,7 +240,7 @@ pub async fn serve<S: PlacementStore>(
             .min_by_key(|(_, open)| open.load(Ordering::Relaxed));
         if let Some((hand, open)) = lane {
             open.fetch_add(1, Ordering::Relaxed);
-            if hand.send(tcp).is_err() {
+            if hand.send(Handed { tcp, peer }).is_err() {
                 open.fetch_sub(1, Ordering::Relaxed);
             }
         }
@@ -128,20 +257,26 @@ pub async fn serve<S: PlacementStore>(
 }
 
 /// One I/O thread: serves the connections handed to it until the acceptor
-/// closes its lane, then waits for them to finish. `open` counts its live
-/// connections for the acceptor's choice.
+/// closes its lane, then waits up to the shutdown deadline for them to
+/// finish. `open` counts its live connections for the acceptor's choice
+/// and the cap.
 async fn io_loop<S: PlacementStore>(
-    mut handed: mpsc::UnboundedReceiver<std::net::TcpStream>,
+    mut handed: mpsc::UnboundedReceiver<Handed>,
     app: Arc<App<S>>,
     open: Arc<AtomicUsize>,
+    settings: ServeSettings,
 ) {
     let control = server::router(app.clone());
     // Every connection holds a receiver: a send asks them to finish, and
     // `closed` resolves once the last one dropped its receiver.
     let (stop, stopping) = watch::channel(());
     let mut http = http1::Builder::new();
-    http.keep_alive(true);
-    while let Some(tcp) = handed.recv().await {
+    http.keep_alive(true)
+        // Deadlines are `phase`'s (see there why not hyper's).
+        .header_read_timeout(None)
+        .max_header_size(settings.max_header_bytes)
+        .max_buf_size(settings.max_header_bytes.max(MIN_READ_BUFFER));
+    while let Some(Handed { tcp, peer }) = handed.recv().await {
         let tcp = match TcpStream::from_std(tcp) {
             Ok(tcp) => tcp,
             Err(error) => {
@@ -150,37 +285,117 @@ async fn io_loop<S: PlacementStore>(
                 continue;
             }
         };
-        let (app, control) = (app.clone(), control.clone());
-        let service = service_fn(move |request: hyper::Request<Incoming>| {
-            let (app, control) = (app.clone(), control.clone());
-            async move { Ok::<_, Infallible>(route(app, control, request).await) }
+        let phase = Phase::new();
+        let client = Arc::new(ClientAddr::new(peer));
+        // Held by the connection task, its service and any WebSocket it
+        // hands over: the connection counts against the cap until all end.
+        let slot = Arc::new(Slot::new(open.clone(), &app));
+        let (handler, control, requests, hold) =
+            (app.clone(), control.clone(), phase.clone(), slot.clone());
+        let service = service_fn(move |mut request: hyper::Request<Incoming>| {
+            let busy = requests.begin_request();
+            if request.headers().contains_key(http::header::UPGRADE) {
+                let hold: Arc<dyn Send + Sync> = hold.clone();
+                request.extensions_mut().insert(UpgradeHold(hold));
+            }
+            let (app, control, client) = (handler.clone(), control.clone(), client.clone());
+            async move {
+                let response = route(app, control, client, request).await;
+                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
+            }
         });
         let connection = http
-            .serve_connection(TokioIo::new(tcp), service)
+            .serve_connection(TokioIo::new(Watched::new(tcp, phase.clone())), service)
             .with_upgrades();
-        let (mut stopping, open) = (stopping.clone(), open.clone());
+        let (stopping, app) = (stopping.clone(), app.clone());
         tokio::spawn(async move {
-            tokio::pin!(connection);
-            // A client that goes away mid-exchange is routine, not an error.
-            tokio::select! {
-                _ = connection.as_mut() => {}
-                _ = stopping.changed() => {
-                    connection.as_mut().graceful_shutdown();
-                    let _ = connection.await;
-                }
+            if let Some(lapse) = drive(connection, &phase, settings.timeouts, stopping).await {
+                match lapse {
+                    Lapse::Header => app.metrics.connections_header_timeouts.inc(),
+                    Lapse::Idle => app.metrics.connections_idle_timeouts.inc(),
+                };
             }
-            open.fetch_sub(1, Ordering::Relaxed);
-            drop(stopping);
+            drop(slot);
         });
     }
     drop(stopping);
     let _ = stop.send(());
-    stop.closed().await;
+    let left = open.load(Ordering::Relaxed);
+    if tokio::time::timeout(settings.shutdown_timeout, stop.closed())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            target: "pinboard::accept",
+            connections = open.load(Ordering::Relaxed),
+            open_at_signal = left,
+            "shutdown deadline passed; dropping the connections still open"
+        );
+    }
+}
+
+/// Runs one connection to its end: served out, closed by a lapsed
+/// deadline (returned), or finished gracefully after the stop signal. A
+/// client that goes away mid-exchange is routine, not an error.
+async fn drive<C>(
+    connection: C,
+    phase: &Phase,
+    timeouts: ConnTimeouts,
+    mut stopping: watch::Receiver<()>,
+) -> Option<Lapse>
+where
+    C: Future + GracefulShutdown,
+{
+    tokio::pin!(connection);
+    let start = tokio::time::Instant::now();
+    let first = match phase.check(start, timeouts) {
+        Check::Wait(at) => at,
+        Check::Close(lapse) => return Some(lapse),
+    };
+    let deadline = tokio::time::sleep_until(first);
+    tokio::pin!(deadline);
+    let mut stopped = false;
+    loop {
+        tokio::select! {
+            biased;
+            _ = connection.as_mut() => return None,
+            changed = stopping.changed(), if !stopped => {
+                // A send or the sender's drop: finish either way.
+                let _ = changed;
+                stopped = true;
+                connection.as_mut().shutdown_gracefully();
+            }
+            () = deadline.as_mut() => match phase.check(tokio::time::Instant::now(), timeouts) {
+                Check::Wait(at) => deadline.as_mut().reset(at),
+                // Dropping the connection closes the socket.
+                Check::Close(lapse) => return Some(lapse),
+            },
+        }
+    }
+}
+
+/// A connection future that can be asked to finish gracefully.
+trait GracefulShutdown {
+    fn shutdown_gracefully(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S, B> GracefulShutdown for http1::UpgradeableConnection<I, S>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn shutdown_gracefully(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
 }
 
 async fn route<S: PlacementStore>(
     app: Arc<App<S>>,
     control: Router,
+    client: Arc<ClientAddr>,
     request: hyper::Request<Incoming>,
 ) -> axum::response::Response {
     let request = request.map(Body::new);
@@ -190,7 +405,7 @@ async fn route<S: PlacementStore>(
             Err(never) => match never {},
         }
     } else {
-        proxy::handle(State(app), request).await
+        proxy::serve(&app, Some(&client), request).await
     }
 }
 

@@ -32,6 +32,30 @@ pub const DEFAULT_SWEEP_INTERVAL_MS: u64 = 5_000;
 pub const DEFAULT_SWEEP_LIMIT: usize = 256;
 /// Default most `_alarm` / `_wake` calls in flight at once.
 pub const DEFAULT_SWEEP_CONCURRENCY: usize = 32;
+/// Default time a client has to send a complete request head, counted from
+/// its first byte (or from accept, for a connection's first request).
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default time a keep-alive connection may sit idle between two requests.
+pub const DEFAULT_KEEP_ALIVE_TIMEOUT_MS: u64 = 60_000;
+/// Default time a client has to send a body pinboard reads itself (registry
+/// calls, buffered proxy bodies), and the longest pause inside a streamed
+/// proxy body.
+pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
+/// Default time open connections get to finish after SIGTERM / SIGINT
+/// before they are dropped.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+/// Default most client connections open at once (per process).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default largest request head (request line and headers), in bytes.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+/// Smallest `--max-header-bytes` accepted.
+pub const MIN_MAX_HEADER_BYTES: usize = 1024;
+/// Default largest `/registry/*` request body, in bytes: a re-registration
+/// listing 10 000 instances with ids of about 150 characters fits.
+pub const DEFAULT_MAX_REGISTRY_BODY_BYTES: usize = 2 * 1024 * 1024;
+/// Default time a worker has to answer a proxied request with a response
+/// head, counted from when the request (body included) was sent.
+pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 30_000;
 
 /// pinboard: registry, placement and reverse proxy for pinned workers.
 #[derive(Debug, Clone, Parser)]
@@ -105,6 +129,49 @@ pub struct Config {
     /// Most `_alarm` / `_wake` calls the sweeper keeps in flight at once.
     #[arg(long, env = "PINBOARD_SWEEP_CONCURRENCY", default_value_t = DEFAULT_SWEEP_CONCURRENCY)]
     pub sweep_concurrency: usize,
+
+    /// Time a client has to send a complete request head, in milliseconds,
+    /// counted from the head's first byte (from accept for a connection's
+    /// first request); then the connection is closed.
+    #[arg(long, env = "PINBOARD_HEADER_READ_TIMEOUT_MS", default_value_t = DEFAULT_HEADER_READ_TIMEOUT_MS)]
+    pub header_read_timeout_ms: u64,
+
+    /// Time a keep-alive connection may sit idle between two requests, in
+    /// milliseconds; then it is closed.
+    #[arg(long, env = "PINBOARD_KEEP_ALIVE_TIMEOUT_MS", default_value_t = DEFAULT_KEEP_ALIVE_TIMEOUT_MS)]
+    pub keep_alive_timeout_ms: u64,
+
+    /// Time a client has to send a body pinboard reads whole (registry
+    /// calls, buffered proxy bodies: 408 after it), and the longest pause
+    /// inside a streamed proxy body, in milliseconds.
+    #[arg(long, env = "PINBOARD_BODY_TIMEOUT_MS", default_value_t = DEFAULT_BODY_TIMEOUT_MS)]
+    pub body_timeout_ms: u64,
+
+    /// Time open connections get to finish after SIGTERM / SIGINT, in
+    /// milliseconds; connections still open then are dropped.
+    #[arg(long, env = "PINBOARD_SHUTDOWN_TIMEOUT_MS", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT_MS)]
+    pub shutdown_timeout_ms: u64,
+
+    /// Most client connections open at once; one more is accepted and
+    /// closed at once. Lowered to half the open-file limit when that is
+    /// smaller (every proxied connection may need a worker connection too).
+    #[arg(long, env = "PINBOARD_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// Largest request head (request line and headers) in bytes; a larger
+    /// one is answered 431 and the connection closed.
+    #[arg(long, env = "PINBOARD_MAX_HEADER_BYTES", default_value_t = DEFAULT_MAX_HEADER_BYTES)]
+    pub max_header_bytes: usize,
+
+    /// Largest `/registry/*` request body in bytes; a larger one is answered 413.
+    #[arg(long, env = "PINBOARD_MAX_REGISTRY_BODY_BYTES", default_value_t = DEFAULT_MAX_REGISTRY_BODY_BYTES)]
+    pub max_registry_body_bytes: usize,
+
+    /// Time a worker has to answer a proxied request with a response head,
+    /// in milliseconds, counted from when the request (body included) was
+    /// sent; then the client gets 504 and the cached route is dropped.
+    #[arg(long, env = "PINBOARD_UPSTREAM_TIMEOUT_MS", default_value_t = DEFAULT_UPSTREAM_TIMEOUT_MS)]
+    pub upstream_timeout_ms: u64,
 }
 
 /// Reasons the configuration is refused.
@@ -119,6 +186,13 @@ pub enum ConfigError {
     /// A sweeper setting is zero.
     #[error("--{0} must be positive")]
     ZeroSweep(&'static str),
+    /// A timeout or bound of the HTTP edge is zero (every wait has a
+    /// deadline, every growth a bound: zero does not mean "off").
+    #[error("--{0} must be positive")]
+    ZeroEdge(&'static str),
+    /// `--max-header-bytes` is below [`MIN_MAX_HEADER_BYTES`].
+    #[error("--max-header-bytes must be at least {MIN_MAX_HEADER_BYTES}")]
+    SmallHeaderLimit,
 }
 
 impl Config {
@@ -153,6 +227,25 @@ impl Config {
                 errs.push(ConfigError::ZeroSweep(flag));
             }
         }
+        for (flag, value) in [
+            ("header-read-timeout-ms", self.header_read_timeout_ms),
+            ("keep-alive-timeout-ms", self.keep_alive_timeout_ms),
+            ("body-timeout-ms", self.body_timeout_ms),
+            ("shutdown-timeout-ms", self.shutdown_timeout_ms),
+            ("max-connections", self.max_connections as u64),
+            (
+                "max-registry-body-bytes",
+                self.max_registry_body_bytes as u64,
+            ),
+            ("upstream-timeout-ms", self.upstream_timeout_ms),
+        ] {
+            if value == 0 {
+                errs.push(ConfigError::ZeroEdge(flag));
+            }
+        }
+        if self.max_header_bytes < MIN_MAX_HEADER_BYTES {
+            errs.push(ConfigError::SmallHeaderLimit);
+        }
         errs
     }
 }
@@ -185,5 +278,38 @@ mod tests {
             .expect("parse");
         assert_eq!(c.sweep_interval_ms, DEFAULT_SWEEP_INTERVAL_MS);
         assert_eq!(c.validate(), vec![ConfigError::ZeroSweep("sweep-limit")]);
+    }
+
+    #[test]
+    fn edge_defaults_and_bounds() {
+        let c = Config::try_parse_from(["pinboard", "--token", "t"]).expect("parse");
+        assert_eq!(c.header_read_timeout_ms, DEFAULT_HEADER_READ_TIMEOUT_MS);
+        assert_eq!(c.keep_alive_timeout_ms, DEFAULT_KEEP_ALIVE_TIMEOUT_MS);
+        assert_eq!(c.body_timeout_ms, DEFAULT_BODY_TIMEOUT_MS);
+        assert_eq!(c.shutdown_timeout_ms, DEFAULT_SHUTDOWN_TIMEOUT_MS);
+        assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(c.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
+        assert_eq!(c.max_registry_body_bytes, DEFAULT_MAX_REGISTRY_BODY_BYTES);
+        assert_eq!(c.upstream_timeout_ms, DEFAULT_UPSTREAM_TIMEOUT_MS);
+        let c = Config::try_parse_from([
+            "pinboard",
+            "--token",
+            "t",
+            "--upstream-timeout-ms",
+            "0",
+            "--max-connections",
+            "0",
+            "--max-header-bytes",
+            "10",
+        ])
+        .expect("parse");
+        assert_eq!(
+            c.validate(),
+            vec![
+                ConfigError::ZeroEdge("max-connections"),
+                ConfigError::ZeroEdge("upstream-timeout-ms"),
+                ConfigError::SmallHeaderLimit,
+            ]
+        );
     }
 }

@@ -90,7 +90,7 @@ async fn serve_with<S: PlacementStore>(
         shutdown.await;
         let _ = stop.send(true);
     };
-    let served = accept::serve(listener, app, config.io_threads(), shutdown).await;
+    let served = accept::serve(listener, app, accept::ServeSettings::from(config), shutdown).await;
     if let Some(sweeper) = sweeper {
         // The sender is gone or signalled: the sweeper stops after its
         // current lap and releases its lease (else the lease lapses).

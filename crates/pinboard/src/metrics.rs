@@ -45,6 +45,20 @@ pub struct Metrics {
     pub sweep_failures: Counter,
     /// 1 while this node holds the sweeper lease, else 0.
     pub sweep_lease_held: Gauge,
+    /// Proxied requests a worker did not answer within `--upstream-timeout-ms` (504).
+    pub proxy_upstream_timeouts: Counter,
+    /// Proxied requests whose client body failed or stalled (answered as the client's fault).
+    pub proxy_client_body_errors: Counter,
+    /// Client connections open now.
+    pub connections_open: Gauge,
+    /// Connections closed on arrival because the connection cap was reached.
+    pub connections_refused: Counter,
+    /// Connections closed because a request head was not complete in time.
+    pub connections_header_timeouts: Counter,
+    /// Keep-alive connections closed after idling too long.
+    pub connections_idle_timeouts: Counter,
+    /// Failed accepts (out of file descriptors, say).
+    pub accept_errors: Counter,
 }
 
 impl Default for Metrics {
@@ -75,6 +89,13 @@ impl Metrics {
             sweep_wakes: Counter::default(),
             sweep_failures: Counter::default(),
             sweep_lease_held: Gauge::default(),
+            proxy_upstream_timeouts: Counter::default(),
+            proxy_client_body_errors: Counter::default(),
+            connections_open: Gauge::default(),
+            connections_refused: Counter::default(),
+            connections_header_timeouts: Counter::default(),
+            connections_idle_timeouts: Counter::default(),
+            accept_errors: Counter::default(),
         };
         // prometheus-client appends `_total` to counters.
         registry.register(
@@ -156,6 +177,41 @@ impl Metrics {
             "pinboard_sweep_lease_held",
             "Whether this node holds the sweeper lease (1) or not (0)",
             m.sweep_lease_held.clone(),
+        );
+        registry.register(
+            "pinboard_proxy_upstream_timeouts",
+            "Proxied requests a worker did not answer in time (504)",
+            m.proxy_upstream_timeouts.clone(),
+        );
+        registry.register(
+            "pinboard_proxy_client_body_errors",
+            "Proxied requests whose client body failed or stalled",
+            m.proxy_client_body_errors.clone(),
+        );
+        registry.register(
+            "pinboard_connections_open",
+            "Client connections open now",
+            m.connections_open.clone(),
+        );
+        registry.register(
+            "pinboard_connections_refused",
+            "Connections closed on arrival at the connection cap",
+            m.connections_refused.clone(),
+        );
+        registry.register(
+            "pinboard_connections_header_timeouts",
+            "Connections closed because a request head was not complete in time",
+            m.connections_header_timeouts.clone(),
+        );
+        registry.register(
+            "pinboard_connections_idle_timeouts",
+            "Keep-alive connections closed after idling too long",
+            m.connections_idle_timeouts.clone(),
+        );
+        registry.register(
+            "pinboard_accept_errors",
+            "Failed accepts (out of file descriptors, say)",
+            m.accept_errors.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -23,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::placement::PlacementStore;
 use crate::proxy::resolve::{Directory, DirectorySettings};
 use crate::proxy::{self, ProxySettings};
+use crate::registry::http::BodyLimits;
 use crate::registry::{self, Registry, RegistryConfig};
 use crate::upstream::{self, Upstream};
 
@@ -44,6 +45,8 @@ pub struct App<S> {
     pub token: String,
     /// Proxy settings.
     pub proxy: ProxySettings,
+    /// Bounds of `/registry/*` request bodies.
+    pub registry_body: BodyLimits,
 }
 
 impl<S> std::fmt::Debug for App<S> {
@@ -99,6 +102,12 @@ impl<S: PlacementStore> App<S> {
             proxy: ProxySettings {
                 retries: config.proxy_retries,
                 retry_body_limit: config.retry_body_limit,
+                upstream_timeout: Duration::from_millis(config.upstream_timeout_ms),
+                body_timeout: Duration::from_millis(config.body_timeout_ms),
+            },
+            registry_body: BodyLimits {
+                max_bytes: config.max_registry_body_bytes,
+                timeout: Duration::from_millis(config.body_timeout_ms),
             },
         }
     }

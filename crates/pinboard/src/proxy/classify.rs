@@ -14,6 +14,8 @@
 //! | 403 `invalid attestation` (inferred) | our view of the worker's session is stale (it re-registered): refresh workers and re-read; if it persists the client gets 503 + `Retry-After`, not the 403 |
 //! | connect failure before the request was sent | re-read after a backoff |
 //! | connection lost before any response, idempotent method (RFC 9110 §9.2.2) | re-read after a backoff |
+//! | no response head within `--upstream-timeout-ms` | 504 `worker did not answer in time`, route dropped, never re-sent (decided in `proxy`, not here: the worker may still be working on it, and a frozen one would cost the whole budget again per retry) |
+//! | the client's body broke or stalled | the client's fault (400 / 408), route kept (decided in `proxy`, before this table) |
 //! | anything else (incl. `activation queue full; retry`, `instance aborted`) | relay as is |
 
 use http::StatusCode;

@@ -19,6 +19,18 @@ pub enum RegistryError {
     /// The body is not what the endpoint takes. 400 with the reason.
     #[error("{0}")]
     Malformed(String),
+    /// The body is larger than `--max-registry-body-bytes`. 413, with
+    /// `Connection: close` unless the rest of the body was read (`drained`).
+    #[error("request body exceeds {limit} bytes")]
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+        /// Whether the whole body was read (the connection can be reused).
+        drained: bool,
+    },
+    /// The body did not arrive within `--body-timeout-ms`. 408.
+    #[error("request body not received in time")]
+    BodyTimeout,
     /// The advertise URL could not be reached yet. 503 + `Retry-After: 1` (retryable).
     #[error("{0}")]
     ChallengeUnreachable(ChallengeError),
@@ -50,6 +62,8 @@ impl RegistryError {
         match self {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Malformed(_) => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::ChallengeUnreachable(_) | Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::ChallengeFailed(_) => StatusCode::FORBIDDEN,
             Self::Reregister | Self::Superseded(_) | Self::HostnameHeld(_) => StatusCode::CONFLICT,
@@ -83,10 +97,19 @@ impl IntoResponse for RegistryError {
             tracing::warn!(target: "pinboard::registry", error = %e, "placement store failed");
         }
         let retry = matches!(self, Self::ChallengeUnreachable(_) | Self::Store(_));
+        // The unread rest of the body cannot be told from a next request.
+        let close = matches!(
+            self,
+            Self::BodyTooLarge { drained: false, .. } | Self::BodyTimeout
+        );
         let mut res = (self.status(), axum::Json(self.body())).into_response();
         if retry {
             res.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if close {
+            res.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         res
     }

@@ -1,17 +1,21 @@
 //! HTTP shell of the registry: `/registry/*` handlers, bearer-token check,
 //! JSON decoding into typed requests.
 //!
-//! Owns status codes of malformed input (400 with the decoder's reason) and
-//! the local cache upkeep after a call (route invalidation); every decision
-//! is delegated to [`Registry`](super::Registry).
+//! Owns status codes of malformed input (400 with the decoder's reason), the
+//! bounds of a call's body (at most `--max-registry-body-bytes`, else 413;
+//! all of it within `--body-timeout-ms`, else 408) and the local cache
+//! upkeep after a call (route invalidation); every decision is delegated to
+//! [`Registry`](super::Registry).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{FromRequest, FromRequestParts, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
+use http_body_util::BodyExt;
 use pinned_wire::registry::{
     DeregisterRequest, HeartbeatRequest, PushRequest, RegisterRequest, ReleaseItem, TagRequest,
 };
@@ -41,6 +45,71 @@ pub fn authorize(headers: &HeaderMap, token: &str) -> Result<(), RegistryError> 
     }
 }
 
+/// How large a registry call's body may be and how long it may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    /// Largest body in bytes (413 beyond).
+    pub max_bytes: usize,
+    /// Time to receive all of it (408 after).
+    pub timeout: Duration,
+}
+
+/// Read `req`'s body within `limits`.
+///
+/// A body over the limit is still read, and thrown away, up to twice the
+/// limit, so that the 413 reaches a client that is still sending (closing a
+/// socket with unread data resets it, and the client may lose the answer);
+/// a larger one, or one declared larger by `Content-Length`, is refused at
+/// once and its connection closed after the answer.
+///
+/// # Errors
+///
+/// [`RegistryError::BodyTooLarge`], [`RegistryError::BodyTimeout`], or
+/// [`RegistryError::Malformed`] when the body breaks off.
+pub async fn read_body(req: Request, limits: BodyLimits) -> Result<Bytes, RegistryError> {
+    let max = limits.max_bytes as u64;
+    let drain_max = max.saturating_mul(2);
+    let declared = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = |drained| RegistryError::BodyTooLarge {
+        limit: limits.max_bytes,
+        drained,
+    };
+    if declared.is_some_and(|n| n > drain_max) {
+        return Err(too_large(false));
+    }
+    let mut body = req.into_body();
+    let read = async {
+        let mut kept = BytesMut::new();
+        let mut seen: u64 = 0;
+        while let Some(frame) = body.frame().await {
+            let frame =
+                frame.map_err(|_| RegistryError::Malformed("unreadable body".to_owned()))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            seen += data.len() as u64;
+            if seen > drain_max {
+                return Err(too_large(false));
+            }
+            if seen <= max {
+                kept.extend_from_slice(&data);
+            }
+        }
+        if seen > max {
+            return Err(too_large(true));
+        }
+        Ok(kept.freeze())
+    };
+    match tokio::time::timeout(limits.timeout, read).await {
+        Ok(read) => read,
+        Err(_) => Err(RegistryError::BodyTimeout),
+    }
+}
+
 fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, RegistryError> {
     serde_json::from_slice(body)
         .map_err(|e| RegistryError::Malformed(format!("malformed body: {e}")))
@@ -65,9 +134,9 @@ where
 
     async fn from_request(req: Request, app: &Arc<App<S>>) -> Result<Self, Self::Rejection> {
         authorize(req.headers(), &app.token).map_err(|e| fail(app, e))?;
-        let body = Bytes::from_request(req, app)
+        let body = read_body(req, app.registry_body)
             .await
-            .map_err(|_| fail(app, RegistryError::Malformed("unreadable body".to_owned())))?;
+            .map_err(|e| fail(app, e))?;
         decode(&body).map(Authorized).map_err(|e| fail(app, e))
     }
 }

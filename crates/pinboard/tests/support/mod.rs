@@ -8,6 +8,7 @@
 
 pub mod durable;
 pub mod fake;
+pub mod raw;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -43,10 +44,14 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
-fn log_file(name: &str) -> std::fs::File {
+fn log_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join("pinboard-tests");
     std::fs::create_dir_all(&dir).expect("log dir");
-    std::fs::File::create(dir.join(format!("{name}-{}.log", std::process::id()))).expect("log file")
+    dir.join(format!("{name}-{}.log", std::process::id()))
+}
+
+fn log_file(name: &str) -> std::fs::File {
+    std::fs::File::create(log_path(name)).expect("log file")
 }
 
 /// A running `pinboard` process.
@@ -54,11 +59,23 @@ pub struct Pinboard {
     child: Child,
     /// `http://127.0.0.1:<port>`.
     pub url: String,
+    /// Its stderr (the log).
+    pub log: PathBuf,
 }
 
 impl Pinboard {
     /// Start on the memory store with a 2 s lease and no quarantine.
     pub fn start(extra: &[&str]) -> Self {
+        Self::launch(extra, None, "pinboard")
+    }
+
+    /// As [`start`](Self::start), under `ulimit -n <nofile>`, logging to a
+    /// file of its own named after `name`.
+    pub fn start_with_nofile(extra: &[&str], nofile: u64, name: &str) -> Self {
+        Self::launch(extra, Some(nofile), name)
+    }
+
+    fn launch(extra: &[&str], nofile: Option<u64>, name: &str) -> Self {
         let ttl = LEASE_TTL_MS.to_string();
         let mut args = vec!["--listen", "127.0.0.1:0", "--token", TOKEN];
         // Defaults the caller did not override.
@@ -68,11 +85,23 @@ impl Pinboard {
             }
         }
         args.extend_from_slice(extra);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pinboard"))
+        let log = log_path(name);
+        let bin = env!("CARGO_BIN_EXE_pinboard");
+        let mut cmd = match nofile {
+            None => Command::new(bin),
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(bin);
+                c
+            }
+        };
+        let mut child = cmd
             .args(&args)
             .env("RUST_LOG", "pinboard=debug,info")
             .stdout(Stdio::piped())
-            .stderr(Stdio::from(log_file("pinboard")))
+            .stderr(Stdio::from(std::fs::File::create(&log).expect("log file")))
             .spawn()
             .expect("spawn pinboard");
         let stdout = child.stdout.take().expect("stdout");
@@ -85,7 +114,40 @@ impl Pinboard {
             .strip_prefix("pinboard listening on ")
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
             .to_owned();
-        Self { child, url }
+        Self { child, url, log }
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.url
+            .strip_prefix("http://")
+            .expect("http url")
+            .parse()
+            .expect("socket address")
+    }
+
+    /// Send SIGTERM (a graceful shutdown).
+    pub fn terminate(&self) {
+        signal(self.child.id(), "TERM");
+    }
+
+    /// Wait for the process to exit, up to `patience`; `None` if it did not.
+    pub async fn wait_exit(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Start on Redis under `prefix`.
@@ -157,6 +219,16 @@ impl Worker {
         Self { child, url }
     }
 
+    /// SIGSTOP the worker (it freezes: no answers, no heartbeats).
+    pub fn freeze(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
+    /// SIGCONT a frozen worker.
+    pub fn thaw(&self) {
+        signal(self.child.id(), "CONT");
+    }
+
     /// SIGKILL the worker.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
@@ -168,6 +240,16 @@ impl Drop for Worker {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// Send `SIG<name>` to `pid` (through `kill`, so the suites need no libc).
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid}");
 }
 
 /// A plain HTTP client (no system proxy).

@@ -1,0 +1,347 @@
+//! Where each client connection is in its life, and the deadline that
+//! applies there: waiting idle for the next request, reading a request
+//! head, or busy with a request.
+//!
+//! Owns the per-connection [`Phase`], the socket wrapper that notices a
+//! request head's first byte ([`Watched`]), the response body wrapper that
+//! notices a request's end ([`Tracked`]) and the deadline arithmetic
+//! ([`Phase::check`]). Never closes anything itself: the connection task in
+//! `accept` asks [`Phase::check`] and drops the connection when it says so.
+//!
+//! | phase | from | deadline |
+//! | --- | --- | --- |
+//! | waiting for the first request | accept | `--header-read-timeout-ms` (a client that connects and sends nothing is a slow client too) |
+//! | idle between requests | the end of the previous response | `--keep-alive-timeout-ms` |
+//! | reading a head | the head's first byte | `--header-read-timeout-ms` |
+//! | busy | the complete head, until the response body ended | none here (request bodies and workers have their own deadlines) |
+//!
+//! Why not hyper's own `header_read_timeout`: hyper arms it whenever it
+//! waits for a head, which on a keep-alive connection includes the idle
+//! time before the next request, so an idle timeout longer than the header
+//! timeout could not exist. As in Go's `net/http`, the idle deadline runs
+//! until a head's first byte arrives, and the header deadline from there.
+//!
+//! # Invariants
+//!
+//! - Every transition is observed by the connection task within
+//!   `min(header, keep-alive)` of happening ([`Check::Wait`] never lies
+//!   further ahead), so each deadline is enforced on time, without a wake-up
+//!   per request.
+//! - A request is busy from its head to the drop of its response body, so a
+//!   long-polling request or a slow download is never cut as "idle".
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+/// The two deadlines the connection task enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnTimeouts {
+    /// From accept, or from a head's first byte, to the complete head.
+    pub header: Duration,
+    /// From the end of a response to the first byte of the next request.
+    pub keep_alive: Duration,
+}
+
+/// Which deadline passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lapse {
+    /// A request head was not complete in time (or a new connection sent
+    /// nothing).
+    Header,
+    /// A keep-alive connection stayed idle too long.
+    Idle,
+}
+
+/// What the connection task should do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// Nothing lapsed: look again at this instant.
+    Wait(Instant),
+    /// Close the connection.
+    Close(Lapse),
+}
+
+/// One connection's phase, shared by its socket, its requests and its task.
+/// Cheap to clone (one `Arc`).
+#[derive(Debug, Clone)]
+pub struct Phase {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    /// When the connection was accepted; marks are milliseconds after it.
+    epoch: Instant,
+    /// Requests whose head arrived and whose response body has not ended.
+    busy: AtomicU32,
+    /// A byte arrived while no request was busy: a head is being read.
+    head_started: AtomicBool,
+    /// Whether any request completed its head on this connection.
+    served: AtomicBool,
+    /// Start of the current idle or head phase, ms after `epoch`.
+    mark_ms: AtomicU64,
+}
+
+impl Phase {
+    /// A connection accepted now: waiting for its first request.
+    pub fn new() -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                epoch: Instant::now(),
+                busy: AtomicU32::new(0),
+                head_started: AtomicBool::new(false),
+                served: AtomicBool::new(false),
+                mark_ms: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.shared.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.shared.epoch + Duration::from_millis(ms)
+    }
+
+    /// Bytes arrived from the client.
+    fn on_read(&self) {
+        let s = &self.shared;
+        if s.busy.load(Ordering::Acquire) == 0 && !s.head_started.load(Ordering::Acquire) {
+            s.mark_ms.store(self.now_ms(), Ordering::Release);
+            s.head_started.store(true, Ordering::Release);
+        }
+    }
+
+    /// A complete request head arrived: busy until the returned guard drops
+    /// (move it into the response body with [`Tracked`]).
+    pub fn begin_request(&self) -> Busy {
+        let s = &self.shared;
+        s.busy.fetch_add(1, Ordering::AcqRel);
+        s.head_started.store(false, Ordering::Release);
+        s.served.store(true, Ordering::Release);
+        Busy {
+            phase: self.clone(),
+        }
+    }
+
+    /// Whether a deadline lapsed at `now`, or when to look again.
+    pub fn check(&self, now: Instant, limits: ConnTimeouts) -> Check {
+        let s = &self.shared;
+        let look_again = now + limits.header.min(limits.keep_alive);
+        if s.busy.load(Ordering::Acquire) > 0 {
+            return Check::Wait(look_again);
+        }
+        let since = self.at(s.mark_ms.load(Ordering::Acquire));
+        let (lapse, allowed) = if s.head_started.load(Ordering::Acquire) {
+            (Lapse::Header, limits.header)
+        } else if s.served.load(Ordering::Acquire) {
+            (Lapse::Idle, limits.keep_alive)
+        } else {
+            (Lapse::Header, limits.header)
+        };
+        let deadline = since + allowed;
+        if now >= deadline {
+            Check::Close(lapse)
+        } else {
+            Check::Wait(deadline.min(look_again))
+        }
+    }
+}
+
+impl Default for Phase {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A request in progress; dropping it ends the request (the connection
+/// is idle from then on if no other request is busy).
+#[derive(Debug)]
+pub struct Busy {
+    phase: Phase,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let s = &self.phase.shared;
+        // Mark first: once `busy` reads zero the mark must be this one.
+        if s.busy.load(Ordering::Acquire) == 1 {
+            s.mark_ms.store(self.phase.now_ms(), Ordering::Release);
+        }
+        s.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A client socket that reports arriving bytes to its [`Phase`].
+#[derive(Debug)]
+pub struct Watched<T> {
+    inner: T,
+    phase: Phase,
+}
+
+impl<T> Watched<T> {
+    /// Wrap `inner`, reporting to `phase`.
+    pub fn new(inner: T, phase: Phase) -> Self {
+        Self { inner, phase }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.phase.on_read();
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request [`Busy`] until hyper has
+    /// written it to the end (or dropped it).
+    pub struct Tracked<B> {
+        #[pin]
+        body: B,
+        busy: Option<Busy>,
+    }
+}
+
+impl<B> Tracked<B> {
+    /// `body`, ending `busy` when it is done.
+    pub fn new(body: B, busy: Busy) -> Self {
+        Self {
+            body,
+            busy: Some(busy),
+        }
+    }
+}
+
+impl<B: http_body::Body<Data = Bytes>> http_body::Body for Tracked<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let polled = this.body.poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            this.busy.take();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: ConnTimeouts = ConnTimeouts {
+        header: Duration::from_millis(100),
+        keep_alive: Duration::from_millis(1000),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn each_phase_has_its_deadline() {
+        let phase = Phase::new();
+        let start = Instant::now();
+        // A new connection that sends nothing: the header deadline.
+        assert_eq!(
+            phase.check(start, LIMITS),
+            Check::Wait(start + LIMITS.header)
+        );
+        assert_eq!(
+            phase.check(start + LIMITS.header, LIMITS),
+            Check::Close(Lapse::Header)
+        );
+
+        // Busy: never lapses, looked at again every header timeout.
+        let busy = phase.begin_request();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let now = Instant::now();
+        assert_eq!(phase.check(now, LIMITS), Check::Wait(now + LIMITS.header));
+
+        // Idle after the response: the keep-alive deadline, from its end.
+        drop(busy);
+        let ended = Instant::now();
+        assert!(matches!(phase.check(ended, LIMITS), Check::Wait(_)));
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert!(matches!(
+            phase.check(Instant::now(), LIMITS),
+            Check::Wait(_)
+        ));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(
+            phase.check(Instant::now(), LIMITS),
+            Check::Close(Lapse::Idle)
+        );
+
+        // A head's first byte switches to the header deadline from that byte.
+        let phase = Phase::new();
+        drop(phase.begin_request());
+        tokio::time::advance(Duration::from_millis(500)).await;
+        phase.on_read();
+        let first_byte = Instant::now();
+        assert_eq!(
+            phase.check(first_byte, LIMITS),
+            Check::Wait(first_byte + LIMITS.header)
+        );
+        tokio::time::advance(LIMITS.header).await;
+        assert_eq!(
+            phase.check(Instant::now(), LIMITS),
+            Check::Close(Lapse::Header)
+        );
+    }
+}

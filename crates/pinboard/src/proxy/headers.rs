@@ -1,0 +1,289 @@
+//! Header hygiene between a client and a worker: what the proxy removes
+//! and what it adds, in both directions.
+//!
+//! Owns the hop-by-hop rules (RFC 9110 §7.6.1) and the forwarding headers
+//! (`X-Forwarded-For`, `X-Forwarded-Proto`, `Forwarded` of RFC 7239). Never
+//! adds pinboard's own headers (`Pinboard-Attestation`, `Pinboard-Epoch`:
+//! that is the forward phase) and never reads a body.
+//!
+//! Requests lose every client `pinboard-*` header, `Host` (the worker's is
+//! set per attempt), the hop-by-hop headers (`Connection`, `Keep-Alive`,
+//! `Proxy-Connection`, `Proxy-Authorization`, `Proxy-Authenticate`, `TE`,
+//! `Trailer`, `Transfer-Encoding`, `Upgrade`) and every header the
+//! `Connection` header names; a WebSocket handshake keeps `Upgrade` and
+//! gets `Connection: upgrade` back. Responses lose the same hop-by-hop set
+//! but `Trailer` (hyper needs it to send the worker's trailers).
+//!
+//! Forwarding headers describe the hop from the client to pinboard:
+//! `X-Forwarded-For` gets the client's address appended (a list the client
+//! or a proxy in front already started is kept), `Forwarded` gets the
+//! element `for=<address>;proto=http` appended likewise, and
+//! `X-Forwarded-Proto: http` is set unless a proxy in front set it. Only the
+//! last element of each list is pinboard's own word: the earlier ones are
+//! whatever arrived.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue};
+use pinned_wire::headers::is_pinboard_header;
+
+/// `X-Forwarded-For`.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-Proto`.
+pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `Forwarded` (RFC 7239).
+pub const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+
+/// Hop-by-hop headers never forwarded in either direction (RFC 9110
+/// §7.6.1, plus the legacy `Proxy-Connection` and the proxy credentials).
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHORIZATION,
+    header::PROXY_AUTHENTICATE,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// The client end of a connection, with its forwarding header values
+/// built once per connection.
+#[derive(Debug, Clone)]
+pub struct ClientAddr {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// The `X-Forwarded-For` element: the bare IP.
+    xff: HeaderValue,
+    /// The `Forwarded` element: `for=<ip>;proto=http` (IPv6 quoted).
+    forwarded: HeaderValue,
+}
+
+impl ClientAddr {
+    /// The forwarding values for a client at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        let ip = addr.ip().to_canonical();
+        let xff = ip.to_string();
+        let forwarded = match ip {
+            IpAddr::V4(v4) => format!("for={v4};proto=http"),
+            IpAddr::V6(v6) => format!("for=\"[{v6}]\";proto=http"),
+        };
+        Self {
+            addr,
+            // An IP address and these few characters are always valid.
+            xff: HeaderValue::from_str(&xff).unwrap_or(HeaderValue::from_static("unknown")),
+            forwarded: HeaderValue::from_str(&forwarded)
+                .unwrap_or(HeaderValue::from_static("for=unknown")),
+        }
+    }
+}
+
+/// The names listed in every `Connection` header (RFC 9110 §7.6.1), as
+/// lowercase header names; tokens that are not header names are skipped.
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// Remove what must not reach a worker: client `pinboard-*` headers,
+/// `Host`, hop-by-hop headers and those `Connection` names. A WebSocket
+/// handshake (`upgrade`) keeps `Upgrade` with `Connection: upgrade`.
+pub fn sanitize_request(headers: &mut HeaderMap, upgrade: bool) {
+    if headers.keys().any(is_pinboard_header) {
+        let names: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| is_pinboard_header(n))
+            .cloned()
+            .collect();
+        for n in names {
+            headers.remove(n);
+        }
+    }
+    if headers.contains_key(header::CONNECTION) {
+        for name in connection_named(headers) {
+            if !(upgrade && name == header::UPGRADE) {
+                headers.remove(name);
+            }
+        }
+    }
+    let upgrade_value = if upgrade {
+        headers.remove(header::UPGRADE)
+    } else {
+        None
+    };
+    for h in &HOP_BY_HOP {
+        headers.remove(h);
+    }
+    headers.remove(header::TRAILER);
+    headers.remove(header::HOST);
+    if let Some(value) = upgrade_value {
+        headers.insert(header::UPGRADE, value);
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// Remove hop-by-hop headers (and those `Connection` names) from a
+/// worker's response before it is relayed. Not for a 101 (its
+/// `Connection`/`Upgrade` belong to the handshake).
+pub fn sanitize_response(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        for name in connection_named(headers) {
+            if name != header::TRAILER {
+                headers.remove(name);
+            }
+        }
+    }
+    for h in &HOP_BY_HOP {
+        headers.remove(h);
+    }
+}
+
+/// Append `element` to the list header `name` (every line of it joined
+/// with `, `), or set it when absent.
+fn append(headers: &mut HeaderMap, name: HeaderName, element: &HeaderValue) {
+    let mut existing = headers.get_all(&name).iter().peekable();
+    if existing.peek().is_none() {
+        headers.insert(name, element.clone());
+        return;
+    }
+    let mut joined = Vec::new();
+    for v in existing {
+        joined.extend_from_slice(v.as_bytes());
+        joined.extend_from_slice(b", ");
+    }
+    joined.extend_from_slice(element.as_bytes());
+    // Joined from valid values with ", ": valid.
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(name, v);
+    }
+}
+
+/// Add the forwarding headers for `client` (see the module doc).
+pub fn add_forwarded(headers: &mut HeaderMap, client: &ClientAddr) {
+    append(headers, X_FORWARDED_FOR, &client.xff);
+    append(headers, FORWARDED, &client.forwarded);
+    if !headers.contains_key(X_FORWARDED_PROTO) {
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    }
+}
+
+/// Whether the request asks to switch protocols (`Connection: upgrade`
+/// with an `Upgrade` header).
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                v.parse().expect("value"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn requests_lose_pinboard_hop_by_hop_and_connection_named_headers() {
+        let mut h = map(&[
+            ("pinboard-attestation", "forged"),
+            ("Pinboard-Epoch", "9"),
+            ("connection", "keep-alive, X-Secret-Hop"),
+            ("connection", "x-other"),
+            ("x-secret-hop", "1"),
+            ("x-other", "1"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("proxy-authorization", "Basic Zm9vOmJhcg=="),
+            ("proxy-connection", "keep-alive"),
+            ("te", "trailers"),
+            ("trailer", "x-t"),
+            ("host", "evil"),
+            ("upgrade", "h2c"),
+            ("x-keep", "1"),
+        ]);
+        sanitize_request(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-keep"], "1");
+
+        let mut ws = map(&[
+            ("connection", "Upgrade, x-hop"),
+            ("upgrade", "websocket"),
+            ("x-hop", "1"),
+            ("sec-websocket-key", "k"),
+        ]);
+        assert!(is_upgrade(&ws));
+        sanitize_request(&mut ws, true);
+        assert_eq!(ws[header::CONNECTION], "upgrade");
+        assert_eq!(ws[header::UPGRADE], "websocket");
+        assert!(ws.get("x-hop").is_none());
+        assert_eq!(ws["sec-websocket-key"], "k");
+    }
+
+    #[test]
+    fn responses_lose_hop_by_hop_headers_but_keep_trailer() {
+        let mut h = map(&[
+            ("connection", "close, x-hop"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("proxy-authenticate", "Basic"),
+            ("trailer", "x-checksum"),
+            ("content-type", "application/json"),
+        ]);
+        sanitize_response(&mut h);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h["trailer"], "x-checksum");
+    }
+
+    #[test]
+    fn forwarding_headers_append_to_what_arrived() {
+        let v4 = ClientAddr::new("10.1.2.3:5555".parse().expect("addr"));
+        let mut h = HeaderMap::new();
+        add_forwarded(&mut h, &v4);
+        assert_eq!(h[X_FORWARDED_FOR], "10.1.2.3");
+        assert_eq!(h[FORWARDED], "for=10.1.2.3;proto=http");
+        assert_eq!(h[X_FORWARDED_PROTO], "http");
+
+        let mut h = map(&[
+            ("x-forwarded-for", "203.0.113.9"),
+            ("x-forwarded-for", "198.51.100.1"),
+            ("forwarded", "for=203.0.113.9;proto=https"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        add_forwarded(&mut h, &v4);
+        assert_eq!(h[X_FORWARDED_FOR], "203.0.113.9, 198.51.100.1, 10.1.2.3");
+        assert_eq!(
+            h[FORWARDED],
+            "for=203.0.113.9;proto=https, for=10.1.2.3;proto=http"
+        );
+        assert_eq!(h[X_FORWARDED_PROTO], "https");
+
+        let v6 = ClientAddr::new("[2001:db8::1]:80".parse().expect("addr"));
+        let mut h = HeaderMap::new();
+        add_forwarded(&mut h, &v6);
+        assert_eq!(h[X_FORWARDED_FOR], "2001:db8::1");
+        assert_eq!(h[FORWARDED], "for=\"[2001:db8::1]\";proto=http");
+        let mapped = ClientAddr::new("[::ffff:127.0.0.1]:80".parse().expect("addr"));
+        assert_eq!(mapped.xff, "127.0.0.1");
+    }
+}
