@@ -4,7 +4,9 @@
 //! Every valid register or heartbeat ack renews it to `send time +
 //! expiresInMs` (anchored at send, so a slow ack never stretches what the
 //! server granted), capped by a drain deadline when one is set. The lease is
-//! *healthy* until `deadline - buffer`, *expired* from `deadline` on. Local
+//! *healthy* until `deadline - buffer`, *expired* from `deadline` on. The
+//! buffer adapts to the TTL pinboard grants: at most half of it, so a short
+//! lease with the default buffer is never born unhealthy. Local
 //! mode never sets a deadline: always healthy, never expired.
 //!
 //! Reads are lock-free (one atomic load), since the request path checks the
@@ -30,7 +32,12 @@ const NONE: u64 = u64::MAX;
 /// Lease state of one worker.
 pub(crate) struct Lease {
     base: Instant,
+    /// The configured buffer; the one in force is at most half the TTL.
     buffer: Duration,
+    /// The buffer in force, in ms.
+    effective_buffer_ms: AtomicU64,
+    /// The configured buffer was shrunk to fit a TTL (logged once).
+    shrunk: AtomicBool,
     /// Milliseconds since `base`; `NONE` before the first ack.
     deadline: AtomicU64,
     /// Renewals may not extend past this (a drain deadline); `NONE` = no cap.
@@ -51,6 +58,10 @@ impl Lease {
         Self {
             base: Instant::now(),
             buffer,
+            effective_buffer_ms: AtomicU64::new(
+                u64::try_from(buffer.as_millis()).unwrap_or(u64::MAX),
+            ),
+            shrunk: AtomicBool::new(false),
             deadline: AtomicU64::new(NONE),
             cap: AtomicU64::new(NONE),
             ttl_ms: AtomicU64::new(0),
@@ -80,7 +91,11 @@ impl Lease {
 
     /// The safety margin before [`expires_at`](Self::expires_at).
     pub(crate) fn buffer(&self) -> Duration {
-        self.buffer
+        Duration::from_millis(self.effective_buffer_ms.load(Ordering::Relaxed))
+    }
+
+    fn buffer_ms(&self) -> u64 {
+        self.effective_buffer_ms.load(Ordering::Relaxed)
     }
 
     fn ms(&self, at: Instant) -> u64 {
@@ -95,10 +110,7 @@ impl Lease {
     pub(crate) fn healthy(&self) -> bool {
         match self.deadline.load(Ordering::SeqCst) {
             NONE => true,
-            deadline => {
-                let buffer = u64::try_from(self.buffer.as_millis()).unwrap_or(u64::MAX);
-                self.now_ms() < deadline.saturating_sub(buffer)
-            }
+            deadline => self.now_ms() < deadline.saturating_sub(self.buffer_ms()),
         }
     }
 
@@ -132,6 +144,19 @@ impl Lease {
 
     /// An ack granted `ttl` from `anchor` (the send time).
     pub(crate) fn renewed(self: &Arc<Self>, ttl: Duration, anchor: Instant) {
+        let buffer = self.buffer.min(ttl / 2);
+        if buffer < self.buffer && !self.shrunk.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                configured = ?self.buffer,
+                ttl = ?ttl,
+                buffer = ?buffer,
+                "lease buffer longer than half the granted lease; using half the lease"
+            );
+        }
+        self.effective_buffer_ms.store(
+            u64::try_from(buffer.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
         let mut deadline = self.ms(anchor + ttl);
         let cap = self.cap.load(Ordering::SeqCst);
         if cap != NONE {
@@ -152,8 +177,7 @@ impl Lease {
 
     /// Watches for the crossing into unhealthy, to count flaps and log.
     fn arm(self: &Arc<Self>, deadline: u64) {
-        let buffer = u64::try_from(self.buffer.as_millis()).unwrap_or(u64::MAX);
-        let at = self.base + Duration::from_millis(deadline.saturating_sub(buffer));
+        let at = self.base + Duration::from_millis(deadline.saturating_sub(self.buffer_ms()));
         let lease = Arc::downgrade(self);
         let mut watch = self.watch.lock();
         if let Some(previous) = watch.take() {
@@ -189,6 +213,21 @@ impl Lease {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_buffer_shrinks_to_half_a_short_lease() {
+        // The case: a 3 s lease and the default 5 s buffer.
+        let lease = Arc::new(Lease::new(Duration::from_secs(5), Arc::new(Metrics::new())));
+        lease.renewed(Duration::from_secs(3), Instant::now());
+        assert_eq!(lease.buffer(), Duration::from_millis(1500));
+        assert!(lease.healthy(), "a fresh 3 s lease is healthy");
+        tokio::time::advance(Duration::from_millis(1600)).await;
+        assert!(!lease.healthy(), "within the buffer of its end");
+        assert!(!lease.expired());
+        // A long lease keeps the configured buffer.
+        lease.renewed(Duration::from_secs(30), Instant::now());
+        assert_eq!(lease.buffer(), Duration::from_secs(5));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn healthy_then_unhealthy_then_expired_then_restored() {

@@ -104,6 +104,9 @@ pub(crate) struct Plane {
     /// Ends the loop's wait early (drain flag flipped, session lost).
     pub(crate) wake: Notify,
     pub(crate) stopping: AtomicBool,
+    /// The configured heartbeat interval was shrunk to fit a TTL (logged
+    /// once).
+    pub(crate) heartbeat_shrunk: AtomicBool,
     pub(crate) task: Mutex<Option<AbortHandle>>,
     pub(crate) http: reqwest::Client,
     hosts: OnceLock<Vec<Weak<HostShared>>>,
@@ -149,6 +152,7 @@ impl Plane {
             echo: Mutex::new((false, None)),
             wake: Notify::new(),
             stopping: AtomicBool::new(false),
+            heartbeat_shrunk: AtomicBool::new(false),
             task: Mutex::new(None),
             http,
             hosts: OnceLock::new(),

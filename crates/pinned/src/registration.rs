@@ -100,6 +100,26 @@ impl Plane {
         format!("{}{path}", self.config.pinboard_url)
     }
 
+    /// The heartbeat interval in force: the configured one, at most a third
+    /// of the granted lease so two beats can fail before it lapses (a
+    /// shrink is logged once).
+    fn heartbeat_interval(&self) -> Duration {
+        let configured = self.config.heartbeat_interval;
+        let Some(ttl) = self.lease.ttl() else {
+            return configured;
+        };
+        let interval = configured.min(ttl / 3);
+        if interval < configured && !self.heartbeat_shrunk.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                configured = ?configured,
+                ttl = ?ttl,
+                interval = ?interval,
+                "heartbeat interval longer than a third of the granted lease; using a third"
+            );
+        }
+        interval
+    }
+
     /// Starts the loop (a no-op once superseded or already running).
     pub(crate) fn start(self: &Arc<Self>) {
         if self.superseded() {
@@ -146,7 +166,7 @@ impl Plane {
                 return;
             }
             let delay = backoff
-                .delay(self.config.heartbeat_interval, self.session().is_some())
+                .delay(self.heartbeat_interval(), self.session().is_some())
                 .saturating_sub(started.elapsed());
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
