@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::raw::{metric, raw_worker, Answer};
-use support::{client, get_json, wait_workers, Pinboard, Worker, LEASE_TTL_MS};
+use support::{client, get_json, id_on, wait_workers, Pinboard, Worker, LEASE_TTL_MS};
 use tokio::time::Instant;
 
 const DETAIL: &str = "worker did not answer in time";
@@ -29,21 +29,9 @@ async fn a_frozen_worker_answers_504_in_time_and_its_ids_move_once_its_lease_lap
         .clone();
 
     // An id that lives on `a`.
-    let mut on_a = None;
-    for i in 0..64 {
-        let id = format!("frozen-{i}");
-        let v = get_json(
-            &c,
-            &format!("{}/counter/{id}/hit", pb.url),
-            Duration::from_secs(10),
-        )
-        .await;
-        if v["process"] == pa {
-            on_a = Some(id);
-            break;
-        }
-    }
-    let id = on_a.expect("an id placed on worker a");
+    let (id, _) = id_on(&c, &pb.url, &pa, "frozen-", 64)
+        .await
+        .expect("an id placed on worker a");
 
     a.freeze();
     let frozen = Instant::now();

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
-use support::{bearer, client, get_json, wait_workers, workers, Pinboard, Worker};
+use support::{bearer, client, get_json, id_on, wait_workers, workers, Pinboard, Worker};
 
 async fn process_of(c: &reqwest::Client, w: &Worker) -> serde_json::Value {
     get_json(c, &format!("{}/process", w.url), Duration::from_secs(5)).await["process"].clone()
@@ -29,21 +29,9 @@ async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
         .clone();
 
     // An id resident on A.
-    let mut resident = None;
-    for i in 0..40 {
-        let id = format!("res-{i}");
-        let v = get_json(
-            &c,
-            &format!("{}/counter/{id}/hit", pb.url),
-            Duration::from_secs(10),
-        )
-        .await;
-        if v["process"] == pa {
-            resident = Some((id, v));
-            break;
-        }
-    }
-    let (res_id, first) = resident.expect("some id landed on A");
+    let (res_id, first) = id_on(&c, &pb.url, &pa, "res-", 40)
+        .await
+        .expect("some id landed on A");
 
     // Keep it busy so the drain cannot evict it as idle.
     let slow = {

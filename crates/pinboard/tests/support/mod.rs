@@ -298,6 +298,31 @@ pub async fn wait_workers(c: &reqwest::Client, pb: &str, n: usize) -> Vec<Value>
 }
 
 /// GET `pb<path>` as JSON, retrying 503s for up to `patience`.
+/// Hits `/counter/<prefix><i>/hit` through pinboard for `i` in `0..tries`
+/// until one lands on the worker whose process token is `process`; answers
+/// that id and its first answer.
+pub async fn id_on(
+    c: &reqwest::Client,
+    pinboard: &str,
+    process: &Value,
+    prefix: &str,
+    tries: usize,
+) -> Option<(String, Value)> {
+    for i in 0..tries {
+        let id = format!("{prefix}{i}");
+        let answer = get_json(
+            c,
+            &format!("{pinboard}/counter/{id}/hit"),
+            Duration::from_secs(10),
+        )
+        .await;
+        if answer["process"] == *process {
+            return Some((id, answer));
+        }
+    }
+    None
+}
+
 pub async fn get_json(c: &reqwest::Client, url: &str, patience: Duration) -> Value {
     let deadline = tokio::time::Instant::now() + patience;
     loop {
