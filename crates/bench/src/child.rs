@@ -68,6 +68,12 @@ impl Spawn {
         self
     }
 
+    /// Appends one argument.
+    pub fn arg_os(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_owned());
+        self
+    }
+
     /// Sets an environment variable.
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.env
@@ -242,6 +248,30 @@ impl Server {
                 .sum(),
         };
         Some(Duration::from_millis(ticks * 1000 / CLOCK_TICKS))
+    }
+
+    /// SIGTERM, then waits up to `patience` for the process to exit (a
+    /// profiler under it writes its output on a clean exit only); SIGKILL
+    /// after that.
+    ///
+    /// # Errors
+    ///
+    /// When the process cannot be signalled or waited for.
+    pub async fn terminate(&mut self, patience: Duration) -> anyhow::Result<()> {
+        let pid = self.child.id().context("the process already exited")?;
+        let status = tokio::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "kill -TERM {pid} failed");
+        if tokio::time::timeout(patience, self.child.wait())
+            .await
+            .is_err()
+        {
+            self.kill().await?;
+            anyhow::bail!("process {pid} did not exit within {patience:?} of SIGTERM");
+        }
+        Ok(())
     }
 
     /// SIGKILL (the whole group for [`Spawn::own_group`]) and reap.

@@ -7,5 +7,6 @@
 
 pub mod child;
 pub mod deploy;
+pub mod instructions;
 pub mod load;
 pub mod nginx;

@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release -p pinned-bench --bin worker-bench            # everything
 //! cargo run --release -p pinned-bench --bin worker-bench -- --seconds 10 --connections 64
+//! cargo run --release -p pinned-bench --bin worker-bench -- --no-instructions   # skip callgrind
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +22,7 @@ use futures_util::StreamExt;
 use http::Method;
 use pinned::{BoxError, Context, HostOptions, Object, Options, This};
 use pinned_bench::child::Server;
+use pinned_bench::instructions;
 use pinned_bench::load::{self, Load, Paths, Report};
 use serde_json::{json, Value};
 
@@ -41,6 +43,10 @@ struct Cli {
     /// Idle instances for the memory figure.
     #[arg(long, default_value_t = 1_000_000)]
     instances: u64,
+    /// Skip the instructions-per-request figures (callgrind; they take a
+    /// few minutes and need valgrind).
+    #[arg(long)]
+    no_instructions: bool,
 }
 
 #[derive(Subcommand)]
@@ -369,6 +375,39 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         .status()
         .await?;
     anyhow::ensure!(status.success(), "churn run failed");
+    if cli.no_instructions {
+        return Ok(());
+    }
+    println!("5. user-space instructions per request (callgrind; Δ between 1 000 and 4 000 sequential requests on one connection, the load from this process)");
+    if !instructions::available() {
+        println!("   valgrind not found: skipped");
+        return Ok(());
+    }
+    let scratch = std::env::temp_dir().join(format!("worker-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let lengths = instructions::Lengths::default();
+    let warm = |base: &'static str| move |_: usize| format!("{base}/a/increment");
+    let bare_warm =
+        instructions::per_request(exe, &["serve-bare"], warm("/counter"), lengths, &scratch)
+            .await?;
+    let pinned_warm =
+        instructions::per_request(exe, &["serve-pinned"], warm("/counter"), lengths, &scratch)
+            .await?;
+    println!(
+        "   warm       bare axum {bare_warm:>8.0}   pinned {pinned_warm:>8.0}   ratio {:.2}  (target <= 1.20)",
+        pinned_warm / bare_warm
+    );
+    let fresh = |base: &'static str| move |i: usize| format!("{base}/i{i}/increment");
+    let bare_fresh =
+        instructions::per_request(exe, &["serve-bare"], fresh("/fresh"), lengths, &scratch).await?;
+    let pinned_fresh =
+        instructions::per_request(exe, &["serve-pinned"], fresh("/counter"), lengths, &scratch)
+            .await?;
+    println!(
+        "   new ids    bare axum {bare_fresh:>8.0}   pinned {pinned_fresh:>8.0}   ratio {:.2}",
+        pinned_fresh / bare_fresh
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
     Ok(())
 }
 
