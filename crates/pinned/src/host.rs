@@ -33,6 +33,7 @@ pub struct HostOptions {
     pub(crate) exclusive: bool,
     pub(crate) env: Option<String>,
     pub(crate) detached_timeout: Duration,
+    pub(crate) evict_idle_at_capacity: bool,
 }
 
 impl Default for HostOptions {
@@ -45,6 +46,7 @@ impl Default for HostOptions {
             exclusive: false,
             env: None,
             detached_timeout: DEFAULT_DETACHED_TIMEOUT,
+            evict_idle_at_capacity: true,
         }
     }
 }
@@ -71,6 +73,15 @@ impl HostOptions {
     /// slot forever. Must be non-zero.
     pub fn detached_timeout(mut self, timeout: Duration) -> Self {
         self.detached_timeout = timeout;
+        self
+    }
+
+    /// At `max_instances`, make room for a new id by evicting the
+    /// least recently used idle instance (among a sample of 64), and refuse
+    /// with 503 `instance capacity reached; retry` only when none is idle
+    /// (default true; false refuses at capacity, as the reference does).
+    pub fn evict_idle_at_capacity(mut self, evict: bool) -> Self {
+        self.evict_idle_at_capacity = evict;
         self
     }
 

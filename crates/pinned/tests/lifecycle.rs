@@ -198,7 +198,9 @@ async fn idle_eviction_on_paused_time() {
 
 #[tokio::test]
 async fn capacity_refuses_new_ids_while_existing_ones_serve() {
-    let options = HostOptions::default().max_instances(2);
+    let options = HostOptions::default()
+        .max_instances(2)
+        .evict_idle_at_capacity(false);
     let w = start(Options::new().host_with::<Counter>("/counter", options)).await;
     assert_eq!(w.post("/counter/a/increment").await.status(), 200);
     assert_eq!(w.post("/counter/b/increment").await.status(), 200);
@@ -215,6 +217,45 @@ async fn capacity_refuses_new_ids_while_existing_ones_serve() {
     );
     let (status, body) = json(w.post("/counter/a/increment").await).await;
     assert_eq!((status, body["value"].as_u64()), (200, Some(2)));
+}
+
+#[tokio::test]
+async fn at_capacity_the_least_recently_used_idle_instance_makes_room() {
+    let options = HostOptions::default().max_instances(2);
+    let w = start(Options::new().host_with::<Tracked>("/t", options)).await;
+    assert_eq!(w.post("/t/cap-old/hit").await.status(), 200);
+    w.wait_idle(20).await;
+    assert_eq!(w.post("/t/cap-new/hit").await.status(), 200);
+    // Full: the new id evicts the idler of the two (its on_stop runs).
+    assert_eq!(w.post("/t/cap-third/hit").await.status(), 200);
+    w.wait_for("cap-old evicted", |s| {
+        let ids: Vec<&str> = s["instances"]
+            .as_array()
+            .map(|rows| rows.iter().filter_map(|r| r["id"].as_str()).collect())
+            .unwrap_or_default();
+        ids == ["cap-new", "cap-third"]
+    })
+    .await;
+    assert!(events_of("cap-old").contains(&"stop1".to_owned()));
+    // Every instance busy: nothing to evict, the refusal stands.
+    let busy: Vec<_> = ["cap-new", "cap-third"]
+        .iter()
+        .map(|id| {
+            let request = w.client.post(w.url(&format!("/t/{id}/hang?ms=500")));
+            tokio::spawn(async move { request.send().await.expect("hang").status() })
+        })
+        .collect();
+    w.wait_for("both busy", |s| {
+        s["instances"]
+            .as_array()
+            .is_some_and(|rows| rows.iter().all(|r| r["tasks"] == 1))
+    })
+    .await;
+    let refused = w.post("/t/cap-fourth/hit").await;
+    assert_eq!(refused.status(), 503);
+    for call in busy {
+        assert_eq!(call.await.expect("join"), 200);
+    }
 }
 
 #[tokio::test]

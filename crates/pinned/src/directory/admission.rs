@@ -20,6 +20,9 @@ use super::{panic_message, HostShared};
 use crate::context::Context;
 use crate::slot::{Activation, Busy, Instance, Phase, Slot};
 
+/// How many idle instances an eviction at capacity compares.
+const EVICTION_SAMPLE: usize = 64;
+
 /// A request inside an instance record.
 pub(crate) enum Entered {
     /// The instance is live.
@@ -152,7 +155,8 @@ impl HostShared {
         if self.draining() {
             return Err(Refusal::Draining);
         }
-        if self.count.fetch_add(1, Ordering::SeqCst) >= self.options.max_instances {
+        let records = self.count.fetch_add(1, Ordering::SeqCst);
+        if !self.has_room(records) {
             self.count.fetch_sub(1, Ordering::SeqCst);
             return Err(Refusal::Capacity);
         }
@@ -176,6 +180,44 @@ impl HostShared {
         }
         vacant.insert(slot.clone());
         Ok(Some(slot.adopt()))
+    }
+
+    /// Whether a new record fits beside `records` existing ones: fewer than
+    /// `max_instances` that are not closing, making room by evicting an
+    /// idle one when allowed. Closing records, which leave soon, may add
+    /// up to `max_instances` more, never beyond.
+    fn has_room(&self, records: usize) -> bool {
+        let max = self.options.max_instances;
+        let closing = self.closing.load(Ordering::SeqCst);
+        if records.saturating_sub(closing) < max {
+            return true;
+        }
+        self.options.evict_idle_at_capacity && records < max.saturating_mul(2) && self.evict_idle()
+    }
+
+    /// Begins closing the least recently used idle instance among the
+    /// first [`EVICTION_SAMPLE`] idle ones found; false when none is idle.
+    fn evict_idle(&self) -> bool {
+        let mut oldest: Option<(u64, Arc<Slot>)> = None;
+        let idle = self.slots.iter().filter(|entry| {
+            let slot = entry.value();
+            slot.phase() == Phase::Live && slot.in_flight() == 0 && !slot.winding_down()
+        });
+        for entry in idle.take(EVICTION_SAMPLE) {
+            let idle_ms = entry.value().idle_ms();
+            if oldest.as_ref().is_none_or(|(best, _)| idle_ms > *best) {
+                oldest = Some((idle_ms, entry.value().clone()));
+            }
+        }
+        let Some((_, victim)) = oldest else {
+            return false;
+        };
+        let evicted = victim.begin_idle_close();
+        if evicted {
+            tracing::info!(namespace = %self.ns, id = %victim.id, "at capacity: evicting the least recently used idle instance");
+            Self::close_begun(&victim);
+        }
+        evicted
     }
 
     /// Drops a request's entry into a record whose activation it was

@@ -67,6 +67,9 @@ pub(crate) struct HostShared {
     slots: DashMap<Arc<str>, Arc<Slot>>,
     /// Records in `slots`, kept apart so capacity checks never walk the map.
     count: AtomicUsize,
+    /// Of those, the records whose teardown began (they leave soon and no
+    /// longer count against `max_instances`, up to as many again).
+    closing: AtomicUsize,
     seq: AtomicU64,
     base: Instant,
     /// Signalled when a closing instance's in-flight count reaches zero.
@@ -146,6 +149,7 @@ impl HostShared {
             router,
             slots: DashMap::new(),
             count: AtomicUsize::new(0),
+            closing: AtomicUsize::new(0),
             seq: AtomicU64::new(0),
             base: Instant::now(),
             settled: Notify::new(),

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::{panic_message, spawn_detached, HostShared};
 use crate::context::Context;
-use crate::slot::Slot;
+use crate::slot::{Phase, Slot};
 
 /// How long a closing instance waits for its placement release before the
 /// release continues in the background (about one registry call).
@@ -20,6 +20,9 @@ const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 impl HostShared {
     pub(super) fn remove(&self, slot: &Arc<Slot>) {
+        if slot.phase() == Phase::Closing {
+            self.closing.fetch_sub(1, Ordering::SeqCst);
+        }
         slot.finish();
         if self
             .slots
@@ -35,13 +38,20 @@ impl HostShared {
     /// entry leaving a winding-down instance).
     pub(crate) fn close_if_idle(slot: &Arc<Slot>) {
         if slot.begin_idle_close() {
-            spawn_detached(teardown(slot.clone(), false).instrument(slot.span()));
+            Self::close_begun(slot);
         }
+    }
+
+    /// Tears down `slot`, whose idle close already began.
+    pub(super) fn close_begun(slot: &Arc<Slot>) {
+        slot.host.closing.fetch_add(1, Ordering::SeqCst);
+        spawn_detached(teardown(slot.clone(), false).instrument(slot.span()));
     }
 
     /// Aborts `slot`: cancels its work and closes it.
     pub(crate) fn abort(slot: &Arc<Slot>) {
         if slot.begin_abort() {
+            slot.host.closing.fetch_add(1, Ordering::SeqCst);
             // Cancelled now, not when the teardown task runs: a handler
             // finishing in the same poll must see the abort and answer 503.
             slot.cancel.cancel();
