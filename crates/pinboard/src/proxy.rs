@@ -58,6 +58,7 @@ use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use pinned_wire::headers::{ATTESTATION, EPOCH, REFUSAL};
 use pinned_wire::ids::decode_id_segment;
+use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
 
 use self::body::{BodyEnd, BodyFault, BodyWatch, ReqBody};
@@ -315,6 +316,9 @@ async fn forward<S: PlacementStore>(
     };
     let mut avoid_stale: Option<(String, u64)> = None;
     let mut exclude: Vec<String> = Vec::new();
+    // A worker refused for capacity: if no other worker can take the id,
+    // the client hears that the fleet is full, not that it is gone.
+    let mut full = false;
     let mut refresh = false;
     let mut attempt = 0;
     loop {
@@ -327,6 +331,12 @@ async fn forward<S: PlacementStore>(
             Ok(r) => r,
             Err(e) => {
                 app.metrics.proxy_unavailable.inc();
+                if full && matches!(e, ResolveError::NoWorker) {
+                    return detail_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        Refusal::Capacity.detail(),
+                    );
+                }
                 if let ResolveError::Store(err) = &e {
                     tracing::warn!(target: "pinboard::proxy", error = %err, "placement store failed");
                 }
@@ -424,6 +434,7 @@ async fn forward<S: PlacementStore>(
                 let detail = serde_json::from_slice::<serde_json::Value>(&bytes)
                     .ok()
                     .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_owned));
+                full |= detail.as_deref() == Some(Refusal::Capacity.detail());
                 let v = classify(res_parts.status, refusal_header, detail.as_deref(), attempt);
                 if v == Verdict::Relay {
                     return relay_buffered(res_parts, bytes);

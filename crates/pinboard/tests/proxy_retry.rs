@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::fake::{fake, Fake, Mode};
-use support::{bearer, client, Pinboard};
+use support::{bearer, client, wait_workers, Pinboard};
 
 fn check_headers(f: &Fake, session: &str) {
     for h in f.seen.lock().iter() {
@@ -155,6 +155,31 @@ async fn persistent_refusals_and_dead_owners_end_in_a_retryable_503() {
         .await
         .expect("json");
     assert_eq!(rows["workers"][0]["clientId"], "d");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_of_full_workers_answers_capacity_not_absence() {
+    let pb = Pinboard::start(&["--lease-ttl-ms", "60000"]);
+    let (a, _) = fake(&pb.url, "full-a", Mode::Full).await;
+    let (b, _) = fake(&pb.url, "full-b", Mode::Full).await;
+    let c = client();
+    wait_workers(&c, &pb.url, 2).await;
+    let res = c
+        .get(format!("{}/counter/crowded/hit", pb.url))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["retry-after"], "1");
+    assert_eq!(
+        res.json::<Value>().await.expect("json"),
+        serde_json::json!({ "detail": "instance capacity reached; retry" })
+    );
+    // Each full worker was asked once, then excluded.
+    assert_eq!(
+        a.hits.load(Ordering::SeqCst) + b.hits.load(Ordering::SeqCst),
+        2
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

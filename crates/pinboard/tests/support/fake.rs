@@ -27,6 +27,8 @@ pub enum Mode {
     Unhealthy,
     /// 403 `invalid attestation`.
     Forbidden,
+    /// 503 `instance capacity reached; retry` (every instance busy).
+    Full,
 }
 
 pub struct Fake {
@@ -79,6 +81,7 @@ async fn instance(State(f): State<Arc<Fake>>, headers: HeaderMap) -> Response {
     match f.mode {
         Mode::Serve => axum::Json(json!({ "worker": f.name })).into_response(),
         Mode::Draining => refusal("host draining; retry"),
+        Mode::Full => refusal("instance capacity reached; retry"),
         Mode::Unhealthy => {
             let mut r = refusal("lease unhealthy; refusing new activations");
             r.headers_mut()
