@@ -149,7 +149,8 @@ macro_rules! conformance_tests {
             due_alarms_filter_and_order,
             due_alarms_limit_and_changes,
             due_alarms_at_range,
-            marked_instances_paginate
+            marked_instances_paginate,
+            delete_instance_empties_one_instance
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
@@ -1017,4 +1018,53 @@ async fn page_through(store: &dyn StateStore, ns: &str, page: usize) -> Vec<(Str
         }
         after = last;
     }
+}
+
+/// `delete_instance` removes every row of one instance (trays, marked ones, the alarm) and
+/// nothing of another; it is fenced, and the fence survives it.
+pub async fn delete_instance_empties_one_instance(store: Arc<dyn StateStore>, ns: &str) {
+    let s = store.as_ref();
+    // The alarm first: the helper writes at epoch 3.
+    set_alarm(s, ns, "gone", false, json!({"at": 1, "nonce": "n"})).await;
+    for (tray_ns, tray_id, marked) in [("a", "~", false), ("b", "1", true), ("b", "2", false)] {
+        s.set_tray(
+            ns,
+            "gone",
+            tray_ns,
+            tray_id,
+            marked,
+            doc(json!({"v": 1})),
+            4,
+        )
+        .await
+        .unwrap();
+    }
+    s.set_tray(ns, "kept", "a", "~", true, doc(json!({"v": 2})), 1)
+        .await
+        .unwrap();
+    // An older epoch may not delete.
+    assert_fence_lost(
+        s.delete_instance(ns, "gone", 3).await,
+        &format!("{ns}/gone"),
+        3,
+    );
+    assert_eq!(s.list(ns, "gone", 4, None, None).await.unwrap().len(), 4);
+    s.delete_instance(ns, "gone", 4).await.unwrap();
+    assert!(s.list(ns, "gone", 4, None, None).await.unwrap().is_empty());
+    // Idempotent.
+    s.delete_instance(ns, "gone", 4).await.unwrap();
+    // The other instance is untouched, and the fence outlives the rows.
+    assert_eq!(s.list(ns, "kept", 1, None, None).await.unwrap().len(), 1);
+    assert_fence_lost(
+        s.set_tray(ns, "gone", "a", "~", false, doc(json!({})), 3)
+            .await,
+        &format!("{ns}/gone"),
+        3,
+    );
+    let due = s.due_alarms(i64::MAX, 1_000).await.unwrap();
+    assert!(
+        due.iter()
+            .all(|alarm| !(alarm.ns == ns && alarm.id == "gone")),
+        "the alarm row went with the instance"
+    );
 }

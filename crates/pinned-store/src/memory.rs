@@ -131,6 +131,10 @@ impl StateStore for MemoryStore {
         })
     }
 
+    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
+        self.with_instance(ns, id, epoch, |i| i.trays.clear())
+    }
+
     async fn apply_batch(
         &self,
         ns: &str,

@@ -57,6 +57,7 @@ ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
 doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname";
 const DELETE_TRAY: &str = "DELETE FROM pinned_tray_index \
 WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
+const DELETE_INSTANCE: &str = "DELETE FROM pinned_tray_index WHERE ns = $1 AND id = $2";
 const GET_TRAY: &str = "SELECT marked, doc FROM pinned_tray_index \
 WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
 /// Byte order (`COLLATE "C"`) whatever the database's collation, like the other stores.
@@ -162,6 +163,7 @@ enum Body<'a> {
         marked: Option<bool>,
     },
     Batch(&'a [BatchOp]),
+    DeleteInstance,
 }
 
 /// What a body returns.
@@ -518,6 +520,11 @@ impl PostgresStore {
                 }
                 Ok(Output::Done)
             }
+            Body::DeleteInstance => {
+                let stmt = conn.prepare_cached(DELETE_INSTANCE).await?;
+                conn.execute(&stmt, &[&ns, &id]).await?;
+                Ok(Output::Done)
+            }
         }
     }
 
@@ -752,6 +759,12 @@ impl StateStore for PostgresStore {
         epoch: u64,
     ) -> Result<(), StoreError> {
         self.run(ns, id, epoch, Body::Batch(&ops)).await.map(|_| ())
+    }
+
+    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
+        self.run(ns, id, epoch, Body::DeleteInstance)
+            .await
+            .map(|_| ())
     }
 
     async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {

@@ -549,6 +549,18 @@ impl StateStore for SqliteStore {
         .await
     }
 
+    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
+        check_epoch(epoch)?;
+        let (ns, id) = (ns.to_owned(), id.to_owned());
+        self.run(move |conn, _| {
+            acquire(conn, &ns, &id, epoch)?;
+            conn.prepare_cached("DELETE FROM pinned_tray_index WHERE ns = ?1 AND id = ?2")?
+                .execute(params![ns, id])?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
         let limit = sql_limit(limit);
         // Runs on the store's thread like every operation (one connection), but takes no

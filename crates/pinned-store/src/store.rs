@@ -218,6 +218,25 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
         epoch: u64,
     ) -> Result<(), StoreError>;
 
+    /// Fences, then deletes every row of instance `(ns, id)` at once (its
+    /// trays, its alarm): what is left is an instance never written, except
+    /// that its epoch stays, so an older owner still cannot write. Atomic.
+    ///
+    /// The default lists the rows and deletes them in one
+    /// [`apply_batch`](Self::apply_batch); a row written between the two
+    /// stays, so backends override it with one statement.
+    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
+        let rows = self.list(ns, id, epoch, None, None).await?;
+        let ops = rows
+            .into_iter()
+            .map(|row| BatchOp::Delete {
+                tray_ns: row.tray_ns,
+                tray_id: row.tray_id,
+            })
+            .collect();
+        self.apply_batch(ns, id, ops, epoch).await
+    }
+
     /// Scans every instance's alarm row ([`ALARM_TRAY_NS`], [`ALARM_TRAY_ID`]) for those
     /// with `doc.at <= due_by_ms`, ordered by `at`, then `(ns, id)` (byte order), at most
     /// `limit` of them. Whether the row is marked does not matter.
@@ -306,6 +325,10 @@ impl<S: StateStore + ?Sized> StateStore for std::sync::Arc<S> {
         epoch: u64,
     ) -> Result<(), StoreError> {
         (**self).apply_batch(ns, id, ops, epoch).await
+    }
+
+    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
+        (**self).delete_instance(ns, id, epoch).await
     }
 
     async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {

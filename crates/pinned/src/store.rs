@@ -341,6 +341,21 @@ impl InstanceStore {
         self.fenced(rows)
     }
 
+    /// Deletes every row of the instance at once: its trays and its alarm
+    /// (whose timer is dropped too). The instance's epoch stays, so an older
+    /// owner still cannot write. What is in memory is the object's to clear.
+    ///
+    /// # Errors
+    ///
+    /// A lost fence, a store failure.
+    pub async fn delete_all(&self) -> Result<(), InstanceStoreError> {
+        let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
+        let deleted = self.store.delete_instance(ns, id, self.epoch()).await;
+        self.fenced(deleted)?;
+        self.slot.host.disarm(id);
+        Ok(())
+    }
+
     /// Applies `ops` atomically, in order.
     ///
     /// # Errors

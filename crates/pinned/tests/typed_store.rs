@@ -1,6 +1,6 @@
 //! Typed rows through `ctx.store()`: a serde struct saved by one activation
-//! is read back by the next, refusals are precise, and the reserved
-//! namespace stays closed to typed writes too.
+//! is read back by the next, refusals are precise, the reserved namespace
+//! stays closed to typed writes too, and `delete_all` empties the id.
 
 mod support;
 
@@ -64,6 +64,23 @@ impl Object for Visitor {
                         .put("pinned", "alarm", &json!({"at": 1}))
                         .await
                         .map_err(error)
+                }),
+            )
+            .route(
+                "/forget",
+                post(|call: Call| async move {
+                    let store = call.ctx().store().expect("a store");
+                    call.ctx()
+                        .alarm()
+                        .set_in(Duration::from_secs(3600))
+                        .await
+                        .map_err(|e| (http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+                    store.delete_all().await.map_err(error)?;
+                    let rows = store.list(None, None).await.map_err(error)?.len();
+                    let alarm = call.ctx().alarm().get().await.ok().flatten().is_some();
+                    Ok::<_, (http::StatusCode, String)>(Json(
+                        json!({ "rows": rows, "alarm": alarm }),
+                    ))
                 }),
             )
             .route(
@@ -134,4 +151,9 @@ async fn typed_rows_survive_eviction_and_refuse_precisely() {
     // The refused writes left the row as it was.
     let (_, body) = json(w.post("/v/ada/visit").await).await;
     assert_eq!(body["visits"], Value::from(3));
+    // Deleting everything of the id: its rows and its alarm.
+    let (status, body) = json(w.post("/v/ada/forget").await).await;
+    assert_eq!((status, body), (200, json!({ "rows": 0, "alarm": false })));
+    let (_, body) = json(w.post("/v/ada/visit").await).await;
+    assert_eq!(body["visits"], Value::from(1), "a fresh start");
 }
