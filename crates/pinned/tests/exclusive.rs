@@ -95,23 +95,24 @@ async fn most_concurrent(exclusive: bool) -> u64 {
     most
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn exclusive_mode_serializes_requests() {
     assert_eq!(most_concurrent(true).await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn default_mode_runs_requests_concurrently() {
     assert!(most_concurrent(false).await > 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn an_alarm_waits_for_the_turn_of_the_request_that_set_it() {
     let options = HostOptions::default().exclusive(true);
     let w = start(
         Options::new()
             .host_with::<Turns>("/turns", options)
-            .store(MemoryStore::new()),
+            .store(MemoryStore::new())
+            .clock(pinned::Clock::tokio()),
     )
     .await;
     let (status, body) = json(w.post("/turns/a/alarm-then-work").await).await;

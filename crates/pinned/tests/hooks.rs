@@ -55,7 +55,7 @@ impl Object for Keeper {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn on_idle_keeps_an_instance_until_its_next_idle_period() {
     let w = start(Options::new().host_with::<Keeper>("/keep", quick())).await;
     assert_eq!(w.get("/keep/k/").await.status(), 200);
@@ -146,7 +146,7 @@ impl Object for Listener {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_lease_view_and_on_wind_down_follow_a_wind_down() {
     let w = start(Options::new().host::<Listener>("/l")).await;
     let (status, body) = json(w.get("/l/a/lease").await).await;
@@ -171,7 +171,7 @@ async fn the_lease_view_and_on_wind_down_follow_a_wind_down() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_detached_instance_is_wound_down_whatever_it_holds() {
     let options = quick()
         .idle_timeout(Duration::from_secs(3600))

@@ -1,4 +1,4 @@
-//! Lifecycle: idle eviction (short intervals and paused time), capacity,
+//! Lifecycle, on tokio's paused clock: idle eviction, capacity,
 //! drain with and without deadline and its revocation, abort, wind-down,
 //! tracked work, close.
 
@@ -132,7 +132,7 @@ fn quick() -> HostOptions {
         .sweep_interval(Duration::from_millis(50))
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn idle_instances_are_evicted_and_on_stop_runs_last_first() {
     let w = start(Options::new().host_with::<Tracked>("/t", quick())).await;
     let (_, body) = json(w.post("/t/idle-1/hit").await).await;
@@ -196,7 +196,7 @@ async fn idle_eviction_on_paused_time() {
     assert_eq!(stats["namespaces"]["/counter"]["evictions"], 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn capacity_refuses_new_ids_while_existing_ones_serve() {
     let options = HostOptions::default()
         .max_instances(2)
@@ -219,7 +219,7 @@ async fn capacity_refuses_new_ids_while_existing_ones_serve() {
     assert_eq!((status, body["value"].as_u64()), (200, Some(2)));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn at_capacity_the_least_recently_used_idle_instance_makes_room() {
     let options = HostOptions::default().max_instances(2);
     let w = start(Options::new().host_with::<Tracked>("/t", options)).await;
@@ -258,7 +258,7 @@ async fn at_capacity_the_least_recently_used_idle_instance_makes_room() {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn drain_without_deadline_waits_for_work_and_can_be_revoked() {
     let w = start(Options::new().host::<Tracked>("/t")).await;
     assert_eq!(w.post("/t/drain-idle/hit").await.status(), 200);
@@ -314,7 +314,7 @@ async fn drain_without_deadline_waits_for_work_and_can_be_revoked() {
     assert!(served.headers().get("connection").is_none());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn drain_deadline_aborts_in_flight_requests() {
     let w = start(Options::new().host::<Tracked>("/t")).await;
     let hanging = {
@@ -343,7 +343,7 @@ async fn drain_deadline_aborts_in_flight_requests() {
         .contains("pinned_instance_aborts_total 1"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn abort_cancels_in_flight_work_and_spawned_tasks() {
     let w = start(Options::new().host::<Tracked>("/t")).await;
     assert_eq!(w.post("/t/ab/spawn").await.status(), 200);
@@ -365,7 +365,7 @@ async fn abort_cancels_in_flight_work_and_spawned_tasks() {
     assert_eq!(&events[events.len() - 3..], ["stop3", "stop2", "stop1"]);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn wait_until_keeps_an_instance_past_its_idle_timeout() {
     let w = start(Options::new().host_with::<Tracked>("/t", quick())).await;
     assert_eq!(w.post("/t/wu/wait-until?ms=800").await.status(), 200);
@@ -383,7 +383,7 @@ async fn wait_until_keeps_an_instance_past_its_idle_timeout() {
     assert!(waited < stopped, "{events:?}");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn wind_down_closes_when_idle_and_aborts_at_its_deadline() {
     let w = start(Options::new().host::<Tracked>("/t")).await;
     // Without a deadline: closes as soon as the request that asked is done.
@@ -405,7 +405,7 @@ async fn wind_down_closes_when_idle_and_aborts_at_its_deadline() {
     assert_eq!((status, body), (503, json!({"detail": "instance aborted"})));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn close_aborts_everything_and_refuses_later_requests() {
     let w = start(Options::new().host::<Tracked>("/t")).await;
     assert_eq!(w.post("/t/cl/hit").await.status(), 200);
@@ -417,7 +417,7 @@ async fn close_aborts_everything_and_refuses_later_requests() {
     assert_eq!(response.status(), 500);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn stats_rows_carry_the_reference_fields() {
     let w = start(
         Options::new()

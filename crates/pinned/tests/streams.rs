@@ -62,7 +62,7 @@ fn quick() -> HostOptions {
         .sweep_interval(Duration::from_millis(50))
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_streaming_body_holds_its_instance_until_a_drain_deadline() {
     let w = start(Options::new().host_with::<Streamer>("/s", quick())).await;
     let response = w.get("/s/sse-1/sse").await;
@@ -105,7 +105,7 @@ async fn a_streaming_body_holds_its_instance_until_a_drain_deadline() {
     assert!(w.resident().await.is_empty());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_dropped_stream_releases_its_instance() {
     let w = start(Options::new().host_with::<Streamer>("/s", quick())).await;
     let response = w.get("/s/sse-2/sse").await;
@@ -118,7 +118,7 @@ async fn a_dropped_stream_releases_its_instance() {
     .await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_websocket_holds_its_instance_and_is_closed_1001_at_the_deadline() {
     let w = start(Options::new().host_with::<Streamer>("/s", quick())).await;
     let url = w.url("/s/ws-1/ws").replace("http://", "ws://");
@@ -164,7 +164,7 @@ async fn a_websocket_holds_its_instance_and_is_closed_1001_at_the_deadline() {
     assert!(w.resident().await.is_empty());
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_closed_websocket_lets_its_instance_go_idle() {
     let w = start(Options::new().host_with::<Streamer>("/s", quick())).await;
     let url = w.url("/s/ws-2/ws").replace("http://", "ws://");

@@ -158,7 +158,7 @@ async fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn evicted_instances_are_freed_whatever_holds_their_context() {
     let quick = || {
         HostOptions::default()
@@ -172,7 +172,8 @@ async fn evicted_instances_are_freed_whatever_holds_their_context() {
             .host_with::<HoldsContext>("/holds", quick())
             .host_with::<StopCaptures>("/stop", quick())
             .host_with::<TaskCaptures>("/task", quick())
-            .store(MemoryStore::new()),
+            .store(MemoryStore::new())
+            .clock(pinned::Clock::tokio()),
     )
     .await;
     const IDS: u64 = 3;
