@@ -123,16 +123,11 @@ fn quick() -> HostOptions {
         .sweep_interval(Duration::from_millis(100))
 }
 
-async fn wait_fired(id: &str, times: usize, patience: Duration) {
-    let deadline = tokio::time::Instant::now() + patience;
-    while fired(id) < times {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{id} fired {} times, expected {times}",
-            fired(id)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn wait_fired(id: &str, times: usize) {
+    support::until(&format!("{id} to fire {times} times"), || {
+        fired(id) >= times
+    })
+    .await;
 }
 
 fn memory() -> Arc<dyn StateStore> {
@@ -155,7 +150,7 @@ async fn an_alarm_fires_once_and_its_row_is_cleared() {
     assert_eq!(w.post("/r/once/in?ms=150").await.status(), 200);
     let (_, body) = json(w.get("/r/once/get").await).await;
     assert_eq!(body["set"], true);
-    wait_fired("once", 1, Duration::from_secs(3)).await;
+    wait_fired("once", 1).await;
     // Paused time: every timer due in the next minute runs first.
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(fired("once"), 1);
@@ -176,7 +171,7 @@ async fn an_alarm_fires_after_its_instance_was_evicted() {
         s["instances"].as_array().is_some_and(Vec::is_empty)
     })
     .await;
-    wait_fired("evicted", 1, Duration::from_secs(3)).await;
+    wait_fired("evicted", 1).await;
     // Firing activated the id afresh.
     let stats = w.stats().await;
     assert_eq!(stats["namespaces"]["/r"]["activations"], 2, "{stats}");
@@ -191,7 +186,7 @@ async fn a_failing_handler_fires_again_until_it_succeeds_then_never() {
     ))
     .await;
     assert_eq!(w.post("/r/flaky/in?ms=50&fail=2").await.status(), 200);
-    wait_fired("flaky", 3, Duration::from_secs(5)).await;
+    wait_fired("flaky", 3).await;
     // A hundred retry periods later, still three.
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(fired("flaky"), 3);
@@ -244,6 +239,6 @@ async fn a_stored_alarm_fires_after_a_restart() {
             .expect("sqlite"),
     );
     let _w = start(Options::new().host::<Reminder>("/r").store(store)).await;
-    wait_fired("restart", 1, Duration::from_secs(5)).await;
+    wait_fired("restart", 1).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

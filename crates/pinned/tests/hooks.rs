@@ -13,15 +13,7 @@ use axum::{Json, Router};
 use parking_lot::Mutex;
 use pinned::{BoxError, Call, Context, HostOptions, Idle, Object, Options};
 use serde_json::json;
-use support::{json, start};
-
-async fn until(what: &str, done: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+use support::{json, start, until};
 
 fn quick() -> HostOptions {
     HostOptions::default()

@@ -59,14 +59,10 @@ async fn a_shutdown_signal_drains_then_stops_the_server() {
         tokio::spawn(async move { request.send().await.expect("slow").status() })
     };
     // The slow request is in flight before the signal.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while worker.stats()["instances"][0]["tasks"] != 1 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slow request never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    support::until("the slow request in flight", || {
+        worker.stats()["instances"][0]["tasks"] == 1
+    })
+    .await;
     let _ = stop.send(());
     // The in-flight request finishes within the drain.
     assert_eq!(slow.await.expect("join"), 200);

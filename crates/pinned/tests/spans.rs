@@ -11,7 +11,7 @@ use axum::routing::get;
 use axum::Router;
 use parking_lot::Mutex;
 use pinned::{BoxError, Call, Context, Object, Options};
-use support::start;
+use support::{eventually, start};
 
 /// Collects formatted log lines.
 #[derive(Clone, Default)]
@@ -67,33 +67,19 @@ async fn log_lines_carry_the_instance_and_the_request() {
         .await
         .expect("send");
     assert_eq!(answer.status(), 200);
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
+    let (handler, background) = eventually("both log lines", || {
         let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
-        let handler = text
-            .lines()
-            .find(|line| line.contains("from the handler"))
-            .map(str::to_owned);
-        let background = text
-            .lines()
-            .find(|line| line.contains("from the background"))
-            .map(str::to_owned);
-        if let (Some(handler), Some(background)) = (handler, background) {
-            assert!(
-                handler.contains("instance{namespace=/chatty id=a epoch=7}")
-                    && handler.contains("request{method=GET path=/hello}"),
-                "{handler}"
-            );
-            assert!(
-                background.contains("instance{namespace=/chatty id=a epoch=7}"),
-                "{background}"
-            );
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "missing lines:\n{text}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+        let line = |needle: &str| text.lines().find(|l| l.contains(needle)).map(str::to_owned);
+        std::future::ready(line("from the handler").zip(line("from the background")))
+    })
+    .await;
+    assert!(
+        handler.contains("instance{namespace=/chatty id=a epoch=7}")
+            && handler.contains("request{method=GET path=/hello}"),
+        "{handler}"
+    );
+    assert!(
+        background.contains("instance{namespace=/chatty id=a epoch=7}"),
+        "{background}"
+    );
 }

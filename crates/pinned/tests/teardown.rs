@@ -12,7 +12,7 @@ use axum::routing::get;
 use axum::Router;
 use pinned::pinned_store::MemoryStore;
 use pinned::{BoxError, Call, Context, HostOptions, Object, Options};
-use support::start;
+use support::{start, until};
 
 /// Counts drops of the state of each object kind.
 struct Dropped(&'static AtomicU64);
@@ -150,14 +150,6 @@ impl Object for TaskCaptures {
     }
 }
 
-async fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn evicted_instances_are_freed_whatever_holds_their_context() {
     let quick = || {
@@ -183,7 +175,7 @@ async fn evicted_instances_are_freed_whatever_holds_their_context() {
             assert_eq!(answer.status(), 200, "/{ns}/{id}");
         }
     }
-    wait_until("every alarm ran", || {
+    until("every alarm ran", || {
         ALARMS_RUN.load(Ordering::SeqCst) == IDS
     })
     .await;
@@ -198,7 +190,7 @@ async fn evicted_instances_are_freed_whatever_holds_their_context() {
         ("an on_stop handler capturing its Context", &STOP_CAPTURES),
         ("a background task holding its Context", &TASK_CAPTURES),
     ] {
-        wait_until(&format!("{kind} dropped after eviction"), || {
+        until(&format!("{kind} dropped after eviction"), || {
             counter.load(Ordering::SeqCst) == IDS
         })
         .await;

@@ -89,15 +89,42 @@ impl TestWorker {
 
     /// Polls `/_pinned/stats` until `done` holds (at most 5 s).
     pub async fn wait_for(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        for _ in 0..500 {
+        eventually(what, || async {
             let stats = self.stats().await;
-            if done(&stats) {
-                return stats;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("timed out waiting for {what}: {}", self.stats().await);
+            done(&stats).then_some(stats)
+        })
+        .await
     }
+}
+
+/// How long a condition may take before the test fails (tokio time: under a
+/// paused clock it passes in no real time).
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Polls `check` until it answers `Some`, and answers that; fails the test
+/// after [`PATIENCE`]. The one place the worker's tests wait: between
+/// checks it yields 10 ms of tokio time, which a paused clock skips.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until `done` holds (see [`eventually`]).
+pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    eventually(what, || std::future::ready(done().then_some(()))).await;
 }
 
 pub async fn json(response: reqwest::Response) -> (u16, Value) {
