@@ -8,11 +8,10 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{client, get_json, pinboard, rust_worker, wait_workers};
+use support::{client, eventually, get_json, pinboard, rust_worker, wait_workers};
 
 async fn wait_event(c: &reqwest::Client, worker: &str, event: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
+    eventually(event, Duration::from_secs(15), || async {
         let events: Value = c
             .get(format!("{worker}/fleet/lease-events"))
             .send()
@@ -21,18 +20,12 @@ async fn wait_event(c: &reqwest::Client, worker: &str, event: &str) {
             .json()
             .await
             .expect("json");
-        let heard = events
+        events
             .as_array()
-            .is_some_and(|events| events.iter().any(|e| e == event));
-        if heard {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never heard {event}: {events}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .is_some_and(|events| events.iter().any(|e| e == event))
+            .then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

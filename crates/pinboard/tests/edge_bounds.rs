@@ -9,10 +9,9 @@ mod support;
 use std::time::Duration;
 
 use support::raw::{connect, metric, raw_worker, read_reply, wait_closed, Answer, Ended};
-use support::Pinboard;
+use support::{eventually, Pinboard};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 const HEAD: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: pinboard\r\n\r\n";
 
@@ -44,11 +43,10 @@ async fn healthz_on_fresh_connection(pb: &Pinboard) -> bool {
 
 /// Waits until `/healthz` answers on a fresh connection.
 async fn wait_healthz(pb: &Pinboard, patience: Duration) {
-    let deadline = Instant::now() + patience;
-    while !healthz_on_fresh_connection(pb).await {
-        assert!(Instant::now() < deadline, "/healthz never answered again");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("/healthz to answer again", patience, || async {
+        healthz_on_fresh_connection(pb).await.then_some(())
+    })
+    .await;
 }
 
 /// A connection that completed one request (so it is surely accepted and
@@ -64,22 +62,24 @@ async fn served_connection(pb: &Pinboard) -> TcpStream {
 /// cap (connections that just closed leave it a moment later); returns it
 /// with the first bytes of its answer.
 async fn admitted(pb: &Pinboard, head: &[u8]) -> (TcpStream, Vec<u8>) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut s = connect(pb.addr()).await;
-        if s.write_all(head).await.is_ok() {
+    eventually(
+        "admission under the cap",
+        Duration::from_secs(5),
+        || async {
+            let mut s = connect(pb.addr()).await;
+            s.write_all(head).await.ok()?;
             let mut buf = vec![0u8; 1024];
-            if let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await
-            {
-                if n > 0 {
-                    buf.truncate(n);
-                    return (s, buf);
-                }
-            }
-        }
-        assert!(Instant::now() < deadline, "never admitted under the cap");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+                .await
+                .ok()?
+                .ok()?;
+            (n > 0).then(|| {
+                buf.truncate(n);
+                (s, buf)
+            })
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

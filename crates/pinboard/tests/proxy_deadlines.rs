@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::raw::{metric, raw_worker, Answer};
-use support::{client, get_json, id_on, wait_workers, Pinboard, Worker, LEASE_TTL_MS};
+use support::{client, eventually, get_json, id_on, wait_workers, Pinboard, Worker, LEASE_TTL_MS};
 use tokio::time::Instant;
 
 const DETAIL: &str = "worker did not answer in time";
@@ -54,23 +54,23 @@ async fn a_frozen_worker_answers_504_in_time_and_its_ids_move_once_its_lease_lap
 
     // Once a's lease lapses the id is placed on b, with fresh state.
     let budget = Duration::from_millis(LEASE_TTL_MS) + Duration::from_secs(5);
-    let moved = loop {
-        let res = c
-            .get(format!("{}/counter/{id}/hit", pb.url))
-            .send()
-            .await
-            .expect("send");
-        match res.status().as_u16() {
-            200 => break res.json::<Value>().await.expect("json"),
-            503 | 504 => {}
-            other => panic!("unexpected {other}: {:?}", res.text().await),
-        }
-        assert!(
-            frozen.elapsed() < budget,
-            "{id} never moved off the frozen worker"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let moved = eventually(
+        &format!("{id} to move off the frozen worker"),
+        budget,
+        || async {
+            let res = c
+                .get(format!("{}/counter/{id}/hit", pb.url))
+                .send()
+                .await
+                .expect("send");
+            match res.status().as_u16() {
+                200 => Some(res.json::<Value>().await.expect("json")),
+                503 | 504 => None,
+                other => panic!("unexpected {other}: {:?}", res.text().await),
+            }
+        },
+    )
+    .await;
     assert_eq!(moved["process"], pb_proc);
     assert_eq!(moved["count"], 1);
     a.thaw();

@@ -323,6 +323,27 @@ pub async fn id_on(
     None
 }
 
+/// Polls `check` until it answers `Some`, and answers that; fails the test
+/// after `patience`. The one polling loop of these tests: between checks it
+/// waits 20 ms.
+pub async fn eventually<T, F, Fut>(what: &str, patience: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub async fn get_json(c: &reqwest::Client, url: &str, patience: Duration) -> Value {
     let deadline = tokio::time::Instant::now() + patience;
     loop {
