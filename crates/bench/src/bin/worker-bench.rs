@@ -183,32 +183,38 @@ fn rss_bytes() -> anyhow::Result<u64> {
     Ok(pages * 4096)
 }
 
-async fn memory(instances: u64) -> anyhow::Result<()> {
+/// POSTs every path through `router` in process, 256 at a time; every
+/// answer must be a success.
+async fn post_all(router: &Router, paths: impl Iterator<Item = String>) -> anyhow::Result<()> {
     use tower::ServiceExt;
-    let worker = worker_options().build()?;
-    let router = worker.router();
-    // Warm the allocator and the router with a few instances first.
-    let activate = |i: u64| {
+    let post = |path: String| {
         let router = router.clone();
         async move {
-            let request = http::Request::post(format!("/counter/m{i}/increment"))
+            let request = http::Request::post(&path)
                 .body(axum::body::Body::empty())
                 .map_err(anyhow::Error::from)?;
             let response = router.oneshot(request).await.map_err(anyhow::Error::from)?;
-            anyhow::ensure!(response.status().is_success(), "activation failed");
+            anyhow::ensure!(response.status().is_success(), "POST {path} failed");
             Ok::<(), anyhow::Error>(())
         }
     };
-    for i in 0..1_000 {
-        activate(u64::MAX - i).await?;
-    }
-    let before = rss_bytes()?;
-    let mut stream = futures_util::stream::iter(0..instances)
-        .map(activate)
+    let mut stream = futures_util::stream::iter(paths)
+        .map(post)
         .buffer_unordered(256);
     while let Some(result) = stream.next().await {
         result?;
     }
+    Ok(())
+}
+
+async fn memory(instances: u64) -> anyhow::Result<()> {
+    let worker = worker_options().build()?;
+    let router = worker.router();
+    let activate = |ids: std::ops::Range<u64>| ids.map(|i| format!("/counter/m{i}/increment"));
+    // Warm the allocator and the router with a few instances first.
+    post_all(&router, activate(u64::MAX - 1_000..u64::MAX)).await?;
+    let before = rss_bytes()?;
+    post_all(&router, activate(0..instances)).await?;
     let after = rss_bytes()?;
     let resident = worker.stats()["instances"].as_array().map_or(0, Vec::len);
     let per_instance = (after.saturating_sub(before)) as f64 / instances as f64;
@@ -223,33 +229,20 @@ async fn memory(instances: u64) -> anyhow::Result<()> {
 }
 
 async fn churn(cycles: u64) -> anyhow::Result<()> {
-    use tower::ServiceExt;
     let worker = Options::new()
         .env_vars(Vec::<(String, String)>::new())
         .host_with::<Churned>("/churn", HostOptions::default().max_instances(1_000_000))
         .build()?;
     let router = worker.router();
-    let visit = |i: u64| {
-        let router = router.clone();
-        async move {
-            let request = http::Request::post(format!("/churn/c{i}/visit"))
-                .body(axum::body::Body::empty())
-                .map_err(anyhow::Error::from)?;
-            let response = router.oneshot(request).await.map_err(anyhow::Error::from)?;
-            anyhow::ensure!(response.status().is_success(), "visit failed");
-            Ok::<(), anyhow::Error>(())
-        }
-    };
     let round = |from: u64, count: u64| {
         let worker = worker.clone();
-        let visit = &visit;
+        let router = &router;
         async move {
-            let mut stream = futures_util::stream::iter(from..from + count)
-                .map(visit)
-                .buffer_unordered(256);
-            while let Some(result) = stream.next().await {
-                result?;
-            }
+            post_all(
+                router,
+                (from..from + count).map(|i| format!("/churn/c{i}/visit")),
+            )
+            .await?;
             // Every instance closed before memory is read.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
             while worker.stats()["instances"]
