@@ -115,8 +115,7 @@ impl WebSocketUpgrade {
             tokio::select! {
                 () = callback(socket) => {}
                 () = slot.cancel.cancelled() => {
-                    let frame = CloseFrame { code: CLOSE_GOING_AWAY, reason: Utf8Bytes::from_static(CLOSE_REASON) };
-                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, closer.send(Message::Close(Some(frame)))).await;
+                    let _ = closer.close(CLOSE_GOING_AWAY, CLOSE_REASON).await;
                 }
             }
         })
