@@ -202,6 +202,54 @@ impl Context {
         self.slot.host.states.get::<S>()
     }
 
+    /// The singleton tray `T` (declared with
+    /// [`Trays::singleton`](crate::tray::Trays::singleton)). Open from the
+    /// activation on; usable in [`Object::activate`](crate::Object::activate)
+    /// too (it opens there).
+    ///
+    /// # Errors
+    ///
+    /// [`TrayError::NoStore`](crate::tray::TrayError::NoStore),
+    /// [`TrayError::NotDeclared`](crate::tray::TrayError::NotDeclared), a row
+    /// that does not restore, a store failure.
+    pub async fn tray<T: crate::tray::Tray>(
+        &self,
+    ) -> Result<crate::tray::TrayHandle<T>, crate::tray::TrayError> {
+        let trays = self.trays()?;
+        trays
+            .obtain::<T>(crate::tray::SINGLETON_ID, false, true)
+            .await
+            .map(crate::tray::TrayHandle::new)
+    }
+
+    /// The keyed trays of type `T` (declared with
+    /// [`Trays::keyed`](crate::tray::Trays::keyed)).
+    ///
+    /// # Errors
+    ///
+    /// [`TrayError::NoStore`](crate::tray::TrayError::NoStore),
+    /// [`TrayError::NotDeclared`](crate::tray::TrayError::NotDeclared).
+    pub fn keyed<T: crate::tray::Tray>(
+        &self,
+    ) -> Result<crate::tray::KeyedTrays<T>, crate::tray::TrayError> {
+        let trays = self.trays()?;
+        self.slot.host.lifecycle.trays.of::<T>(true)?;
+        Ok(crate::tray::KeyedTrays::new(trays))
+    }
+
+    fn trays(&self) -> Result<Arc<crate::tray::InstanceTrays>, crate::tray::TrayError> {
+        if self.slot.host.store.is_none() {
+            return Err(crate::tray::TrayError::NoStore);
+        }
+        self.slot.trays().ok_or_else(|| {
+            if self.slot.host.lifecycle.trays.is_empty() {
+                crate::tray::TrayError::NotDeclared("(none declared)")
+            } else {
+                crate::tray::TrayError::Closed
+            }
+        })
+    }
+
     /// The instance's alarm (`set`, `get`).
     pub fn alarm(&self) -> Alarm {
         Alarm::new(self.slot.clone())

@@ -71,6 +71,7 @@ mod slot;
 mod state;
 mod store;
 mod task;
+pub mod tray;
 mod worker;
 pub mod ws;
 

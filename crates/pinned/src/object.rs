@@ -165,6 +165,13 @@ pub trait Object: Sized + Send + Sync + 'static {
         async { Ok(()) }
     }
 
+    /// The trays (durable work queues) of every instance: see
+    /// [`tray`](crate::tray). Called once per hosted namespace; the default
+    /// declares none, and an object without trays pays nothing for them.
+    fn trays() -> crate::tray::Trays<Self> {
+        crate::tray::Trays::new()
+    }
+
     /// Called on every live instance when an ack restores the worker's
     /// unhealthy lease. Errors are counted in
     /// `pinned_callback_failures_total{hook="on_restored"}`.
@@ -324,6 +331,8 @@ pub(crate) struct Lifecycle {
     pub(crate) on_wind_down: WindDownHook,
     pub(crate) on_unhealthy: Hook,
     pub(crate) on_restored: Hook,
+    /// The declared trays.
+    pub(crate) trays: Arc<crate::tray::Declared>,
 }
 
 impl Lifecycle {
@@ -338,6 +347,7 @@ impl Lifecycle {
             on_wind_down: on_wind_down::<T>,
             on_unhealthy: on_unhealthy::<T>,
             on_restored: on_restored::<T>,
+            trays: Arc::new(T::trays().into_declared()),
         }
     }
 }

@@ -137,6 +137,9 @@ pub(crate) struct Slot {
     tag: Mutex<Option<Arc<str>>>,
     /// Alarm turns, allocated on first use.
     pub(crate) alarm: OnceLock<Box<crate::alarm::AlarmState>>,
+    /// The open trays (objects that declare trays, on a worker with a
+    /// store); taken at the end of teardown.
+    trays: Mutex<Option<Arc<crate::tray::InstanceTrays>>>,
 }
 
 impl Slot {
@@ -166,6 +169,7 @@ impl Slot {
             turn,
             tag: Mutex::new(None),
             alarm: OnceLock::new(),
+            trays: Mutex::new(None),
         }
     }
 
@@ -192,6 +196,19 @@ impl Slot {
     /// Takes the state out of a record whose teardown finished.
     pub(crate) fn take_instance(&self) -> Option<Instance> {
         self.instance.lock().take()
+    }
+
+    pub(crate) fn trays(&self) -> Option<Arc<crate::tray::InstanceTrays>> {
+        self.trays.lock().clone()
+    }
+
+    pub(crate) fn set_trays(&self, trays: Arc<crate::tray::InstanceTrays>) {
+        *self.trays.lock() = Some(trays);
+    }
+
+    /// Takes the trays out of a record that is leaving.
+    pub(crate) fn take_trays(&self) -> Option<Arc<crate::tray::InstanceTrays>> {
+        self.trays.lock().take()
     }
 
     /// Enters the instance: counts one in-flight entry unless it is closing.

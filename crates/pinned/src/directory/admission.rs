@@ -19,6 +19,7 @@ use tracing::Instrument;
 use super::{panic_message, HostShared};
 use crate::context::Context;
 use crate::slot::{Activation, Busy, Instance, Phase, Slot};
+use crate::tray::InstanceTrays;
 
 /// How many idle instances an eviction at capacity compares.
 const EVICTION_SAMPLE: usize = 64;
@@ -255,15 +256,33 @@ impl HostShared {
         let handle = tokio::spawn(async move {
             let slot = task_slot;
             let _entry = entry;
+            if host.holds_trays() {
+                if let Some(store) = host.store.clone() {
+                    slot.set_trays(Arc::new(InstanceTrays::new(
+                        &slot,
+                        host.lifecycle.trays.clone(),
+                        store,
+                    )));
+                }
+            }
             let ctx = Context::new(slot.clone());
-            let activate = AssertUnwindSafe((host.lifecycle.activate)(ctx)).catch_unwind();
+            let activate = AssertUnwindSafe(async {
+                let instance = (host.lifecycle.activate)(ctx).await?;
+                // The trays resume once the object exists (their handlers
+                // need it) and before the instance serves.
+                slot.set_instance(instance.clone());
+                if let Some(trays) = slot.trays() {
+                    trays.hydrate().await?;
+                }
+                Ok::<_, crate::BoxError>(instance)
+            })
+            .catch_unwind();
             let outcome = tokio::select! {
                 outcome = activate => outcome,
                 () = slot.cancel.cancelled() => return Activation::Aborted,
             };
             let failure = match outcome {
                 Ok(Ok(instance)) => {
-                    slot.set_instance(instance.clone());
                     let activated = slot.go_live(host.clock.unix_ms());
                     *slot.activation.lock() = None;
                     if !activated {
@@ -282,6 +301,8 @@ impl HostShared {
             tracing::error!(namespace = %host.ns, id = %slot.id, error = %failure, "instance activation failed");
             host.metrics.request_failed("lifespan", "http");
             slot.cancel.cancel();
+            drop(slot.take_instance());
+            drop(slot.take_trays());
             host.remove(&slot);
             Activation::Failed
         }.instrument(span));

@@ -181,6 +181,17 @@ impl HostShared {
         u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// The host was shut down: every request is refused.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::SeqCst)
+    }
+
+    /// Whether this namespace's instances hold trays: declared, and a
+    /// store to keep them in.
+    pub(crate) fn holds_trays(&self) -> bool {
+        self.store.is_some() && !self.lifecycle.trays.is_empty()
+    }
+
     pub(crate) fn draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
@@ -290,6 +301,11 @@ impl HostShared {
             }
         });
         *sweeper = Some(task.abort_handle());
+        // No pinboard sweeper wakes instances whose rows claim work: the
+        // worker does, once at start.
+        if self.control.fires_evicted_alarms() && self.holds_trays() {
+            spawn_detached(crate::tray::wake::wake_marked(self.clone()));
+        }
         if let Some(lease) = self.control.lease() {
             let watcher = tokio::spawn(crate::hooks::watch_lease(
                 Arc::downgrade(self),

@@ -108,6 +108,17 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
             host.metrics.shutdown_failed("directory");
         }
     }
+    // Everything the trays (and the hooks above) enlisted lands before the
+    // placement is released.
+    let trays = slot.take_trays();
+    let pending = match &trays {
+        Some(trays) => {
+            trays.settle().await;
+            trays.pending()
+        }
+        None => false,
+    };
+    drop(trays);
     // The record may outlive the teardown (a task or the state itself can
     // hold a `Context`); the state must not. Dropping it here breaks any
     // cycle user code built through a `Context`.
@@ -133,6 +144,18 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
         tracing::info!(namespace = %host.ns, id = %slot.id, "evicted instance");
     }
     host.remove(&slot);
+    // Locally nobody else wakes an instance that left with tray work
+    // pending (an abort mid-dispatch): wake it after a sweep interval.
+    if pending && host.control.fires_evicted_alarms() && !host.is_shut_down() && !host.leaving() {
+        let period = host.options.sweep_interval;
+        let id = slot.id.to_string();
+        spawn_detached(async move {
+            tokio::time::sleep(period).await;
+            if !host.is_shut_down() && !host.is_resident(&id) {
+                crate::tray::wake::wake(&host, &id).await;
+            }
+        });
+    }
 }
 
 /// Awaits a hook, turning a panic into an error message.

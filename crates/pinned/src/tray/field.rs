@@ -1,0 +1,460 @@
+//! The durable field kinds a [`Tray`](super::Tray) declares: [`Value`],
+//! [`Queue`] and [`Outbox`], each one entry of the tray's row doc.
+//!
+//! A field is plain memory plus a dirty flag: mutations go through methods
+//! (or `DerefMut`) that set it, so a write segment re-serializes only the
+//! fields it touched. The JSON shape of each entry is the Python
+//! reference's (wire.md §12.4), so either worker can read the other's rows.
+//! A field never writes to the store itself; the tray's row does.
+
+use std::collections::VecDeque;
+use std::ops::{Deref, DerefMut};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value as Json;
+
+/// Why a stored doc entry could not be restored into its field.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed {kind} entry at {name:?}: {reason}")]
+pub struct FieldError {
+    /// The field kind (`value`, `queue`, `outbox`).
+    pub kind: &'static str,
+    /// The doc entry name.
+    pub name: String,
+    /// What was wrong with it.
+    pub reason: String,
+}
+
+/// One durable field of a tray: how its doc entry is restored and written.
+///
+/// Implemented by [`Value`], [`Queue`] and [`Outbox`]; a tray lists its
+/// fields in [`Tray::fields`](super::Tray::fields).
+pub trait Field: Send + Sync {
+    /// The field kind, for errors.
+    fn kind(&self) -> &'static str;
+    /// Restores the field from its stored entry (`None`: no entry, the
+    /// field's initial state).
+    ///
+    /// # Errors
+    ///
+    /// The entry does not have this field's shape.
+    fn restore(&mut self, entry: Option<Json>) -> Result<(), String>;
+    /// The entry to store, `None` for no entry (the field's initial state
+    /// occupies no storage).
+    ///
+    /// # Errors
+    ///
+    /// A value does not serialize to JSON.
+    fn entry(&self) -> Result<Option<Json>, serde_json::Error>;
+    /// Whether the field changed since the last call (and resets that).
+    fn take_dirty(&mut self) -> bool;
+    /// Lands deferred takes ([`Queue::take`]) at a dispatch ack.
+    fn commit_takes(&mut self) {}
+}
+
+/// The visitor a tray lists its fields to, by doc entry name.
+///
+/// ```
+/// # use pinned::tray::{Fields, Queue, Value};
+/// # struct Jobs { queue: Queue<String>, done: Value<Vec<String>> }
+/// # impl Jobs {
+/// fn fields(&mut self, fields: &mut Fields<'_>) {
+///     fields.field("queue", &mut self.queue);
+///     fields.field("done", &mut self.done);
+/// }
+/// # }
+/// ```
+pub struct Fields<'a> {
+    visit: &'a mut dyn FnMut(&'static str, &mut dyn Field),
+}
+
+impl<'a> Fields<'a> {
+    pub(crate) fn new(visit: &'a mut dyn FnMut(&'static str, &mut dyn Field)) -> Self {
+        Self { visit }
+    }
+
+    /// Declares field `name` (its doc entry name; it must not start with `~`
+    /// and must be unique within the tray).
+    pub fn field(&mut self, name: &'static str, field: &mut dyn Field) {
+        (self.visit)(name, field);
+    }
+}
+
+impl std::fmt::Debug for Fields<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fields").finish_non_exhaustive()
+    }
+}
+
+fn decode<T: DeserializeOwned>(entry: Json) -> Result<T, String> {
+    serde_json::from_value(entry).map_err(|error| error.to_string())
+}
+
+/// One durable value (the reference's `persistent(initial)`). Read it
+/// through `Deref`, write it through `DerefMut` or [`set`](Self::set). A
+/// value equal to its initial one occupies no storage.
+#[derive(Debug, Clone)]
+pub struct Value<T> {
+    initial: T,
+    value: T,
+    dirty: bool,
+}
+
+impl<T: Clone> Value<T> {
+    /// A field whose initial value is `initial`.
+    pub fn new(initial: T) -> Self {
+        Self {
+            value: initial.clone(),
+            initial,
+            dirty: false,
+        }
+    }
+
+    /// Replaces the value.
+    pub fn set(&mut self, value: T) {
+        self.value = value;
+        self.dirty = true;
+    }
+}
+
+impl<T: Clone + Default> Default for Value<T> {
+    fn default() -> Self {
+        Self::new(T::default())
+    }
+}
+
+impl<T> Deref for Value<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<T> DerefMut for Value<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.dirty = true;
+        &mut self.value
+    }
+}
+
+impl<T> Field for Value<T>
+where
+    T: Serialize + DeserializeOwned + PartialEq + Clone + Send + Sync,
+{
+    fn kind(&self) -> &'static str {
+        "value"
+    }
+
+    fn restore(&mut self, entry: Option<Json>) -> Result<(), String> {
+        self.value = match entry {
+            None => self.initial.clone(),
+            Some(entry) => decode(entry)?,
+        };
+        self.dirty = false;
+        Ok(())
+    }
+
+    fn entry(&self) -> Result<Option<Json>, serde_json::Error> {
+        if self.value == self.initial {
+            return Ok(None);
+        }
+        serde_json::to_value(&self.value).map(Some)
+    }
+
+    fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+}
+
+/// A durable FIFO queue (the reference's `persistent_queue()`): append at
+/// the back, peek and pop at the front. Stored as the list of items (no
+/// entry when empty), or `{"items", "taken"}` while a [`take`](Self::take)
+/// is pending.
+#[derive(Debug, Clone)]
+pub struct Queue<T> {
+    items: VecDeque<T>,
+    taken: Vec<T>,
+    dirty: bool,
+}
+
+impl<T> Default for Queue<T> {
+    fn default() -> Self {
+        Self {
+            items: VecDeque::new(),
+            taken: Vec::new(),
+            dirty: false,
+        }
+    }
+}
+
+impl<T> Queue<T> {
+    /// An empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends `item` at the back.
+    pub fn push_back(&mut self, item: T) {
+        self.items.push_back(item);
+        self.dirty = true;
+    }
+
+    /// The item at the front.
+    pub fn front(&self) -> Option<&T> {
+        self.items.front()
+    }
+
+    /// Removes and returns the item at the front.
+    pub fn pop_front(&mut self) -> Option<T> {
+        let item = self.items.pop_front();
+        self.dirty |= item.is_some();
+        item
+    }
+
+    /// Moves up to `count` items from the front into the pending takes and
+    /// returns clones of them. The takes land durably with the current
+    /// dispatch's ack; if it never acks (a crash, an error), they are back at
+    /// the front on redelivery. For handlers that work through a batch.
+    pub fn take(&mut self, count: usize) -> Vec<T>
+    where
+        T: Clone,
+    {
+        let count = count.min(self.items.len());
+        let taken: Vec<T> = self.items.drain(..count).collect();
+        self.dirty |= !taken.is_empty();
+        self.taken.extend(taken.iter().cloned());
+        taken
+    }
+
+    /// The number of queued items (pending takes excluded).
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether no item is queued.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// The queued items, front first.
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.items.iter()
+    }
+}
+
+impl<T> Field for Queue<T>
+where
+    T: Serialize + DeserializeOwned + Clone + Send + Sync,
+{
+    fn kind(&self) -> &'static str {
+        "queue"
+    }
+
+    fn restore(&mut self, entry: Option<Json>) -> Result<(), String> {
+        let (taken, items): (Vec<T>, Vec<T>) = match entry {
+            None => (Vec::new(), Vec::new()),
+            Some(Json::Array(items)) => (Vec::new(), decode(Json::Array(items))?),
+            Some(Json::Object(mut entry)) => {
+                if entry.keys().any(|key| key != "items" && key != "taken") {
+                    return Err("only \"items\" and \"taken\" may appear".to_owned());
+                }
+                let mut list = |key: &str| -> Result<Vec<T>, String> {
+                    match entry.remove(key) {
+                        None => Ok(Vec::new()),
+                        Some(list @ Json::Array(_)) => decode(list),
+                        Some(_) => Err(format!("{key:?} must be a list")),
+                    }
+                };
+                (list("taken")?, list("items")?)
+            }
+            Some(_) => return Err("expected a list or an object".to_owned()),
+        };
+        // Takes left by a dispatch that never acked are back at the front,
+        // and the rewritten entry says so at the next write.
+        self.dirty = !taken.is_empty();
+        self.items = taken.into_iter().chain(items).collect();
+        self.taken.clear();
+        Ok(())
+    }
+
+    fn entry(&self) -> Result<Option<Json>, serde_json::Error> {
+        if self.taken.is_empty() {
+            if self.items.is_empty() {
+                return Ok(None);
+            }
+            return serde_json::to_value(&self.items).map(Some);
+        }
+        let mut entry = serde_json::Map::new();
+        entry.insert("taken".to_owned(), serde_json::to_value(&self.taken)?);
+        if !self.items.is_empty() {
+            entry.insert("items".to_owned(), serde_json::to_value(&self.items)?);
+        }
+        Ok(Some(Json::Object(entry)))
+    }
+
+    fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+
+    fn commit_takes(&mut self) {
+        if !self.taken.is_empty() {
+            self.taken.clear();
+            self.dirty = true;
+        }
+    }
+}
+
+/// The one item a handler has in flight toward somewhere else, with its
+/// attempt count (the reference's `persistent_outbox()`): `dispatch(item)`
+/// records it (the same item again bumps the attempt), `ack()` clears it.
+/// Stored as `{"item", "attempt"}`, no entry when empty.
+#[derive(Debug, Clone)]
+pub struct Outbox<T> {
+    slot: Option<(T, u64)>,
+    dirty: bool,
+}
+
+impl<T> Default for Outbox<T> {
+    fn default() -> Self {
+        Self {
+            slot: None,
+            dirty: false,
+        }
+    }
+}
+
+impl<T: PartialEq> Outbox<T> {
+    /// Records `item` as in flight and returns its attempt: 1 for a new
+    /// item, one more than before for the item already there.
+    pub fn dispatch(&mut self, item: T) -> u64 {
+        let attempt = match &self.slot {
+            Some((current, attempt)) if *current == item => attempt + 1,
+            _ => 1,
+        };
+        self.slot = Some((item, attempt));
+        self.dirty = true;
+        attempt
+    }
+
+    /// Clears the item in flight; false when there was none.
+    pub fn ack(&mut self) -> bool {
+        let had = self.slot.take().is_some();
+        self.dirty |= had;
+        had
+    }
+
+    /// The item in flight.
+    pub fn item(&self) -> Option<&T> {
+        self.slot.as_ref().map(|(item, _)| item)
+    }
+
+    /// The attempt of the item in flight, 0 when empty.
+    pub fn attempt(&self) -> u64 {
+        self.slot.as_ref().map_or(0, |(_, attempt)| *attempt)
+    }
+}
+
+impl<T> Field for Outbox<T>
+where
+    T: Serialize + DeserializeOwned + PartialEq + Send + Sync,
+{
+    fn kind(&self) -> &'static str {
+        "outbox"
+    }
+
+    fn restore(&mut self, entry: Option<Json>) -> Result<(), String> {
+        self.slot = match entry {
+            None => None,
+            Some(Json::Object(mut entry)) => {
+                if entry.len() != 2 {
+                    return Err("expected exactly \"item\" and \"attempt\"".to_owned());
+                }
+                let attempt = entry
+                    .remove("attempt")
+                    .and_then(|attempt| attempt.as_u64())
+                    .filter(|attempt| *attempt >= 1)
+                    .ok_or("\"attempt\" must be an integer of at least 1")?;
+                let item = entry.remove("item").ok_or("\"item\" is missing")?;
+                Some((decode(item)?, attempt))
+            }
+            Some(_) => return Err("expected an object".to_owned()),
+        };
+        self.dirty = false;
+        Ok(())
+    }
+
+    fn entry(&self) -> Result<Option<Json>, serde_json::Error> {
+        let Some((item, attempt)) = &self.slot else {
+            return Ok(None);
+        };
+        let mut entry = serde_json::Map::new();
+        entry.insert("item".to_owned(), serde_json::to_value(item)?);
+        entry.insert("attempt".to_owned(), Json::from(*attempt));
+        Ok(Some(Json::Object(entry)))
+    }
+
+    fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may panic on the unexpected
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_value_at_its_initial_occupies_no_entry() {
+        let mut done: Value<Vec<String>> = Value::default();
+        assert_eq!(done.entry().unwrap(), None);
+        done.push("a".into());
+        assert!(done.take_dirty());
+        assert_eq!(done.entry().unwrap(), Some(json!(["a"])));
+        done.restore(None).unwrap();
+        assert!(done.is_empty());
+    }
+
+    #[test]
+    fn a_queue_with_pending_takes_stores_both_lists_and_restores_takes_first() {
+        let mut queue: Queue<u32> = Queue::new();
+        for n in 1..=3 {
+            queue.push_back(n);
+        }
+        assert_eq!(queue.take(1), vec![1]);
+        let entry = queue.entry().unwrap().unwrap();
+        assert_eq!(entry, json!({"taken": [1], "items": [2, 3]}));
+        let mut restored: Queue<u32> = Queue::new();
+        restored.restore(Some(entry)).unwrap();
+        assert_eq!(restored.iter().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert!(restored.take_dirty(), "the restored takes are rewritten");
+        queue.commit_takes();
+        assert_eq!(queue.entry().unwrap(), Some(json!([2, 3])));
+    }
+
+    #[test]
+    fn a_malformed_queue_entry_is_refused() {
+        let mut queue: Queue<u32> = Queue::new();
+        assert!(queue.restore(Some(json!({"items": [1], "x": 1}))).is_err());
+        assert!(queue.restore(Some(json!("nope"))).is_err());
+        assert!(queue.restore(Some(json!(["not a number"]))).is_err());
+    }
+
+    #[test]
+    fn an_outbox_counts_attempts_of_the_same_item() {
+        let mut outbox: Outbox<String> = Outbox::default();
+        assert_eq!(outbox.dispatch("a".into()), 1);
+        assert_eq!(outbox.dispatch("a".into()), 2);
+        assert_eq!(
+            outbox.entry().unwrap(),
+            Some(json!({"item": "a", "attempt": 2}))
+        );
+        assert_eq!(outbox.dispatch("b".into()), 1);
+        assert!(outbox.ack());
+        assert_eq!(outbox.entry().unwrap(), None);
+        assert!(outbox
+            .restore(Some(json!({"item": "a", "attempt": 0})))
+            .is_err());
+    }
+}

@@ -1,0 +1,259 @@
+//! [`InstanceTrays`]: the trays one instance has open, how they are opened
+//! (from a row, or fresh) and hydrated at activation, and how they are
+//! settled at teardown.
+//!
+//! At activation one `list(marked = true)` plus one `list(tray_ns)` per
+//! always-open keyed type fetch every row to open; a marked row with no
+//! declaration, or of the other kind, fails the activation. Openings are
+//! serialized per instance (they are rare, a store read each), so a key is
+//! never open twice. This module owns the open map and nothing else: the
+//! pump and the write path live with the tray.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use pinned_store::{Doc, StateStore};
+
+use super::declare::{Declared, Spec};
+use super::frontier::Frontier;
+use super::machine::{OpenTray, Opened};
+use super::{Tray, TrayError, SINGLETON_ID};
+use crate::slot::Slot;
+
+type Key = (&'static str, String);
+
+/// The open trays of one instance.
+pub(crate) struct InstanceTrays {
+    pub(crate) slot: Weak<Slot>,
+    declared: Arc<Declared>,
+    store: Arc<dyn StateStore>,
+    pub(crate) frontier: Arc<Frontier>,
+    open: Mutex<HashMap<Key, Arc<dyn Opened>>>,
+    opening: tokio::sync::Mutex<()>,
+}
+
+impl InstanceTrays {
+    pub(crate) fn new(
+        slot: &Arc<Slot>,
+        declared: Arc<Declared>,
+        store: Arc<dyn StateStore>,
+    ) -> Self {
+        Self {
+            slot: Arc::downgrade(slot),
+            frontier: Arc::new(Frontier::new(store.clone(), Arc::downgrade(slot))),
+            declared,
+            store,
+            open: Mutex::new(HashMap::new()),
+            opening: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn slot(&self) -> Result<Arc<Slot>, TrayError> {
+        self.slot.upgrade().ok_or(TrayError::Closed)
+    }
+
+    /// Passes a store answer through, aborting the instance on a lost fence.
+    fn fenced<R>(
+        slot: &Arc<Slot>,
+        answer: Result<R, pinned_store::StoreError>,
+    ) -> Result<R, TrayError> {
+        answer.map_err(|error| {
+            crate::store::abort_on_fence_lost(slot, &error);
+            TrayError::Store(error)
+        })
+    }
+
+    fn lookup<T: Tray>(&self, key: &str) -> Option<Arc<OpenTray<T>>> {
+        let opened = self.open.lock().get(&(T::NAME, key.to_owned())).cloned()?;
+        if opened.deleted() {
+            return None;
+        }
+        opened.any().downcast::<OpenTray<T>>().ok()
+    }
+
+    /// The open tray `T` under `key`, opening it from its row (or fresh when
+    /// `create`) when it is not open.
+    pub(crate) async fn obtain<T: Tray>(
+        self: &Arc<Self>,
+        key: &str,
+        keyed: bool,
+        create: bool,
+    ) -> Result<Arc<OpenTray<T>>, TrayError> {
+        let spec = self.declared.of::<T>(keyed)?;
+        if keyed && key.is_empty() {
+            return Err(TrayError::EmptyKey);
+        }
+        if let Some(open) = self.lookup::<T>(key) {
+            return Ok(open);
+        }
+        let _opening = self.opening.lock().await;
+        // A delete under way finishes before the key opens again.
+        let deleting = self.open.lock().get(&(T::NAME, key.to_owned())).cloned();
+        if let Some(deleting) = deleting {
+            if deleting.deleted() {
+                deleting.freed().await;
+            }
+        }
+        if let Some(open) = self.lookup::<T>(key) {
+            return Ok(open);
+        }
+        let slot = self.slot()?;
+        let epoch = slot.epoch().unwrap_or(0);
+        let row = Self::fenced(
+            &slot,
+            self.store
+                .get_tray(&slot.host.ns, &slot.id, T::NAME, key, epoch)
+                .await,
+        )?;
+        if row.is_none() && !create {
+            return Err(TrayError::NotFound {
+                tray: T::NAME,
+                key: key.to_owned(),
+            });
+        }
+        let opened = self.insert(spec, key.to_owned(), row.map(|row| (row.marked, row.doc)))?;
+        opened
+            .any()
+            .downcast::<OpenTray<T>>()
+            .map_err(|_| TrayError::NotDeclared(T::NAME))
+    }
+
+    fn insert(
+        self: &Arc<Self>,
+        spec: &Spec,
+        key: String,
+        row: Option<(bool, Doc)>,
+    ) -> Result<Arc<dyn Opened>, TrayError> {
+        let opened = (spec.open)(self, spec, key.clone(), row)?;
+        self.open.lock().insert((spec.name, key), opened.clone());
+        opened.clone().resume();
+        Ok(opened)
+    }
+
+    /// Opens every marked row and every always-open tray, starting their
+    /// pumps: the activation's share of the trays.
+    pub(crate) async fn hydrate(self: &Arc<Self>) -> Result<(), TrayError> {
+        let slot = self.slot()?;
+        let epoch = slot.epoch().unwrap_or(0);
+        let (ns, id) = (&slot.host.ns, &slot.id);
+        let mut rows = Self::fenced(
+            &slot,
+            self.store.list(ns, id, epoch, None, Some(true)).await,
+        )?;
+        for spec in &self.declared.specs {
+            if spec.always_open && spec.keyed {
+                rows.extend(Self::fenced(
+                    &slot,
+                    self.store.list(ns, id, epoch, Some(spec.name), None).await,
+                )?);
+            }
+        }
+        let _opening = self.opening.lock().await;
+        let mut opened: Vec<Key> = Vec::new();
+        for row in rows {
+            let Some(spec) = self.declared.by_name(&row.tray_ns) else {
+                return Err(TrayError::Malformed {
+                    tray: row.tray_ns,
+                    key: row.tray_id,
+                    reason: "a marked row with no matching tray declaration on this object"
+                        .to_owned(),
+                });
+            };
+            let wrong_kind = if spec.keyed {
+                row.tray_id.is_empty()
+            } else {
+                row.tray_id != SINGLETON_ID
+            };
+            if wrong_kind {
+                return Err(TrayError::Malformed {
+                    tray: row.tray_ns,
+                    key: row.tray_id,
+                    reason: format!(
+                        "the row does not fit the declared {} tray",
+                        if spec.keyed { "keyed" } else { "singleton" }
+                    ),
+                });
+            }
+            let key: Key = (spec.name, row.tray_id);
+            if opened.contains(&key) || self.open.lock().contains_key(&key) {
+                continue;
+            }
+            self.insert(spec, key.1.clone(), Some((row.marked, row.doc)))?;
+            opened.push(key);
+        }
+        for spec in &self.declared.specs {
+            let key: Key = (spec.name, SINGLETON_ID.to_owned());
+            if spec.keyed || self.open.lock().contains_key(&key) {
+                continue;
+            }
+            let row = Self::fenced(
+                &slot,
+                self.store
+                    .get_tray(ns, id, spec.name, SINGLETON_ID, epoch)
+                    .await,
+            )?;
+            self.insert(spec, key.1, row.map(|row| (row.marked, row.doc)))?;
+        }
+        Ok(())
+    }
+
+    /// Removes a passivated or deleted tray from the open map, if `tray` is
+    /// still the one open under its key.
+    pub(crate) fn forget(&self, name: &'static str, key: &str, tray: &Arc<dyn Opened>) {
+        let mut open = self.open.lock();
+        let entry = (name, key.to_owned());
+        if open
+            .get(&entry)
+            .is_some_and(|current| Arc::ptr_eq(current, tray))
+        {
+            open.remove(&entry);
+        }
+    }
+
+    /// Passivates `tray` when nothing but the open map and its pump hold it
+    /// (no handle in user code): true when it left the map.
+    pub(crate) fn passivate(&self, name: &'static str, key: &str, holders: usize) -> bool {
+        let mut open = self.open.lock();
+        let entry = (name, key.to_owned());
+        let Some(current) = open.get(&entry) else {
+            return false;
+        };
+        // Lock order: a tray's state lock, then this map's (the pump
+        // passivates under its tray's lock).
+        if Arc::strong_count(current) > holders {
+            return false;
+        }
+        open.remove(&entry);
+        true
+    }
+
+    /// The keys of the open trays of type `T`.
+    pub(crate) fn keys<T: Tray>(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .open
+            .lock()
+            .keys()
+            .filter(|(name, _)| *name == T::NAME)
+            .map(|(_, key)| key.clone())
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// Whether an open tray holds marked work a pump could still do.
+    pub(crate) fn pending(&self) -> bool {
+        // Never a tray's lock under the map's: passivation takes them the
+        // other way round.
+        let open: Vec<Arc<dyn Opened>> = self.open.lock().values().cloned().collect();
+        open.iter().any(|tray| tray.pending())
+    }
+
+    /// Waits until every effect enlisted so far is in the store.
+    pub(crate) async fn settle(&self) {
+        let receipt = self.frontier.receipt();
+        if let Err(error) = receipt.await {
+            tracing::warn!(%error, "tray effects did not all land before teardown");
+        }
+    }
+}

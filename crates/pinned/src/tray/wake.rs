@@ -1,0 +1,73 @@
+//! Local mode's durable wake: with no pinboard sweeper to wake instances
+//! whose rows claim work, the worker does it itself, once at start (a
+//! crashed process resumes its trays with no request arriving) and after an
+//! instance left with work still pending (an abort mid-dispatch).
+//!
+//! It only activates ids; what runs is the trays' business. It never
+//! retries an id that fails to activate more than once per cause.
+
+use std::sync::Arc;
+
+use crate::directory::HostShared;
+
+/// Rows scanned per store page.
+const PAGE: usize = 256;
+
+/// Activates every id of `host`'s namespace with a marked row.
+pub(crate) async fn wake_marked(host: Arc<HostShared>) {
+    let Some(store) = host.store.clone() else {
+        return;
+    };
+    let mut after: Option<(String, String)> = None;
+    let mut woken = 0usize;
+    loop {
+        let page = match store
+            .marked_instances(
+                after.as_ref().map(|(ns, id)| (ns.as_str(), id.as_str())),
+                PAGE,
+            )
+            .await
+        {
+            Ok(page) => page,
+            Err(error) => {
+                tracing::error!(namespace = %host.ns, %error, "could not list instances with pending tray work");
+                return;
+            }
+        };
+        let Some(last) = page.last().cloned() else {
+            break;
+        };
+        for (ns, id) in page {
+            if ns != *host.ns || host.is_resident(&id) {
+                continue;
+            }
+            if !wake(&host, &id).await {
+                return;
+            }
+            woken += 1;
+        }
+        after = Some(last);
+    }
+    if woken > 0 {
+        tracing::info!(namespace = %host.ns, woken, "woke instances with pending tray work");
+    }
+}
+
+/// Activates `id` (its trays resume as part of the activation); false when
+/// the worker refuses new activations (closed, full), so the caller stops.
+pub(crate) async fn wake(host: &Arc<HostShared>, id: &str) -> bool {
+    match host.enter(id, None).await {
+        Ok((entry, _)) => {
+            drop(entry);
+            true
+        }
+        Err(crate::directory::Admission::Refused(refusal)) => {
+            tracing::warn!(namespace = %host.ns, %id, ?refusal, "could not wake an instance with pending tray work");
+            false
+        }
+        Err(_) => {
+            // Its activation failed (logged there); the others still wake.
+            !host.is_shut_down()
+        }
+    }
+}
