@@ -44,6 +44,19 @@ impl<T: Tray> std::fmt::Debug for TrayHandle<T> {
     }
 }
 
+impl<T: Tray> Drop for TrayHandle<T> {
+    fn drop(&mut self) {
+        // The last handle of a keyed tray that went dry while it was held
+        // passivates it: the open map's reference and this one are left.
+        if Arc::strong_count(&self.tray) <= 2 {
+            let mut state = self.tray.state.lock();
+            if !state.pumping {
+                self.tray.passivate_if_dry(&mut state, 2);
+            }
+        }
+    }
+}
+
 fn check_name<T: Tray>(fields: &[&'static str], name: &str) -> Result<(), TrayError> {
     if name.is_empty() || name.starts_with('~') || fields.contains(&name) {
         return Err(TrayError::InvalidName(name.to_owned()));

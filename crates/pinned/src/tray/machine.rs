@@ -294,6 +294,26 @@ fn put(doc: &mut Doc, name: &str, value: Option<Json>) -> bool {
 }
 
 impl<T: Tray> OpenTray<T> {
+    /// Passivates a keyed tray (not always open) that rests dry, when
+    /// `holders` references are all that is left of it: the open map's and
+    /// the caller's. Called by the pump going dry and by the last handle
+    /// going away, whichever comes last. Takes the state lock, then the
+    /// open map's.
+    pub(crate) fn passivate_if_dry(&self, state: &mut TrayState<T>, holders: usize) {
+        if !self.keyed || self.always_open || state.retired.is_some() {
+            return;
+        }
+        if state.marked || !state.inbox.is_empty() {
+            return;
+        }
+        if let Some(owner) = self.owner.upgrade() {
+            let me = (self as *const Self).cast::<()>();
+            if owner.passivate(T::NAME, &self.key, me, holders) {
+                state.retired = Some(Retired::Closed);
+            }
+        }
+    }
+
     /// `tray_ns/tray_id`, for errors and logs.
     pub(crate) fn label(&self) -> String {
         format!("{}/{}", T::NAME, self.key)

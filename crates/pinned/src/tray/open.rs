@@ -211,14 +211,24 @@ impl InstanceTrays {
         }
     }
 
-    /// Passivates `tray` when nothing but the open map and its pump hold it
-    /// (no handle in user code): true when it left the map.
-    pub(crate) fn passivate(&self, name: &'static str, key: &str, holders: usize) -> bool {
+    /// Passivates `tray` (by address) when nothing but the open map and
+    /// `holders - 1` others hold it: true when it left the map.
+    pub(crate) fn passivate(
+        &self,
+        name: &'static str,
+        key: &str,
+        tray: *const (),
+        holders: usize,
+    ) -> bool {
         let mut open = self.open.lock();
         let entry = (name, key.to_owned());
         let Some(current) = open.get(&entry) else {
             return false;
         };
+        // Only the tray asking, not one reopened under its key since.
+        if Arc::as_ptr(current).cast::<()>() != tray {
+            return false;
+        }
         // Lock order: a tray's state lock, then this map's (the pump
         // passivates under its tray's lock).
         if Arc::strong_count(current) > holders {

@@ -84,11 +84,9 @@ impl<T: Tray> OpenTray<T> {
         }
         let tray = self.clone();
         Context::new(slot.clone()).spawn(async move {
-            let mut running = PumpGuard {
-                tray: tray.clone(),
-                armed: true,
-            };
-            tray.pump(&slot).await;
+            // The pump's one reference to the tray (passivation counts them).
+            let mut running = PumpGuard { tray, armed: true };
+            running.tray.pump(&slot).await;
             // Every return from `pump` cleared `pumping` under the lock
             // already; a new pump may be running by now.
             running.armed = false;
@@ -144,13 +142,8 @@ impl<T: Tray> OpenTray<T> {
             if let Err(error) = self.commit(state) {
                 tracing::error!(tray = %self.label(), %error, "could not unmark a dry tray");
             }
-            if self.keyed && !self.always_open {
-                if let Some(owner) = self.owner.upgrade() {
-                    if owner.passivate(T::NAME, &self.key, 2) {
-                        state.retired = Some(Retired::Closed);
-                    }
-                }
-            }
+            // The open map's reference and the pump's.
+            self.passivate_if_dry(state, 2);
             return Step::Stop;
         };
         if state.attempts >= T::MAX_ATTEMPTS {

@@ -1,0 +1,657 @@
+//! Trays end to end on a real worker and a real SQLite file: admission
+//! receipts, ordered at-least-once dispatch with `on_ack` edits landing
+//! with the ack, parking and unparking, cancel, keyed trays (create, get,
+//! passivate, delete), ad-hoc storage, schema versions, refusal of rows
+//! that match no declaration, and resuming marked work in a new worker
+//! with no request arriving.
+#![allow(clippy::unwrap_used)] // tests may panic on the unexpected
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use parking_lot::Mutex;
+use pinned::pinned_store::{SqliteOptions, SqliteStore, StateStore};
+use pinned::tray::{Fields, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value};
+use pinned::{BoxError, Context, Object, Options, State};
+use serde_json::json;
+use support::{eventually, json, start, TestWorker};
+
+/// What the tests steer and observe, shared by every instance.
+#[derive(Clone)]
+struct Lab {
+    /// Handlers fail while set.
+    fail: Arc<AtomicBool>,
+    /// Handlers wait for a permit while set.
+    hold: Arc<AtomicBool>,
+    release: Arc<tokio::sync::Semaphore>,
+    /// Every handler run, in order.
+    runs: Arc<Mutex<Vec<String>>>,
+}
+
+impl Default for Lab {
+    fn default() -> Self {
+        Self {
+            fail: Arc::default(),
+            hold: Arc::default(),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+            runs: Arc::default(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Jobs {
+    queue: Queue<String>,
+    done: Value<Vec<String>>,
+}
+
+impl Tray for Jobs {
+    const NAME: &'static str = "jobs";
+    const MAX_ATTEMPTS: u64 = 3;
+    type Item = String;
+
+    fn fields(&mut self, fields: &mut Fields<'_>) {
+        fields.field("queue", &mut self.queue);
+        fields.field("done", &mut self.done);
+    }
+
+    fn head(&self) -> Option<String> {
+        self.queue.front().cloned()
+    }
+
+    fn ack(&mut self, _item: &String) {
+        self.queue.pop_front();
+    }
+}
+
+/// A keyed tray type.
+#[derive(Default)]
+struct Inbox {
+    queue: Queue<String>,
+    seen: Value<Vec<String>>,
+}
+
+impl Tray for Inbox {
+    const NAME: &'static str = "inbox";
+    type Item = String;
+
+    fn fields(&mut self, fields: &mut Fields<'_>) {
+        fields.field("queue", &mut self.queue);
+        fields.field("seen", &mut self.seen);
+    }
+
+    fn head(&self) -> Option<String> {
+        self.queue.front().cloned()
+    }
+
+    fn ack(&mut self, _item: &String) {
+        self.queue.pop_front();
+    }
+}
+
+struct Runner {
+    lab: Lab,
+}
+
+impl Object for Runner {
+    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Runner {
+            lab: ctx.state().ok_or("no lab")?,
+        })
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new()
+            .route("/enqueue/{name}", post(enqueue))
+            .route("/done", get(done))
+            .route("/unpark", post(unpark))
+            .route("/cancel", post(cancel))
+            .route("/storage/{name}", get(storage_get).post(storage_set))
+            .route("/keyed/{key}", get(keyed_get).delete(keyed_delete))
+            .route("/keyed/{key}/{name}", post(keyed_add))
+            .route("/open", get(open_keys))
+    }
+
+    fn trays() -> Trays<Self> {
+        Trays::new().singleton::<Jobs>().keyed::<Inbox>()
+    }
+}
+
+impl Runner {
+    async fn work(&self, name: &str) -> Result<(), BoxError> {
+        self.lab.runs.lock().push(name.to_owned());
+        if self.lab.hold.load(Ordering::SeqCst) {
+            self.lab.release.acquire().await?.forget();
+        }
+        if self.lab.fail.load(Ordering::SeqCst) {
+            return Err(format!("{name} failed on purpose").into());
+        }
+        Ok(())
+    }
+}
+
+impl TrayHandler<Jobs> for Runner {
+    async fn handle(&self, ctx: TrayCtx<Jobs>, name: String) -> Result<(), BoxError> {
+        self.work(&name).await?;
+        ctx.on_ack(move |jobs| jobs.done.push(name));
+        Ok(())
+    }
+}
+
+impl TrayHandler<Inbox> for Runner {
+    async fn handle(&self, ctx: TrayCtx<Inbox>, name: String) -> Result<(), BoxError> {
+        self.work(&name).await?;
+        ctx.on_ack(move |inbox| inbox.seen.push(name));
+        Ok(())
+    }
+}
+
+fn refused(error: TrayError) -> Response {
+    let status = match error {
+        TrayError::NotFound { .. } => StatusCode::NOT_FOUND,
+        TrayError::InvalidName(_) => StatusCode::BAD_REQUEST,
+        TrayError::NotParked(_) => StatusCode::CONFLICT,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (status, Json(json!({ "detail": error.to_string() }))).into_response()
+}
+
+async fn enqueue(ctx: Context, Path(name): Path<String>) -> Response {
+    let admitted = async {
+        let jobs = ctx.tray::<Jobs>().await?;
+        jobs.admit(|jobs| jobs.queue.push_back(name.clone()))?.await
+    };
+    match admitted.await {
+        Ok(()) => Json(json!({ "admitted": name })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn done(ctx: Context) -> Response {
+    match ctx.tray::<Jobs>().await {
+        Ok(jobs) => Json(json!({
+            "done": jobs.read(|jobs| (*jobs.done).clone()),
+            "queued": jobs.read(|jobs| jobs.queue.len()),
+            "parked": jobs.parked(),
+            "attempts": jobs.attempts(),
+        }))
+        .into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn unpark(ctx: Context) -> Response {
+    let unparked = async { ctx.tray::<Jobs>().await?.unpark()?.await };
+    match unparked.await {
+        Ok(()) => Json(json!({ "ok": true })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn cancel(ctx: Context) -> Response {
+    match ctx.tray::<Jobs>().await {
+        Ok(jobs) => Json(json!({ "cancelled": jobs.cancel_dispatch() })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn storage_get(ctx: Context, Path(name): Path<String>) -> Response {
+    let read = async {
+        ctx.tray::<Jobs>()
+            .await?
+            .storage_get::<serde_json::Value>(&name)
+    };
+    match read.await {
+        Ok(value) => Json(json!({ "value": value })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn storage_set(
+    ctx: Context,
+    Path(name): Path<String>,
+    Json(value): Json<serde_json::Value>,
+) -> Response {
+    let written = async { ctx.tray::<Jobs>().await?.storage_set(&name, &value)?.await };
+    match written.await {
+        Ok(()) => Json(json!({ "ok": true })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn keyed_add(ctx: Context, Path((key, name)): Path<(String, String)>) -> Response {
+    let admitted = async {
+        let inbox = ctx.keyed::<Inbox>()?.get_or_create(&key).await?;
+        inbox
+            .admit(|inbox| inbox.queue.push_back(name.clone()))?
+            .await
+    };
+    match admitted.await {
+        Ok(()) => Json(json!({ "admitted": name })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn keyed_get(ctx: Context, Path(key): Path<String>) -> Response {
+    let read = async {
+        let inbox = ctx.keyed::<Inbox>()?.get(&key).await?;
+        Ok::<_, TrayError>(inbox.read(|inbox| (*inbox.seen).clone()))
+    };
+    match read.await {
+        Ok(seen) => Json(json!({ "seen": seen })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn keyed_delete(ctx: Context, Path(key): Path<String>) -> Response {
+    let deleted = async { ctx.keyed::<Inbox>()?.delete(&key).await };
+    match deleted.await {
+        Ok(()) => Json(json!({ "deleted": key })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn open_keys(State(_lab): State<Lab>, ctx: Context) -> Response {
+    match ctx.keyed::<Inbox>() {
+        Ok(inbox) => Json(json!({ "open": inbox.open_keys() })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+    store: Arc<SqliteStore>,
+}
+
+async fn sqlite() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trays.db");
+    let store = Arc::new(
+        SqliteStore::open(&path, SqliteOptions::default())
+            .await
+            .unwrap(),
+    );
+    Setup {
+        _dir: dir,
+        path,
+        store,
+    }
+}
+
+async fn worker(store: Arc<SqliteStore>, lab: &Lab) -> TestWorker {
+    start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(lab.clone())
+            .store(store),
+    )
+    .await
+}
+
+/// The stored row of `(tray_ns, tray_id)` of `/runners/<id>`.
+async fn row(
+    store: &SqliteStore,
+    id: &str,
+    tray_ns: &str,
+    tray_id: &str,
+) -> Option<(bool, serde_json::Value)> {
+    store
+        .get_tray("/runners", id, tray_ns, tray_id, 0)
+        .await
+        .unwrap()
+        .map(|tray| (tray.marked, serde_json::Value::Object(tray.doc)))
+}
+
+async fn done_list(w: &TestWorker, id: &str) -> serde_json::Value {
+    json(w.get(&format!("/runners/{id}/done")).await).await.1
+}
+
+#[tokio::test]
+async fn admitted_items_run_in_order_and_the_row_rests_unmarked_with_the_results() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    let w = worker(setup.store.clone(), &lab).await;
+    let names: Vec<String> = (0..20).map(|n| format!("job-{n}")).collect();
+    for name in &names {
+        let (status, body) = json(w.post(&format!("/runners/r1/enqueue/{name}")).await).await;
+        assert_eq!((status, body), (200, json!({ "admitted": name })));
+    }
+    eventually("every job done", || async {
+        let body = done_list(&w, "r1").await;
+        (body["done"] == json!(names)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        *lab.runs.lock(),
+        names,
+        "one run per job, in admission order"
+    );
+    // The last write is the last ack, with the tray dry: unmarked, the
+    // queue gone (an empty queue occupies no entry), no delivery count.
+    eventually("the row at rest", || async {
+        let stored = row(&setup.store, "r1", "jobs", "~").await;
+        (stored == Some((false, json!({ "done": names })))).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_failing_item_parks_after_max_attempts_and_unpark_delivers_it_afresh() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    lab.fail.store(true, Ordering::SeqCst);
+    let w = worker(setup.store.clone(), &lab).await;
+    assert_eq!(json(w.post("/runners/p/enqueue/poison").await).await.0, 200);
+    let body = eventually("the tray parked", || async {
+        let body = done_list(&w, "p").await;
+        (body["parked"] == json!(true)).then_some(body)
+    })
+    .await;
+    assert_eq!(body["attempts"], json!(3), "MAX_ATTEMPTS deliveries");
+    assert_eq!(lab.runs.lock().len(), 3);
+    let (marked, doc) = row(&setup.store, "p", "jobs", "~").await.unwrap();
+    assert!(marked, "a parked tray keeps its row marked");
+    assert_eq!(doc["~parked"], json!(true));
+    assert_eq!(doc["~attempts"], json!(3));
+    assert_eq!(doc["queue"], json!(["poison"]));
+
+    // Not parked any more after this: a second unpark is refused.
+    lab.fail.store(false, Ordering::SeqCst);
+    assert_eq!(json(w.post("/runners/p/unpark").await).await.0, 200);
+    eventually("the unparked item done", || async {
+        (done_list(&w, "p").await["done"] == json!(["poison"])).then_some(())
+    })
+    .await;
+    assert_eq!(lab.runs.lock().len(), 4, "one fresh delivery after unpark");
+    let (status, body) = json(w.post("/runners/p/unpark").await).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["detail"], json!("tray jobs/~ is not parked"));
+}
+
+#[tokio::test]
+async fn a_cancelled_dispatch_consumes_its_item_without_its_edits() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    lab.hold.store(true, Ordering::SeqCst);
+    let w = worker(setup.store.clone(), &lab).await;
+    assert_eq!(json(w.post("/runners/c/enqueue/slow").await).await.0, 200);
+    eventually("the handler running", || async {
+        (!lab.runs.lock().is_empty()).then_some(())
+    })
+    .await;
+    let (_, body) = json(w.post("/runners/c/cancel").await).await;
+    assert_eq!(body, json!({ "cancelled": true }));
+    let body = eventually("the queue empty", || async {
+        let body = done_list(&w, "c").await;
+        (body["queued"] == json!(0)).then_some(body)
+    })
+    .await;
+    assert_eq!(
+        body["done"],
+        json!([]),
+        "the on_ack edit of a cancelled run is dropped"
+    );
+    assert_eq!(lab.runs.lock().len(), 1, "never redelivered");
+}
+
+#[tokio::test]
+async fn keyed_trays_are_created_on_use_passivate_when_dry_and_delete_frees_the_key() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    let w = worker(setup.store.clone(), &lab).await;
+    let (status, body) = json(w.get("/runners/k/keyed/a").await).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["detail"], json!("tray inbox/a does not exist"));
+
+    for name in ["x", "y"] {
+        assert_eq!(
+            json(w.post(&format!("/runners/k/keyed/a/{name}")).await)
+                .await
+                .0,
+            200
+        );
+    }
+    assert_eq!(json(w.post("/runners/k/keyed/b/z").await).await.0, 200);
+    eventually("both keyed trays drained and passivated", || async {
+        let open = json(w.get("/runners/k/open").await).await.1;
+        (open["open"] == json!([])).then_some(())
+    })
+    .await;
+    assert_eq!(
+        row(&setup.store, "k", "inbox", "a").await,
+        Some((false, json!({ "seen": ["x", "y"] })))
+    );
+    // A passivated tray reopens from its row.
+    let (_, body) = json(w.get("/runners/k/keyed/a").await).await;
+    assert_eq!(body, json!({ "seen": ["x", "y"] }));
+
+    let (status, body) = json(
+        w.client
+            .delete(w.url("/runners/k/keyed/a"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({ "deleted": "a" })));
+    assert_eq!(
+        row(&setup.store, "k", "inbox", "a").await,
+        None,
+        "one row delete"
+    );
+    assert_eq!(
+        json(w.get("/runners/k/keyed/a").await).await.0,
+        404,
+        "the key is free"
+    );
+    assert_eq!(
+        row(&setup.store, "k", "inbox", "b").await,
+        Some((false, json!({ "seen": ["z"] }))),
+        "other keys untouched"
+    );
+    // Created again, it starts blank.
+    assert_eq!(json(w.post("/runners/k/keyed/a/w").await).await.0, 200);
+    eventually("the new tray drained", || async {
+        let body = json(w.get("/runners/k/keyed/a").await).await.1;
+        (body == json!({ "seen": ["w"] })).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn storage_entries_live_beside_the_fields_and_reserved_names_are_refused() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    let w = worker(setup.store.clone(), &lab).await;
+    let set = w
+        .client
+        .post(w.url("/runners/s/storage/cursor"))
+        .json(&json!({ "at": 7 }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200);
+    let (_, body) = json(w.get("/runners/s/storage/cursor").await).await;
+    assert_eq!(body, json!({ "value": { "at": 7 } }));
+    assert_eq!(
+        row(&setup.store, "s", "jobs", "~").await,
+        Some((false, json!({ "cursor": { "at": 7 } })))
+    );
+    for name in ["~attempts", "done"] {
+        let (status, body) = json(w.get(&format!("/runners/s/storage/{name}")).await).await;
+        assert_eq!(status, 400, "{name}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn a_new_worker_resumes_marked_work_with_no_request_and_runs_each_item_once_more_at_most() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    lab.hold.store(true, Ordering::SeqCst);
+    let first = worker(setup.store.clone(), &lab).await;
+    for id in ["a", "b"] {
+        for n in 0..3 {
+            assert_eq!(
+                json(first.post(&format!("/runners/{id}/enqueue/{id}{n}")).await)
+                    .await
+                    .0,
+                200
+            );
+        }
+    }
+    eventually("both handlers stuck on their first item", || async {
+        (lab.runs.lock().len() == 2).then_some(())
+    })
+    .await;
+    // The worker goes away with the handlers stuck: its rows stay marked.
+    first.worker.close().await;
+    let marked = setup.store.marked_instances(None, 10).await.unwrap();
+    assert_eq!(marked.len(), 2, "{marked:?}");
+
+    let lab2 = Lab::default();
+    let store = Arc::new(
+        SqliteStore::open(&setup.path, SqliteOptions::default())
+            .await
+            .unwrap(),
+    );
+    let _second = worker(store.clone(), &lab2).await;
+    eventually("every marked row drained by the new worker", || async {
+        store
+            .marked_instances(None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    for id in ["a", "b"] {
+        let expected: Vec<String> = (0..3).map(|n| format!("{id}{n}")).collect();
+        assert_eq!(
+            row(&store, id, "jobs", "~").await,
+            Some((false, json!({ "done": expected })))
+        );
+    }
+    // The interrupted first items ran again (at least once); nothing else did.
+    assert_eq!(lab2.runs.lock().len(), 6);
+}
+
+#[tokio::test]
+async fn a_marked_row_of_an_undeclared_tray_fails_activation() {
+    let setup = sqlite().await;
+    setup
+        .store
+        .set_tray(
+            "/runners",
+            "ghost",
+            "gone",
+            "~",
+            true,
+            serde_json::Map::new(),
+            0,
+        )
+        .await
+        .unwrap();
+    let lab = Lab::default();
+    let w = worker(setup.store.clone(), &lab).await;
+    let (status, _) = json(w.get("/runners/ghost/done").await).await;
+    assert_eq!(status, 500);
+    // An unmarked row of an unknown tray is left alone.
+    setup
+        .store
+        .set_tray(
+            "/runners",
+            "ghost",
+            "gone",
+            "~",
+            false,
+            serde_json::Map::new(),
+            0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(json(w.get("/runners/ghost/done").await).await.0, 200);
+}
+
+/// The `jobs` tray at schema version 2.
+#[derive(Default)]
+struct JobsV2 {
+    done: Value<Vec<String>>,
+}
+
+impl Tray for JobsV2 {
+    const NAME: &'static str = "jobs";
+    const VERSION: i64 = 2;
+    type Item = String;
+
+    fn fields(&mut self, fields: &mut Fields<'_>) {
+        fields.field("done", &mut self.done);
+    }
+
+    fn head(&self) -> Option<String> {
+        None
+    }
+
+    fn ack(&mut self, _item: &String) {}
+}
+
+struct RunnerV2;
+
+impl Object for RunnerV2 {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        Ok(RunnerV2)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new().route(
+            "/done",
+            get(|ctx: Context| async move {
+                let jobs = ctx.tray::<JobsV2>().await.unwrap();
+                Json(json!({ "done": jobs.read(|jobs| (*jobs.done).clone()) }))
+            }),
+        )
+    }
+
+    fn trays() -> Trays<Self> {
+        Trays::new().singleton::<JobsV2>()
+    }
+}
+
+impl TrayHandler<JobsV2> for RunnerV2 {
+    async fn handle(&self, _ctx: TrayCtx<JobsV2>, _item: String) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_version_bump_discards_the_stored_row_and_drops_its_stale_mark() {
+    let setup = sqlite().await;
+    let mut doc = serde_json::Map::new();
+    doc.insert("done".into(), json!(["old"]));
+    doc.insert("queue".into(), json!(["stale"]));
+    setup
+        .store
+        .set_tray("/runners", "v", "jobs", "~", true, doc, 0)
+        .await
+        .unwrap();
+    let w = start(
+        Options::new()
+            .host::<RunnerV2>("/runners")
+            .store(setup.store.clone()),
+    )
+    .await;
+    let (status, body) = json(w.get("/runners/v/done").await).await;
+    assert_eq!((status, body), (200, json!({ "done": [] })));
+    eventually("the row rewritten blank at version 2", || async {
+        (row(&setup.store, "v", "jobs", "~").await == Some((false, json!({ "~v": 2 }))))
+            .then_some(())
+    })
+    .await;
+}
