@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::extract::Path;
@@ -17,7 +17,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use parking_lot::Mutex;
-use pinned::pinned_store::{SqliteOptions, SqliteStore, StateStore};
+use pinned::pinned_store::{
+    BatchOp, Doc, DueAlarm, MemoryStore, SqliteOptions, SqliteStore, StateStore, StoreError, TrayRow,
+};
 use pinned::tray::{Fields, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value};
 use pinned::{BoxError, Context, Object, Options, State};
 use serde_json::json;
@@ -654,4 +656,190 @@ async fn a_version_bump_discards_the_stored_row_and_drops_its_stale_mark() {
             .then_some(())
     })
     .await;
+}
+
+/// A store that fails its `fail_at`-th write (`apply_batch`), before or
+/// after applying it: a crash between two writes, or an indeterminate
+/// commit. Every other call passes through.
+#[derive(Debug)]
+struct Flaky {
+    inner: Arc<MemoryStore>,
+    writes: AtomicUsize,
+    fail_at: usize,
+    applied: bool,
+    failed: AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl StateStore for Flaky {
+    async fn set_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        marked: bool,
+        doc: Doc,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .set_tray(ns, id, tray_ns, tray_id, marked, doc, epoch)
+            .await
+    }
+
+    async fn delete_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.inner.delete_tray(ns, id, tray_ns, tray_id, epoch).await
+    }
+
+    async fn get_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<Option<pinned::pinned_store::Tray>, StoreError> {
+        self.inner.get_tray(ns, id, tray_ns, tray_id, epoch).await
+    }
+
+    async fn list(
+        &self,
+        ns: &str,
+        id: &str,
+        epoch: u64,
+        tray_ns: Option<&str>,
+        marked: Option<bool>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        self.inner.list(ns, id, epoch, tray_ns, marked).await
+    }
+
+    async fn apply_batch(
+        &self,
+        ns: &str,
+        id: &str,
+        ops: Vec<BatchOp>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        let write = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if write != self.fail_at {
+            return self.inner.apply_batch(ns, id, ops, epoch).await;
+        }
+        if self.applied {
+            self.inner.apply_batch(ns, id, ops, epoch).await?;
+        }
+        self.failed.store(true, Ordering::SeqCst);
+        Err(StoreError::Setup {
+            source: format!("injected failure of write {write}").into(),
+        })
+    }
+
+    async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
+        self.inner.due_alarms(due_by_ms, limit).await
+    }
+
+    async fn marked_instances(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        self.inner.marked_instances(after, limit).await
+    }
+}
+
+/// One crash run: five admissions through a worker whose store fails
+/// write `fail_at`, then a fresh worker on the surviving rows drains what
+/// is left. Answers the acknowledged names, the final `done` list and
+/// how many writes the first worker made.
+async fn crash_run(fail_at: usize, applied: bool) -> (Vec<String>, Vec<String>, usize) {
+    let inner = Arc::new(MemoryStore::new());
+    let flaky = Arc::new(Flaky {
+        inner: inner.clone(),
+        writes: AtomicUsize::new(0),
+        fail_at,
+        applied,
+        failed: AtomicBool::new(false),
+    });
+    let lab = Lab::default();
+    let first = start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(lab.clone())
+            .store(flaky.clone()),
+    )
+    .await;
+    let mut acknowledged = Vec::new();
+    for n in 0..5 {
+        let name = format!("j{n}");
+        let response = first.post(&format!("/runners/x/enqueue/{name}")).await;
+        if response.status() == 200 {
+            acknowledged.push(name);
+        }
+    }
+    eventually("the first worker done or failed", || async {
+        let failed = flaky.failed.load(Ordering::SeqCst);
+        let drained = inner.marked_instances(None, 1).await.unwrap().is_empty();
+        (failed || drained).then_some(())
+    })
+    .await;
+    first.worker.close().await;
+    let writes = flaky.writes.load(Ordering::SeqCst);
+
+    let second = start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(Lab::default())
+            .store(inner.clone()),
+    )
+    .await;
+    eventually("the second worker drained every marked row", || async {
+        inner
+            .marked_instances(None, 1)
+            .await
+            .unwrap()
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let done = match inner.get_tray("/runners", "x", "jobs", "~", u64::MAX / 2).await.unwrap() {
+        Some(row) => serde_json::from_value(row.doc.get("done").cloned().unwrap_or(json!([])))
+            .unwrap(),
+        None => Vec::new(),
+    };
+    second.worker.close().await;
+    (acknowledged, done, writes)
+}
+
+#[tokio::test]
+async fn a_crash_at_any_write_loses_no_acknowledged_admission_and_repeats_no_effect() {
+    let (acknowledged, done, clean_writes) = crash_run(usize::MAX, false).await;
+    assert_eq!(acknowledged, done, "a clean run does everything once");
+    assert!(clean_writes >= 2, "{clean_writes} writes");
+    for applied in [false, true] {
+        for fail_at in 1..=clean_writes + 1 {
+            let (acknowledged, done, _) = crash_run(fail_at, applied).await;
+            let case = format!("write {fail_at} failing (applied: {applied}): acknowledged {acknowledged:?}, done {done:?}");
+            for name in &acknowledged {
+                assert_eq!(
+                    done.iter().filter(|d| *d == name).count(),
+                    1,
+                    "{case}: an acknowledged admission done exactly once"
+                );
+            }
+            let mut unique = done.clone();
+            unique.dedup();
+            assert_eq!(unique, done, "{case}: no effect twice");
+            let order: Vec<usize> = done
+                .iter()
+                .map(|name| name[1..].parse().unwrap())
+                .collect();
+            assert!(order.windows(2).all(|w| w[0] < w[1]), "{case}: admission order");
+        }
+    }
 }
