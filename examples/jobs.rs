@@ -9,8 +9,7 @@
 //! curl localhost:8080/runners/r1/done      # {"done":["build"]}
 //! ```
 //!
-//! Store: `DATABASE_URL` (Postgres, in a build with `--features postgres`)
-//! when set, else the SQLite file `PINNED_DB_PATH` (default `pinned.db`).
+//! Store: `DATABASE_URL` (Postgres) when set, else the SQLite file `PINNED_DB_PATH` (default `pinned.db`).
 //! Local mode by default; `PINBOARD_URL`, `PINBOARD_TOKEN` and
 //! `ADVERTISE_URL` put it behind pinboard. Its rows are the Python
 //! reference's (`tray_ns` `jobs`, id `~`, doc `{"queue": [...], "done":

@@ -2,7 +2,7 @@
 //! instance's alarm; when it is due the handler logs it, even if the
 //! instance was evicted meanwhile or the process restarted (the alarm lives
 //! in the embedded store file; `DATABASE_URL=postgres://...` picks Postgres
-//! instead, in a build with `--features postgres`).
+//! instead).
 //!
 //! ```text
 //! PORT=8080 cargo run --example reminder

@@ -16,7 +16,11 @@ use tokio::time::{timeout, Instant};
 const RUNNERS: usize = 10;
 const JOBS: usize = 50;
 
-async fn done(client: &reqwest::Client, address: &str, runner: usize) -> anyhow::Result<Vec<String>> {
+async fn done(
+    client: &reqwest::Client,
+    address: &str,
+    runner: usize,
+) -> anyhow::Result<Vec<String>> {
     let body: Value = client
         .get(format!("http://{address}/runners/r{runner}/done"))
         .send()
@@ -27,7 +31,8 @@ async fn done(client: &reqwest::Client, address: &str, runner: usize) -> anyhow:
 }
 
 #[tokio::test]
-async fn sigkill_mid_work_then_restart_finishes_every_job_exactly_once_in_order() -> anyhow::Result<()> {
+async fn sigkill_mid_work_then_restart_finishes_every_job_exactly_once_in_order(
+) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("jobs.db");
     let db_path = db.to_str().context("utf-8 path")?.to_owned();
@@ -85,10 +90,17 @@ async fn sigkill_mid_work_then_restart_finishes_every_job_exactly_once_in_order(
     })
     .await
     .context("the restarted worker did not finish the admitted jobs")??;
-    eprintln!("the restarted worker finished the rest in {:?}", restarted.elapsed());
+    eprintln!(
+        "the restarted worker finished the rest in {:?}",
+        restarted.elapsed()
+    );
     for runner in 0..RUNNERS {
         let expected: Vec<String> = (0..JOBS).map(|job| format!("r{runner}-{job}")).collect();
-        assert_eq!(done(&client, &address, runner).await?, expected, "runner r{runner}");
+        assert_eq!(
+            done(&client, &address, runner).await?,
+            expected,
+            "runner r{runner}"
+        );
     }
     child.start_kill()?;
     child.wait().await?;

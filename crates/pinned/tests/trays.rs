@@ -18,7 +18,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use parking_lot::Mutex;
 use pinned::pinned_store::{
-    BatchOp, Doc, DueAlarm, MemoryStore, SqliteOptions, SqliteStore, StateStore, StoreError, TrayRow,
+    BatchOp, Doc, DueAlarm, MemoryStore, SqliteOptions, SqliteStore, StateStore, StoreError,
+    TrayRow,
 };
 use pinned::tray::{Fields, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value};
 use pinned::{BoxError, Context, Object, Options, State};
@@ -695,7 +696,9 @@ impl StateStore for Flaky {
         tray_id: &str,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        self.inner.delete_tray(ns, id, tray_ns, tray_id, epoch).await
+        self.inner
+            .delete_tray(ns, id, tray_ns, tray_id, epoch)
+            .await
     }
 
     async fn get_tray(
@@ -807,9 +810,14 @@ async fn crash_run(fail_at: usize, applied: bool) -> (Vec<String>, Vec<String>, 
             .then_some(())
     })
     .await;
-    let done = match inner.get_tray("/runners", "x", "jobs", "~", u64::MAX / 2).await.unwrap() {
-        Some(row) => serde_json::from_value(row.doc.get("done").cloned().unwrap_or(json!([])))
-            .unwrap(),
+    let done = match inner
+        .get_tray("/runners", "x", "jobs", "~", u64::MAX / 2)
+        .await
+        .unwrap()
+    {
+        Some(row) => {
+            serde_json::from_value(row.doc.get("done").cloned().unwrap_or(json!([]))).unwrap()
+        }
         None => Vec::new(),
     };
     second.worker.close().await;
@@ -835,11 +843,11 @@ async fn a_crash_at_any_write_loses_no_acknowledged_admission_and_repeats_no_eff
             let mut unique = done.clone();
             unique.dedup();
             assert_eq!(unique, done, "{case}: no effect twice");
-            let order: Vec<usize> = done
-                .iter()
-                .map(|name| name[1..].parse().unwrap())
-                .collect();
-            assert!(order.windows(2).all(|w| w[0] < w[1]), "{case}: admission order");
+            let order: Vec<usize> = done.iter().map(|name| name[1..].parse().unwrap()).collect();
+            assert!(
+                order.windows(2).all(|w| w[0] < w[1]),
+                "{case}: admission order"
+            );
         }
     }
 }

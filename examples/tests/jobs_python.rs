@@ -1,0 +1,205 @@
+//! Trays taken over across languages on one Postgres database: the Python
+//! reference (pinned 0.16.0) running the seed's Runner/Jobs app and the
+//! Rust jobs example read and write the same rows, so either can die
+//! mid-work and the other finishes its jobs, exactly once, in order.
+//!
+//! Needs Postgres at `PINNED_TEST_DATABASE_URL` and the reference venv at
+//! `PINNED_TEST_PYTHON` (both set by `scripts/test`); fails, never skips,
+//! without them.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use pinned::pinned_store::{PostgresOptions, PostgresStore, StateStore};
+use serde_json::{json, Value};
+use support::{start_example, PATIENCE};
+use tokio::process::{Child, Command};
+use tokio::time::timeout;
+
+const JOBS: usize = 10;
+
+fn database_url() -> String {
+    std::env::var("PINNED_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn python() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("PINNED_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"));
+    anyhow::ensure!(
+        path.exists(),
+        "the Python reference venv is required: {} does not exist (run scripts/venv, or set PINNED_TEST_PYTHON)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// The Python app on a free port; answers it and its `host:port`.
+async fn start_python(work_ms: &str) -> anyhow::Result<(Child, String)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py");
+    let child = Command::new(python()?)
+        .args(["-m", "uvicorn", "jobs_app:app", "--host", "127.0.0.1"])
+        .args(["--port", &port.to_string(), "--log-level", "warning"])
+        .current_dir(dir)
+        .env("DATABASE_URL", database_url())
+        .env("JOBS_WORK_MS", work_ms)
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let address = format!("127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    timeout(PATIENCE, async {
+        loop {
+            if client
+                .get(format!("http://{address}/openapi.json"))
+                .send()
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .context("the Python app never answered")?;
+    Ok((child, address))
+}
+
+async fn enqueue(
+    client: &reqwest::Client,
+    address: &str,
+    id: &str,
+    names: &[String],
+) -> anyhow::Result<()> {
+    for name in names {
+        let answer: Value = client
+            .post(format!("http://{address}/runners/{id}/enqueue"))
+            .json(&json!({ "name": name }))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        anyhow::ensure!(answer == json!({ "admitted": name }), "{answer}");
+    }
+    Ok(())
+}
+
+async fn done(client: &reqwest::Client, address: &str, id: &str) -> anyhow::Result<Vec<String>> {
+    let body: Value = client
+        .get(format!("http://{address}/runners/{id}/done"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(serde_json::from_value(body["done"].clone())?)
+}
+
+/// Waits until `id` has between 1 and `JOBS - 1` jobs done, then kills the
+/// process serving it.
+async fn kill_mid_work(
+    child: &mut Child,
+    client: &reqwest::Client,
+    address: &str,
+    id: &str,
+) -> anyhow::Result<usize> {
+    let worked = timeout(PATIENCE, async {
+        loop {
+            let worked = done(client, address, id).await?.len();
+            if worked >= 1 {
+                return anyhow::Ok(worked);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .context("no job got done")??;
+    anyhow::ensure!(worked < JOBS, "every job was done before the kill");
+    child.start_kill()?;
+    child.wait().await?;
+    Ok(worked)
+}
+
+fn names(id: &str) -> Vec<String> {
+    (0..JOBS).map(|n| format!("{id}-{n}")).collect()
+}
+
+fn unique_id(side: &str) -> String {
+    format!("{side}-{}-{}", std::process::id(), rand::random::<u32>())
+}
+
+#[tokio::test]
+async fn a_rust_worker_finishes_the_jobs_a_python_worker_admitted_and_died_on() -> anyhow::Result<()>
+{
+    let id = unique_id("py2rs");
+    let client = reqwest::Client::new();
+    let (mut python, address) = start_python("150").await?;
+    enqueue(&client, &address, &id, &names(&id)).await?;
+    let worked = kill_mid_work(&mut python, &client, &address, &id).await?;
+    eprintln!("python killed with {worked} of {JOBS} jobs done");
+
+    // The Rust worker wakes the marked row itself: no request until done.
+    let url = database_url();
+    let (mut rust, address) = start_example("jobs", &[("DATABASE_URL", url.as_str())]).await?;
+    let store = PostgresStore::open(&url, PostgresOptions::default()).await?;
+    timeout(PATIENCE, async {
+        loop {
+            let marked = store.list("/runners", &id, 0, None, Some(true)).await?;
+            if marked.is_empty() {
+                return anyhow::Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .context("the Rust worker did not drain the Python worker's jobs")??;
+    assert_eq!(done(&client, &address, &id).await?, names(&id));
+    rust.start_kill()?;
+    rust.wait().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_python_worker_finishes_the_jobs_a_rust_worker_admitted_and_died_on() -> anyhow::Result<()>
+{
+    let id = unique_id("rs2py");
+    let client = reqwest::Client::new();
+    let url = database_url();
+    let (mut rust, address) = start_example(
+        "jobs",
+        &[("DATABASE_URL", url.as_str()), ("JOBS_WORK_MS", "150")],
+    )
+    .await?;
+    enqueue(&client, &address, &id, &names(&id)).await?;
+    let worked = kill_mid_work(&mut rust, &client, &address, &id).await?;
+    eprintln!("rust killed with {worked} of {JOBS} jobs done");
+
+    // The reference resumes marked trays when the id activates: one read
+    // activates it.
+    let (mut python, address) = start_python("0").await?;
+    let finished = timeout(PATIENCE, async {
+        loop {
+            let finished = done(&client, &address, &id).await?;
+            if finished.len() >= JOBS {
+                return anyhow::Ok(finished);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .context("the Python worker did not finish the Rust worker's jobs")??;
+    assert_eq!(finished, names(&id));
+    python.start_kill()?;
+    python.wait().await?;
+    Ok(())
+}
