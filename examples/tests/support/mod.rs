@@ -33,6 +33,24 @@ pub async fn example_binary(name: &str) -> anyhow::Result<PathBuf> {
     Ok(binary)
 }
 
+/// `target/<profile>/pinboard`, built when missing.
+pub async fn pinboard_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .context("test binary location")?;
+    let binary = profile_dir.join("pinboard");
+    if !binary.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "pinboard", "--bin", "pinboard"])
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "building pinboard failed");
+    }
+    Ok(binary)
+}
+
 /// Starts example `name` in local mode on 127.0.0.1 and an ephemeral port,
 /// with `env` added; answers the process and its `host:port`.
 pub async fn start_example(name: &str, env: &[(&str, &str)]) -> anyhow::Result<(Child, String)> {

@@ -1,0 +1,224 @@
+//! The jobs example as a fleet on Postgres: a real pinboard (with its
+//! sweeper) and two jobs workers. SIGKILL the owner of runners mid-work;
+//! with no further request, pinboard's sweeper wakes their marked rows on
+//! the survivor, which finishes every job exactly once, in order.
+//!
+//! Needs Postgres at `PINNED_TEST_DATABASE_URL` (set by `scripts/test`).
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use pinned::pinned_store::{PostgresOptions, PostgresStore, StateStore};
+use serde_json::{json, Value};
+use support::{example_binary, pinboard_binary, PATIENCE};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::timeout;
+
+const TOKEN: &str = "jobs-fleet-token";
+const RUNNERS: usize = 6;
+const JOBS: usize = 12;
+
+fn database_url() -> String {
+    std::env::var("PINNED_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+async fn start_pinboard() -> anyhow::Result<(Child, String)> {
+    let mut child = Command::new(pinboard_binary().await?)
+        .args(["--listen", "127.0.0.1:0", "--token", TOKEN])
+        .args(["--lease-ttl-ms", "2000", "--quarantine-ms", "0"])
+        .args([
+            "--database-url",
+            &database_url(),
+            "--sweep-interval-ms",
+            "200",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+    let url = timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(at) = line.find("http://") {
+                return Ok(line[at..].trim().to_owned());
+            }
+        }
+        anyhow::bail!("pinboard exited before listening")
+    })
+    .await
+    .context("pinboard never listened")??;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, url))
+}
+
+async fn start_worker(pinboard: &str) -> anyhow::Result<(Child, String)> {
+    let port = free_port()?;
+    let advertise = format!("http://127.0.0.1:{port}");
+    let child = Command::new(example_binary("jobs").await?)
+        .env("PORT", port.to_string())
+        .env("HOST", "127.0.0.1")
+        .env("PINBOARD_URL", pinboard)
+        .env("PINBOARD_TOKEN", TOKEN)
+        .env("ADVERTISE_URL", &advertise)
+        .env("DATABASE_URL", database_url())
+        .env("JOBS_WORK_MS", "40")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    Ok((child, advertise))
+}
+
+async fn overview(client: &reqwest::Client, pinboard: &str) -> anyhow::Result<Value> {
+    Ok(client
+        .get(format!("{pinboard}/registry/overview"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+async fn done(client: &reqwest::Client, pinboard: &str, id: &str) -> anyhow::Result<Vec<String>> {
+    let body: Value = client
+        .get(format!("{pinboard}/runners/{id}/done"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(serde_json::from_value(body["done"].clone())?)
+}
+
+/// The runners of this test (ids starting with `prefix`) with a marked
+/// row, read unfenced (a fenced read would race the owners' epochs).
+async fn marked(store: &PostgresStore, prefix: &str) -> anyhow::Result<Vec<String>> {
+    let rows = store
+        .marked_instances(Some(("/runners", prefix)), RUNNERS * 4)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter(|(ns, id)| ns == "/runners" && id.starts_with(prefix))
+        .map(|(_, id)| id)
+        .collect())
+}
+
+#[tokio::test]
+async fn the_sweeper_moves_a_killed_owners_marked_runners_to_the_survivor() -> anyhow::Result<()> {
+    let (_pinboard, pb) = start_pinboard().await?;
+    let client = reqwest::Client::new();
+    let mut workers = HashMap::new();
+    for _ in 0..2 {
+        let (child, advertise) = start_worker(&pb).await?;
+        workers.insert(advertise, child);
+    }
+    timeout(PATIENCE, async {
+        loop {
+            let live = overview(&client, &pb).await?["workers"]
+                .as_array()
+                .map_or(0, Vec::len);
+            if live == 2 {
+                return anyhow::Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .context("two workers never registered")??;
+
+    let tag = format!("{}-{}", std::process::id(), rand::random::<u32>());
+    let ids: Vec<String> = (0..RUNNERS).map(|n| format!("fleet-{tag}-{n}")).collect();
+    let admissions = ids.iter().map(|id| {
+        let (client, pb) = (client.clone(), pb.clone());
+        async move {
+            for job in 0..JOBS {
+                let name = format!("{id}/{job}");
+                let answer: Value = client
+                    .post(format!("{pb}/runners/{id}/enqueue"))
+                    .json(&json!({ "name": name }))
+                    .send()
+                    .await?
+                    .error_for_status()?
+                    .json()
+                    .await?;
+                anyhow::ensure!(answer == json!({ "admitted": name }), "{answer}");
+            }
+            anyhow::Ok(())
+        }
+    });
+    for admitted in futures_util::future::join_all(admissions).await {
+        admitted?;
+    }
+
+    // The owner of the first runner dies mid-work.
+    let view = overview(&client, &pb).await?;
+    let session = |id: &str| {
+        view["placements"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|row| row["id"] == id))
+            .and_then(|row| row["sessionId"].as_str())
+            .map(str::to_owned)
+    };
+    let victim_session = session(&ids[0]).context("no placement for the first runner")?;
+    let victim_url = view["workers"]
+        .as_array()
+        .and_then(|rows| {
+            rows.iter()
+                .find(|row| row["sessionId"] == victim_session.as_str())
+        })
+        .and_then(|row| row["advertiseUrl"].as_str())
+        .context("the victim's worker row")?
+        .to_owned();
+    let moved: Vec<&String> = ids
+        .iter()
+        .filter(|id| session(id).as_deref() == Some(victim_session.as_str()))
+        .collect();
+    let mut victim = workers.remove(&victim_url).context("the victim process")?;
+    victim.start_kill()?;
+    victim.wait().await?;
+    let store = PostgresStore::open(&database_url(), PostgresOptions::default()).await?;
+    let prefix = format!("fleet-{tag}-");
+    let unfinished = marked(&store, &prefix)
+        .await?
+        .iter()
+        .filter(|id| moved.contains(id))
+        .count();
+    anyhow::ensure!(
+        unfinished > 0,
+        "the victim had finished every runner before the kill"
+    );
+    eprintln!(
+        "killed the owner of {} runners, {unfinished} unfinished",
+        moved.len()
+    );
+
+    // No request now: the sweeper wakes the marked rows on the survivor.
+    timeout(PATIENCE, async {
+        loop {
+            if marked(&store, &prefix).await?.is_empty() {
+                return anyhow::Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .context("the survivor did not finish the killed owner's runners")??;
+    for id in &ids {
+        let expected: Vec<String> = (0..JOBS).map(|job| format!("{id}/{job}")).collect();
+        assert_eq!(done(&client, &pb, id).await?, expected, "runner {id}");
+    }
+    Ok(())
+}
