@@ -9,12 +9,19 @@
 //! after the handler succeeds unless a newer `set` replaced it (the nonce
 //! tells), so a failure or a crash leaves it to fire again.
 //!
+//! Named schedules ride the same row, so every timer, `_alarm` and sweep
+//! path serves them unchanged: with schedules the doc adds
+//! `"schedules": {name: ms}` (and `"alarm": ms` for the alarm itself),
+//! and `at` is the earliest of them all. A row without schedules is the
+//! reference's exact shape.
+//!
 //! Timers: in local mode a process timer per id survives eviction (firing
 //! activates the id) and a failed run retries after the namespace's sweep
 //! interval. Behind pinboard the owner's timer fires only resident
 //! instances inside the lease; eviction drops it, activation re-arms it,
 //! and pinboard's sweeper delivers the rest through `POST …/_alarm`.
 
+use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -44,9 +51,80 @@ pub enum AlarmError {
     /// A time before the Unix epoch or too far in the future.
     #[error("invalid alarm time")]
     InvalidTime,
+    /// A schedule name that is empty or longer than [`MAX_SCHEDULE_NAME`].
+    #[error("a schedule name must be 1 to {MAX_SCHEDULE_NAME} bytes")]
+    InvalidName,
+    /// The instance holds [`MAX_SCHEDULES`] schedules already.
+    #[error("an instance holds at most {MAX_SCHEDULES} schedules")]
+    TooManySchedules,
     /// The store failed (a `FenceLost` means a newer activation owns it).
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Most named schedules one instance holds.
+pub const MAX_SCHEDULES: usize = 1024;
+/// Longest schedule name, in bytes.
+pub const MAX_SCHEDULE_NAME: usize = 256;
+
+/// The alarm row, decoded: the alarm itself and the named schedules.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct AlarmRow {
+    alarm: Option<i64>,
+    /// Changes with every `Alarm::set` (never with schedule writes), so a
+    /// run clears only the alarm it fired.
+    nonce: Option<String>,
+    schedules: BTreeMap<String, i64>,
+}
+
+impl AlarmRow {
+    fn decode(doc: &Doc) -> Option<Self> {
+        let (at, nonce) = parse(doc)?;
+        let schedules: BTreeMap<String, i64> = match doc.get("schedules") {
+            Some(Value::Object(entries)) => entries
+                .iter()
+                .filter_map(|(name, at)| Some((name.clone(), at.as_i64()?)))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        let alarm = if schedules.is_empty() {
+            Some(at)
+        } else {
+            doc.get("alarm").and_then(Value::as_i64)
+        };
+        Some(Self {
+            alarm,
+            nonce,
+            schedules,
+        })
+    }
+
+    /// When the row is due: the earliest of the alarm and the schedules.
+    fn at(&self) -> Option<i64> {
+        self.schedules.values().copied().chain(self.alarm).min()
+    }
+
+    fn encode(&self) -> Option<Doc> {
+        let at = self.at()?;
+        let mut doc = Doc::new();
+        doc.insert("at".into(), at.into());
+        doc.insert(
+            "nonce".into(),
+            self.nonce.clone().unwrap_or_else(nonce).into(),
+        );
+        if !self.schedules.is_empty() {
+            let entries = self
+                .schedules
+                .iter()
+                .map(|(name, at)| (name.clone(), Value::from(*at)))
+                .collect();
+            doc.insert("schedules".into(), Value::Object(entries));
+            if let Some(alarm) = self.alarm {
+                doc.insert("alarm".into(), alarm.into());
+            }
+        }
+        Some(doc)
+    }
 }
 
 /// Per-instance alarm state, allocated on first use.
@@ -166,30 +244,13 @@ impl Alarm {
     }
 
     async fn write(&self, at: Option<SystemTime>) -> Result<(), AlarmError> {
-        let store = self.store()?;
-        let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
-        let epoch = self.slot.epoch().unwrap_or(0);
-        let state = self.slot.alarm_state();
-        let _row = state.row_turn.lock().await;
-        match at {
-            None => {
-                store
-                    .delete_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)
-                    .await?;
-                self.slot.host.disarm(id);
-            }
-            Some(at) => {
-                let at = ms_of(at)?;
-                let mut doc = Doc::new();
-                doc.insert("at".into(), at.into());
-                doc.insert("nonce".into(), nonce().into());
-                store
-                    .set_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, false, doc, epoch)
-                    .await?;
-                self.slot.host.arm(&self.slot.id, at);
-            }
-        }
-        Ok(())
+        let at = at.map(ms_of).transpose()?;
+        modify(&self.slot, |row| {
+            row.alarm = at;
+            row.nonce = at.map(|_| nonce());
+            Ok(())
+        })
+        .await
     }
 
     /// Sets the alarm `after` from now.
@@ -220,15 +281,209 @@ impl Alarm {
             )
             .await
             .inspect_err(|error| crate::store::abort_on_fence_lost(&self.slot, error))?;
-        let Some((at, nonce)) = row.as_ref().and_then(|tray| parse(&tray.doc)) else {
+        let Some(row) = row.as_ref().and_then(|tray| AlarmRow::decode(&tray.doc)) else {
+            return Ok(None);
+        };
+        let Some(at) = row.alarm else {
             return Ok(None);
         };
         let running = self.slot.alarm_state().running.lock().clone();
-        if running.is_some() && running == nonce {
+        if running.is_some() && running == row.nonce {
             return Ok(None);
         }
         let at = u64::try_from(at).unwrap_or(0);
         Ok(Some(UNIX_EPOCH + Duration::from_millis(at)))
+    }
+}
+
+/// Reads the alarm row, lets `edit` change it, then writes it back (or
+/// deletes it once nothing is left) and re-arms the timer for its earliest
+/// time. Serialized per instance with every other row read-then-write.
+async fn modify(
+    slot: &Arc<Slot>,
+    edit: impl FnOnce(&mut AlarmRow) -> Result<(), AlarmError>,
+) -> Result<(), AlarmError> {
+    let store = slot.host.store.as_ref().ok_or(AlarmError::NoStore)?;
+    let (ns, id) = (&*slot.host.ns, &*slot.id);
+    let epoch = slot.epoch().unwrap_or(0);
+    let _row = slot.alarm_state().row_turn.lock().await;
+    let stored = store
+        .get_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)
+        .await?;
+    let mut row = stored
+        .as_ref()
+        .and_then(|tray| AlarmRow::decode(&tray.doc))
+        .unwrap_or_default();
+    edit(&mut row)?;
+    match (row.encode(), row.at()) {
+        (Some(doc), Some(at)) => {
+            store
+                .set_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, false, doc, epoch)
+                .await?;
+            slot.host.arm(&slot.id, at);
+        }
+        _ => {
+            if stored.is_some() {
+                store
+                    .delete_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)
+                    .await?;
+            }
+            slot.host.disarm(id);
+        }
+    }
+    Ok(())
+}
+
+/// A lost fence aborts the instance (a newer activation owns its rows).
+fn fenced<T>(slot: &Arc<Slot>, answer: Result<T, AlarmError>) -> Result<T, AlarmError> {
+    if let Err(AlarmError::Store(error)) = &answer {
+        crate::store::abort_on_fence_lost(slot, error);
+    }
+    answer
+}
+
+fn time_of(ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+/// Every named schedule of `slot`'s instance, earliest first.
+pub(crate) async fn schedules(slot: &Arc<Slot>) -> Result<Vec<(String, SystemTime)>, AlarmError> {
+    let row = fenced(slot, read(slot).await)?;
+    let mut schedules: Vec<(String, i64)> = row
+        .map(|row| row.schedules.into_iter().collect())
+        .unwrap_or_default();
+    schedules.sort_by_key(|(name, at)| (*at, name.clone()));
+    Ok(schedules
+        .into_iter()
+        .map(|(name, at)| (name, time_of(at)))
+        .collect())
+}
+
+async fn read(slot: &Arc<Slot>) -> Result<Option<AlarmRow>, AlarmError> {
+    let store = slot.host.store.as_ref().ok_or(AlarmError::NoStore)?;
+    let row = store
+        .get_tray(
+            &slot.host.ns,
+            &slot.id,
+            ALARM_TRAY_NS,
+            ALARM_TRAY_ID,
+            slot.epoch().unwrap_or(0),
+        )
+        .await?;
+    Ok(row.as_ref().and_then(|tray| AlarmRow::decode(&tray.doc)))
+}
+
+/// One named schedule of an instance: a durable timer of its own, beside
+/// the instance's [`Alarm`] and any number of other schedules (up to
+/// [`MAX_SCHEDULES`]). When due it runs
+/// [`Object::scheduled`](crate::Object::scheduled) with its name, at least
+/// once, through the same timers, `_alarm` calls and sweeps as the alarm;
+/// a successful run removes it unless it was set again meanwhile.
+///
+/// ```
+/// # async fn demo(ctx: pinned::Context) -> Result<(), pinned::AlarmError> {
+/// use std::time::Duration;
+/// ctx.schedule("daily-report").after(Duration::from_secs(86_400)).await?;
+/// ctx.schedule("reminder").after(Duration::from_secs(60)).await?;
+/// let all = ctx.schedules().await?; // earliest first
+/// ctx.schedule("reminder").cancel().await?;
+/// # let _ = all;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Schedule {
+    slot: Arc<Slot>,
+    name: String,
+}
+
+impl std::fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Schedule")
+            .field("id", &self.slot.id)
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+impl Schedule {
+    pub(crate) fn new(slot: Arc<Slot>, name: &str) -> Self {
+        Self {
+            slot,
+            name: name.to_owned(),
+        }
+    }
+
+    /// The schedule's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn checked_name(&self) -> Result<&str, AlarmError> {
+        if self.name.is_empty() || self.name.len() > MAX_SCHEDULE_NAME {
+            return Err(AlarmError::InvalidName);
+        }
+        Ok(&self.name)
+    }
+
+    /// Sets the schedule to fire at `at` (replacing its earlier time).
+    /// Resolves once committed.
+    ///
+    /// # Errors
+    ///
+    /// No store, an invalid name or time, [`AlarmError::TooManySchedules`],
+    /// a store failure.
+    pub async fn at(&self, at: SystemTime) -> Result<(), AlarmError> {
+        let name = self.checked_name()?.to_owned();
+        let at = ms_of(at)?;
+        let set = modify(&self.slot, |row| {
+            if !row.schedules.contains_key(&name) && row.schedules.len() >= MAX_SCHEDULES {
+                return Err(AlarmError::TooManySchedules);
+            }
+            row.schedules.insert(name, at);
+            Ok(())
+        })
+        .await;
+        fenced(&self.slot, set)
+    }
+
+    /// Sets the schedule to fire `after` from now.
+    ///
+    /// # Errors
+    ///
+    /// As [`at`](Self::at).
+    pub async fn after(&self, after: Duration) -> Result<(), AlarmError> {
+        self.at(self.slot.host.clock.now() + after).await
+    }
+
+    /// Removes the schedule; `false` when it was not set.
+    ///
+    /// # Errors
+    ///
+    /// No store, an invalid name, a store failure.
+    pub async fn cancel(&self) -> Result<bool, AlarmError> {
+        let name = self.checked_name()?.to_owned();
+        let mut removed = false;
+        let cancelled = modify(&self.slot, |row| {
+            removed = row.schedules.remove(&name).is_some();
+            Ok(())
+        })
+        .await;
+        fenced(&self.slot, cancelled)?;
+        Ok(removed)
+    }
+
+    /// When the schedule fires next; `None` when it is not set.
+    ///
+    /// # Errors
+    ///
+    /// No store, an invalid name, a store failure.
+    pub async fn get(&self) -> Result<Option<SystemTime>, AlarmError> {
+        let name = self.checked_name()?;
+        let row = fenced(&self.slot, read(&self.slot).await)?;
+        Ok(row
+            .and_then(|row| row.schedules.get(name).copied())
+            .map(time_of))
     }
 }
 
@@ -265,12 +520,23 @@ async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
             .await
             .map_err(RunError::Store)?
     };
-    let Some((at, nonce)) = row.as_ref().and_then(|tray| parse(&tray.doc)) else {
+    let Some(row) = row.as_ref().and_then(|tray| AlarmRow::decode(&tray.doc)) else {
         return Ok(Run::Fired(false));
     };
-    if at > wall_ms(&slot.host) {
+    let now = wall_ms(&slot.host);
+    let alarm_due = row.alarm.is_some_and(|at| at <= now);
+    let mut due: Vec<(String, i64)> = row
+        .schedules
+        .iter()
+        .filter(|(_, at)| **at <= now)
+        .map(|(name, at)| (name.clone(), *at))
+        .collect();
+    due.sort_by_key(|(name, at)| (*at, name.clone()));
+    if !alarm_due && due.is_empty() {
         // Not due yet (a sweep raced a newer `set`): keep the timer.
-        slot.host.arm(&slot.id, at);
+        if let Some(at) = row.at() {
+            slot.host.arm(&slot.id, at);
+        }
         return Ok(Run::Fired(false));
     }
     let instance = slot.instance().ok_or(RunError::Closed)?;
@@ -283,37 +549,66 @@ async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
             permit = turn.acquire() => Some(permit.map_err(|_| RunError::Closed)?),
         },
     };
-    *state.running.lock() = nonce.clone();
-    let handler = (slot.host.lifecycle.alarm)(instance, Context::new(slot.clone()));
-    let outcome = AssertUnwindSafe(handler).catch_unwind().await;
-    *state.running.lock() = None;
-    if !matches!(outcome, Ok(Ok(()))) {
+    let mut failure: Option<String> = None;
+    let mut alarm_ran = false;
+    if alarm_due {
+        *state.running.lock() = row.nonce.clone();
+        let handler = (slot.host.lifecycle.alarm)(instance.clone(), Context::new(slot.clone()));
+        let outcome = AssertUnwindSafe(handler).catch_unwind().await;
+        *state.running.lock() = None;
+        match outcome {
+            Ok(Ok(())) => alarm_ran = true,
+            Ok(Err(error)) => failure = Some(error.to_string()),
+            Err(panic) => failure = Some(panic_message(panic.as_ref())),
+        }
+    }
+    let mut fired: Vec<(String, i64)> = Vec::new();
+    for (name, at) in due {
+        let handler = (slot.host.lifecycle.scheduled)(
+            instance.clone(),
+            Context::new(slot.clone()),
+            name.clone(),
+        );
+        match AssertUnwindSafe(handler).catch_unwind().await {
+            Ok(Ok(())) => fired.push((name, at)),
+            Ok(Err(error)) => failure = Some(format!("schedule {name:?}: {error}")),
+            Err(panic) => {
+                failure = Some(format!(
+                    "schedule {name:?}: {}",
+                    panic_message(panic.as_ref())
+                ));
+            }
+        }
+    }
+    if failure.is_some() {
         slot.host.metrics.callback_failed("alarm");
     }
-    match outcome {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => return Err(RunError::Handler(error.to_string())),
-        Err(panic) => return Err(RunError::Handler(panic_message(panic.as_ref()))),
-    }
-    // Clear only the alarm this run fired: a `set` during the handler
-    // replaced the nonce and stays.
-    let _row = state.row_turn.lock().await;
-    let current = store
-        .get_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)
+    // Clear only what this run fired: an alarm `set` during the handler
+    // replaced the nonce, a schedule set again changed its time; both stay.
+    if alarm_ran || !fired.is_empty() {
+        let fired_nonce = row.nonce.clone();
+        modify(slot, |current| {
+            if alarm_ran && current.nonce == fired_nonce {
+                current.alarm = None;
+                current.nonce = None;
+            }
+            for (name, at) in &fired {
+                if current.schedules.get(name) == Some(at) {
+                    current.schedules.remove(name);
+                }
+            }
+            Ok(())
+        })
         .await
-        .map_err(RunError::Store)?;
-    if current
-        .as_ref()
-        .and_then(|tray| parse(&tray.doc))
-        .map(|(_, n)| n)
-        == Some(nonce)
-    {
-        store
-            .delete_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)
-            .await
-            .map_err(RunError::Store)?;
+        .map_err(|error| match error {
+            AlarmError::Store(error) => RunError::Store(error),
+            other => RunError::Handler(other.to_string()),
+        })?;
     }
-    Ok(Run::Fired(true))
+    match failure {
+        Some(failure) => Err(RunError::Handler(failure)),
+        None => Ok(Run::Fired(true)),
+    }
 }
 
 impl HostShared {

@@ -255,6 +255,24 @@ impl Context {
         Alarm::new(self.slot.clone())
     }
 
+    /// The named schedule `name`: one of many durable timers of the
+    /// instance (`at`, `after`, `cancel`, `get`), each firing
+    /// [`Object::scheduled`](crate::Object::scheduled) at least once.
+    pub fn schedule(&self, name: &str) -> crate::alarm::Schedule {
+        crate::alarm::Schedule::new(self.slot.clone(), name)
+    }
+
+    /// Every named schedule of the instance with its time, earliest first.
+    ///
+    /// # Errors
+    ///
+    /// No store, a store failure.
+    pub async fn schedules(
+        &self,
+    ) -> Result<Vec<(String, std::time::SystemTime)>, crate::alarm::AlarmError> {
+        crate::alarm::schedules(&self.slot).await
+    }
+
     /// A cluster client for calls to other instances (depth 1; inside a
     /// handler prefer [`Call::cluster`](crate::Call::cluster), which
     /// carries the request's depth).

@@ -75,7 +75,9 @@ pub mod tray;
 mod worker;
 pub mod ws;
 
-pub use alarm::{Alarm, AlarmError, ALARM_TRAY_ID, ALARM_TRAY_NS};
+pub use alarm::{
+    Alarm, AlarmError, Schedule, ALARM_TRAY_ID, ALARM_TRAY_NS, MAX_SCHEDULES, MAX_SCHEDULE_NAME,
+};
 pub use auth::{AuthError, Denial};
 pub use call::Call;
 pub use clock::Clock;
@@ -92,7 +94,9 @@ pub use host::{
 };
 pub use instance_lease::{EvictionRequested, InstanceLease};
 pub use lease::DEFAULT_LEASE_BUFFER;
-pub use object::{Idle, NoAlarmHandler, NotAnInstanceRoute, Object, RouteState, Routes, This};
+pub use object::{
+    Idle, NoAlarmHandler, NoScheduleHandler, NotAnInstanceRoute, Object, RouteState, Routes, This,
+};
 /// The durable state crate, re-exported.
 pub use pinned_store;
 pub use pinned_wire::attestation::Caller;

@@ -128,6 +128,21 @@ pub trait Object: Sized + Send + Sync + 'static {
         async move { Err(BoxError::from(NoAlarmHandler(object))) }
     }
 
+    /// Runs when the named schedule `name` is due (set with
+    /// [`Context::schedule`]), like [`alarm`](Self::alarm): one run at a
+    /// time, at least once. An error or a panic leaves that schedule to
+    /// fire again; the default fails, so a schedule is never lost.
+    fn scheduled(
+        &self,
+        ctx: &Context,
+        name: &str,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let object = std::any::type_name::<Self>();
+        let _ = ctx;
+        let name = name.to_owned();
+        async move { Err(BoxError::from(NoScheduleHandler(object, name))) }
+    }
+
     /// Called when the idle sweep finds the instance idle (nothing in
     /// flight for the namespace's `idle_timeout`), instead of evicting it
     /// outright: [`Idle::Evict`] (the default) evicts it, [`Idle::Keep`]
@@ -205,6 +220,12 @@ pub enum Idle {
 #[derive(Debug, thiserror::Error)]
 #[error("{0} has a due alarm but does not implement Object::alarm")]
 pub struct NoAlarmHandler(&'static str);
+
+/// The error of the default [`Object::scheduled`]: the schedule stays
+/// stored and fires again.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} has a due schedule {1:?} but does not implement Object::scheduled")]
+pub struct NoScheduleHandler(&'static str, String);
 
 /// The state type of an object's router. It carries nothing at run time;
 /// it exists so that the extractors of `T`'s routes are checked against
@@ -312,6 +333,10 @@ impl<T: Object> FromRequestParts<RouteState<T>> for This<T> {
 /// A lifecycle hook of one object type, erased so the directory can hold it.
 pub(crate) type Hook = fn(Instance, Context) -> BoxFuture<'static, Result<(), BoxError>>;
 
+/// [`Object::scheduled`], type-erased.
+pub(crate) type ScheduleHook =
+    fn(Instance, Context, String) -> BoxFuture<'static, Result<(), BoxError>>;
+
 /// [`Object::on_idle`], type-erased.
 pub(crate) type IdleHook = fn(Instance, Context) -> BoxFuture<'static, Result<Idle, BoxError>>;
 
@@ -326,6 +351,7 @@ pub(crate) struct Lifecycle {
     pub(crate) activate: fn(Context) -> BoxFuture<'static, Result<Instance, BoxError>>,
     pub(crate) routes: fn() -> Router,
     pub(crate) alarm: Hook,
+    pub(crate) scheduled: ScheduleHook,
     pub(crate) on_stop: Hook,
     pub(crate) on_idle: IdleHook,
     pub(crate) on_wind_down: WindDownHook,
@@ -342,6 +368,7 @@ impl Lifecycle {
             activate: activate::<T>,
             routes: routes::<T>,
             alarm: alarm::<T>,
+            scheduled: scheduled::<T>,
             on_stop: on_stop::<T>,
             on_idle: on_idle::<T>,
             on_wind_down: on_wind_down::<T>,
@@ -383,6 +410,14 @@ fn downcast<T: Object>(instance: Instance) -> Result<Arc<T>, BoxError> {
 
 fn alarm<T: Object>(instance: Instance, ctx: Context) -> BoxFuture<'static, Result<(), BoxError>> {
     Box::pin(async move { downcast::<T>(instance)?.alarm(&ctx).await })
+}
+
+fn scheduled<T: Object>(
+    instance: Instance,
+    ctx: Context,
+    name: String,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move { downcast::<T>(instance)?.scheduled(&ctx, &name).await })
 }
 
 fn on_stop<T: Object>(
