@@ -21,7 +21,9 @@ use pinned::pinned_store::{
     BatchOp, Doc, DueAlarm, MemoryStore, SqliteOptions, SqliteStore, StateStore, StoreError,
     TrayRow,
 };
-use pinned::tray::{Fields, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value};
+use pinned::tray::{
+    Fields, Queue, Tray, TrayCtx, TrayError, TrayHandle, TrayHandler, Trays, Value,
+};
 use pinned::{BoxError, Context, Object, Options, State};
 use serde_json::json;
 use support::{eventually, json, start, TestWorker};
@@ -36,6 +38,8 @@ struct Lab {
     release: Arc<tokio::sync::Semaphore>,
     /// Every handler run, in order.
     runs: Arc<Mutex<Vec<String>>>,
+    /// `on_open`/`on_close` of keyed trays, as `"open <key>"`/`"close <key>"`.
+    events: Arc<Mutex<Vec<String>>>,
 }
 
 impl Default for Lab {
@@ -45,6 +49,7 @@ impl Default for Lab {
             hold: Arc::default(),
             release: Arc::new(tokio::sync::Semaphore::new(0)),
             runs: Arc::default(),
+            events: Arc::default(),
         }
     }
 }
@@ -152,6 +157,16 @@ impl TrayHandler<Inbox> for Runner {
     async fn handle(&self, ctx: TrayCtx<Inbox>, name: String) -> Result<(), BoxError> {
         self.work(&name).await?;
         ctx.on_ack(move |inbox| inbox.seen.push(name));
+        Ok(())
+    }
+
+    async fn on_open(&self, _ctx: &Context, tray: &TrayHandle<Inbox>) -> Result<(), BoxError> {
+        self.lab.events.lock().push(format!("open {}", tray.key()));
+        Ok(())
+    }
+
+    async fn on_close(&self, _ctx: &Context, tray: &TrayHandle<Inbox>) -> Result<(), BoxError> {
+        self.lab.events.lock().push(format!("close {}", tray.key()));
         Ok(())
     }
 }
@@ -850,4 +865,96 @@ async fn a_crash_at_any_write_loses_no_acknowledged_admission_and_repeats_no_eff
             );
         }
     }
+}
+
+#[tokio::test]
+async fn keyed_trays_bracket_each_hydration_with_on_open_and_on_close() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    let w = worker(setup.store.clone(), &lab).await;
+    assert_eq!(json(w.post("/runners/h/keyed/a/x").await).await.0, 200);
+    eventually("the tray passivated and closed", || async {
+        (lab.events.lock().len() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        json(w.get("/runners/h/keyed/a").await).await.0,
+        200,
+        "reopened"
+    );
+    w.worker.close().await;
+    assert_eq!(
+        *lab.events.lock(),
+        vec!["open a", "close a", "open a", "close a"],
+        "passivation closes it; the reopened tray closes at teardown"
+    );
+}
+
+/// Opens its tray inside `activate`, before the object exists.
+struct Eager {
+    lab: Lab,
+}
+
+impl Object for Eager {
+    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
+        let jobs = ctx.tray::<Jobs>().await?;
+        let queued = jobs.read(|jobs| jobs.queue.len());
+        ctx.state::<Lab>()
+            .ok_or("no lab")?
+            .events
+            .lock()
+            .push(format!("queued at activation: {queued}"));
+        Ok(Eager {
+            lab: ctx.state().ok_or("no lab")?,
+        })
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new().route("/done", get(done))
+    }
+
+    fn trays() -> Trays<Self> {
+        Trays::new().singleton::<Jobs>()
+    }
+}
+
+impl TrayHandler<Jobs> for Eager {
+    async fn handle(&self, ctx: TrayCtx<Jobs>, name: String) -> Result<(), BoxError> {
+        self.lab
+            .runs
+            .lock()
+            .push(format!("{name} attempt {}", ctx.attempts()));
+        ctx.on_ack(move |jobs| jobs.done.push(name));
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_tray_opened_inside_activate_pumps_only_once_the_object_exists() {
+    let setup = sqlite().await;
+    let mut doc = serde_json::Map::new();
+    doc.insert("queue".into(), json!(["left-over"]));
+    setup
+        .store
+        .set_tray("/runners", "e", "jobs", "~", true, doc, 0)
+        .await
+        .unwrap();
+    let lab = Lab::default();
+    let w = start(
+        Options::new()
+            .host::<Eager>("/runners")
+            .state(lab.clone())
+            .store(setup.store.clone()),
+    )
+    .await;
+    eventually("the left-over job done", || async {
+        (done_list(&w, "e").await["done"] == json!(["left-over"])).then_some(())
+    })
+    .await;
+    assert_eq!(*lab.events.lock(), vec!["queued at activation: 1"]);
+    assert_eq!(
+        *lab.runs.lock(),
+        vec!["left-over attempt 1"],
+        "no delivery burnt before the object existed"
+    );
 }

@@ -94,6 +94,9 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
         }
         settled.await;
     }
+    if let Some(trays) = slot.trays() {
+        trays.close_all().await;
+    }
     if let Some(instance) = slot.instance() {
         let stop = (host.lifecycle.on_stop)(instance, Context::new(slot.clone()));
         if let Err(error) = settle(stop).await {

@@ -50,8 +50,8 @@ impl<T: Tray> Drop for TrayHandle<T> {
         // passivates it: the open map's reference and this one are left.
         if Arc::strong_count(&self.tray) <= 2 {
             let mut state = self.tray.state.lock();
-            if !state.pumping {
-                self.tray.passivate_if_dry(&mut state, 2);
+            if !state.pumping && self.tray.passivate_if_dry(&mut state, 2) {
+                self.tray.close_later();
             }
         }
     }

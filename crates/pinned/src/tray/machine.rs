@@ -15,6 +15,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 
 use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use parking_lot::Mutex;
 use pinned_store::Doc;
 use serde_json::Value as Json;
@@ -23,9 +24,10 @@ use tokio::sync::watch;
 use super::declare::Spec;
 use super::field::Fields;
 use super::frontier::{Effect, Frontier, Receipt};
-use super::handle::TrayCtx;
+use super::handle::{TrayCtx, TrayHandle};
 use super::open::InstanceTrays;
 use super::{Tray, TrayError, TrayHandler};
+use crate::context::Context;
 use crate::slot::{Instance, Slot};
 use crate::BoxError;
 
@@ -35,6 +37,13 @@ pub(crate) const ATTEMPTS_KEY: &str = "~attempts";
 pub(crate) const PARKED_KEY: &str = "~parked";
 pub(crate) const STATE_KEY: &str = "~state";
 
+/// An open tray's `on_open` has not run (or `on_close` ran).
+pub(crate) const CLOSED: u8 = 0;
+/// Its `on_open` runs.
+pub(crate) const OPENING: u8 = 1;
+/// Open: it may pump.
+pub(crate) const OPEN: u8 = 2;
+
 /// The built-in command a delete admits into `~inbox`.
 pub(crate) fn delete_command() -> Json {
     serde_json::json!({ "command": "delete" })
@@ -43,6 +52,11 @@ pub(crate) fn delete_command() -> Json {
 /// A handler of tray `T`, erased over its object type.
 pub(crate) type HandlerFn<T> =
     fn(Instance, TrayCtx<T>, <T as Tray>::Item) -> BoxFuture<'static, Result<(), BoxError>>;
+
+/// [`TrayHandler::on_open`] or [`TrayHandler::on_close`], erased over the
+/// object type.
+pub(crate) type HookFn<T> =
+    fn(Instance, Context, TrayHandle<T>) -> BoxFuture<'static, Result<(), BoxError>>;
 
 /// An `on_ack` edit staged by a handler.
 pub(crate) type AckEdit<T> = Box<dyn FnOnce(&mut T) + Send>;
@@ -87,6 +101,11 @@ pub(crate) struct OpenTray<T: Tray> {
     pub(crate) slot: Weak<Slot>,
     pub(crate) frontier: Arc<Frontier>,
     pub(crate) handler: HandlerFn<T>,
+    pub(crate) on_open: HookFn<T>,
+    pub(crate) on_close: HookFn<T>,
+    /// [`CLOSED`], [`OPENING`] (its `on_open` runs) or [`OPEN`] (it may
+    /// pump).
+    pub(crate) opened: std::sync::atomic::AtomicU8,
     pub(crate) state: Mutex<TrayState<T>>,
     /// Turns true once a delete finished (the key is free).
     pub(crate) freed: watch::Sender<bool>,
@@ -103,6 +122,14 @@ pub(crate) trait Opened: Send + Sync {
     fn deleted(&self) -> bool;
     /// Waits until a delete under way finished.
     fn freed(&self) -> BoxFuture<'static, ()>;
+    /// Runs `on_open` once (when the object exists), then resumes the pump.
+    fn open(
+        self: Arc<Self>,
+        instance: Instance,
+        ctx: Context,
+    ) -> BoxFuture<'static, Result<(), TrayError>>;
+    /// Runs `on_close` (after `open`), logging a failure.
+    fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()>;
 }
 
 impl<T: Tray> Opened for OpenTray<T> {
@@ -111,6 +138,9 @@ impl<T: Tray> Opened for OpenTray<T> {
     }
 
     fn resume(self: Arc<Self>) {
+        if self.opened.load(std::sync::atomic::Ordering::SeqCst) != OPEN {
+            return;
+        }
         let start = {
             let state = self.state.lock();
             state.marked || self.always_open
@@ -135,6 +165,43 @@ impl<T: Tray> Opened for OpenTray<T> {
             let _ = freed.wait_for(|freed| *freed).await;
         })
     }
+
+    fn open(
+        self: Arc<Self>,
+        instance: Instance,
+        ctx: Context,
+    ) -> BoxFuture<'static, Result<(), TrayError>> {
+        Box::pin(async move {
+            use std::sync::atomic::Ordering;
+            if self
+                .opened
+                .compare_exchange(CLOSED, OPENING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                return Ok(());
+            }
+            let hook = (self.on_open)(instance, ctx, TrayHandle::new(self.clone()));
+            let failure = match std::panic::AssertUnwindSafe(hook).catch_unwind().await {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(error.to_string()),
+                Err(panic) => Some(crate::directory::panic_message(panic.as_ref())),
+            };
+            if let Some(reason) = failure {
+                self.opened.store(CLOSED, Ordering::SeqCst);
+                return Err(TrayError::Hook {
+                    tray: self.label(),
+                    reason,
+                });
+            }
+            self.opened.store(OPEN, Ordering::SeqCst);
+            self.resume();
+            Ok(())
+        })
+    }
+
+    fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.run_close(instance, ctx).await })
+    }
 }
 
 fn malformed(spec: &Spec, key: &str, reason: impl Into<String>) -> TrayError {
@@ -155,6 +222,32 @@ fn handler<O: TrayHandler<T>, T: Tray>(
             .downcast::<O>()
             .map_err(|_| BoxError::from("tray handler reached an instance of another type"))?;
         object.handle(ctx, item).await
+    })
+}
+
+fn on_open<O: TrayHandler<T>, T: Tray>(
+    instance: Instance,
+    ctx: Context,
+    tray: TrayHandle<T>,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move {
+        let object = instance
+            .downcast::<O>()
+            .map_err(|_| BoxError::from("tray hook reached an instance of another type"))?;
+        object.on_open(&ctx, &tray).await
+    })
+}
+
+fn on_close<O: TrayHandler<T>, T: Tray>(
+    instance: Instance,
+    ctx: Context,
+    tray: TrayHandle<T>,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move {
+        let object = instance
+            .downcast::<O>()
+            .map_err(|_| BoxError::from("tray hook reached an instance of another type"))?;
+        object.on_close(&ctx, &tray).await
     })
 }
 
@@ -255,6 +348,9 @@ pub(crate) fn open<O: TrayHandler<T>, T: Tray>(
         slot: owner.slot.clone(),
         frontier: owner.frontier.clone(),
         handler: handler::<O, T>,
+        on_open: on_open::<O, T>,
+        on_close: on_close::<O, T>,
+        opened: std::sync::atomic::AtomicU8::new(CLOSED),
         state: Mutex::new(TrayState {
             tray,
             fields,
@@ -294,24 +390,61 @@ fn put(doc: &mut Doc, name: &str, value: Option<Json>) -> bool {
 }
 
 impl<T: Tray> OpenTray<T> {
+    /// Runs `on_close` once after an `on_open`, logging a failure.
+    pub(crate) async fn run_close(self: Arc<Self>, instance: Instance, ctx: Context) {
+        if self
+            .opened
+            .swap(CLOSED, std::sync::atomic::Ordering::SeqCst)
+            != OPEN
+        {
+            return;
+        }
+        let label = self.label();
+        let hook = (self.on_close)(instance, ctx, TrayHandle::new(self));
+        let failure = match std::panic::AssertUnwindSafe(hook).catch_unwind().await {
+            Ok(Ok(())) => return,
+            Ok(Err(error)) => error.to_string(),
+            Err(panic) => crate::directory::panic_message(panic.as_ref()),
+        };
+        tracing::error!(tray = %label, error = %failure, "TrayHandler::on_close failed");
+    }
+
+    /// Runs `on_close` in the background after a passivation.
+    pub(crate) fn close_later(self: &Arc<Self>) {
+        let Some(slot) = self.slot.upgrade() else {
+            return;
+        };
+        let Some(instance) = slot.instance() else {
+            return;
+        };
+        let tray = self.clone();
+        let ctx = Context::new(slot.clone());
+        ctx.clone().wait_until(async move {
+            tray.run_close(instance, ctx).await;
+            Ok(())
+        });
+    }
+
     /// Passivates a keyed tray (not always open) that rests dry, when
     /// `holders` references are all that is left of it: the open map's and
     /// the caller's. Called by the pump going dry and by the last handle
     /// going away, whichever comes last. Takes the state lock, then the
     /// open map's.
-    pub(crate) fn passivate_if_dry(&self, state: &mut TrayState<T>, holders: usize) {
+    pub(crate) fn passivate_if_dry(&self, state: &mut TrayState<T>, holders: usize) -> bool {
         if !self.keyed || self.always_open || state.retired.is_some() {
-            return;
+            return false;
         }
         if state.marked || !state.inbox.is_empty() {
-            return;
+            return false;
         }
         if let Some(owner) = self.owner.upgrade() {
             let me = (self as *const Self).cast::<()>();
             if owner.passivate(T::NAME, &self.key, me, holders) {
                 state.retired = Some(Retired::Closed);
+                return true;
             }
         }
+        false
     }
 
     /// `tray_ns/tray_id`, for errors and logs.

@@ -64,7 +64,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::BoxError;
+use crate::{BoxError, Context};
 
 mod declare;
 mod field;
@@ -146,6 +146,30 @@ pub trait TrayHandler<T: Tray>: crate::Object {
         ctx: TrayCtx<T>,
         item: T::Item,
     ) -> impl Future<Output = Result<(), BoxError>> + Send;
+
+    /// Runs each time tray `T` opens on this instance (hydrated from its
+    /// row, or created), before its pump starts: the place to mount what
+    /// the tray's handler needs for this hydration. An error refuses the
+    /// opening (at activation, the activation fails).
+    fn on_open(
+        &self,
+        ctx: &Context,
+        tray: &TrayHandle<T>,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = (ctx, tray);
+        async { Ok(()) }
+    }
+
+    /// Runs when the open tray closes: it passivated (drained dry), it was
+    /// deleted, or the instance is being torn down. Errors are logged.
+    fn on_close(
+        &self,
+        ctx: &Context,
+        tray: &TrayHandle<T>,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = (ctx, tray);
+        async { Ok(()) }
+    }
 }
 
 /// Why a tray operation failed.
@@ -206,6 +230,14 @@ pub enum TrayError {
     /// The instance is closed.
     #[error("the instance is closed")]
     Closed,
+    /// [`TrayHandler::on_open`] failed: the tray did not open.
+    #[error("tray {tray} did not open: {reason}")]
+    Hook {
+        /// `tray_ns/tray_id`.
+        tray: String,
+        /// The hook's error.
+        reason: String,
+    },
     /// An admission closure panicked: the instance was aborted.
     #[error("a tray write segment panicked; the instance was aborted")]
     Panicked,

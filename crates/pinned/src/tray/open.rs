@@ -19,6 +19,7 @@ use super::declare::{Declared, Spec};
 use super::frontier::Frontier;
 use super::machine::{OpenTray, Opened};
 use super::{Tray, TrayError, SINGLETON_ID};
+use crate::context::Context;
 use crate::slot::Slot;
 
 type Key = (&'static str, String);
@@ -113,12 +114,16 @@ impl InstanceTrays {
             });
         }
         let opened = self.insert(spec, key.to_owned(), row.map(|row| (row.marked, row.doc)))?;
+        drop(_opening);
+        self.open_hooked(T::NAME, key, &opened).await?;
         opened
             .any()
             .downcast::<OpenTray<T>>()
             .map_err(|_| TrayError::NotDeclared(T::NAME))
     }
 
+    /// Restores a tray into the map; [`open_hooked`](Self::open_hooked)
+    /// then opens it for use.
     fn insert(
         self: &Arc<Self>,
         spec: &Spec,
@@ -127,8 +132,50 @@ impl InstanceTrays {
     ) -> Result<Arc<dyn Opened>, TrayError> {
         let opened = (spec.open)(self, spec, key.clone(), row)?;
         self.open.lock().insert((spec.name, key), opened.clone());
-        opened.clone().resume();
         Ok(opened)
+    }
+
+    /// Runs `tray`'s `on_open` and starts its pump, once the object exists
+    /// (inside `Object::activate` it waits for the hydration that follows).
+    /// Never under the opening lock: a hook may open other trays. A failed
+    /// hook takes the tray out of the map again.
+    async fn open_hooked(
+        &self,
+        name: &'static str,
+        key: &str,
+        tray: &Arc<dyn Opened>,
+    ) -> Result<(), TrayError> {
+        let slot = self.slot()?;
+        let Some(instance) = slot.instance() else {
+            return Ok(());
+        };
+        if let Err(error) = tray
+            .clone()
+            .open(instance, Context::new(slot.clone()))
+            .await
+        {
+            self.forget(name, key, tray);
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    fn all(&self) -> Vec<Arc<dyn Opened>> {
+        self.open.lock().values().cloned().collect()
+    }
+
+    /// Runs every open tray's `on_close`: the instance is being torn down.
+    pub(crate) async fn close_all(&self) {
+        let Ok(slot) = self.slot() else {
+            return;
+        };
+        let Some(instance) = slot.instance() else {
+            return;
+        };
+        for tray in self.all() {
+            tray.close(instance.clone(), Context::new(slot.clone()))
+                .await;
+        }
     }
 
     /// Opens every marked row and every always-open tray, starting their
@@ -195,6 +242,18 @@ impl InstanceTrays {
             )?;
             self.insert(spec, key.1, row.map(|row| (row.marked, row.doc)))?;
         }
+        drop(_opening);
+        // Every tray restored here, and those opened inside
+        // `Object::activate` before the object existed, open now.
+        let open: Vec<(Key, Arc<dyn Opened>)> = self
+            .open
+            .lock()
+            .iter()
+            .map(|(key, tray)| (key.clone(), tray.clone()))
+            .collect();
+        for ((name, key), tray) in open {
+            self.open_hooked(name, &key, &tray).await?;
+        }
         Ok(())
     }
 
@@ -255,8 +314,7 @@ impl InstanceTrays {
     pub(crate) fn pending(&self) -> bool {
         // Never a tray's lock under the map's: passivation takes them the
         // other way round.
-        let open: Vec<Arc<dyn Opened>> = self.open.lock().values().cloned().collect();
-        open.iter().any(|tray| tray.pending())
+        self.all().iter().any(|tray| tray.pending())
     }
 
     /// Waits until every effect enlisted so far is in the store.

@@ -72,6 +72,10 @@ impl<T: Tray> OpenTray<T> {
         let Some(slot) = self.slot.upgrade() else {
             return;
         };
+        // Not before `on_open` ran: opening resumes the pump.
+        if self.opened.load(std::sync::atomic::Ordering::SeqCst) != super::machine::OPEN {
+            return;
+        }
         {
             let mut state = self.state.lock();
             if state.pumping || state.retired.is_some() {
@@ -143,7 +147,9 @@ impl<T: Tray> OpenTray<T> {
                 tracing::error!(tray = %self.label(), %error, "could not unmark a dry tray");
             }
             // The open map's reference and the pump's.
-            self.passivate_if_dry(state, 2);
+            if self.passivate_if_dry(state, 2) {
+                self.close_later();
+            }
             return Step::Stop;
         };
         if state.attempts >= T::MAX_ATTEMPTS {
@@ -311,6 +317,13 @@ impl<T: Tray> OpenTray<T> {
         if let Some(owner) = self.owner.upgrade() {
             let me: Arc<dyn Opened> = self.clone();
             owner.forget(T::NAME, &self.key, &me);
+        }
+        if let Some(slot) = self.slot.upgrade() {
+            if let Some(instance) = slot.instance() {
+                self.clone()
+                    .run_close(instance, Context::new(slot.clone()))
+                    .await;
+            }
         }
         self.stopped();
         self.freed.send_replace(true);
