@@ -9,11 +9,11 @@ mod support;
 
 use std::collections::HashMap;
 use std::process::Stdio;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use pinned::pinned_store::{PostgresOptions, PostgresStore, StateStore};
-use serde_json::{json, Value};
+use serde_json::Value;
+use support::jobs::{done, enqueue, wait};
 use support::{example_binary, pinboard_binary, PATIENCE};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -92,17 +92,6 @@ async fn overview(client: &reqwest::Client, pinboard: &str) -> anyhow::Result<Va
         .await?)
 }
 
-async fn done(client: &reqwest::Client, pinboard: &str, id: &str) -> anyhow::Result<Vec<String>> {
-    let body: Value = client
-        .get(format!("{pinboard}/runners/{id}/done"))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    Ok(serde_json::from_value(body["done"].clone())?)
-}
-
 /// The runners of this test (ids starting with `prefix`) with a marked
 /// row, read unfenced (a fenced read would race the owners' epochs).
 async fn marked(store: &PostgresStore, prefix: &str) -> anyhow::Result<Vec<String>> {
@@ -125,39 +114,20 @@ async fn the_sweeper_moves_a_killed_owners_marked_runners_to_the_survivor() -> a
         let (child, advertise) = start_worker(&pb).await?;
         workers.insert(advertise, child);
     }
-    timeout(PATIENCE, async {
-        loop {
-            let live = overview(&client, &pb).await?["workers"]
-                .as_array()
-                .map_or(0, Vec::len);
-            if live == 2 {
-                return anyhow::Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    wait("two workers registered", || async {
+        let live = overview(&client, &pb).await?["workers"]
+            .as_array()
+            .map_or(0, Vec::len);
+        Ok((live == 2).then_some(()))
     })
-    .await
-    .context("two workers never registered")??;
+    .await?;
 
     let tag = format!("{}-{}", std::process::id(), rand::random::<u32>());
     let ids: Vec<String> = (0..RUNNERS).map(|n| format!("fleet-{tag}-{n}")).collect();
     let admissions = ids.iter().map(|id| {
         let (client, pb) = (client.clone(), pb.clone());
-        async move {
-            for job in 0..JOBS {
-                let name = format!("{id}/{job}");
-                let answer: Value = client
-                    .post(format!("{pb}/runners/{id}/enqueue"))
-                    .json(&json!({ "name": name }))
-                    .send()
-                    .await?
-                    .error_for_status()?
-                    .json()
-                    .await?;
-                anyhow::ensure!(answer == json!({ "admitted": name }), "{answer}");
-            }
-            anyhow::Ok(())
-        }
+        let names: Vec<String> = (0..JOBS).map(|job| format!("{id}/{job}")).collect();
+        async move { enqueue(&client, &pb, id, &names).await }
     });
     for admitted in futures_util::future::join_all(admissions).await {
         admitted?;
@@ -206,16 +176,11 @@ async fn the_sweeper_moves_a_killed_owners_marked_runners_to_the_survivor() -> a
     );
 
     // No request now: the sweeper wakes the marked rows on the survivor.
-    timeout(PATIENCE, async {
-        loop {
-            if marked(&store, &prefix).await?.is_empty() {
-                return anyhow::Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .context("the survivor did not finish the killed owner's runners")??;
+    wait(
+        "the survivor to finish the killed owner's runners",
+        || async { Ok(marked(&store, &prefix).await?.is_empty().then_some(())) },
+    )
+    .await?;
     for id in &ids {
         let expected: Vec<String> = (0..JOBS).map(|job| format!("{id}/{job}")).collect();
         assert_eq!(done(&client, &pb, id).await?, expected, "runner {id}");

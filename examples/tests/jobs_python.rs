@@ -11,14 +11,11 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
 
-use anyhow::Context as _;
 use pinned::pinned_store::{PostgresOptions, PostgresStore, StateStore};
-use serde_json::{json, Value};
-use support::{start_example, PATIENCE};
+use support::jobs::{done, enqueue, wait};
+use support::start_example;
 use tokio::process::{Child, Command};
-use tokio::time::timeout;
 
 const JOBS: usize = 10;
 
@@ -39,7 +36,7 @@ fn python() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// The Python app on a free port; answers it and its `host:port`.
+/// The Python app on a free port; answers it and its base URL.
 async fn start_python(work_ms: &str) -> anyhow::Result<(Child, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -54,55 +51,14 @@ async fn start_python(work_ms: &str) -> anyhow::Result<(Child, String)> {
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()?;
-    let address = format!("127.0.0.1:{port}");
+    let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
-    timeout(PATIENCE, async {
-        loop {
-            if client
-                .get(format!("http://{address}/openapi.json"))
-                .send()
-                .await
-                .is_ok()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    wait("the Python app to answer", || async {
+        let answered = client.get(format!("{base}/openapi.json")).send().await;
+        Ok(answered.ok().map(drop))
     })
-    .await
-    .context("the Python app never answered")?;
-    Ok((child, address))
-}
-
-async fn enqueue(
-    client: &reqwest::Client,
-    address: &str,
-    id: &str,
-    names: &[String],
-) -> anyhow::Result<()> {
-    for name in names {
-        let answer: Value = client
-            .post(format!("http://{address}/runners/{id}/enqueue"))
-            .json(&json!({ "name": name }))
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        anyhow::ensure!(answer == json!({ "admitted": name }), "{answer}");
-    }
-    Ok(())
-}
-
-async fn done(client: &reqwest::Client, address: &str, id: &str) -> anyhow::Result<Vec<String>> {
-    let body: Value = client
-        .get(format!("http://{address}/runners/{id}/done"))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    Ok(serde_json::from_value(body["done"].clone())?)
+    .await?;
+    Ok((child, base))
 }
 
 /// Waits until `id` has between 1 and `JOBS - 1` jobs done, then kills the
@@ -110,20 +66,14 @@ async fn done(client: &reqwest::Client, address: &str, id: &str) -> anyhow::Resu
 async fn kill_mid_work(
     child: &mut Child,
     client: &reqwest::Client,
-    address: &str,
+    base: &str,
     id: &str,
 ) -> anyhow::Result<usize> {
-    let worked = timeout(PATIENCE, async {
-        loop {
-            let worked = done(client, address, id).await?.len();
-            if worked >= 1 {
-                return anyhow::Ok(worked);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let worked = wait("a first job done", || async {
+        let worked = done(client, base, id).await?.len();
+        Ok((worked >= 1).then_some(worked))
     })
-    .await
-    .context("no job got done")??;
+    .await?;
     anyhow::ensure!(worked < JOBS, "every job was done before the kill");
     child.start_kill()?;
     child.wait().await?;
@@ -143,27 +93,27 @@ async fn a_rust_worker_finishes_the_jobs_a_python_worker_admitted_and_died_on() 
 {
     let id = unique_id("py2rs");
     let client = reqwest::Client::new();
-    let (mut python, address) = start_python("150").await?;
-    enqueue(&client, &address, &id, &names(&id)).await?;
-    let worked = kill_mid_work(&mut python, &client, &address, &id).await?;
+    let (mut python, base) = start_python("150").await?;
+    enqueue(&client, &base, &id, &names(&id)).await?;
+    let worked = kill_mid_work(&mut python, &client, &base, &id).await?;
     eprintln!("python killed with {worked} of {JOBS} jobs done");
 
     // The Rust worker wakes the marked row itself: no request until done.
     let url = database_url();
     let (mut rust, address) = start_example("jobs", &[("DATABASE_URL", url.as_str())]).await?;
+    let base = format!("http://{address}");
     let store = PostgresStore::open(&url, PostgresOptions::default()).await?;
-    timeout(PATIENCE, async {
-        loop {
+    wait(
+        "the Rust worker to drain the Python worker's jobs",
+        || async {
+            // Local mode on both sides: every epoch is 0, so a read at 0 is
+            // no fence to anyone.
             let marked = store.list("/runners", &id, 0, None, Some(true)).await?;
-            if marked.is_empty() {
-                return anyhow::Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .context("the Rust worker did not drain the Python worker's jobs")??;
-    assert_eq!(done(&client, &address, &id).await?, names(&id));
+            Ok(marked.is_empty().then_some(()))
+        },
+    )
+    .await?;
+    assert_eq!(done(&client, &base, &id).await?, names(&id));
     rust.start_kill()?;
     rust.wait().await?;
     Ok(())
@@ -180,24 +130,22 @@ async fn a_python_worker_finishes_the_jobs_a_rust_worker_admitted_and_died_on() 
         &[("DATABASE_URL", url.as_str()), ("JOBS_WORK_MS", "150")],
     )
     .await?;
-    enqueue(&client, &address, &id, &names(&id)).await?;
-    let worked = kill_mid_work(&mut rust, &client, &address, &id).await?;
+    let base = format!("http://{address}");
+    enqueue(&client, &base, &id, &names(&id)).await?;
+    let worked = kill_mid_work(&mut rust, &client, &base, &id).await?;
     eprintln!("rust killed with {worked} of {JOBS} jobs done");
 
     // The reference resumes marked trays when the id activates: one read
     // activates it.
-    let (mut python, address) = start_python("0").await?;
-    let finished = timeout(PATIENCE, async {
-        loop {
-            let finished = done(&client, &address, &id).await?;
-            if finished.len() >= JOBS {
-                return anyhow::Ok(finished);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .context("the Python worker did not finish the Rust worker's jobs")??;
+    let (mut python, base) = start_python("0").await?;
+    let finished = wait(
+        "the Python worker to finish the Rust worker's jobs",
+        || async {
+            let finished = done(&client, &base, &id).await?;
+            Ok((finished.len() >= JOBS).then_some(finished))
+        },
+    )
+    .await?;
     assert_eq!(finished, names(&id));
     python.start_kill()?;
     python.wait().await?;

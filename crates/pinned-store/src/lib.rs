@@ -69,6 +69,10 @@ mod store;
 
 #[cfg(feature = "test-util")]
 pub mod conformance;
+#[cfg(feature = "test-util")]
+mod faults;
+#[cfg(feature = "test-util")]
+pub use faults::FailingStore;
 
 pub use error::{BoxError, StoreError};
 pub use memory::MemoryStore;

@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::Path;
@@ -17,10 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use parking_lot::Mutex;
-use pinned::pinned_store::{
-    BatchOp, Doc, DueAlarm, MemoryStore, SqliteOptions, SqliteStore, StateStore, StoreError,
-    TrayRow,
-};
+use pinned::pinned_store::{FailingStore, MemoryStore, SqliteOptions, SqliteStore, StateStore};
 use pinned::tray::{
     Fields, Queue, Tray, TrayCtx, TrayError, TrayHandle, TrayHandler, Trays, Value,
 };
@@ -326,6 +323,17 @@ async fn row(
         .await
         .unwrap()
         .map(|tray| (tray.marked, serde_json::Value::Object(tray.doc)))
+}
+
+/// Writes a row of `/runners/<id>` directly, as another worker would have.
+async fn seed(store: &SqliteStore, id: &str, tray_ns: &str, marked: bool, doc: serde_json::Value) {
+    let serde_json::Value::Object(doc) = doc else {
+        panic!("a doc is an object");
+    };
+    store
+        .set_tray("/runners", id, tray_ns, "~", marked, doc, 0)
+        .await
+        .unwrap();
 }
 
 async fn done_list(w: &TestWorker, id: &str) -> serde_json::Value {
@@ -651,14 +659,14 @@ impl TrayHandler<JobsV2> for RunnerV2 {
 #[tokio::test]
 async fn a_version_bump_discards_the_stored_row_and_drops_its_stale_mark() {
     let setup = sqlite().await;
-    let mut doc = serde_json::Map::new();
-    doc.insert("done".into(), json!(["old"]));
-    doc.insert("queue".into(), json!(["stale"]));
-    setup
-        .store
-        .set_tray("/runners", "v", "jobs", "~", true, doc, 0)
-        .await
-        .unwrap();
+    seed(
+        &setup.store,
+        "v",
+        "jobs",
+        true,
+        json!({ "done": ["old"], "queue": ["stale"] }),
+    )
+    .await;
     let w = start(
         Options::new()
             .host::<RunnerV2>("/runners")
@@ -674,116 +682,13 @@ async fn a_version_bump_discards_the_stored_row_and_drops_its_stale_mark() {
     .await;
 }
 
-/// A store that fails its `fail_at`-th write (`apply_batch`), before or
-/// after applying it: a crash between two writes, or an indeterminate
-/// commit. Every other call passes through.
-#[derive(Debug)]
-struct Flaky {
-    inner: Arc<MemoryStore>,
-    writes: AtomicUsize,
-    fail_at: usize,
-    applied: bool,
-    failed: AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl StateStore for Flaky {
-    async fn set_tray(
-        &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
-        marked: bool,
-        doc: Doc,
-        epoch: u64,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .set_tray(ns, id, tray_ns, tray_id, marked, doc, epoch)
-            .await
-    }
-
-    async fn delete_tray(
-        &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
-        epoch: u64,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .delete_tray(ns, id, tray_ns, tray_id, epoch)
-            .await
-    }
-
-    async fn get_tray(
-        &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
-        epoch: u64,
-    ) -> Result<Option<pinned::pinned_store::Tray>, StoreError> {
-        self.inner.get_tray(ns, id, tray_ns, tray_id, epoch).await
-    }
-
-    async fn list(
-        &self,
-        ns: &str,
-        id: &str,
-        epoch: u64,
-        tray_ns: Option<&str>,
-        marked: Option<bool>,
-    ) -> Result<Vec<TrayRow>, StoreError> {
-        self.inner.list(ns, id, epoch, tray_ns, marked).await
-    }
-
-    async fn apply_batch(
-        &self,
-        ns: &str,
-        id: &str,
-        ops: Vec<BatchOp>,
-        epoch: u64,
-    ) -> Result<(), StoreError> {
-        let write = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
-        if write != self.fail_at {
-            return self.inner.apply_batch(ns, id, ops, epoch).await;
-        }
-        if self.applied {
-            self.inner.apply_batch(ns, id, ops, epoch).await?;
-        }
-        self.failed.store(true, Ordering::SeqCst);
-        Err(StoreError::Setup {
-            source: format!("injected failure of write {write}").into(),
-        })
-    }
-
-    async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
-        self.inner.due_alarms(due_by_ms, limit).await
-    }
-
-    async fn marked_instances(
-        &self,
-        after: Option<(&str, &str)>,
-        limit: usize,
-    ) -> Result<Vec<(String, String)>, StoreError> {
-        self.inner.marked_instances(after, limit).await
-    }
-}
-
 /// One crash run: five admissions through a worker whose store fails
 /// write `fail_at`, then a fresh worker on the surviving rows drains what
 /// is left. Answers the acknowledged names, the final `done` list and
 /// how many writes the first worker made.
 async fn crash_run(fail_at: usize, applied: bool) -> (Vec<String>, Vec<String>, usize) {
     let inner = Arc::new(MemoryStore::new());
-    let flaky = Arc::new(Flaky {
-        inner: inner.clone(),
-        writes: AtomicUsize::new(0),
-        fail_at,
-        applied,
-        failed: AtomicBool::new(false),
-    });
+    let flaky = Arc::new(FailingStore::new(inner.clone(), fail_at, applied));
     let lab = Lab::default();
     let first = start(
         Options::new()
@@ -801,13 +706,13 @@ async fn crash_run(fail_at: usize, applied: bool) -> (Vec<String>, Vec<String>, 
         }
     }
     eventually("the first worker done or failed", || async {
-        let failed = flaky.failed.load(Ordering::SeqCst);
+        let failed = flaky.failed();
         let drained = inner.marked_instances(None, 1).await.unwrap().is_empty();
         (failed || drained).then_some(())
     })
     .await;
     first.worker.close().await;
-    let writes = flaky.writes.load(Ordering::SeqCst);
+    let writes = flaky.writes();
 
     let second = start(
         Options::new()
@@ -932,13 +837,14 @@ impl TrayHandler<Jobs> for Eager {
 #[tokio::test]
 async fn a_tray_opened_inside_activate_pumps_only_once_the_object_exists() {
     let setup = sqlite().await;
-    let mut doc = serde_json::Map::new();
-    doc.insert("queue".into(), json!(["left-over"]));
-    setup
-        .store
-        .set_tray("/runners", "e", "jobs", "~", true, doc, 0)
-        .await
-        .unwrap();
+    seed(
+        &setup.store,
+        "e",
+        "jobs",
+        true,
+        json!({ "queue": ["left-over"] }),
+    )
+    .await;
     let lab = Lab::default();
     let w = start(
         Options::new()

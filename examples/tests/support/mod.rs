@@ -96,3 +96,66 @@ pub async fn terminate(child: &mut Child) -> anyhow::Result<std::process::ExitSt
         .await
         .context("the example did not exit")??)
 }
+
+/// The jobs example's HTTP surface, for its tests.
+pub mod jobs {
+    use serde_json::{json, Value};
+
+    /// Enqueues `names` into runner `id` at `base` (`http://host:port`), one
+    /// after another, each answered only once durable.
+    pub async fn enqueue(
+        client: &reqwest::Client,
+        base: &str,
+        id: &str,
+        names: &[String],
+    ) -> anyhow::Result<()> {
+        for name in names {
+            let answer: Value = client
+                .post(format!("{base}/runners/{id}/enqueue"))
+                .json(&json!({ "name": name }))
+                .send()
+                .await?
+                .error_for_status()?
+                .json()
+                .await?;
+            anyhow::ensure!(answer == json!({ "admitted": name }), "{answer}");
+        }
+        Ok(())
+    }
+
+    /// Runner `id`'s `done` list.
+    pub async fn done(
+        client: &reqwest::Client,
+        base: &str,
+        id: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let body: Value = client
+            .get(format!("{base}/runners/{id}/done"))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(serde_json::from_value(body["done"].clone())?)
+    }
+
+    /// Polls `check` every 20 ms until it answers `Some`, for at most
+    /// [`PATIENCE`](super::PATIENCE).
+    pub async fn wait<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+    {
+        let deadline = tokio::time::Instant::now() + super::PATIENCE;
+        loop {
+            if let Some(value) = check().await? {
+                return Ok(value);
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -212,17 +212,19 @@ fn malformed(spec: &Spec, key: &str, reason: impl Into<String>) -> TrayError {
     }
 }
 
+/// The instance's object as an `O`.
+fn object<O: Send + Sync + 'static>(instance: Instance) -> Result<Arc<O>, BoxError> {
+    instance
+        .downcast::<O>()
+        .map_err(|_| BoxError::from("a tray reached an instance of another object type"))
+}
+
 fn handler<O: TrayHandler<T>, T: Tray>(
     instance: Instance,
     ctx: TrayCtx<T>,
     item: T::Item,
 ) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move {
-        let object = instance
-            .downcast::<O>()
-            .map_err(|_| BoxError::from("tray handler reached an instance of another type"))?;
-        object.handle(ctx, item).await
-    })
+    Box::pin(async move { object::<O>(instance)?.handle(ctx, item).await })
 }
 
 fn on_open<O: TrayHandler<T>, T: Tray>(
@@ -230,12 +232,7 @@ fn on_open<O: TrayHandler<T>, T: Tray>(
     ctx: Context,
     tray: TrayHandle<T>,
 ) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move {
-        let object = instance
-            .downcast::<O>()
-            .map_err(|_| BoxError::from("tray hook reached an instance of another type"))?;
-        object.on_open(&ctx, &tray).await
-    })
+    Box::pin(async move { object::<O>(instance)?.on_open(&ctx, &tray).await })
 }
 
 fn on_close<O: TrayHandler<T>, T: Tray>(
@@ -243,12 +240,7 @@ fn on_close<O: TrayHandler<T>, T: Tray>(
     ctx: Context,
     tray: TrayHandle<T>,
 ) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move {
-        let object = instance
-            .downcast::<O>()
-            .map_err(|_| BoxError::from("tray hook reached an instance of another type"))?;
-        object.on_close(&ctx, &tray).await
-    })
+    Box::pin(async move { object::<O>(instance)?.on_close(&ctx, &tray).await })
 }
 
 /// Opens tray `T` of object `O` from its row (`None`: a fresh row, written

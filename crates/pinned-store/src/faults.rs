@@ -1,0 +1,149 @@
+//! [`FailingStore`]: a store wrapper that fails one chosen write, for
+//! crash tests. Behind the `test-util` feature; never in production.
+//!
+//! A failed write models a crash between two writes (the write is not
+//! applied) or an indeterminate commit (applied, then reported failed).
+//! Every other call passes straight through to the wrapped store.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::{BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow};
+
+/// Wraps a store and fails its `fail_at`-th write (`set_tray`,
+/// `delete_tray`, `apply_batch` and `delete_instance` count; the first
+/// write is 1).
+#[derive(Debug)]
+pub struct FailingStore<S> {
+    inner: Arc<S>,
+    fail_at: usize,
+    applied: bool,
+    writes: AtomicUsize,
+    failed: AtomicBool,
+}
+
+impl<S: StateStore> FailingStore<S> {
+    /// Fails write `fail_at` without applying it (`applied = false`: a crash
+    /// before the commit) or after applying it (`applied = true`: a commit
+    /// whose answer was lost).
+    pub fn new(inner: Arc<S>, fail_at: usize, applied: bool) -> Self {
+        Self {
+            inner,
+            fail_at,
+            applied,
+            writes: AtomicUsize::new(0),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Writes seen so far (including the failed one).
+    pub fn writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    /// Whether the chosen write has failed.
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// Counts a write: `Err` for the chosen one once `apply` ran (when the
+    /// failure is after applying) or instead of it.
+    async fn write<F>(&self, apply: F) -> Result<(), StoreError>
+    where
+        F: std::future::Future<Output = Result<(), StoreError>>,
+    {
+        let write = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
+        if write != self.fail_at {
+            return apply.await;
+        }
+        if self.applied {
+            apply.await?;
+        }
+        self.failed.store(true, Ordering::SeqCst);
+        Err(StoreError::Setup {
+            source: format!("injected failure of write {write}").into(),
+        })
+    }
+}
+
+#[async_trait]
+impl<S: StateStore> StateStore for FailingStore<S> {
+    async fn set_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        marked: bool,
+        doc: Doc,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.write(
+            self.inner
+                .set_tray(ns, id, tray_ns, tray_id, marked, doc, epoch),
+        )
+        .await
+    }
+
+    async fn delete_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.write(self.inner.delete_tray(ns, id, tray_ns, tray_id, epoch))
+            .await
+    }
+
+    async fn get_tray(
+        &self,
+        ns: &str,
+        id: &str,
+        tray_ns: &str,
+        tray_id: &str,
+        epoch: u64,
+    ) -> Result<Option<Tray>, StoreError> {
+        self.inner.get_tray(ns, id, tray_ns, tray_id, epoch).await
+    }
+
+    async fn list(
+        &self,
+        ns: &str,
+        id: &str,
+        epoch: u64,
+        tray_ns: Option<&str>,
+        marked: Option<bool>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        self.inner.list(ns, id, epoch, tray_ns, marked).await
+    }
+
+    async fn apply_batch(
+        &self,
+        ns: &str,
+        id: &str,
+        ops: Vec<BatchOp>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.write(self.inner.apply_batch(ns, id, ops, epoch)).await
+    }
+
+    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
+        self.write(self.inner.delete_instance(ns, id, epoch)).await
+    }
+
+    async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
+        self.inner.due_alarms(due_by_ms, limit).await
+    }
+
+    async fn marked_instances(
+        &self,
+        after: Option<(&str, &str)>,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        self.inner.marked_instances(after, limit).await
+    }
+}
