@@ -101,6 +101,32 @@ impl Tray for Inbox {
     }
 }
 
+/// An intake tray: keeps dispatching while the instance winds down.
+#[derive(Default)]
+struct Intake {
+    queue: Queue<String>,
+    done: Value<Vec<String>>,
+}
+
+impl Tray for Intake {
+    const NAME: &'static str = "intake";
+    const DRAIN_ON_EVICTION: bool = true;
+    type Item = String;
+
+    fn fields(&mut self, fields: &mut Fields<'_>) {
+        fields.field("queue", &mut self.queue);
+        fields.field("done", &mut self.done);
+    }
+
+    fn head(&self) -> Option<String> {
+        self.queue.front().cloned()
+    }
+
+    fn ack(&mut self, _item: &String) {
+        self.queue.pop_front();
+    }
+}
+
 struct Runner {
     lab: Lab,
 }
@@ -122,10 +148,16 @@ impl Object for Runner {
             .route("/keyed/{key}", get(keyed_get).delete(keyed_delete))
             .route("/keyed/{key}/{name}", post(keyed_add))
             .route("/open", get(open_keys))
+            .route("/intake/{name}", post(intake))
+            .route("/wind-down", post(wind))
+            .route("/noop", post(noop))
     }
 
     fn trays() -> Trays<Self> {
-        Trays::new().singleton::<Jobs>().keyed::<Inbox>()
+        Trays::new()
+            .singleton::<Jobs>()
+            .keyed::<Inbox>()
+            .singleton::<Intake>()
     }
 }
 
@@ -165,6 +197,48 @@ impl TrayHandler<Inbox> for Runner {
     async fn on_close(&self, _ctx: &Context, tray: &TrayHandle<Inbox>) -> Result<(), BoxError> {
         self.lab.events.lock().push(format!("close {}", tray.key()));
         Ok(())
+    }
+}
+
+impl TrayHandler<Intake> for Runner {
+    async fn handle(&self, ctx: TrayCtx<Intake>, name: String) -> Result<(), BoxError> {
+        self.work(&name).await?;
+        ctx.on_ack(move |intake| intake.done.push(name));
+        Ok(())
+    }
+}
+
+async fn intake(ctx: Context, Path(name): Path<String>) -> Response {
+    let admitted = async {
+        let intake = ctx.tray::<Intake>().await?;
+        intake
+            .admit(|intake| intake.queue.push_back(name.clone()))?
+            .await
+    };
+    match admitted.await {
+        Ok(()) => Json(json!({ "admitted": name })).into_response(),
+        Err(error) => refused(error),
+    }
+}
+
+async fn wind(ctx: Context) -> Json<serde_json::Value> {
+    ctx.wind_down(None);
+    Json(json!({ "winding": true }))
+}
+
+/// An update that changes nothing.
+async fn noop(ctx: Context) -> Response {
+    let updated = async {
+        let jobs = ctx.tray::<Jobs>().await?;
+        let (_, receipt) = jobs.update(|jobs| {
+            let done = (*jobs.done).clone();
+            jobs.done.set(done);
+        })?;
+        receipt.await
+    };
+    match updated.await {
+        Ok(()) => Json(json!({ "ok": true })).into_response(),
+        Err(error) => refused(error),
     }
 }
 
@@ -862,5 +936,74 @@ async fn a_tray_opened_inside_activate_pumps_only_once_the_object_exists() {
         *lab.runs.lock(),
         vec!["left-over attempt 1"],
         "no delivery burnt before the object existed"
+    );
+}
+
+#[tokio::test]
+async fn winding_down_pauses_execution_trays_after_the_item_in_hand_but_intake_trays_drain() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    lab.hold.store(true, Ordering::SeqCst);
+    let w = worker(setup.store.clone(), &lab).await;
+    for n in 0..3 {
+        assert_eq!(
+            json(w.post(&format!("/runners/w/enqueue/job{n}")).await)
+                .await
+                .0,
+            200
+        );
+        assert_eq!(
+            json(w.post(&format!("/runners/w/intake/in{n}")).await)
+                .await
+                .0,
+            200
+        );
+    }
+    eventually("both trays on their first item", || async {
+        (lab.runs.lock().len() == 2).then_some(())
+    })
+    .await;
+    assert_eq!(json(w.post("/runners/w/wind-down").await).await.0, 200);
+    lab.hold.store(false, Ordering::SeqCst);
+    lab.release.add_permits(2);
+    w.wait_for("the instance closed", |s| {
+        s["instances"].as_array().is_some_and(Vec::is_empty)
+    })
+    .await;
+    let (marked, doc) = row(&setup.store, "w", "jobs", "~").await.unwrap();
+    assert!(
+        marked,
+        "the paused execution tray keeps its claim for the next owner"
+    );
+    assert_eq!(doc["done"], json!(["job0"]), "the item in hand finished");
+    assert_eq!(doc["queue"], json!(["job1", "job2"]));
+    assert_eq!(
+        row(&setup.store, "w", "intake", "~").await,
+        Some((false, json!({ "done": ["in0", "in1", "in2"] }))),
+        "the intake tray drained before release"
+    );
+}
+
+#[tokio::test]
+async fn a_write_that_changes_nothing_goes_nowhere() {
+    let inner = Arc::new(MemoryStore::new());
+    let counting = Arc::new(FailingStore::new(inner, usize::MAX, false));
+    let lab = Lab::default();
+    let w = start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(lab.clone())
+            .store(counting.clone()),
+    )
+    .await;
+    assert_eq!(json(w.post("/runners/n/noop").await).await.0, 200);
+    let before = counting.writes();
+    for _ in 0..5 {
+        assert_eq!(json(w.post("/runners/n/noop").await).await.0, 200);
+    }
+    assert_eq!(
+        counting.writes(),
+        before,
+        "no row write for an unchanged tray"
     );
 }
