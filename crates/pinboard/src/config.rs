@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 
 use clap::Parser;
 
+use crate::registry::auth::{split_list, Credentials};
+
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// Default lease TTL handed to workers (`expiresInMs`).
@@ -65,9 +67,18 @@ pub struct Config {
     #[arg(long, env = "PINBOARD_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
-    /// Deployment token shared with workers (required): `Authorization: Bearer <token>`.
+    /// Worker token (required): what workers present as `Authorization:
+    /// Bearer <token>` on register, heartbeat, release, deregister and tag.
+    /// A comma-separated list accepts each entry (rotation without downtime).
     #[arg(long, env = "PINBOARD_TOKEN", hide_env_values = true)]
     pub token: String,
+
+    /// Operator token: what `/registry/push`, `/registry/workers` and
+    /// `/registry/overview` take (a comma-separated list accepts each entry).
+    /// Without it those endpoints take the worker token, with a warning at
+    /// start.
+    #[arg(long, env = "PINBOARD_OPERATOR_TOKEN", hide_env_values = true)]
+    pub operator_token: Option<String>,
 
     /// Redis URL; without it placement lives in this process (one node).
     #[arg(long, env = "REDIS_URL")]
@@ -177,9 +188,12 @@ pub struct Config {
 /// Reasons the configuration is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    /// The token is empty.
-    #[error("--token / PINBOARD_TOKEN must not be empty")]
+    /// The token is empty, or its list holds an empty entry.
+    #[error("--token / PINBOARD_TOKEN must not be empty (nor hold an empty entry in its comma-separated list)")]
     EmptyToken,
+    /// The operator token is set but empty, or its list holds an empty entry.
+    #[error("--operator-token / PINBOARD_OPERATOR_TOKEN must not be empty (nor hold an empty entry in its comma-separated list)")]
+    EmptyOperatorToken,
     /// The lease TTL is zero.
     #[error("--lease-ttl-ms must be positive")]
     ZeroLease,
@@ -209,11 +223,24 @@ impl Config {
         self.quarantine_ms.unwrap_or(self.lease_ttl_ms)
     }
 
+    /// The worker and operator credentials (see [`crate::registry::auth`]).
+    /// A list [`validate`](Self::validate) refuses accepts no token at all.
+    pub fn credentials(&self) -> Credentials {
+        Credentials::new(&self.token, self.operator_token.as_deref())
+    }
+
     /// Every problem at once.
     pub fn validate(&self) -> Vec<ConfigError> {
         let mut errs = Vec::new();
-        if self.token.trim().is_empty() {
+        if split_list(&self.token).is_none() {
             errs.push(ConfigError::EmptyToken);
+        }
+        if self
+            .operator_token
+            .as_deref()
+            .is_some_and(|t| split_list(t).is_none())
+        {
+            errs.push(ConfigError::EmptyOperatorToken);
         }
         if self.lease_ttl_ms == 0 {
             errs.push(ConfigError::ZeroLease);
@@ -274,6 +301,18 @@ mod tests {
             c.validate(),
             vec![ConfigError::EmptyToken, ConfigError::ZeroLease]
         );
+        let c = Config::try_parse_from(["pinboard", "--token", "a,,b", "--operator-token", " "])
+            .expect("parse");
+        assert_eq!(
+            c.validate(),
+            vec![ConfigError::EmptyToken, ConfigError::EmptyOperatorToken]
+        );
+        let c =
+            Config::try_parse_from(["pinboard", "--token", "new,old", "--operator-token", "op"])
+                .expect("parse");
+        assert!(c.validate().is_empty());
+        let creds = c.credentials();
+        assert!(creds.worker.accepts(b"old") && !creds.operator.accepts(b"old"));
         let c = Config::try_parse_from(["pinboard", "--token", "t", "--sweep-limit", "0"])
             .expect("parse");
         assert_eq!(c.sweep_interval_ms, DEFAULT_SWEEP_INTERVAL_MS);

@@ -68,6 +68,12 @@ async fn serve_with<S: PlacementStore>(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    if config.operator_token.is_none() {
+        tracing::warn!(
+            "no --operator-token / PINBOARD_OPERATOR_TOKEN: /registry/push, /registry/workers \
+             and /registry/overview take the worker token; set an operator token to separate them"
+        );
+    }
     let entropy = Arc::new(SeededEntropy::from_os());
     let app = Arc::new(server::App::new(
         config,

@@ -23,6 +23,7 @@ use crate::metrics::Metrics;
 use crate::placement::PlacementStore;
 use crate::proxy::resolve::{Directory, DirectorySettings};
 use crate::proxy::{self, ProxySettings};
+use crate::registry::auth::Credentials;
 use crate::registry::http::BodyLimits;
 use crate::registry::{self, Registry, RegistryConfig};
 use crate::upstream::{self, Upstream};
@@ -41,8 +42,8 @@ pub struct App<S> {
     pub clock: Arc<dyn Clock>,
     /// Metrics.
     pub metrics: Metrics,
-    /// Deployment token.
-    pub token: String,
+    /// Bearer tokens of the worker and operator endpoints.
+    pub credentials: Credentials,
     /// Proxy settings.
     pub proxy: ProxySettings,
     /// Bounds of `/registry/*` request bodies.
@@ -98,7 +99,7 @@ impl<S: PlacementStore> App<S> {
             client,
             clock,
             metrics,
-            token: config.token.clone(),
+            credentials: config.credentials(),
             proxy: ProxySettings {
                 retries: config.proxy_retries,
                 retry_body_limit: config.retry_body_limit,

@@ -77,9 +77,13 @@ impl Pinboard {
 
     fn launch(extra: &[&str], nofile: Option<u64>, name: &str) -> Self {
         let ttl = LEASE_TTL_MS.to_string();
-        let mut args = vec!["--listen", "127.0.0.1:0", "--token", TOKEN];
+        let mut args = vec!["--listen", "127.0.0.1:0"];
         // Defaults the caller did not override.
-        for (flag, value) in [("--lease-ttl-ms", ttl.as_str()), ("--quarantine-ms", "0")] {
+        for (flag, value) in [
+            ("--token", TOKEN),
+            ("--lease-ttl-ms", ttl.as_str()),
+            ("--quarantine-ms", "0"),
+        ] {
             if !extra.contains(&flag) {
                 args.extend([flag, value]);
             }
