@@ -58,6 +58,11 @@ pub const DEFAULT_MAX_REGISTRY_BODY_BYTES: usize = 2 * 1024 * 1024;
 /// Default time a worker has to answer a proxied request with a response
 /// head, counted from when the request (body included) was sent.
 pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 30_000;
+/// Default time a cluster session a forced re-read did not find stays
+/// known as unknown (no further forced re-read for it).
+pub const DEFAULT_UNKNOWN_SESSION_TTL_MS: u64 = 1_000;
+/// Default least time between two forced re-reads of the worker list.
+pub const DEFAULT_FORCED_REFRESH_INTERVAL_MS: u64 = 100;
 
 /// pinboard: registry, placement and reverse proxy for pinned workers.
 #[derive(Debug, Clone, Parser)]
@@ -183,6 +188,19 @@ pub struct Config {
     /// sent; then the client gets 504 and the cached route is dropped.
     #[arg(long, env = "PINBOARD_UPSTREAM_TIMEOUT_MS", default_value_t = DEFAULT_UPSTREAM_TIMEOUT_MS)]
     pub upstream_timeout_ms: u64,
+
+    /// Time a cluster session (`Pinboard-Session`) that a forced re-read of
+    /// the worker list did not find stays known as unknown, in
+    /// milliseconds: calls naming it are refused from the local view, with
+    /// no store read.
+    #[arg(long, env = "PINBOARD_UNKNOWN_SESSION_TTL_MS", default_value_t = DEFAULT_UNKNOWN_SESSION_TTL_MS)]
+    pub unknown_session_ttl_ms: u64,
+
+    /// Least time between two forced re-reads of the worker list (an unknown
+    /// cluster session, a refused attestation), in milliseconds; callers in
+    /// between share the next one.
+    #[arg(long, env = "PINBOARD_FORCED_REFRESH_INTERVAL_MS", default_value_t = DEFAULT_FORCED_REFRESH_INTERVAL_MS)]
+    pub forced_refresh_interval_ms: u64,
 }
 
 /// Reasons the configuration is refused.
@@ -265,6 +283,11 @@ impl Config {
                 self.max_registry_body_bytes as u64,
             ),
             ("upstream-timeout-ms", self.upstream_timeout_ms),
+            ("unknown-session-ttl-ms", self.unknown_session_ttl_ms),
+            (
+                "forced-refresh-interval-ms",
+                self.forced_refresh_interval_ms,
+            ),
         ] {
             if value == 0 {
                 errs.push(ConfigError::ZeroEdge(flag));

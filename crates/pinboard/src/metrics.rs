@@ -59,6 +59,8 @@ pub struct Metrics {
     pub connections_idle_timeouts: Counter,
     /// Failed accepts (out of file descriptors, say).
     pub accept_errors: Counter,
+    /// Reads of the worker list from the placement store.
+    pub store_worker_reads: Counter,
 }
 
 impl Default for Metrics {
@@ -96,6 +98,7 @@ impl Metrics {
             connections_header_timeouts: Counter::default(),
             connections_idle_timeouts: Counter::default(),
             accept_errors: Counter::default(),
+            store_worker_reads: Counter::default(),
         };
         // prometheus-client appends `_total` to counters.
         registry.register(
@@ -212,6 +215,11 @@ impl Metrics {
             "pinboard_accept_errors",
             "Failed accepts (out of file descriptors, say)",
             m.accept_errors.clone(),
+        );
+        registry.register(
+            "pinboard_store_worker_reads",
+            "Reads of the worker list from the placement store",
+            m.store_worker_reads.clone(),
         );
         Metrics { registry, ..m }
     }

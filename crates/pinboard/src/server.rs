@@ -21,7 +21,7 @@ use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::placement::PlacementStore;
-use crate::proxy::resolve::{Directory, DirectorySettings};
+use crate::proxy::resolve::{Directory, DirectoryCounters, DirectorySettings};
 use crate::proxy::{self, ProxySettings};
 use crate::registry::auth::Credentials;
 use crate::registry::http::BodyLimits;
@@ -93,8 +93,13 @@ impl<S: PlacementStore> App<S> {
                     refresh_ms: config.worker_refresh_ms,
                     quarantine_ms: config.quarantine_ms(),
                     route_capacity: config.route_cache_capacity,
+                    unknown_session_ttl_ms: config.unknown_session_ttl_ms,
+                    forced_refresh_interval_ms: config.forced_refresh_interval_ms,
                 },
-                metrics.placements.clone(),
+                DirectoryCounters {
+                    placements: metrics.placements.clone(),
+                    worker_reads: metrics.store_worker_reads.clone(),
+                },
             ),
             client,
             clock,

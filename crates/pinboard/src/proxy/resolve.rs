@@ -14,6 +14,25 @@
 //! through this node, and when a session ends here. A route evicted early
 //! costs one store read on its next request, nothing else.
 //!
+//! # Unknown sessions (cluster calls)
+//!
+//! A cluster call names its caller's session; an unknown one would cost a
+//! forced re-read of the worker list, so forged `Pinboard-Session` headers
+//! could make every request a store read. Two bounds stop that:
+//!
+//! - a session found unknown by a forced re-read is remembered as unknown
+//!   for `--unknown-session-ttl-ms` (at most [`UNKNOWN_SESSION_CAPACITY`]
+//!   of them): within that time it is looked up in the regularly refreshed
+//!   view only, never forced (so a session that registered on another node
+//!   since is still found, within one `--worker-refresh-ms`);
+//! - forced re-reads are coalesced (callers that ask while one is on its
+//!   way share it) and rate-limited to one per
+//!   `--forced-refresh-interval-ms`: a caller asking sooner waits for the
+//!   next one instead of causing its own.
+//!
+//! So a flood of forged sessions costs at most one store read per interval,
+//! however many requests and distinct sessions it carries.
+//!
 //! # Cold-start quarantine (inferred)
 //!
 //! For `quarantine` after start, no *new* placement is made: ids that already
@@ -25,8 +44,9 @@
 //! placed a second time.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderValue;
 use parking_lot::{Mutex, RwLock};
@@ -151,6 +171,9 @@ pub enum ResolveError {
 /// while one caller refreshes it; older, every caller waits for a fresh one.
 const STALE_GRACE_FACTOR: u64 = 4;
 
+/// Most sessions remembered as unknown at once (see the module doc).
+pub const UNKNOWN_SESSION_CAPACITY: usize = 10_000;
+
 /// Clears the refreshing flag however the refresh ends (a cancelled
 /// request included).
 struct RefreshGuard<'a>(&'a AtomicBool);
@@ -179,6 +202,20 @@ pub struct DirectorySettings {
     pub quarantine_ms: u64,
     /// Most routes kept in memory.
     pub route_capacity: usize,
+    /// How long a session a forced re-read did not find stays known as
+    /// unknown, milliseconds.
+    pub unknown_session_ttl_ms: u64,
+    /// Least time between two forced re-reads of the worker list, milliseconds.
+    pub forced_refresh_interval_ms: u64,
+}
+
+/// The counters a [`Directory`] keeps.
+#[derive(Debug, Clone, Default)]
+pub struct DirectoryCounters {
+    /// New placements claimed.
+    pub placements: Counter,
+    /// Reads of the worker list from the store.
+    pub worker_reads: Counter,
 }
 
 /// Route cache plus the local worker view.
@@ -193,7 +230,15 @@ pub struct Directory<S> {
     refreshing: AtomicBool,
     refresh_ms: u64,
     quarantine_until_mono_ms: u64,
-    placements: Counter,
+    /// Sessions a forced re-read did not find, with when (monotonic ms).
+    unknown_sessions: quick_cache::sync::Cache<String, u64>,
+    unknown_session_ttl_ms: u64,
+    /// Held by the caller doing (or waiting to do) a forced re-read.
+    forced: tokio::sync::Mutex<()>,
+    /// When the next forced re-read may start (monotonic ms).
+    next_forced_mono_ms: AtomicU64,
+    forced_interval_ms: u64,
+    counters: DirectoryCounters,
 }
 
 impl<S> std::fmt::Debug for Directory<S> {
@@ -217,14 +262,15 @@ pub struct Avoid<'a> {
 
 impl<S: PlacementStore> Directory<S> {
     /// A directory; new placements wait until `settings.quarantine_ms`
-    /// after now. `placements` counts the new placements it claims.
+    /// after now. `counters` count the placements it claims and its reads
+    /// of the worker list.
     pub fn new(
         store: Arc<S>,
         clock: Arc<dyn Clock>,
         entropy: Arc<dyn Entropy>,
         floor: Arc<EpochFloor>,
         settings: DirectorySettings,
-        placements: Counter,
+        counters: DirectoryCounters,
     ) -> Self {
         let DirectorySettings {
             refresh_ms,
@@ -242,7 +288,12 @@ impl<S: PlacementStore> Directory<S> {
             refreshing: AtomicBool::new(false),
             refresh_ms,
             quarantine_until_mono_ms: start + quarantine_ms,
-            placements,
+            unknown_sessions: quick_cache::sync::Cache::new(UNKNOWN_SESSION_CAPACITY),
+            unknown_session_ttl_ms: settings.unknown_session_ttl_ms,
+            forced: tokio::sync::Mutex::new(()),
+            next_forced_mono_ms: AtomicU64::new(0),
+            forced_interval_ms: settings.forced_refresh_interval_ms,
+            counters,
         }
     }
 
@@ -282,20 +333,25 @@ impl<S: PlacementStore> Directory<S> {
         }
     }
 
+    /// The worker view: the cached one while it is younger than the
+    /// refresh interval, else re-read; with `force`, a view read after this
+    /// call (see [`forced_workers`](Self::forced_workers)).
     async fn workers(&self, force: bool) -> Result<Arc<Snapshot>, StoreError> {
+        if force {
+            return self.forced_workers().await;
+        }
         let now = self.clock.now();
         {
             let snap = self.snapshot.read();
             if let Some(at) = snap.fetched_mono_ms {
                 let age = now.mono_ms.saturating_sub(at);
-                if !force && age < self.refresh_ms {
+                if age < self.refresh_ms {
                     return Ok(snap.clone());
                 }
                 // Stale but recent: one caller refreshes, the others keep
                 // going on the old view instead of all waiting on the
                 // store at once.
-                if !force
-                    && age < self.refresh_ms.saturating_mul(STALE_GRACE_FACTOR)
+                if age < self.refresh_ms.saturating_mul(STALE_GRACE_FACTOR)
                     && self.refreshing.swap(true, Ordering::AcqRel)
                 {
                     return Ok(snap.clone());
@@ -303,6 +359,53 @@ impl<S: PlacementStore> Directory<S> {
             }
         }
         let _refreshing = RefreshGuard(&self.refreshing);
+        self.fetch_workers().await
+    }
+
+    /// A worker view read from the store no earlier than this call:
+    /// coalesced (callers queue on one lock; whoever finds a view read
+    /// since it asked takes that one) and rate-limited (a re-read starts at
+    /// least `forced_refresh_interval_ms` after the previous forced one;
+    /// the caller holding the lock waits for that moment).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped caller gives up its place in the queue.
+    async fn forced_workers(&self) -> Result<Arc<Snapshot>, StoreError> {
+        let asked = self.clock.now().mono_ms;
+        let _turn = self.forced.lock().await;
+        let fresh_since = |at: u64| {
+            let snap = self.snapshot.read();
+            snap.fetched_mono_ms
+                .filter(|fetched| *fetched >= at)
+                .map(|_| snap.clone())
+        };
+        if let Some(snap) = fresh_since(asked) {
+            return Ok(snap);
+        }
+        let next = self.next_forced_mono_ms.load(Ordering::Acquire);
+        let now = self.clock.now().mono_ms;
+        if next > now {
+            tokio::time::sleep(Duration::from_millis(next - now)).await;
+            // A regular refresh may have read the list meanwhile.
+            if let Some(snap) = fresh_since(asked) {
+                return Ok(snap);
+            }
+        }
+        self.next_forced_mono_ms.store(
+            self.clock
+                .now()
+                .mono_ms
+                .saturating_add(self.forced_interval_ms),
+            Ordering::Release,
+        );
+        self.fetch_workers().await
+    }
+
+    /// Read the worker list from the store and install it as the view.
+    async fn fetch_workers(&self) -> Result<Arc<Snapshot>, StoreError> {
+        let now = self.clock.now();
+        self.counters.worker_reads.inc();
         let live = self.store.list_workers(now).await?;
         let old = self.snapshot.read().clone();
         let mut by_session = HashMap::with_capacity(live.len());
@@ -339,7 +442,9 @@ impl<S: PlacementStore> Directory<S> {
         Ok(self.workers(false).await?.by_session.len())
     }
 
-    /// A live worker by session id (local view, re-read once when unknown).
+    /// A live worker by session id: from the local view, else from one
+    /// forced re-read, unless that session was recently found unknown (see
+    /// the module doc).
     ///
     /// # Errors
     ///
@@ -348,12 +453,25 @@ impl<S: PlacementStore> Directory<S> {
         if let Some(w) = self.workers(false).await?.by_session.get(session_id) {
             return Ok(Some(w.clone()));
         }
-        Ok(self
+        let now = self.clock.now().mono_ms;
+        if let Some(since) = self.unknown_sessions.get(session_id) {
+            if now.saturating_sub(since) < self.unknown_session_ttl_ms {
+                return Ok(None);
+            }
+        }
+        let found = self
             .workers(true)
             .await?
             .by_session
             .get(session_id)
-            .cloned())
+            .cloned();
+        match &found {
+            Some(_) => {
+                self.unknown_sessions.remove(session_id);
+            }
+            None => self.unknown_sessions.insert(session_id.to_owned(), now),
+        }
+        Ok(found)
     }
 
     /// Resolve `(ns, id)` (cache key `key`): cached route, else the store's
@@ -412,7 +530,7 @@ impl<S: PlacementStore> Directory<S> {
             {
                 ClaimOutcome::Owned(p) => p,
                 ClaimOutcome::Claimed(p) => {
-                    self.placements.inc();
+                    self.counters.placements.inc();
                     p
                 }
                 ClaimOutcome::Vacant if quarantined => return Err(ResolveError::Quarantined),
@@ -495,8 +613,10 @@ mod tests {
                 refresh_ms: 0,
                 quarantine_ms,
                 route_capacity: 1000,
+                unknown_session_ttl_ms: 1000,
+                forced_refresh_interval_ms: 100,
             },
-            Counter::default(),
+            DirectoryCounters::default(),
         );
         (dir, clock, store)
     }

@@ -9,6 +9,7 @@
 pub mod durable;
 pub mod fake;
 pub mod raw;
+pub mod redis_server;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -164,6 +165,33 @@ impl Pinboard {
         ];
         args.extend_from_slice(extra);
         Self::start(&args)
+    }
+
+    /// Start on the Redis at `url` (a private one, see [`redis_server`]),
+    /// with the default key prefix.
+    pub fn start_on(url: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["--redis-url", url];
+        args.extend_from_slice(extra);
+        Self::start(&args)
+    }
+
+    /// The value of the metric `name` (a counter's `_total` line, or a
+    /// gauge) on `GET /metrics`.
+    pub async fn metric(&self, c: &reqwest::Client, name: &str) -> u64 {
+        let text = c
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no metric {name} in {text}"))
+            .trim()
+            .parse()
+            .expect("metric value")
     }
 
     /// Kill the process now.
