@@ -63,6 +63,8 @@ pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_UNKNOWN_SESSION_TTL_MS: u64 = 1_000;
 /// Default least time between two forced re-reads of the worker list.
 pub const DEFAULT_FORCED_REFRESH_INTERVAL_MS: u64 = 100;
+/// How long `/readyz` waits for the placement store to answer.
+pub const READY_STORE_TIMEOUT_MS: u64 = 1_000;
 
 /// pinboard: registry, placement and reverse proxy for pinned workers.
 #[derive(Debug, Clone, Parser)]
@@ -97,10 +99,17 @@ pub struct Config {
     #[arg(long, env = "PINBOARD_LEASE_TTL_MS", default_value_t = DEFAULT_LEASE_TTL_MS)]
     pub lease_ttl_ms: u64,
 
-    /// Cold-start quarantine before placing new ids, in milliseconds
-    /// (default: one lease TTL).
+    /// Quarantine before placing new ids, in milliseconds, after a start
+    /// on an empty store or after the store lost its data (default: one
+    /// lease TTL).
     #[arg(long, env = "PINBOARD_QUARANTINE_MS")]
     pub quarantine_ms: Option<u64>,
+
+    /// How long a vacated placement row (released, or its owner gone) is
+    /// kept, in milliseconds, so a returning owner reclaims it at its epoch;
+    /// then it is removed (default: six lease TTLs).
+    #[arg(long, env = "PINBOARD_PLACEMENT_GRACE_MS")]
+    pub placement_grace_ms: Option<u64>,
 
     /// Retries of one proxied request after a refusal or a failed connect.
     #[arg(long, env = "PINBOARD_PROXY_RETRIES", default_value_t = DEFAULT_PROXY_RETRIES)]
@@ -241,6 +250,14 @@ impl Config {
         self.quarantine_ms.unwrap_or(self.lease_ttl_ms)
     }
 
+    /// The effective row grace (default: six lease TTLs).
+    pub fn placement_grace_ms(&self) -> u64 {
+        self.placement_grace_ms.unwrap_or(
+            self.lease_ttl_ms
+                .saturating_mul(crate::placement::ROW_GRACE_LEASES),
+        )
+    }
+
     /// The worker and operator credentials (see [`crate::registry::auth`]).
     /// A list [`validate`](Self::validate) refuses accepts no token at all.
     pub fn credentials(&self) -> Credentials {
@@ -284,6 +301,7 @@ impl Config {
             ),
             ("upstream-timeout-ms", self.upstream_timeout_ms),
             ("unknown-session-ttl-ms", self.unknown_session_ttl_ms),
+            ("placement-grace-ms", self.placement_grace_ms.unwrap_or(1)),
             (
                 "forced-refresh-interval-ms",
                 self.forced_refresh_interval_ms,
@@ -317,6 +335,7 @@ mod tests {
             .expect("parse");
         assert_eq!(c.io_threads(), 3);
         assert_eq!(c.quarantine_ms(), DEFAULT_LEASE_TTL_MS);
+        assert_eq!(c.placement_grace_ms(), 6 * DEFAULT_LEASE_TTL_MS);
         assert!(c.validate().is_empty());
         let c = Config::try_parse_from(["pinboard", "--token", " ", "--lease-ttl-ms", "0"])
             .expect("parse");

@@ -58,7 +58,7 @@ use crate::clock::{Clock, Entropy, EpochFloor, Now};
 use crate::placement::{Binding, LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
 
 /// Namespaces pinboard serves itself (they could never be proxied).
-pub const RESERVED_NAMESPACES: [&str; 3] = ["/registry", "/healthz", "/metrics"];
+pub const RESERVED_NAMESPACES: [&str; 4] = ["/registry", "/healthz", "/readyz", "/metrics"];
 
 /// How long a superseded session keeps answering `superseded`, in lease TTLs.
 const SUPERSEDED_MEMORY_TTLS: u64 = 6;
@@ -818,12 +818,32 @@ mod tests {
             wall_ms: 1_000_000,
             mono_ms: 0,
         };
+        let generation = store
+            .open_generation(&crate::placement::Generation::new("g", 0))
+            .await
+            .expect("generation");
         store
-            .resolve_or_claim("/counter", "mine", Some(&a.session_id), None, 1, now)
+            .resolve_or_claim(
+                "/counter",
+                "mine",
+                Some(&a.session_id),
+                None,
+                1,
+                &generation,
+                now,
+            )
             .await
             .expect("claim");
         store
-            .resolve_or_claim("/counter", "theirs", Some(&b.session_id), None, 1, now)
+            .resolve_or_claim(
+                "/counter",
+                "theirs",
+                Some(&b.session_id),
+                None,
+                1,
+                &generation,
+                now,
+            )
             .await
             .expect("claim");
         let mut req = register_req("ok");
