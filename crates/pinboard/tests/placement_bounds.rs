@@ -91,6 +91,12 @@ async fn rows_of_released_ids_and_of_a_vanished_owner_expire_in_redis() {
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
     assert_eq!(w.hits.load(Ordering::SeqCst), 1000);
     assert_eq!(redis.keys("pinboard:p:*").await.len(), 1000);
+    // The overview lists them from the owner's index.
+    let rows = overview_rows(&c, &pb.url).await;
+    assert_eq!(rows.len(), 1000);
+    assert!(rows
+        .iter()
+        .all(|r| r["live"] == true && r["sessionId"] == session.as_str()));
 
     // While the owner lives its rows have no TTL; a released one gets the grace.
     let mut conn = redis.conn().await;
