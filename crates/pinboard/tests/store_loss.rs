@@ -34,8 +34,12 @@ async fn hit(c: &reqwest::Client, pb: &str, id: &str) -> (u16, Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
     let redis = RedisServer::start();
-    // A real quarantine (the suites' default is none): one lease TTL.
-    let pb = Pinboard::start_on(&redis.url, &["--quarantine-ms", "2000"]);
+    // A real quarantine (the suites' default is none): one lease TTL. Two
+    // nodes: `pb` places the ids (and keeps routes to them), `cold` has
+    // never routed them, so after the wipe it must ask the store.
+    let args = ["--lease-ttl-ms", "3000", "--quarantine-ms", "3000"];
+    let pb = Pinboard::start_on(&redis.url, &args);
+    let cold = Pinboard::start_on(&redis.url, &args);
     let c = client();
     let (status, body) = readyz(&c, &pb.url).await;
     assert_eq!(status, 503, "a fresh store starts in quarantine: {body}");
@@ -43,8 +47,10 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
         body["quarantineMs"].as_u64().is_some_and(|ms| ms > 0),
         "{body}"
     );
+    // A beats every 0.5 s, B every 1.5 s: after the wipe A is back well
+    // before B, and B's ids are up for grabs in between.
     let _a = Worker::start(&pb.url);
-    let _b = Worker::start(&pb.url);
+    let _b = Worker::start_with(&pb.url, &[("HEARTBEAT_S", "1.5")]);
     wait_workers(&c, &pb.url, 2).await;
     eventually(
         "the cold-start quarantine to end",
@@ -72,11 +78,18 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
     // process and instance that held the id, with its count going on.
     let started = tokio::time::Instant::now();
     let mut saw_quarantine = false;
-    while started.elapsed() < Duration::from_secs(5) {
+    let mut round = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        round += 1;
         let answers: Vec<(String, u16, Value)> = stream::iter(ids.clone())
-            .map(|id| {
+            .enumerate()
+            .map(|(i, id)| {
                 let c = c.clone();
-                let url = pb.url.clone();
+                let url = if (i + round) % 2 == 0 {
+                    pb.url.clone()
+                } else {
+                    cold.url.clone()
+                };
                 async move {
                     let (status, v) = hit(&c, &url, &id).await;
                     (id, status, v)
@@ -106,7 +119,9 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
         saw_quarantine,
         "the loss was never answered with the quarantine"
     );
-    assert!(pb.metric(&c, "pinboard_store_losses_total").await >= 1);
+    for node in [&pb, &cold] {
+        assert!(node.metric(&c, "pinboard_store_losses_total").await >= 1);
+    }
     // Every id comes back on its own worker, with its state.
     for id in &ids {
         let entry = owner.get_mut(id).expect("known id");
@@ -123,7 +138,9 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
         assert_eq!(v["process"], entry.0, "{id}: {v}");
         assert_eq!(v["count"], entry.2, "{id}: {v}");
     }
-    assert_eq!(readyz(&c, &pb.url).await.0, 200);
+    for node in [&pb, &cold] {
+        assert_eq!(readyz(&c, &node.url).await.0, 200);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,8 +54,7 @@
 //!   another, so the first claim after a loss finds out, before placing
 //!   anything; so does the maintenance check every `--worker-refresh-ms`
 //!   and `/readyz`. The node then writes a new generation (or adopts the
-//!   one another node wrote), forgets its routes and worker view, and waits
-//!   out the quarantine while every live worker, answered `reregister` on
+//!   one another node wrote) and waits out the quarantine while every live worker, answered `reregister` on
 //!   its next heartbeat, re-registers and reclaims its instances. Without
 //!   it, the first worker back could be handed ids the others still hold.
 //!
@@ -573,7 +572,9 @@ impl<S: PlacementStore> Directory<S> {
 
     /// The store no longer holds this node's generation (it lost its data,
     /// or another node noticed first and wrote `held`): adopt or write one,
-    /// quarantine, and forget routes and workers.
+    /// and quarantine. Cached routes stay: they name the owners the store
+    /// had before, which still hold their instances, and they go as usual
+    /// when the worker view (re-read every refresh) no longer lists them.
     async fn store_lost(&self, held: Option<Generation>) -> Result<(), StoreError> {
         let now = self.clock.now();
         let generation = match held {
@@ -585,8 +586,6 @@ impl<S: PlacementStore> Directory<S> {
             return Ok(());
         }
         let left_ms = self.adopt(generation.clone(), now);
-        self.routes.clear();
-        *self.snapshot.write() = Arc::new(Snapshot::default());
         self.counters.store_losses.inc();
         tracing::warn!(
             target: "pinboard::placement",
