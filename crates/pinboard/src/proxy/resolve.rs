@@ -66,7 +66,11 @@
 //! When the worker then refuses to activate it and the request ends
 //! without an answer from any worker, the proxy hands the claim back
 //! ([`Directory::roll_back`]): an invented id leaves no row behind but the
-//! short grace of a released one.
+//! short grace of a released one. The hand-back is a compare-and-release
+//! at the claimed `(session, epoch)`, so a row another request moved on
+//! since is left alone; it trusts the refusal as the re-placement after a
+//! refusal always has (`Avoid::stale`): a worker that refused an id did
+//! not activate it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
