@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 
 use clap::Parser;
 
+use crate::registry::auth::{split_list, Credentials};
+
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// Default lease TTL handed to workers (`expiresInMs`).
@@ -56,6 +58,13 @@ pub const DEFAULT_MAX_REGISTRY_BODY_BYTES: usize = 2 * 1024 * 1024;
 /// Default time a worker has to answer a proxied request with a response
 /// head, counted from when the request (body included) was sent.
 pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 30_000;
+/// Default time a cluster session a forced re-read did not find stays
+/// known as unknown (no further forced re-read for it).
+pub const DEFAULT_UNKNOWN_SESSION_TTL_MS: u64 = 1_000;
+/// Default least time between two forced re-reads of the worker list.
+pub const DEFAULT_FORCED_REFRESH_INTERVAL_MS: u64 = 100;
+/// How long `/readyz` waits for the placement store to answer.
+pub const READY_STORE_TIMEOUT_MS: u64 = 1_000;
 
 /// pinboard: registry, placement and reverse proxy for pinned workers.
 #[derive(Debug, Clone, Parser)]
@@ -65,9 +74,18 @@ pub struct Config {
     #[arg(long, env = "PINBOARD_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
-    /// Deployment token shared with workers (required): `Authorization: Bearer <token>`.
+    /// Worker token (required): what workers present as `Authorization:
+    /// Bearer <token>` on register, heartbeat, release, deregister and tag.
+    /// A comma-separated list accepts each entry (rotation without downtime).
     #[arg(long, env = "PINBOARD_TOKEN", hide_env_values = true)]
     pub token: String,
+
+    /// Operator token: what `/registry/push`, `/registry/workers` and
+    /// `/registry/overview` take (a comma-separated list accepts each entry).
+    /// Without it those endpoints take the worker token, with a warning at
+    /// start.
+    #[arg(long, env = "PINBOARD_OPERATOR_TOKEN", hide_env_values = true)]
+    pub operator_token: Option<String>,
 
     /// Redis URL; without it placement lives in this process (one node).
     #[arg(long, env = "REDIS_URL")]
@@ -81,10 +99,17 @@ pub struct Config {
     #[arg(long, env = "PINBOARD_LEASE_TTL_MS", default_value_t = DEFAULT_LEASE_TTL_MS)]
     pub lease_ttl_ms: u64,
 
-    /// Cold-start quarantine before placing new ids, in milliseconds
-    /// (default: one lease TTL).
+    /// Quarantine before placing new ids, in milliseconds, after a start
+    /// on an empty store or after the store lost its data (default: one
+    /// lease TTL).
     #[arg(long, env = "PINBOARD_QUARANTINE_MS")]
     pub quarantine_ms: Option<u64>,
+
+    /// How long a vacated placement row (released, or its owner gone) is
+    /// kept, in milliseconds, so a returning owner reclaims it at its epoch;
+    /// then it is removed (default: six lease TTLs).
+    #[arg(long, env = "PINBOARD_PLACEMENT_GRACE_MS")]
+    pub placement_grace_ms: Option<u64>,
 
     /// Retries of one proxied request after a refusal or a failed connect.
     #[arg(long, env = "PINBOARD_PROXY_RETRIES", default_value_t = DEFAULT_PROXY_RETRIES)]
@@ -172,14 +197,30 @@ pub struct Config {
     /// sent; then the client gets 504 and the cached route is dropped.
     #[arg(long, env = "PINBOARD_UPSTREAM_TIMEOUT_MS", default_value_t = DEFAULT_UPSTREAM_TIMEOUT_MS)]
     pub upstream_timeout_ms: u64,
+
+    /// Time a cluster session (`Pinboard-Session`) that a forced re-read of
+    /// the worker list did not find stays known as unknown, in
+    /// milliseconds: calls naming it are refused from the local view, with
+    /// no store read.
+    #[arg(long, env = "PINBOARD_UNKNOWN_SESSION_TTL_MS", default_value_t = DEFAULT_UNKNOWN_SESSION_TTL_MS)]
+    pub unknown_session_ttl_ms: u64,
+
+    /// Least time between two forced re-reads of the worker list (an unknown
+    /// cluster session, a refused attestation), in milliseconds; callers in
+    /// between share the next one.
+    #[arg(long, env = "PINBOARD_FORCED_REFRESH_INTERVAL_MS", default_value_t = DEFAULT_FORCED_REFRESH_INTERVAL_MS)]
+    pub forced_refresh_interval_ms: u64,
 }
 
 /// Reasons the configuration is refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    /// The token is empty.
-    #[error("--token / PINBOARD_TOKEN must not be empty")]
+    /// The token is empty, or its list holds an empty entry.
+    #[error("--token / PINBOARD_TOKEN must not be empty (nor hold an empty entry in its comma-separated list)")]
     EmptyToken,
+    /// The operator token is set but empty, or its list holds an empty entry.
+    #[error("--operator-token / PINBOARD_OPERATOR_TOKEN must not be empty (nor hold an empty entry in its comma-separated list)")]
+    EmptyOperatorToken,
     /// The lease TTL is zero.
     #[error("--lease-ttl-ms must be positive")]
     ZeroLease,
@@ -209,11 +250,32 @@ impl Config {
         self.quarantine_ms.unwrap_or(self.lease_ttl_ms)
     }
 
+    /// The effective row grace (default: six lease TTLs).
+    pub fn placement_grace_ms(&self) -> u64 {
+        self.placement_grace_ms.unwrap_or(
+            self.lease_ttl_ms
+                .saturating_mul(crate::placement::ROW_GRACE_LEASES),
+        )
+    }
+
+    /// The worker and operator credentials (see [`crate::registry::auth`]).
+    /// A list [`validate`](Self::validate) refuses accepts no token at all.
+    pub fn credentials(&self) -> Credentials {
+        Credentials::new(&self.token, self.operator_token.as_deref())
+    }
+
     /// Every problem at once.
     pub fn validate(&self) -> Vec<ConfigError> {
         let mut errs = Vec::new();
-        if self.token.trim().is_empty() {
+        if split_list(&self.token).is_none() {
             errs.push(ConfigError::EmptyToken);
+        }
+        if self
+            .operator_token
+            .as_deref()
+            .is_some_and(|t| split_list(t).is_none())
+        {
+            errs.push(ConfigError::EmptyOperatorToken);
         }
         if self.lease_ttl_ms == 0 {
             errs.push(ConfigError::ZeroLease);
@@ -238,6 +300,12 @@ impl Config {
                 self.max_registry_body_bytes as u64,
             ),
             ("upstream-timeout-ms", self.upstream_timeout_ms),
+            ("unknown-session-ttl-ms", self.unknown_session_ttl_ms),
+            ("placement-grace-ms", self.placement_grace_ms.unwrap_or(1)),
+            (
+                "forced-refresh-interval-ms",
+                self.forced_refresh_interval_ms,
+            ),
         ] {
             if value == 0 {
                 errs.push(ConfigError::ZeroEdge(flag));
@@ -267,6 +335,7 @@ mod tests {
             .expect("parse");
         assert_eq!(c.io_threads(), 3);
         assert_eq!(c.quarantine_ms(), DEFAULT_LEASE_TTL_MS);
+        assert_eq!(c.placement_grace_ms(), 6 * DEFAULT_LEASE_TTL_MS);
         assert!(c.validate().is_empty());
         let c = Config::try_parse_from(["pinboard", "--token", " ", "--lease-ttl-ms", "0"])
             .expect("parse");
@@ -274,6 +343,18 @@ mod tests {
             c.validate(),
             vec![ConfigError::EmptyToken, ConfigError::ZeroLease]
         );
+        let c = Config::try_parse_from(["pinboard", "--token", "a,,b", "--operator-token", " "])
+            .expect("parse");
+        assert_eq!(
+            c.validate(),
+            vec![ConfigError::EmptyToken, ConfigError::EmptyOperatorToken]
+        );
+        let c =
+            Config::try_parse_from(["pinboard", "--token", "new,old", "--operator-token", "op"])
+                .expect("parse");
+        assert!(c.validate().is_empty());
+        let creds = c.credentials();
+        assert!(creds.worker.accepts(b"old") && !creds.operator.accepts(b"old"));
         let c = Config::try_parse_from(["pinboard", "--token", "t", "--sweep-limit", "0"])
             .expect("parse");
         assert_eq!(c.sweep_interval_ms, DEFAULT_SWEEP_INTERVAL_MS);

@@ -14,6 +14,7 @@
 //! - [`proxy`]: the data plane (resolve, forward, classify, retry).
 //! - [`sweeper`]: due alarms and marked ids from the state store, delivered
 //!   as `_alarm` / `_wake` through placement (with `--database-url`).
+//! - [`upkeep`]: store-loss checks and expiry of vacated placement rows.
 //! - [`metrics`], [`upstream`], [`server`]: metrics, the pooled client, wiring.
 //! - [`accept`]: the accept loop, which sends control paths to the router
 //!   and everything else straight to the proxy.
@@ -33,6 +34,7 @@ pub mod proxy;
 pub mod registry;
 pub mod server;
 pub mod sweeper;
+pub mod upkeep;
 pub mod upstream;
 
 use std::sync::Arc;
@@ -68,6 +70,12 @@ async fn serve_with<S: PlacementStore>(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    if config.operator_token.is_none() {
+        tracing::warn!(
+            "no --operator-token / PINBOARD_OPERATOR_TOKEN: /registry/push, /registry/workers \
+             and /registry/overview take the worker token; set an operator token to separate them"
+        );
+    }
     let entropy = Arc::new(SeededEntropy::from_os());
     let app = Arc::new(server::App::new(
         config,
@@ -75,7 +83,15 @@ async fn serve_with<S: PlacementStore>(
         Arc::new(SystemClock::new()),
         entropy.clone(),
     ));
+    // Before serving: a node places nothing until it knows the store's
+    // generation (and whether the store starts empty).
+    app.directory.open_generation().await?;
     let (stop, stopped) = watch::channel(false);
+    let upkeep = upkeep::spawn(
+        app.clone(),
+        upkeep::UpkeepSettings::from(config),
+        stopped.clone(),
+    );
     let sweeper = match &config.database_url {
         Some(url) => Some(sweeper::spawn_postgres(
             app.clone(),
@@ -91,6 +107,7 @@ async fn serve_with<S: PlacementStore>(
         let _ = stop.send(true);
     };
     let served = accept::serve(listener, app, accept::ServeSettings::from(config), shutdown).await;
+    upkeep.abort();
     if let Some(sweeper) = sweeper {
         // The sender is gone or signalled: the sweeper stops after its
         // current lap and releases its lease (else the lease lapses).
@@ -113,13 +130,16 @@ pub async fn run(
 ) -> Result<(), RunError> {
     match &config.redis_url {
         Some(url) => {
-            let store = RedisStore::connect(url, &config.redis_prefix).await?;
+            let store = RedisStore::connect(url, &config.redis_prefix)
+                .await?
+                .with_row_grace(config.placement_grace_ms());
             tracing::info!(prefix = %config.redis_prefix, "placement in Redis");
             serve_with(&config, store, listener, shutdown).await
         }
         None => {
             tracing::info!("placement in memory (one node; set --redis-url to share placement)");
-            serve_with(&config, MemoryStore::new(), listener, shutdown).await
+            let store = MemoryStore::new().with_row_grace(config.placement_grace_ms());
+            serve_with(&config, store, listener, shutdown).await
         }
     }
 }

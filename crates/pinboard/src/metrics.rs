@@ -59,6 +59,14 @@ pub struct Metrics {
     pub connections_idle_timeouts: Counter,
     /// Failed accepts (out of file descriptors, say).
     pub accept_errors: Counter,
+    /// Reads of the worker list from the placement store.
+    pub store_worker_reads: Counter,
+    /// Claims handed back because the worker refused to activate the id.
+    pub placements_rolled_back: Counter,
+    /// Times this node found the placement store's generation gone or changed.
+    pub store_losses: Counter,
+    /// Vacated placement rows handed their grace (or removed) by expiry passes.
+    pub placement_rows_expired: Counter,
 }
 
 impl Default for Metrics {
@@ -96,6 +104,10 @@ impl Metrics {
             connections_header_timeouts: Counter::default(),
             connections_idle_timeouts: Counter::default(),
             accept_errors: Counter::default(),
+            store_worker_reads: Counter::default(),
+            placements_rolled_back: Counter::default(),
+            store_losses: Counter::default(),
+            placement_rows_expired: Counter::default(),
         };
         // prometheus-client appends `_total` to counters.
         registry.register(
@@ -212,6 +224,26 @@ impl Metrics {
             "pinboard_accept_errors",
             "Failed accepts (out of file descriptors, say)",
             m.accept_errors.clone(),
+        );
+        registry.register(
+            "pinboard_store_worker_reads",
+            "Reads of the worker list from the placement store",
+            m.store_worker_reads.clone(),
+        );
+        registry.register(
+            "pinboard_placements_rolled_back",
+            "Claims handed back because the worker refused to activate the id",
+            m.placements_rolled_back.clone(),
+        );
+        registry.register(
+            "pinboard_store_losses",
+            "Times this node found the placement store's generation gone or changed",
+            m.store_losses.clone(),
+        );
+        registry.register(
+            "pinboard_placement_rows_expired",
+            "Vacated placement rows handed their grace or removed by expiry passes",
+            m.placement_rows_expired.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -16,9 +16,35 @@
 //!   owner.
 //! - At most one `token` holds the sweeper lease at a time (see
 //!   `crate::sweeper`); it lapses `ttl_ms` after its last grant or renewal.
-//! - Releasing keeps the id's epoch (the row stays with an empty owner), so the
-//!   next placement continues above it; [`crate::clock::EpochFloor`] covers
-//!   the case where the store lost everything.
+//! - Releasing keeps the id's epoch (the row stays with an empty owner) for
+//!   the row grace, so a placement soon after continues above it; after the
+//!   grace the row is gone and [`crate::clock::EpochFloor`] keeps the next
+//!   epoch above it, as it does when the store lost everything.
+//!
+//! # Bounds (rows do not outlive their owner)
+//!
+//! A row owned by a live session stays. A row whose owner released it, or
+//! whose owner is gone (lapsed, deregistered, superseded), is kept for the
+//! *row grace* (`--placement-grace-ms`, default six lease TTLs) and then
+//! removed: [`PlacementStore::expire_placements`] runs every half lease TTL
+//! and hands each such row its remaining time (Redis: a `PEXPIRE`; memory:
+//! a timestamp). During the grace a worker re-registering with the gone
+//! session as `prevSessionId` reclaims the row at its epoch. So the rows a
+//! store holds are bounded by the live sessions' instances plus what was
+//! vacated within one grace, whatever ids clients invent. A claim the
+//! worker refused (it never activated the id) is released by the proxy at
+//! once (`release` at the claimed epoch), so refused ids leave no row
+//! beyond the grace either.
+//!
+//! # Generation (store loss)
+//!
+//! The store holds one *generation* value, written when a node finds none
+//! (`<random token>@<wall ms when its quarantine ends>`). A claim names the generation its node
+//! knows and is refused (`ClaimOutcome::GenerationLost`) when the store
+//! holds another one or none: the store lost its data (a `FLUSHALL`, a
+//! restart without persistence) or another node saw that first. Nothing is
+//! ever placed in a store whose loss its node has not noticed; what the node
+//! does about it is `proxy::resolve`'s concern.
 
 mod memory;
 mod redis;
@@ -124,6 +150,27 @@ pub enum ClaimOutcome {
     Vacant,
     /// The candidate's record is gone; pick another.
     CandidateGone,
+    /// Nothing was claimed: the store's generation is not the one named
+    /// (it lost its data); this is the one it holds now, if any.
+    GenerationLost(Option<Generation>),
+}
+
+/// The store's generation (see the module doc): `<token>@<wall ms>`, the
+/// wall time being when the quarantine its writer started ends (every node
+/// that adopts the generation keeps to that same window).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generation(pub String);
+
+impl Generation {
+    /// A new generation whose quarantine ends at `quarantine_until_wall_ms`.
+    pub fn new(token: &str, quarantine_until_wall_ms: u64) -> Self {
+        Self(format!("{token}@{quarantine_until_wall_ms}"))
+    }
+
+    /// When its quarantine ends (wall ms); `None` when the value has no time.
+    pub fn quarantine_until_wall_ms(&self) -> Option<u64> {
+        self.0.rsplit_once('@').and_then(|(_, ms)| ms.parse().ok())
+    }
 }
 
 /// What [`PlacementStore::reclaim`] did for one re-submitted id.
@@ -253,9 +300,12 @@ pub trait PlacementStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<ControlMessage>, StoreError>> + Send;
 
     /// Resolve the live owner of `(ns, id)`, or, when vacant and a candidate
-    /// is offered, claim it for the candidate at `max(previous + 1, floor)`.
+    /// is offered, claim it for the candidate at `max(previous + 1, floor)`
+    /// provided the store's generation is `generation` (else
+    /// [`ClaimOutcome::GenerationLost`], nothing written).
     /// With `stale = Some((session, epoch))`, an owner equal to that pair is
     /// treated as vacant (it refused the id, so it never activated it).
+    #[allow(clippy::too_many_arguments)]
     fn resolve_or_claim(
         &self,
         ns: &str,
@@ -263,8 +313,28 @@ pub trait PlacementStore: Send + Sync + 'static {
         candidate: Option<&str>,
         stale: Option<(&str, u64)>,
         floor: u64,
+        generation: &Generation,
         now: Now,
     ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+
+    /// The store's generation, writing `proposal` when it holds none;
+    /// returns the one it holds afterwards (the proposal, or an older one).
+    fn open_generation(
+        &self,
+        proposal: &Generation,
+    ) -> impl Future<Output = Result<Generation, StoreError>> + Send;
+
+    /// The store's generation, if it holds one (a read; reachability probe).
+    fn generation(&self) -> impl Future<Output = Result<Option<Generation>, StoreError>> + Send;
+
+    /// Give every vacated row (released, or owned by a session that is gone)
+    /// its remaining grace, and drop what outlived it; at most about
+    /// `budget` rows per call. Returns how many rows it handled.
+    fn expire_placements(
+        &self,
+        budget: usize,
+        now: Now,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Give a re-registering worker back an id it holds: kept epoch when the
     /// previous owner was `prev_session` (or a fresh one when vacant);
@@ -279,7 +349,8 @@ pub trait PlacementStore: Send + Sync + 'static {
         now: Now,
     ) -> impl Future<Output = Result<ReclaimOutcome, StoreError>> + Send;
 
-    /// Free `(ns, id)` if `session_id` owns it (and at `epoch`, when given).
+    /// Free `(ns, id)` if `session_id` owns it (and at `epoch`, when given);
+    /// the row keeps its epoch for the row grace, then goes.
     fn release(
         &self,
         ns: &str,
@@ -354,6 +425,9 @@ pub fn choose_candidate<T>(
     }
     Some(candidates.len() - 1)
 }
+
+/// Default row grace in lease TTLs (see the module doc).
+pub const ROW_GRACE_LEASES: u64 = 6;
 
 /// `max(previous + 1, floor)`: the epoch for a new placement.
 pub fn next_epoch(previous: u64, floor: u64) -> u64 {

@@ -62,12 +62,14 @@ use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
 
 use self::body::{BodyEnd, BodyFault, BodyWatch, ReqBody};
-use self::classify::{classify, classify_transport, worth_reading, RetryAction, Verdict};
+use self::classify::{
+    classify, classify_transport, never_activated, worth_reading, RetryAction, Verdict,
+};
 use self::cluster::{Caller, ClusterError};
 pub use self::headers::ClientAddr;
 use self::headers::{add_forwarded, is_upgrade, sanitize_request, sanitize_response};
 use self::resolve::{Avoid, ResolveError, WorkerConn};
-use crate::placement::PlacementStore;
+use crate::placement::{Placement, PlacementStore};
 use crate::server::App;
 use crate::upstream::PooledBody;
 
@@ -299,8 +301,44 @@ pub async fn serve<S: PlacementStore>(
     .await
 }
 
-/// Resolve, send, classify, retry.
+/// Resolve, send, classify, retry; then, if a placement this request
+/// claimed was refused and no worker answered the request, hand the claim
+/// back (`resolve`'s "Refused claims").
 async fn forward<S: PlacementStore>(
+    app: &App<S>,
+    parts: &http::request::Parts,
+    path_and_query: &PathAndQuery,
+    (key, ns, id): (&str, &str, &str),
+    caller: Option<&Caller>,
+    body: (&mut ReqBody, Option<&BodyWatch>),
+    on_upgrade: Option<ClientUpgrade>,
+) -> Response {
+    let mut refused = None;
+    let res = attempts(
+        app,
+        parts,
+        path_and_query,
+        (key, ns, id),
+        caller,
+        body,
+        on_upgrade,
+        &mut refused,
+    )
+    .await;
+    if let Some(claim) = refused {
+        if !res.status().is_success() && res.status() != StatusCode::SWITCHING_PROTOCOLS {
+            if let Err(error) = app.directory.roll_back(key, ns, id, &claim).await {
+                tracing::debug!(target: "pinboard::proxy", key, %error, "could not hand a refused claim back");
+            }
+        }
+    }
+    res
+}
+
+/// The attempts of [`forward`]; `refused` is set to a placement claimed
+/// here that its worker refused to activate.
+#[allow(clippy::too_many_arguments)]
+async fn attempts<S: PlacementStore>(
     app: &App<S>,
     parts: &http::request::Parts,
     path_and_query: &PathAndQuery,
@@ -308,6 +346,7 @@ async fn forward<S: PlacementStore>(
     caller: Option<&Caller>,
     (body, watch): (&mut ReqBody, Option<&BodyWatch>),
     mut on_upgrade: Option<ClientUpgrade>,
+    refused: &mut Option<Placement>,
 ) -> Response {
     let retries = if body.replayable() {
         app.proxy.retries
@@ -327,7 +366,7 @@ async fn forward<S: PlacementStore>(
             exclude: &exclude,
             refresh,
         };
-        let route = match app.directory.resolve(key, ns, id, avoid).await {
+        let (route, claimed) = match app.directory.resolve_claiming(key, ns, id, avoid).await {
             Ok(r) => r,
             Err(e) => {
                 app.metrics.proxy_unavailable.inc();
@@ -435,6 +474,12 @@ async fn forward<S: PlacementStore>(
                     .ok()
                     .and_then(|v| v.get("detail").and_then(|d| d.as_str()).map(str::to_owned));
                 full |= detail.as_deref() == Some(Refusal::Capacity.detail());
+                if claimed && never_activated(res_parts.status, refusal_header, detail.as_deref()) {
+                    *refused = Some(Placement {
+                        session_id: worker.record.session_id.clone(),
+                        epoch: route.epoch,
+                    });
+                }
                 let v = classify(res_parts.status, refusal_header, detail.as_deref(), attempt);
                 if v == Verdict::Relay {
                     return relay_buffered(res_parts, bytes);

@@ -38,6 +38,7 @@
 //!   `draining: true` with the remaining seconds; it is not carried over to a
 //!   later session of the same process.
 
+pub mod auth;
 pub mod error;
 pub mod http;
 
@@ -57,10 +58,17 @@ use crate::clock::{Clock, Entropy, EpochFloor, Now};
 use crate::placement::{Binding, LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
 
 /// Namespaces pinboard serves itself (they could never be proxied).
-pub const RESERVED_NAMESPACES: [&str; 3] = ["/registry", "/healthz", "/metrics"];
+pub const RESERVED_NAMESPACES: [&str; 4] = ["/registry", "/healthz", "/readyz", "/metrics"];
 
 /// How long a superseded session keeps answering `superseded`, in lease TTLs.
 const SUPERSEDED_MEMORY_TTLS: u64 = 6;
+
+/// Longest operator deadline (`drain` / `wind_down` `deadline`), in
+/// seconds: one year. A larger one is a typo or an attack, and would
+/// overflow the worker's timers (a `1e19` wind-down panicked the reference
+/// worker's registration loop; a `1e17` drain wrapped to an immediate
+/// abort), so it is refused with 400 instead of being passed on.
+pub const MAX_OPERATOR_DEADLINE_SECS: f64 = 365.0 * 24.0 * 3600.0;
 
 /// Registry settings.
 #[derive(Debug, Clone, Copy)]
@@ -473,6 +481,9 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
                 Some(d) if !d.is_finite() || d < 0.0 => Err(malformed(
                     "deadline must be a non-negative number of seconds or null",
                 )),
+                Some(d) if d > MAX_OPERATOR_DEADLINE_SECS => Err(malformed(format!(
+                    "deadline must be at most {MAX_OPERATOR_DEADLINE_SECS:.0} seconds (one year)"
+                ))),
                 _ => Ok(()),
             }
         };
@@ -482,7 +493,7 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
                 deadline,
             } => {
                 check_deadline(deadline)?;
-                let at = deadline.map(|d| now.wall_ms + (d * 1000.0) as u64);
+                let at = deadline.map(|d| now.wall_ms.saturating_add((d * 1000.0) as u64));
                 if !self
                     .store
                     .set_server_drain(&session_id, Some(at), now)
@@ -767,6 +778,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn operator_deadlines_beyond_a_year_are_refused() {
+        let (reg, _, _) = registry();
+        let (ack, _) = reg.register(register_req("ok")).await.expect("register");
+        let sid = ack.session_id;
+        let wind_down = |deadline| PushRequest::WindDown {
+            session_id: sid.clone(),
+            ns: "/counter".into(),
+            id: "a".into(),
+            deadline: Some(deadline),
+        };
+        let drain = |deadline| PushRequest::Drain {
+            session_id: sid.clone(),
+            deadline: Some(deadline),
+        };
+        for push in [
+            wind_down(1e19),
+            drain(1e17),
+            drain(MAX_OPERATOR_DEADLINE_SECS + 1.0),
+        ] {
+            let err = reg.push(push).await.expect_err("refused");
+            assert_eq!(err.status(), 400);
+            assert!(err.to_string().contains("one year"), "{err}");
+        }
+        reg.push(wind_down(MAX_OPERATOR_DEADLINE_SECS))
+            .await
+            .expect("a year is fine");
+        reg.push(drain(MAX_OPERATOR_DEADLINE_SECS))
+            .await
+            .expect("a year is fine");
+    }
+
+    #[tokio::test]
     async fn reregister_reclaims_and_reports_duplicates() {
         let (reg, _, store) = registry();
         let (a, _) = reg.register(register_req("ok")).await.expect("a");
@@ -775,12 +818,32 @@ mod tests {
             wall_ms: 1_000_000,
             mono_ms: 0,
         };
+        let generation = store
+            .open_generation(&crate::placement::Generation::new("g", 0))
+            .await
+            .expect("generation");
         store
-            .resolve_or_claim("/counter", "mine", Some(&a.session_id), None, 1, now)
+            .resolve_or_claim(
+                "/counter",
+                "mine",
+                Some(&a.session_id),
+                None,
+                1,
+                &generation,
+                now,
+            )
             .await
             .expect("claim");
         store
-            .resolve_or_claim("/counter", "theirs", Some(&b.session_id), None, 1, now)
+            .resolve_or_claim(
+                "/counter",
+                "theirs",
+                Some(&b.session_id),
+                None,
+                1,
+                &generation,
+                now,
+            )
             .await
             .expect("claim");
         let mut req = register_req("ok");

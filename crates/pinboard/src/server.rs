@@ -3,9 +3,10 @@
 //! Owns which path goes where and the runtime handles (store, client,
 //! metrics); never decides anything itself.
 //!
-//! Route order: `/registry/*`, `/healthz`, `/metrics` are matched first;
-//! every other path is data-plane traffic for the proxy (so a namespace named
-//! `/registry`, `/healthz` or `/metrics` cannot be proxied).
+//! Route order: `/registry/*`, `/healthz`, `/readyz`, `/metrics` are
+//! matched first; every other path is data-plane traffic for the proxy (so
+//! a namespace named `/registry`, `/healthz`, `/readyz` or `/metrics` cannot
+//! be proxied).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,15 +15,16 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use http::{header, HeaderValue};
+use http::{header, HeaderValue, StatusCode};
 
 use crate::challenge::HttpProver;
 use crate::clock::{Clock, Entropy, EpochFloor};
-use crate::config::Config;
+use crate::config::{Config, READY_STORE_TIMEOUT_MS};
 use crate::metrics::Metrics;
 use crate::placement::PlacementStore;
-use crate::proxy::resolve::{Directory, DirectorySettings};
+use crate::proxy::resolve::{Directory, DirectoryCounters, DirectorySettings, Readiness};
 use crate::proxy::{self, ProxySettings};
+use crate::registry::auth::Credentials;
 use crate::registry::http::BodyLimits;
 use crate::registry::{self, Registry, RegistryConfig};
 use crate::upstream::{self, Upstream};
@@ -41,8 +43,8 @@ pub struct App<S> {
     pub clock: Arc<dyn Clock>,
     /// Metrics.
     pub metrics: Metrics,
-    /// Deployment token.
-    pub token: String,
+    /// Bearer tokens of the worker and operator endpoints.
+    pub credentials: Credentials,
     /// Proxy settings.
     pub proxy: ProxySettings,
     /// Bounds of `/registry/*` request bodies.
@@ -92,13 +94,20 @@ impl<S: PlacementStore> App<S> {
                     refresh_ms: config.worker_refresh_ms,
                     quarantine_ms: config.quarantine_ms(),
                     route_capacity: config.route_cache_capacity,
+                    unknown_session_ttl_ms: config.unknown_session_ttl_ms,
+                    forced_refresh_interval_ms: config.forced_refresh_interval_ms,
                 },
-                metrics.placements.clone(),
+                DirectoryCounters {
+                    placements: metrics.placements.clone(),
+                    worker_reads: metrics.store_worker_reads.clone(),
+                    rolled_back: metrics.placements_rolled_back.clone(),
+                    store_losses: metrics.store_losses.clone(),
+                },
             ),
             client,
             clock,
             metrics,
-            token: config.token.clone(),
+            credentials: config.credentials(),
             proxy: ProxySettings {
                 retries: config.proxy_retries,
                 retry_body_limit: config.retry_body_limit,
@@ -113,8 +122,44 @@ impl<S: PlacementStore> App<S> {
     }
 }
 
+/// Liveness: the process serves HTTP. Never looks at the store.
 async fn healthz() -> Response {
     axum::Json(serde_json::json!({ "ok": true })).into_response()
+}
+
+/// Readiness: 200 `{"ok": true}` when the placement store answers within
+/// [`READY_STORE_TIMEOUT_MS`] and new ids are placed; else 503 (with
+/// `Retry-After: 1`) and a JSON `detail`, plus `store` (whether the store
+/// answered) and `quarantineMs` (what is left of a quarantine).
+async fn readyz<S: PlacementStore>(State(app): State<Arc<App<S>>>) -> Response {
+    let readiness = app
+        .directory
+        .readiness(Duration::from_millis(READY_STORE_TIMEOUT_MS))
+        .await;
+    let body = match readiness {
+        Readiness::Ready => {
+            return axum::Json(serde_json::json!({ "ok": true })).into_response();
+        }
+        Readiness::StoreUnreachable(error) => serde_json::json!({
+            "ok": false,
+            "store": false,
+            "detail": format!("placement store unreachable: {error}"),
+        }),
+        Readiness::Quarantined { left_ms } => serde_json::json!({
+            "ok": false,
+            "store": true,
+            "quarantineMs": left_ms,
+            "detail": format!(
+                "quarantine: no new placements for {left_ms} ms while workers re-register"
+            ),
+        }),
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(header::RETRY_AFTER, HeaderValue::from_static("1"))],
+        axum::Json(body),
+    )
+        .into_response()
 }
 
 async fn metrics<S: PlacementStore>(State(app): State<Arc<App<S>>>) -> Response {
@@ -155,11 +200,14 @@ pub mod paths {
     pub const OVERVIEW: &str = "/registry/overview";
     /// `GET`: liveness.
     pub const HEALTHZ: &str = "/healthz";
+    /// `GET`: readiness (store reachable, no quarantine).
+    pub const READYZ: &str = "/readyz";
     /// `GET`: Prometheus metrics.
     pub const METRICS: &str = "/metrics";
     /// Every path above.
-    pub const ALL: [&str; 10] = [
-        REGISTER, HEARTBEAT, RELEASE, DEREGISTER, TAG, PUSH, WORKERS, OVERVIEW, HEALTHZ, METRICS,
+    pub const ALL: [&str; 11] = [
+        REGISTER, HEARTBEAT, RELEASE, DEREGISTER, TAG, PUSH, WORKERS, OVERVIEW, HEALTHZ, READYZ,
+        METRICS,
     ];
 }
 
@@ -175,6 +223,7 @@ pub fn router<S: PlacementStore>(app: Arc<App<S>>) -> Router {
         .route(paths::WORKERS, get(registry::http::workers::<S>))
         .route(paths::OVERVIEW, get(registry::http::overview::<S>))
         .route(paths::HEALTHZ, get(healthz))
+        .route(paths::READYZ, get(readyz::<S>))
         .route(paths::METRICS, get(metrics::<S>))
         .fallback(proxy::handle::<S>)
         .with_state(app)

@@ -4,7 +4,15 @@
 //! placements; every trait call takes the lock once, which is what makes
 //! claims atomic. Never awaits while holding the lock. Leases expire by the
 //! monotonic clock passed in `now`; nothing survives a restart (hence the
-//! cold-start quarantine in `registry`).
+//! cold-start quarantine in `proxy::resolve`: a new process always writes
+//! a new generation).
+//!
+//! Rows are bounded as the trait says: [`PlacementStore::expire_placements`]
+//! stamps each vacated row (released, or owner gone) with the time it was
+//! first seen vacated and removes it one row grace later, along with
+//! lapsed sessions and expired supersession notes. It walks every row once
+//! per call (the budget does not apply), which at a million rows holds the
+//! lock for some milliseconds every half lease TTL.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -12,8 +20,8 @@ use parking_lot::Mutex;
 use pinned_wire::registry::ControlMessage;
 
 use super::{
-    next_epoch, Binding, ClaimOutcome, LiveWorker, Placement, PlacementEntry, PlacementStore,
-    ReclaimOutcome, StoreError, WorkerRecord,
+    next_epoch, Binding, ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry,
+    PlacementStore, ReclaimOutcome, StoreError, WorkerRecord,
 };
 use crate::clock::Now;
 
@@ -30,6 +38,8 @@ struct Row {
     owner: String,
     epoch: u64,
     tag: Option<String>,
+    /// When an expiry pass first found the row vacated (monotonic ms).
+    vacant_since_mono_ms: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -41,6 +51,7 @@ struct State {
     next_msg: u64,
     /// Sweeper lease: holder token and monotonic expiry.
     sweeper: Option<(String, u64)>,
+    generation: Option<Generation>,
 }
 
 impl State {
@@ -58,15 +69,38 @@ impl State {
 }
 
 /// Placement store kept in this process.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct MemoryStore {
     state: Mutex<State>,
+    row_grace_ms: u64,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store; vacated rows are kept one minute (see
+    /// [`with_row_grace`](Self::with_row_grace)).
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            state: Mutex::new(State::default()),
+            row_grace_ms: 60_000,
+        }
+    }
+
+    /// Keep vacated rows for `ms` before removing them.
+    #[must_use]
+    pub fn with_row_grace(mut self, ms: u64) -> Self {
+        self.row_grace_ms = ms;
+        self
+    }
+
+    /// Number of placement rows held (owned or in their grace).
+    pub fn rows(&self) -> usize {
+        self.state.lock().rows.len()
     }
 
     /// Forget every placement and session (tests: a store that lost its data).
@@ -229,6 +263,7 @@ impl PlacementStore for MemoryStore {
         candidate: Option<&str>,
         stale: Option<(&str, u64)>,
         floor: u64,
+        generation: &Generation,
         now: Now,
     ) -> Result<ClaimOutcome, StoreError> {
         let mut st = self.state.lock();
@@ -247,6 +282,9 @@ impl PlacementStore for MemoryStore {
         let Some(candidate) = candidate else {
             return Ok(ClaimOutcome::Vacant);
         };
+        if st.generation.as_ref() != Some(generation) {
+            return Ok(ClaimOutcome::GenerationLost(st.generation.clone()));
+        }
         if st.live(candidate, now).is_none() {
             return Ok(ClaimOutcome::CandidateGone);
         }
@@ -257,6 +295,7 @@ impl PlacementStore for MemoryStore {
                 owner: candidate.to_owned(),
                 epoch,
                 tag: None,
+                vacant_since_mono_ms: None,
             },
         );
         Ok(ClaimOutcome::Claimed(Placement {
@@ -298,6 +337,7 @@ impl PlacementStore for MemoryStore {
         let row = st.rows.entry(key).or_default();
         row.owner = session_id.to_owned();
         row.epoch = epoch;
+        row.vacant_since_mono_ms = None;
         Ok(ReclaimOutcome::Reclaimed(Placement {
             session_id: session_id.to_owned(),
             epoch,
@@ -361,6 +401,39 @@ impl PlacementStore for MemoryStore {
             .collect();
         out.sort_by(|a, b| (&a.ns, &a.id).cmp(&(&b.ns, &b.id)));
         Ok(out)
+    }
+
+    async fn open_generation(&self, proposal: &Generation) -> Result<Generation, StoreError> {
+        Ok(self
+            .state
+            .lock()
+            .generation
+            .get_or_insert_with(|| proposal.clone())
+            .clone())
+    }
+
+    async fn generation(&self) -> Result<Option<Generation>, StoreError> {
+        Ok(self.state.lock().generation.clone())
+    }
+
+    async fn expire_placements(&self, _budget: usize, now: Now) -> Result<usize, StoreError> {
+        let mut st = self.state.lock();
+        let st = &mut *st;
+        st.sessions
+            .retain(|_, s| s.expires_at_mono_ms > now.mono_ms);
+        st.superseded.retain(|_, (_, until)| *until > now.mono_ms);
+        let (sessions, grace) = (&st.sessions, self.row_grace_ms);
+        let mut handled = 0;
+        st.rows.retain(|_, row| {
+            if !row.owner.is_empty() && sessions.contains_key(&row.owner) {
+                row.vacant_since_mono_ms = None;
+                return true;
+            }
+            handled += 1;
+            let since = *row.vacant_since_mono_ms.get_or_insert(now.mono_ms);
+            now.mono_ms.saturating_sub(since) < grace
+        });
+        Ok(handled)
     }
 
     async fn acquire_sweeper_lease(
@@ -432,6 +505,12 @@ mod tests {
         }
     }
 
+    async fn opened(s: &MemoryStore) -> Generation {
+        s.open_generation(&Generation::new("g", 0))
+            .await
+            .expect("generation")
+    }
+
     fn at(mono_ms: u64) -> Now {
         Now {
             wall_ms: 1000 + mono_ms,
@@ -474,10 +553,11 @@ mod tests {
     #[tokio::test]
     async fn first_claim_wins_and_lapse_moves_with_a_larger_epoch() {
         let s = MemoryStore::new();
+        let g = opened(&s).await;
         s.put_worker(&rec("a"), 100, at(0)).await.expect("put");
         s.put_worker(&rec("b"), 1000, at(0)).await.expect("put");
         let first = s
-            .resolve_or_claim("/c", "x", Some("a"), None, 5, at(1))
+            .resolve_or_claim("/c", "x", Some("a"), None, 5, &g, at(1))
             .await
             .expect("claim");
         let ClaimOutcome::Claimed(p) = first else {
@@ -485,13 +565,13 @@ mod tests {
         };
         assert_eq!(p.epoch, 5);
         let second = s
-            .resolve_or_claim("/c", "x", Some("b"), None, 5, at(2))
+            .resolve_or_claim("/c", "x", Some("b"), None, 5, &g, at(2))
             .await
             .expect("claim");
         assert_eq!(second, ClaimOutcome::Owned(p.clone()));
         // a's lease lapses at 100: b takes over above a's epoch.
         let third = s
-            .resolve_or_claim("/c", "x", Some("b"), None, 5, at(150))
+            .resolve_or_claim("/c", "x", Some("b"), None, 5, &g, at(150))
             .await
             .expect("claim");
         assert_eq!(
@@ -506,14 +586,15 @@ mod tests {
     #[tokio::test]
     async fn release_keeps_the_epoch_and_wipe_relies_on_the_floor() {
         let s = MemoryStore::new();
+        let g = opened(&s).await;
         s.put_worker(&rec("a"), 1000, at(0)).await.expect("put");
-        s.resolve_or_claim("/c", "x", Some("a"), None, 10, at(0))
+        s.resolve_or_claim("/c", "x", Some("a"), None, 10, &g, at(0))
             .await
             .expect("claim");
         assert!(!s.release("/c", "x", "a", Some(9)).await.expect("release"));
         assert!(s.release("/c", "x", "a", Some(10)).await.expect("release"));
         let again = s
-            .resolve_or_claim("/c", "x", Some("a"), None, 3, at(1))
+            .resolve_or_claim("/c", "x", Some("a"), None, 3, &g, at(1))
             .await
             .expect("claim");
         assert!(matches!(
@@ -525,12 +606,13 @@ mod tests {
     #[tokio::test]
     async fn reclaim_keeps_own_ids_and_reports_duplicates() {
         let s = MemoryStore::new();
+        let g = opened(&s).await;
         s.put_worker(&rec("old"), 1000, at(0)).await.expect("put");
         s.put_worker(&rec("other"), 1000, at(0)).await.expect("put");
-        s.resolve_or_claim("/c", "mine", Some("old"), None, 7, at(0))
+        s.resolve_or_claim("/c", "mine", Some("old"), None, 7, &g, at(0))
             .await
             .expect("claim");
-        s.resolve_or_claim("/c", "theirs", Some("other"), None, 7, at(0))
+        s.resolve_or_claim("/c", "theirs", Some("other"), None, 7, &g, at(0))
             .await
             .expect("claim");
         s.put_worker(&rec("new"), 1000, at(1)).await.expect("put");
@@ -569,5 +651,70 @@ mod tests {
         let left = s.pending_messages("a", &[m1]).await.expect("p");
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].id, "y");
+    }
+
+    #[tokio::test]
+    async fn claims_need_the_generation_the_store_holds() {
+        let s = MemoryStore::new();
+        let first = opened(&s).await;
+        assert_eq!(
+            s.open_generation(&Generation::new("other", 5))
+                .await
+                .expect("open"),
+            first,
+            "the first generation stays"
+        );
+        s.put_worker(&rec("a"), 1000, at(0)).await.expect("put");
+        s.wipe();
+        s.put_worker(&rec("a"), 1000, at(0)).await.expect("put");
+        let lost = s
+            .resolve_or_claim("/c", "x", Some("a"), None, 1, &first, at(1))
+            .await
+            .expect("claim");
+        assert_eq!(lost, ClaimOutcome::GenerationLost(None));
+        assert_eq!(s.rows(), 0, "nothing placed in a store that lost its data");
+        let second = s
+            .open_generation(&Generation::new("g2", 9))
+            .await
+            .expect("open");
+        assert_eq!(second.quarantine_until_wall_ms(), Some(9));
+        assert!(matches!(
+            s.resolve_or_claim("/c", "x", Some("a"), None, 1, &second, at(1))
+                .await
+                .expect("claim"),
+            ClaimOutcome::Claimed(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn vacated_rows_go_one_grace_after_they_were_vacated() {
+        let s = MemoryStore::new().with_row_grace(500);
+        let g = opened(&s).await;
+        s.put_worker(&rec("short"), 100, at(0)).await.expect("put");
+        s.put_worker(&rec("long"), 100_000, at(0))
+            .await
+            .expect("put");
+        for i in 0..100 {
+            let owner = if i % 2 == 0 { "short" } else { "long" };
+            s.resolve_or_claim("/c", &format!("i{i}"), Some(owner), None, 1, &g, at(1))
+                .await
+                .expect("claim");
+        }
+        // One of the live owner's ids is released.
+        assert!(s.release("/c", "i1", "long", None).await.expect("release"));
+        s.expire_placements(0, at(50)).await.expect("expire");
+        assert_eq!(s.rows(), 100, "released, but within its grace");
+        // "short" lapses at 100: its rows are vacated from the next pass on.
+        s.expire_placements(0, at(200)).await.expect("expire");
+        assert_eq!(s.rows(), 100);
+        s.expire_placements(0, at(549)).await.expect("expire");
+        assert_eq!(s.rows(), 100);
+        s.expire_placements(0, at(550)).await.expect("expire");
+        assert_eq!(s.rows(), 99, "the released row went one grace after 50");
+        s.expire_placements(0, at(699)).await.expect("expire");
+        assert_eq!(s.rows(), 99);
+        s.expire_placements(0, at(700)).await.expect("expire");
+        assert_eq!(s.rows(), 49, "only the live owner's rows stay");
+        assert!(s.get_worker("short", at(700)).await.expect("get").is_none());
     }
 }

@@ -10,33 +10,40 @@
 //!
 //! | key | type | content |
 //! | --- | --- | --- |
+//! | `P gen` | string, no TTL | the store's generation, `<token>@<wall ms>` (see `placement`'s "Generation") |
 //! | `P w:<session>` | hash, `PX` = lease TTL | `rec` (static worker JSON), `headroom`, `draining` (`0`/`1`), `drain` (operator drain: empty = none, `-` = no deadline, else wall ms) |
-//! | `P workers` | set | session ids; members whose hash expired are pruned while listing |
-//! | `P m:<session>` | list | queued control messages (JSON with `msgId`), oldest first |
+//! | `P workers` | set | session ids; members whose hash expired move to `P dead` while listing or expiring |
+//! | `P dead` | set | sessions that are gone but still own rows (in `P o:<session>`) not yet handed their grace |
+//! | `P m:<session>` | list, `PX` = lease TTL | queued control messages (JSON with `msgId`), oldest first |
 //! | `P mseq` | string | `INCR` counter for `msgId`s |
 //! | `P sup:<session>` | string, `PX` | the supersession reason |
 //! | `P b:<hostname>` | string | hostname binding JSON |
-//! | `P p:<ns>/<id>` | hash, no TTL | `s` owner session (empty when released), `e` epoch, `t` tag |
-//! | `P placements` | set | `<ns>/<id>` of every placement row, for the overview |
+//! | `P p:<ns>/<id>` | hash; no TTL while its owner lives, `PX` = row grace once vacated | `s` owner session (empty when released), `e` epoch, `t` tag |
+//! | `P o:<session>` | set | `<ns>/<id>` of every row the session owns (kept exact by every claim, reclaim and release) |
 //! | `P sweeper` | string, `PX` = sweeper lease TTL | token of the node holding the sweeper lease |
 //!
 //! Worker secrets are stored in `rec` (every node must mint attestations
 //! for every worker): protect the Redis like the deployment token.
-//! Known limit: placement rows and the `placements` set are never trimmed
-//! (one small hash per id ever placed); a later sweeper can prune rows
-//! whose owner is gone.
 //!
-//! A placement is live while `P w:<s>` exists. Rows are never deleted by the
-//! data path, so the per-id epoch survives a release; a wiped Redis falls back
-//! to the wall-clock epoch floor.
+//! A placement is live while `P w:<s>` exists. A row gets a TTL of the row
+//! grace when it is released, and when its owner is gone: the expiry pass
+//! (`EXPIRE_ROWS`, every half lease TTL on every node, each call bounded)
+//! moves lapsed sessions from `P workers` to `P dead` and pops each dead
+//! session's `P o:<session>`, expiring the rows it still owns. A claim or
+//! reclaim takes a row back out of its grace (`PERSIST`). Every claim
+//! checks `P gen` first, in the same script: a wiped Redis (no `gen`, or
+//! another one) places nothing until the node noticed.
+//!
+//! All keys of one deployment live in one Redis (scripts touch keys they
+//! derive from a prefix): not for Redis Cluster.
 
 use pinned_wire::registry::ControlMessage;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
 use super::{
-    Binding, ClaimOutcome, LiveWorker, Placement, PlacementEntry, PlacementStore, ReclaimOutcome,
-    StoreError, WorkerRecord,
+    Binding, ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
+    ReclaimOutcome, StoreError, WorkerRecord,
 };
 use crate::clock::Now;
 
@@ -46,6 +53,7 @@ pub struct RedisStore {
     conn: ConnectionManager,
     prefix: String,
     scripts: std::sync::Arc<Scripts>,
+    row_grace_ms: u64,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -69,6 +77,8 @@ struct Scripts {
     placements: Script,
     lease_renew: Script,
     lease_release: Script,
+    expire_rows: Script,
+    open_generation: Script,
 }
 
 // Lua numbers are doubles: epochs (< 2^53) are formatted with %.0f so they
@@ -94,6 +104,7 @@ redis.call('HSET', KEYS[1], 'drain', ARGV[1])
 return 1
 "#;
 
+// KEYS: workers set, dead set. ARGV: worker key prefix.
 const LIST: &str = r#"
 local out = {}
 for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
@@ -103,13 +114,16 @@ for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     table.insert(out, {v[1], v[2], v[3], v[4], tostring(redis.call('PTTL', key))})
   else
     redis.call('SREM', KEYS[1], sid)
+    redis.call('SADD', KEYS[2], sid)
   end
 end
 return out
 "#;
 
-// KEYS: placement row, candidate worker key (or ''), placements set.
-// ARGV: candidate sid ('' = none), floor, stale sid, stale epoch, worker prefix, row name.
+// KEYS: placement row, candidate worker key (or ''), generation key,
+// candidate's owner index (or '').
+// ARGV: candidate sid ('' = none), floor, stale sid, stale epoch, worker
+// prefix, row name, expected generation, owner index prefix.
 const CLAIM: &str = r#"
 local owner = redis.call('HGET', KEYS[1], 's') or ''
 local epoch = tonumber(redis.call('HGET', KEYS[1], 'e') or '0')
@@ -118,38 +132,52 @@ if owner ~= '' and not stale and redis.call('EXISTS', ARGV[5] .. owner) == 1 the
   return {'owned', owner, string.format('%.0f', epoch)}
 end
 if ARGV[1] == '' then return {'vacant'} end
+local gen = redis.call('GET', KEYS[3])
+if gen ~= ARGV[7] then return {'generation', gen or ''} end
 if redis.call('EXISTS', KEYS[2]) == 0 then return {'gone'} end
 local next = math.max(epoch + 1, tonumber(ARGV[2]))
 local e = string.format('%.0f', next)
+if owner ~= '' and owner ~= ARGV[1] then redis.call('SREM', ARGV[8] .. owner, ARGV[6]) end
 redis.call('HSET', KEYS[1], 's', ARGV[1], 'e', e)
 redis.call('HDEL', KEYS[1], 't')
-redis.call('SADD', KEYS[3], ARGV[6])
+redis.call('PERSIST', KEYS[1])
+redis.call('SADD', KEYS[4], ARGV[6])
 return {'claimed', ARGV[1], e}
 "#;
 
-// KEYS: placement row, placements set. ARGV: new sid, prev sid, floor, worker prefix, row name.
+// KEYS: placement row, new session's owner index.
+// ARGV: new sid, prev sid, floor, worker prefix, row name, owner index prefix.
 const RECLAIM: &str = r#"
 local owner = redis.call('HGET', KEYS[1], 's') or ''
 local epoch = tonumber(redis.call('HGET', KEYS[1], 'e') or '0')
-if owner == ARGV[1] then return {'reclaimed', string.format('%.0f', epoch)} end
+if owner == ARGV[1] then
+  redis.call('PERSIST', KEYS[1])
+  redis.call('SADD', KEYS[2], ARGV[5])
+  return {'reclaimed', string.format('%.0f', epoch)}
+end
 local from_prev = owner ~= '' and owner == ARGV[2]
 if owner ~= '' and not from_prev and redis.call('EXISTS', ARGV[4] .. owner) == 1 then
   return {'duplicate'}
 end
 if not from_prev then epoch = math.max(epoch + 1, tonumber(ARGV[3])) end
 local e = string.format('%.0f', epoch)
+if owner ~= '' then redis.call('SREM', ARGV[6] .. owner, ARGV[5]) end
 redis.call('HSET', KEYS[1], 's', ARGV[1], 'e', e)
+redis.call('PERSIST', KEYS[1])
 redis.call('SADD', KEYS[2], ARGV[5])
 return {'reclaimed', e}
 "#;
 
-// ARGV: sid, epoch ('' = any)
+// KEYS: placement row, the session's owner index.
+// ARGV: sid, epoch ('' = any), row grace ms, row name.
 const RELEASE: &str = r#"
 local owner = redis.call('HGET', KEYS[1], 's')
 if owner ~= ARGV[1] then return 0 end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'e') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 's', '')
 redis.call('HDEL', KEYS[1], 't')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SREM', KEYS[2], ARGV[4])
 return 1
 "#;
 
@@ -176,16 +204,58 @@ end
 return redis.call('LRANGE', KEYS[1], 0, -1)
 "#;
 
+// KEYS: workers set, dead set. ARGV: owner index prefix, row prefix,
+// worker prefix. Rows of every listed or dead session, from the owner
+// indexes (rows no index names are not listed).
 const PLACEMENTS: &str = r#"
 local out = {}
-for _, name in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local v = redis.call('HMGET', ARGV[1] .. name, 's', 'e', 't')
-  if v[1] and v[1] ~= '' then
-    local live = redis.call('EXISTS', ARGV[2] .. v[1])
-    table.insert(out, {name, v[1], v[2], v[3] or '', live})
+local function rows_of(sid)
+  for _, name in ipairs(redis.call('SMEMBERS', ARGV[1] .. sid)) do
+    local v = redis.call('HMGET', ARGV[2] .. name, 's', 'e', 't')
+    if v[1] == sid then
+      local live = redis.call('EXISTS', ARGV[3] .. sid)
+      table.insert(out, {name, v[1], v[2], v[3] or '', live})
+    end
   end
 end
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do rows_of(sid) end
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do rows_of(sid) end
 return out
+"#;
+
+// KEYS: workers set, dead set. ARGV: worker prefix, owner index prefix, row
+// prefix, row grace ms, budget, message list prefix. Moves lapsed sessions
+// to `dead`, then hands up to `budget` rows of dead sessions their grace
+// (and drops their message lists). Returns rows handled.
+const EXPIRE_ROWS: &str = r#"
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if redis.call('EXISTS', ARGV[1] .. sid) == 0 then
+    redis.call('SREM', KEYS[1], sid)
+    redis.call('SADD', KEYS[2], sid)
+  end
+end
+local budget = tonumber(ARGV[5])
+local done = 0
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if done >= budget then break end
+  local index = ARGV[2] .. sid
+  redis.call('DEL', ARGV[6] .. sid)
+  for _, name in ipairs(redis.call('SPOP', index, budget - done)) do
+    local row = ARGV[3] .. name
+    if redis.call('HGET', row, 's') == sid then
+      redis.call('PEXPIRE', row, ARGV[4])
+    end
+    done = done + 1
+  end
+  if redis.call('EXISTS', index) == 0 then redis.call('SREM', KEYS[2], sid) end
+end
+return done
+"#;
+
+// KEYS: generation key. ARGV: proposal. Returns the generation held.
+const OPEN_GENERATION: &str = r#"
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
 "#;
 
 // KEYS: lease key. ARGV: token, ttl ms. Compare-and-set renewal.
@@ -227,8 +297,18 @@ impl RedisStore {
                 placements: Script::new(PLACEMENTS),
                 lease_renew: Script::new(LEASE_RENEW),
                 lease_release: Script::new(LEASE_RELEASE),
+                expire_rows: Script::new(EXPIRE_ROWS),
+                open_generation: Script::new(OPEN_GENERATION),
             }),
+            row_grace_ms: 60_000,
         })
+    }
+
+    /// Keep vacated rows for `ms` before Redis drops them (default one minute).
+    #[must_use]
+    pub fn with_row_grace(mut self, ms: u64) -> Self {
+        self.row_grace_ms = ms.max(1);
+        self
     }
 
     fn key(&self, kind: &str, rest: &str) -> String {
@@ -389,11 +469,12 @@ impl PlacementStore for RedisStore {
 
     async fn remove_worker(&self, session_id: &str) -> Result<bool, StoreError> {
         let mut conn = self.conn.clone();
-        let (n, _, _): (i64, i64, i64) = redis::pipe()
+        let (n, _, _, _): (i64, i64, i64, i64) = redis::pipe()
             .atomic()
             .del(self.key("w:", session_id))
             .srem(self.key("workers", ""), session_id)
             .del(self.key("m:", session_id))
+            .sadd(self.key("dead", ""), session_id)
             .query_async(&mut conn)
             .await?;
         Ok(n == 1)
@@ -405,6 +486,7 @@ impl PlacementStore for RedisStore {
             .scripts
             .list
             .key(self.key("workers", ""))
+            .key(self.key("dead", ""))
             .arg(self.key("w:", ""))
             .invoke_async(&mut conn)
             .await?;
@@ -511,6 +593,7 @@ impl PlacementStore for RedisStore {
         candidate: Option<&str>,
         stale: Option<(&str, u64)>,
         floor: u64,
+        generation: &Generation,
         _now: Now,
     ) -> Result<ClaimOutcome, StoreError> {
         let name = Self::row_name(ns, id);
@@ -520,13 +603,16 @@ impl PlacementStore for RedisStore {
             .claim
             .key(self.key("p:", &name))
             .key(candidate.map(|c| self.key("w:", c)).unwrap_or_default())
-            .key(self.key("placements", ""))
+            .key(self.key("gen", ""))
+            .key(candidate.map(|c| self.key("o:", c)).unwrap_or_default())
             .arg(candidate.unwrap_or(""))
             .arg(floor)
             .arg(stale.map(|s| s.0).unwrap_or(""))
             .arg(stale.map(|s| s.1.to_string()).unwrap_or_default())
             .arg(self.key("w:", ""))
             .arg(&name)
+            .arg(&generation.0)
+            .arg(self.key("o:", ""))
             .invoke_async(&mut conn)
             .await?;
         let parts = items(v);
@@ -542,6 +628,13 @@ impl PlacementStore for RedisStore {
             "claimed" => ClaimOutcome::Claimed(placement()?),
             "vacant" => ClaimOutcome::Vacant,
             "gone" => ClaimOutcome::CandidateGone,
+            "generation" => ClaimOutcome::GenerationLost(
+                parts
+                    .get(1)
+                    .and_then(text)
+                    .filter(|g| !g.is_empty())
+                    .map(Generation),
+            ),
             other => return Err(StoreError::Corrupt(format!("claim answered {other:?}"))),
         })
     }
@@ -561,12 +654,13 @@ impl PlacementStore for RedisStore {
             .scripts
             .reclaim
             .key(self.key("p:", &name))
-            .key(self.key("placements", ""))
+            .key(self.key("o:", session_id))
             .arg(session_id)
             .arg(prev_session.unwrap_or(""))
             .arg(floor)
             .arg(self.key("w:", ""))
             .arg(&name)
+            .arg(self.key("o:", ""))
             .invoke_async(&mut conn)
             .await?;
         let parts = items(v);
@@ -587,13 +681,17 @@ impl PlacementStore for RedisStore {
         session_id: &str,
         epoch: Option<u64>,
     ) -> Result<bool, StoreError> {
+        let name = Self::row_name(ns, id);
         let mut conn = self.conn.clone();
         let n: i64 = self
             .scripts
             .release
-            .key(self.key("p:", &Self::row_name(ns, id)))
+            .key(self.key("p:", &name))
+            .key(self.key("o:", session_id))
             .arg(session_id)
             .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
+            .arg(self.row_grace_ms)
+            .arg(&name)
             .invoke_async(&mut conn)
             .await?;
         Ok(n == 1)
@@ -625,7 +723,9 @@ impl PlacementStore for RedisStore {
         let v: Value = self
             .scripts
             .placements
-            .key(self.key("placements", ""))
+            .key(self.key("workers", ""))
+            .key(self.key("dead", ""))
+            .arg(self.key("o:", ""))
             .arg(self.key("p:", ""))
             .arg(self.key("w:", ""))
             .invoke_async(&mut conn)
@@ -652,6 +752,45 @@ impl PlacementStore for RedisStore {
         }
         out.sort_by(|a, b| (&a.ns, &a.id).cmp(&(&b.ns, &b.id)));
         Ok(out)
+    }
+
+    async fn open_generation(&self, proposal: &Generation) -> Result<Generation, StoreError> {
+        let mut conn = self.conn.clone();
+        let held: String = self
+            .scripts
+            .open_generation
+            .key(self.key("gen", ""))
+            .arg(&proposal.0)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(Generation(held))
+    }
+
+    async fn generation(&self) -> Result<Option<Generation>, StoreError> {
+        let mut conn = self.conn.clone();
+        let held: Option<String> = redis::cmd("GET")
+            .arg(self.key("gen", ""))
+            .query_async(&mut conn)
+            .await?;
+        Ok(held.map(Generation))
+    }
+
+    async fn expire_placements(&self, budget: usize, _now: Now) -> Result<usize, StoreError> {
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .scripts
+            .expire_rows
+            .key(self.key("workers", ""))
+            .key(self.key("dead", ""))
+            .arg(self.key("w:", ""))
+            .arg(self.key("o:", ""))
+            .arg(self.key("p:", ""))
+            .arg(self.row_grace_ms)
+            .arg(budget.max(1))
+            .arg(self.key("m:", ""))
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(n.max(0) as usize)
     }
 
     async fn acquire_sweeper_lease(

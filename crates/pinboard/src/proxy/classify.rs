@@ -99,6 +99,24 @@ pub fn classify(
     }
 }
 
+/// Whether an answer says the worker did not activate the id (it refused
+/// to take it on): `Pinned-Refusal`, or a 503 for an unhealthy lease, a
+/// drain, full capacity or a full activation queue. A placement claimed
+/// for the request and answered so is handed back (`proxy::resolve`).
+pub fn never_activated(status: StatusCode, has_refusal_header: bool, detail: Option<&str>) -> bool {
+    has_refusal_header
+        || (status == StatusCode::SERVICE_UNAVAILABLE
+            && matches!(
+                detail.and_then(Refusal::from_detail),
+                Some(
+                    Refusal::LeaseUnhealthy
+                        | Refusal::Draining
+                        | Refusal::Capacity
+                        | Refusal::ActivationQueueFull
+                )
+            ))
+}
+
 /// Classify a transport failure. `resend_safe` is true when sending the
 /// request again cannot repeat an effect the client did not ask twice for:
 /// the connection failed before any byte left, or the method is idempotent
@@ -171,6 +189,27 @@ mod tests {
             classify(StatusCode::FORBIDDEN, false, Some("nope"), 0),
             Verdict::Relay
         );
+    }
+
+    #[test]
+    fn refusals_to_activate_are_told_apart() {
+        assert!(never_activated(U, true, None));
+        assert!(never_activated(StatusCode::OK, true, None));
+        for detail in [
+            "instance capacity reached; retry",
+            "host draining; retry",
+            "activation queue full; retry",
+        ] {
+            assert!(never_activated(U, false, Some(detail)), "{detail}");
+        }
+        for detail in ["instance closing; retry", "stale placement epoch; retry"] {
+            assert!(!never_activated(U, false, Some(detail)), "{detail}");
+        }
+        assert!(!never_activated(
+            StatusCode::OK,
+            false,
+            Some("host draining; retry")
+        ));
     }
 
     #[test]

@@ -13,6 +13,11 @@
 //! integer (absent = 1), and above 50 the call is refused with 400
 //! `subrequest depth exceeds 50`. A request with none of the session headers
 //! is ordinary client traffic (anonymous); one with only some is refused 403.
+//!
+//! A session longer than [`MAX_SESSION_ID_LEN`] is refused before any
+//! lookup (pinboard mints 32 hex characters), so forged sessions are small
+//! wherever they are remembered; forged sessions cost at most one store
+//! read per forced-refresh interval (see `resolve`'s "Unknown sessions").
 
 use http::HeaderMap;
 use pinned_wire::headers::{FROM, MAX_SUBREQUEST_DEPTH, SESSION, SESSION_SECRET, SUBREQUEST_DEPTH};
@@ -20,6 +25,10 @@ use subtle::ConstantTimeEq;
 
 use super::resolve::Directory;
 use crate::placement::{PlacementStore, StoreError};
+
+/// Longest `Pinboard-Session` looked up (pinboard's session ids are 32
+/// hex characters; this leaves room, and bounds what a forged one costs).
+pub const MAX_SESSION_ID_LEN: usize = 64;
 
 /// A verified calling instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +90,9 @@ pub async fn verify<S: PlacementStore>(
     }
     if depth < 0 {
         return Err(ClusterError::MalformedDepth);
+    }
+    if session.len() > MAX_SESSION_ID_LEN {
+        return Err(ClusterError::Credentials);
     }
     let Some(worker) = directory.worker(session).await? else {
         return Err(ClusterError::Credentials);

@@ -14,27 +14,78 @@
 //! through this node, and when a session ends here. A route evicted early
 //! costs one store read on its next request, nothing else.
 //!
-//! # Cold-start quarantine (inferred)
+//! # Unknown sessions (cluster calls)
 //!
-//! For `quarantine` after start, no *new* placement is made: ids that already
-//! have a live owner resolve normally, and workers re-registering with their
+//! A cluster call names its caller's session; an unknown one would cost a
+//! forced re-read of the worker list, so forged `Pinboard-Session` headers
+//! could make every request a store read. Two bounds stop that:
+//!
+//! - a session found unknown by a forced re-read is remembered as unknown
+//!   for `--unknown-session-ttl-ms` (at most [`UNKNOWN_SESSION_CAPACITY`]
+//!   of them): within that time it is looked up in the regularly refreshed
+//!   view only, never forced (so a session that registered on another node
+//!   since is still found, within one `--worker-refresh-ms`);
+//! - forced re-reads are coalesced (callers that ask while one is on its
+//!   way share it) and rate-limited to one per
+//!   `--forced-refresh-interval-ms`: a caller asking sooner waits for the
+//!   next one instead of causing its own.
+//!
+//! So a flood of forged sessions costs at most one store read per interval,
+//! however many requests and distinct sessions it carries.
+//!
+//! # Quarantine: cold start and store loss (inferred)
+//!
+//! During a quarantine no *new* placement is made: ids that already have a
+//! live owner resolve normally, and workers re-registering with their
 //! `instances` reclaim what they hold; everything else answers 503 +
-//! `Retry-After`. With the memory store a restarted pinboard has forgotten
-//! every placement, so this window (default one lease TTL) lets every worker
-//! that survived re-register and report its ids before any of them could be
-//! placed a second time.
+//! `Retry-After`. A quarantine lasts `--quarantine-ms` (default one lease
+//! TTL) from the moment the store's generation (see `placement`) was
+//! written (the generation carries when it ends, so every node that adopts
+//! it keeps to the same window), which happens in two cases:
+//!
+//! - *Cold start on an empty store*: the memory store always (a restarted
+//!   pinboard has forgotten every placement), Redis when it holds no
+//!   generation. A node joining a Redis that already holds one (a rolling
+//!   restart of pinboard nodes) inherits only what is left of that
+//!   generation's quarantine, usually nothing.
+//! - *Store loss*: Redis lost its data (`FLUSHALL`, a restart without
+//!   persistence) while pinboard ran. Every claim names the generation its
+//!   node knows and the store refuses it when the generation is gone or
+//!   another, so the first claim after a loss finds out, before placing
+//!   anything; so does the maintenance check every `--worker-refresh-ms`
+//!   and `/readyz`. The node then writes a new generation (or adopts the
+//!   one another node wrote) and waits out the quarantine while every live worker, answered `reregister` on
+//!   its next heartbeat, re-registers and reclaims its instances. Without
+//!   it, the first worker back could be handed ids the others still hold.
+//!
+//! A directory whose generation was never opened places nothing.
+//!
+//! # Refused claims
+//!
+//! [`Directory::resolve_claiming`] says whether this call claimed the id.
+//! When the worker then refuses to activate it and the request ends
+//! without an answer from any worker, the proxy hands the claim back
+//! ([`Directory::roll_back`]): an invented id leaves no row behind but the
+//! short grace of a released one. The hand-back is a compare-and-release
+//! at the claimed `(session, epoch)`, so a row another request moved on
+//! since is left alone; it trusts the refusal as the re-placement after a
+//! refusal always has (`Avoid::stale`): a worker that refused an id did
+//! not activate it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderValue;
 use parking_lot::{Mutex, RwLock};
 use pinned_wire::attestation;
 use prometheus_client::metrics::counter::Counter;
 
-use crate::clock::{Clock, Entropy, EpochFloor};
-use crate::placement::{choose_candidate, ClaimOutcome, PlacementStore, StoreError, WorkerRecord};
+use crate::clock::{Clock, Entropy, EpochFloor, Now};
+use crate::placement::{
+    choose_candidate, ClaimOutcome, Generation, Placement, PlacementStore, StoreError, WorkerRecord,
+};
 use crate::upstream::Pool;
 
 /// A live worker as the proxy uses it.
@@ -139,7 +190,8 @@ pub enum ResolveError {
     /// No live, undrained worker hosts the namespace. 503 + `Retry-After`.
     #[error("no live worker hosts this namespace")]
     NoWorker,
-    /// Cold-start quarantine: new placements wait. 503 + `Retry-After`.
+    /// Quarantine (cold start or store loss): new placements wait. 503 +
+    /// `Retry-After`.
     #[error("pinboard is starting; retry")]
     Quarantined,
     /// The store failed. 503 + `Retry-After`.
@@ -150,6 +202,9 @@ pub enum ResolveError {
 /// A worker view up to this many refresh intervals old is still served
 /// while one caller refreshes it; older, every caller waits for a fresh one.
 const STALE_GRACE_FACTOR: u64 = 4;
+
+/// Most sessions remembered as unknown at once (see the module doc).
+pub const UNKNOWN_SESSION_CAPACITY: usize = 10_000;
 
 /// Clears the refreshing flag however the refresh ends (a cancelled
 /// request included).
@@ -179,6 +234,38 @@ pub struct DirectorySettings {
     pub quarantine_ms: u64,
     /// Most routes kept in memory.
     pub route_capacity: usize,
+    /// How long a session a forced re-read did not find stays known as
+    /// unknown, milliseconds.
+    pub unknown_session_ttl_ms: u64,
+    /// Least time between two forced re-reads of the worker list, milliseconds.
+    pub forced_refresh_interval_ms: u64,
+}
+
+/// The counters a [`Directory`] keeps.
+#[derive(Debug, Clone, Default)]
+pub struct DirectoryCounters {
+    /// New placements claimed.
+    pub placements: Counter,
+    /// Reads of the worker list from the store.
+    pub worker_reads: Counter,
+    /// Claims handed back because the worker refused to activate the id.
+    pub rolled_back: Counter,
+    /// Times this node found the store's generation gone or changed.
+    pub store_losses: Counter,
+}
+
+/// Whether a node should get traffic (`/readyz`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// The store answers and new ids are placed.
+    Ready,
+    /// The store did not answer (in time).
+    StoreUnreachable(String),
+    /// New placements wait this many more milliseconds.
+    Quarantined {
+        /// Milliseconds left.
+        left_ms: u64,
+    },
 }
 
 /// Route cache plus the local worker view.
@@ -192,8 +279,20 @@ pub struct Directory<S> {
     /// A caller is re-reading the worker list (see [`Directory::workers`]).
     refreshing: AtomicBool,
     refresh_ms: u64,
-    quarantine_until_mono_ms: u64,
-    placements: Counter,
+    /// No new placement before this (monotonic ms).
+    quarantine_until_mono_ms: AtomicU64,
+    quarantine_ms: u64,
+    /// The store generation this node knows; `None` until opened.
+    generation: RwLock<Option<Arc<Generation>>>,
+    /// Sessions a forced re-read did not find, with when (monotonic ms).
+    unknown_sessions: quick_cache::sync::Cache<String, u64>,
+    unknown_session_ttl_ms: u64,
+    /// Held by the caller doing (or waiting to do) a forced re-read.
+    forced: tokio::sync::Mutex<()>,
+    /// When the next forced re-read may start (monotonic ms).
+    next_forced_mono_ms: AtomicU64,
+    forced_interval_ms: u64,
+    counters: DirectoryCounters,
 }
 
 impl<S> std::fmt::Debug for Directory<S> {
@@ -217,14 +316,15 @@ pub struct Avoid<'a> {
 
 impl<S: PlacementStore> Directory<S> {
     /// A directory; new placements wait until `settings.quarantine_ms`
-    /// after now. `placements` counts the new placements it claims.
+    /// after now. `counters` count the placements it claims and its reads
+    /// of the worker list.
     pub fn new(
         store: Arc<S>,
         clock: Arc<dyn Clock>,
         entropy: Arc<dyn Entropy>,
         floor: Arc<EpochFloor>,
         settings: DirectorySettings,
-        placements: Counter,
+        counters: DirectoryCounters,
     ) -> Self {
         let DirectorySettings {
             refresh_ms,
@@ -241,8 +341,15 @@ impl<S: PlacementStore> Directory<S> {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             refreshing: AtomicBool::new(false),
             refresh_ms,
-            quarantine_until_mono_ms: start + quarantine_ms,
-            placements,
+            quarantine_until_mono_ms: AtomicU64::new(start + quarantine_ms),
+            quarantine_ms,
+            generation: RwLock::new(None),
+            unknown_sessions: quick_cache::sync::Cache::new(UNKNOWN_SESSION_CAPACITY),
+            unknown_session_ttl_ms: settings.unknown_session_ttl_ms,
+            forced: tokio::sync::Mutex::new(()),
+            next_forced_mono_ms: AtomicU64::new(0),
+            forced_interval_ms: settings.forced_refresh_interval_ms,
+            counters,
         }
     }
 
@@ -282,20 +389,25 @@ impl<S: PlacementStore> Directory<S> {
         }
     }
 
+    /// The worker view: the cached one while it is younger than the
+    /// refresh interval, else re-read; with `force`, a view read after this
+    /// call (see [`forced_workers`](Self::forced_workers)).
     async fn workers(&self, force: bool) -> Result<Arc<Snapshot>, StoreError> {
+        if force {
+            return self.forced_workers().await;
+        }
         let now = self.clock.now();
         {
             let snap = self.snapshot.read();
             if let Some(at) = snap.fetched_mono_ms {
                 let age = now.mono_ms.saturating_sub(at);
-                if !force && age < self.refresh_ms {
+                if age < self.refresh_ms {
                     return Ok(snap.clone());
                 }
                 // Stale but recent: one caller refreshes, the others keep
                 // going on the old view instead of all waiting on the
                 // store at once.
-                if !force
-                    && age < self.refresh_ms.saturating_mul(STALE_GRACE_FACTOR)
+                if age < self.refresh_ms.saturating_mul(STALE_GRACE_FACTOR)
                     && self.refreshing.swap(true, Ordering::AcqRel)
                 {
                     return Ok(snap.clone());
@@ -303,6 +415,53 @@ impl<S: PlacementStore> Directory<S> {
             }
         }
         let _refreshing = RefreshGuard(&self.refreshing);
+        self.fetch_workers().await
+    }
+
+    /// A worker view read from the store no earlier than this call:
+    /// coalesced (callers queue on one lock; whoever finds a view read
+    /// since it asked takes that one) and rate-limited (a re-read starts at
+    /// least `forced_refresh_interval_ms` after the previous forced one;
+    /// the caller holding the lock waits for that moment).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped caller gives up its place in the queue.
+    async fn forced_workers(&self) -> Result<Arc<Snapshot>, StoreError> {
+        let asked = self.clock.now().mono_ms;
+        let _turn = self.forced.lock().await;
+        let fresh_since = |at: u64| {
+            let snap = self.snapshot.read();
+            snap.fetched_mono_ms
+                .filter(|fetched| *fetched >= at)
+                .map(|_| snap.clone())
+        };
+        if let Some(snap) = fresh_since(asked) {
+            return Ok(snap);
+        }
+        let next = self.next_forced_mono_ms.load(Ordering::Acquire);
+        let now = self.clock.now().mono_ms;
+        if next > now {
+            tokio::time::sleep(Duration::from_millis(next - now)).await;
+            // A regular refresh may have read the list meanwhile.
+            if let Some(snap) = fresh_since(asked) {
+                return Ok(snap);
+            }
+        }
+        self.next_forced_mono_ms.store(
+            self.clock
+                .now()
+                .mono_ms
+                .saturating_add(self.forced_interval_ms),
+            Ordering::Release,
+        );
+        self.fetch_workers().await
+    }
+
+    /// Read the worker list from the store and install it as the view.
+    async fn fetch_workers(&self) -> Result<Arc<Snapshot>, StoreError> {
+        let now = self.clock.now();
+        self.counters.worker_reads.inc();
         let live = self.store.list_workers(now).await?;
         let old = self.snapshot.read().clone();
         let mut by_session = HashMap::with_capacity(live.len());
@@ -339,7 +498,9 @@ impl<S: PlacementStore> Directory<S> {
         Ok(self.workers(false).await?.by_session.len())
     }
 
-    /// A live worker by session id (local view, re-read once when unknown).
+    /// A live worker by session id: from the local view, else from one
+    /// forced re-read, unless that session was recently found unknown (see
+    /// the module doc).
     ///
     /// # Errors
     ///
@@ -348,12 +509,163 @@ impl<S: PlacementStore> Directory<S> {
         if let Some(w) = self.workers(false).await?.by_session.get(session_id) {
             return Ok(Some(w.clone()));
         }
-        Ok(self
+        let now = self.clock.now().mono_ms;
+        if let Some(since) = self.unknown_sessions.get(session_id) {
+            if now.saturating_sub(since) < self.unknown_session_ttl_ms {
+                return Ok(None);
+            }
+        }
+        let found = self
             .workers(true)
             .await?
             .by_session
             .get(session_id)
-            .cloned())
+            .cloned();
+        match &found {
+            Some(_) => {
+                self.unknown_sessions.remove(session_id);
+            }
+            None => self.unknown_sessions.insert(session_id.to_owned(), now),
+        }
+        Ok(found)
+    }
+
+    /// Read the store's generation, writing a new one when it holds none,
+    /// and adopt it (with what is left of its quarantine). Call once before
+    /// serving; until then nothing is placed.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails.
+    pub async fn open_generation(&self) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let proposal = self.propose(now);
+        let held = self.store.open_generation(&proposal).await?;
+        let written = held == proposal;
+        let left_ms = self.adopt(held.clone(), now);
+        if written {
+            tracing::info!(target: "pinboard::placement", generation = %held.0, quarantine_ms = left_ms, "the store held no state: new generation, cold-start quarantine");
+        } else {
+            tracing::info!(target: "pinboard::placement", generation = %held.0, quarantine_ms = left_ms, "the store holds state: joined its generation");
+        }
+        Ok(())
+    }
+
+    /// A new generation whose quarantine is this node's, from now.
+    fn propose(&self, now: Now) -> Generation {
+        Generation::new(
+            &self.entropy.token_hex(16),
+            now.wall_ms.saturating_add(self.quarantine_ms),
+        )
+    }
+
+    /// Take `generation` as the store's and quarantine until its quarantine
+    /// ends (at most one quarantine of this node's from now); returns the
+    /// time left.
+    fn adopt(&self, generation: Generation, now: Now) -> u64 {
+        let left_ms = generation
+            .quarantine_until_wall_ms()
+            .unwrap_or(0)
+            .saturating_sub(now.wall_ms)
+            .min(self.quarantine_ms);
+        self.quarantine_until_mono_ms
+            .store(now.mono_ms.saturating_add(left_ms), Ordering::Release);
+        *self.generation.write() = Some(Arc::new(generation));
+        left_ms
+    }
+
+    /// The store no longer holds this node's generation (it lost its data,
+    /// or another node noticed first and wrote `held`): adopt or write one,
+    /// and quarantine. Cached routes stay: they name the owners the store
+    /// had before, which still hold their instances, and they go as usual
+    /// when the worker view (re-read every refresh) no longer lists them.
+    async fn store_lost(&self, held: Option<Generation>) -> Result<(), StoreError> {
+        let now = self.clock.now();
+        let generation = match held {
+            Some(g) => g,
+            None => self.store.open_generation(&self.propose(now)).await?,
+        };
+        let previous = self.generation.read().clone();
+        if previous.as_deref() == Some(&generation) {
+            return Ok(());
+        }
+        let left_ms = self.adopt(generation.clone(), now);
+        self.counters.store_losses.inc();
+        tracing::warn!(
+            target: "pinboard::placement",
+            previous = previous.as_deref().map_or("none", |g| g.0.as_str()),
+            generation = %generation.0,
+            quarantine_ms = left_ms,
+            "the placement store lost its data: no new placements until workers re-registered"
+        );
+        Ok(())
+    }
+
+    /// Compare the store's generation with this node's, and handle a loss.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails.
+    pub async fn check_generation(&self) -> Result<(), StoreError> {
+        let held = self.store.generation().await?;
+        let known = self.generation.read().clone();
+        if held.as_ref() != known.as_deref() {
+            self.store_lost(held).await?;
+        }
+        Ok(())
+    }
+
+    /// Milliseconds left of the quarantine (0 when placing).
+    pub fn quarantine_left_ms(&self) -> u64 {
+        if self.generation.read().is_none() {
+            return self.quarantine_ms.max(1);
+        }
+        let until = self.quarantine_until_mono_ms.load(Ordering::Acquire);
+        until.saturating_sub(self.clock.now().mono_ms)
+    }
+
+    /// Whether this node should get traffic: the store answers (a
+    /// generation check within `timeout`, which also notices a loss) and no
+    /// quarantine holds new placements back.
+    pub async fn readiness(&self, timeout: Duration) -> Readiness {
+        match tokio::time::timeout(timeout, self.check_generation()).await {
+            Err(_) => {
+                return Readiness::StoreUnreachable(format!(
+                    "no answer within {} ms",
+                    timeout.as_millis()
+                ))
+            }
+            Ok(Err(e)) => return Readiness::StoreUnreachable(e.to_string()),
+            Ok(Ok(())) => {}
+        }
+        match self.quarantine_left_ms() {
+            0 => Readiness::Ready,
+            left_ms => Readiness::Quarantined { left_ms },
+        }
+    }
+
+    /// Hand back a claim the worker refused (see the module doc): the row
+    /// is released if it is still `placement`, and the route forgotten.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails.
+    pub async fn roll_back(
+        &self,
+        key: &str,
+        ns: &str,
+        id: &str,
+        placement: &Placement,
+    ) -> Result<bool, StoreError> {
+        self.invalidate(key);
+        let released = self
+            .store
+            .release(ns, id, &placement.session_id, Some(placement.epoch))
+            .await?;
+        if released {
+            self.counters.rolled_back.inc();
+        }
+        Ok(released)
     }
 
     /// Resolve `(ns, id)` (cache key `key`): cached route, else the store's
@@ -369,6 +681,22 @@ impl<S: PlacementStore> Directory<S> {
         id: &str,
         avoid: Avoid<'_>,
     ) -> Result<Arc<Route>, ResolveError> {
+        Ok(self.resolve_claiming(key, ns, id, avoid).await?.0)
+    }
+
+    /// As [`resolve`](Self::resolve), and whether this call claimed the id
+    /// (a new placement) rather than finding an owner.
+    ///
+    /// # Errors
+    ///
+    /// [`ResolveError`]: no worker, quarantine, or a store failure.
+    pub async fn resolve_claiming(
+        &self,
+        key: &str,
+        ns: &str,
+        id: &str,
+        avoid: Avoid<'_>,
+    ) -> Result<(Arc<Route>, bool), ResolveError> {
         if avoid.stale.is_none() && !avoid.refresh {
             if let Some(r) = self.cached(key) {
                 // A cached owner is trusted only while it is in the live
@@ -378,7 +706,7 @@ impl<S: PlacementStore> Directory<S> {
                 // lease lapsed, not after a client timeout.
                 let snap = self.workers(false).await?;
                 if snap.by_session.contains_key(&r.worker.record.session_id) {
-                    return Ok(r);
+                    return Ok((r, false));
                 }
                 self.invalidate(key);
             }
@@ -388,7 +716,9 @@ impl<S: PlacementStore> Directory<S> {
             let snap = self.workers(force).await?;
             force = true;
             let now = self.clock.now();
-            let quarantined = now.mono_ms < self.quarantine_until_mono_ms;
+            let generation = self.generation.read().clone();
+            let quarantined = generation.is_none()
+                || now.mono_ms < self.quarantine_until_mono_ms.load(Ordering::Acquire);
             let candidates: Vec<&Arc<WorkerConn>> = snap
                 .by_session
                 .values()
@@ -405,19 +735,35 @@ impl<S: PlacementStore> Directory<S> {
                     .map(|i| candidates[i].record.session_id.as_str())
             };
             let floor = self.floor.floor(now);
-            let placement = match self
+            let unknown = Generation(String::new());
+            let (placement, claimed) = match self
                 .store
-                .resolve_or_claim(ns, id, candidate, avoid.stale, floor, now)
+                .resolve_or_claim(
+                    ns,
+                    id,
+                    candidate,
+                    avoid.stale,
+                    floor,
+                    generation.as_deref().unwrap_or(&unknown),
+                    now,
+                )
                 .await?
             {
-                ClaimOutcome::Owned(p) => p,
+                ClaimOutcome::Owned(p) => (p, false),
                 ClaimOutcome::Claimed(p) => {
-                    self.placements.inc();
-                    p
+                    self.counters.placements.inc();
+                    (p, true)
                 }
                 ClaimOutcome::Vacant if quarantined => return Err(ResolveError::Quarantined),
                 ClaimOutcome::Vacant => return Err(ResolveError::NoWorker),
                 ClaimOutcome::CandidateGone => continue,
+                ClaimOutcome::GenerationLost(held) => {
+                    self.store_lost(held).await?;
+                    if self.quarantine_left_ms() > 0 {
+                        return Err(ResolveError::Quarantined);
+                    }
+                    continue;
+                }
             };
             self.floor.observe(placement.epoch);
             let worker = match snap.by_session.get(&placement.session_id) {
@@ -436,7 +782,7 @@ impl<S: PlacementStore> Directory<S> {
                 epoch_header: HeaderValue::from(placement.epoch),
             });
             self.routes.insert(key.to_owned(), route.clone());
-            return Ok(route);
+            return Ok((route, claimed));
         }
         Err(ResolveError::NoWorker)
     }
@@ -495,9 +841,12 @@ mod tests {
                 refresh_ms: 0,
                 quarantine_ms,
                 route_capacity: 1000,
+                unknown_session_ttl_ms: 1000,
+                forced_refresh_interval_ms: 100,
             },
-            Counter::default(),
+            DirectoryCounters::default(),
         );
+        dir.open_generation().await.expect("generation");
         (dir, clock, store)
     }
 
@@ -505,7 +854,15 @@ mod tests {
     async fn quarantine_blocks_new_placements_only() {
         let (dir, clock, store) = setup(1000).await;
         store
-            .resolve_or_claim("/c", "old", Some("a"), None, 1, clock.now())
+            .resolve_or_claim(
+                "/c",
+                "old",
+                Some("a"),
+                None,
+                1,
+                &store.generation().await.expect("read").expect("opened"),
+                clock.now(),
+            )
             .await
             .expect("claim");
         assert!(dir

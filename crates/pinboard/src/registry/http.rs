@@ -1,5 +1,6 @@
-//! HTTP shell of the registry: `/registry/*` handlers, bearer-token check,
-//! JSON decoding into typed requests.
+//! HTTP shell of the registry: `/registry/*` handlers, bearer-token check
+//! (the worker or the operator credential, see [`super::auth`]), JSON
+//! decoding into typed requests.
 //!
 //! Owns status codes of malformed input (400 with the decoder's reason), the
 //! bounds of a call's body (at most `--max-registry-body-bytes`, else 413;
@@ -21,24 +22,19 @@ use pinned_wire::registry::{
 };
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use subtle::ConstantTimeEq;
 
+use super::auth::Tokens;
 use super::RegistryError;
 use crate::placement::PlacementStore;
 use crate::server::App;
 
-/// Check `Authorization: Bearer <token>` in constant time.
+/// Check `Authorization: Bearer <token>` against `tokens` (constant time).
 ///
 /// # Errors
 ///
 /// [`RegistryError::Unauthorized`] when missing or wrong.
-pub fn authorize(headers: &HeaderMap, token: &str) -> Result<(), RegistryError> {
-    let presented = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if bool::from(presented.as_bytes().ct_eq(token.as_bytes())) && !token.is_empty() {
+pub fn authorize(headers: &HeaderMap, tokens: &Tokens) -> Result<(), RegistryError> {
+    if tokens.authorize(headers) {
         Ok(())
     } else {
         Err(RegistryError::Unauthorized)
@@ -120,7 +116,20 @@ fn fail<S>(app: &App<S>, e: RegistryError) -> Response {
     e.into_response()
 }
 
-/// A registry call's body, extracted only after the bearer token checked
+/// The body of a call checked against `tokens`: the bearer token first,
+/// then the body's size, time and JSON; every failure counted and answered.
+async fn checked_body<S, T>(req: Request, app: &App<S>, tokens: &Tokens) -> Result<T, Response>
+where
+    T: DeserializeOwned,
+{
+    authorize(req.headers(), tokens).map_err(|e| fail(app, e))?;
+    let body = read_body(req, app.registry_body)
+        .await
+        .map_err(|e| fail(app, e))?;
+    decode(&body).map_err(|e| fail(app, e))
+}
+
+/// A worker call's body, extracted only after the *worker* token checked
 /// out, in that order; either failure is counted and answered here, so
 /// handlers see nothing but well-formed, authorized requests.
 pub struct Authorized<T>(pub T);
@@ -133,15 +142,31 @@ where
     type Rejection = Response;
 
     async fn from_request(req: Request, app: &Arc<App<S>>) -> Result<Self, Self::Rejection> {
-        authorize(req.headers(), &app.token).map_err(|e| fail(app, e))?;
-        let body = read_body(req, app.registry_body)
+        checked_body(req, app, &app.credentials.worker)
             .await
-            .map_err(|e| fail(app, e))?;
-        decode(&body).map(Authorized).map_err(|e| fail(app, e))
+            .map(Authorized)
     }
 }
 
-/// An operator call without a body: the bearer token checked.
+/// An operator call's body, as [`Authorized`] but checked against the
+/// *operator* token.
+pub struct OperatorBody<T>(pub T);
+
+impl<S, T> FromRequest<Arc<App<S>>> for OperatorBody<T>
+where
+    S: PlacementStore,
+    T: DeserializeOwned,
+{
+    type Rejection = Response;
+
+    async fn from_request(req: Request, app: &Arc<App<S>>) -> Result<Self, Self::Rejection> {
+        checked_body(req, app, &app.credentials.operator)
+            .await
+            .map(OperatorBody)
+    }
+}
+
+/// An operator call without a body: the operator token checked.
 pub struct Operator;
 
 impl<S: PlacementStore> FromRequestParts<Arc<App<S>>> for Operator {
@@ -151,7 +176,7 @@ impl<S: PlacementStore> FromRequestParts<Arc<App<S>>> for Operator {
         parts: &mut http::request::Parts,
         app: &Arc<App<S>>,
     ) -> Result<Self, Self::Rejection> {
-        authorize(&parts.headers, &app.token)
+        authorize(&parts.headers, &app.credentials.operator)
             .map(|()| Operator)
             .map_err(|e| fail(app, e))
     }
@@ -238,7 +263,7 @@ pub async fn tag<S: PlacementStore>(
 /// `POST /registry/push` (operator).
 pub async fn push<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
-    Authorized(req): Authorized<PushRequest>,
+    OperatorBody(req): OperatorBody<PushRequest>,
 ) -> Response {
     match app.registry.push(req).await {
         Ok(msg_id) => {
@@ -277,20 +302,5 @@ pub async fn overview<S: PlacementStore>(
     match app.registry.overview(q.tag.as_deref()).await {
         Ok((_, o)) => Json(o).into_response(),
         Err(e) => fail(&app, e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bearer_token_is_checked() {
-        let mut h = HeaderMap::new();
-        assert!(authorize(&h, "t").is_err());
-        h.insert(http::header::AUTHORIZATION, "Bearer t".parse().expect("hv"));
-        assert!(authorize(&h, "t").is_ok());
-        assert!(authorize(&h, "u").is_err());
-        assert!(authorize(&h, "").is_err());
     }
 }

@@ -108,6 +108,7 @@ async fn setup() -> (
         Arc::new(SystemClock::new()),
         Arc::new(SeededEntropy::seeded(1)),
     ));
+    app.directory.open_generation().await.expect("generation");
     let state = Arc::new(StateMemory::new());
     let settings = SweepSettings {
         interval_ms: 1_000,
@@ -168,8 +169,14 @@ async fn a_pinned_refusal_moves_the_id_to_another_worker_next_lap() {
     let well = worker(&app, "well", &[(200, false)]).await;
     // The id lives on the sick worker.
     let now = app.clock.now();
+    let generation = app
+        .store
+        .generation()
+        .await
+        .expect("generation")
+        .expect("opened");
     app.store
-        .resolve_or_claim(NS, "a", Some("sick"), None, 1, now)
+        .resolve_or_claim(NS, "a", Some("sick"), None, 1, &generation, now)
         .await
         .expect("claim");
     due(&state, "a").await;

@@ -133,3 +133,20 @@ pub async fn fake(pb: &str, name: &'static str, mode: Mode) -> (Arc<Fake>, Strin
     let ack: Value = res.json().await.expect("ack");
     (f, ack["sessionId"].as_str().expect("session").to_owned())
 }
+
+/// One heartbeat for a fake worker registered as `name` (it answers the
+/// same challenge pair every time); returns the status.
+pub async fn beat(pb: &str, name: &str, session: &str) -> u16 {
+    client()
+        .post(format!("{pb}/registry/heartbeat"))
+        .header("authorization", bearer())
+        .json(&json!({
+            "sessionId": session, "headroom": 100, "draining": false,
+            "challenge": format!("ch-{name}"), "challengeValue": format!("val-{name}"),
+        }))
+        .send()
+        .await
+        .expect("heartbeat")
+        .status()
+        .as_u16()
+}

@@ -9,6 +9,7 @@
 pub mod durable;
 pub mod fake;
 pub mod raw;
+pub mod redis_server;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -77,9 +78,13 @@ impl Pinboard {
 
     fn launch(extra: &[&str], nofile: Option<u64>, name: &str) -> Self {
         let ttl = LEASE_TTL_MS.to_string();
-        let mut args = vec!["--listen", "127.0.0.1:0", "--token", TOKEN];
+        let mut args = vec!["--listen", "127.0.0.1:0"];
         // Defaults the caller did not override.
-        for (flag, value) in [("--lease-ttl-ms", ttl.as_str()), ("--quarantine-ms", "0")] {
+        for (flag, value) in [
+            ("--token", TOKEN),
+            ("--lease-ttl-ms", ttl.as_str()),
+            ("--quarantine-ms", "0"),
+        ] {
             if !extra.contains(&flag) {
                 args.extend([flag, value]);
             }
@@ -160,6 +165,33 @@ impl Pinboard {
         ];
         args.extend_from_slice(extra);
         Self::start(&args)
+    }
+
+    /// Start on the Redis at `url` (a private one, see [`redis_server`]),
+    /// with the default key prefix.
+    pub fn start_on(url: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["--redis-url", url];
+        args.extend_from_slice(extra);
+        Self::start(&args)
+    }
+
+    /// The value of the metric `name` (a counter's `_total` line, or a
+    /// gauge) on `GET /metrics`.
+    pub async fn metric(&self, c: &reqwest::Client, name: &str) -> u64 {
+        let text = c
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("metrics text");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no metric {name} in {text}"))
+            .trim()
+            .parse()
+            .expect("metric value")
     }
 
     /// Kill the process now.
