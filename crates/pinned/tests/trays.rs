@@ -151,6 +151,13 @@ impl Object for Runner {
             .route("/intake/{name}", post(intake))
             .route("/wind-down", post(wind))
             .route("/noop", post(noop))
+            .route(
+                "/abort",
+                post(|ctx: Context| async move {
+                    ctx.abort();
+                    "aborted"
+                }),
+            )
     }
 
     fn trays() -> Trays<Self> {
@@ -1006,4 +1013,35 @@ async fn a_write_that_changes_nothing_goes_nowhere() {
         before,
         "no row write for an unchanged tray"
     );
+}
+
+#[tokio::test]
+async fn locally_an_instance_aborted_with_work_pending_is_woken_again_with_no_request() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    lab.hold.store(true, Ordering::SeqCst);
+    let w = start(
+        Options::new()
+            .host_with::<Runner>(
+                "/runners",
+                pinned::HostOptions::default()
+                    .sweep_interval(std::time::Duration::from_millis(100)),
+            )
+            .state(lab.clone())
+            .store(setup.store.clone()),
+    )
+    .await;
+    assert_eq!(json(w.post("/runners/a/enqueue/stuck").await).await.0, 200);
+    eventually("the handler running", || async {
+        (lab.runs.lock().len() == 1).then_some(())
+    })
+    .await;
+    lab.hold.store(false, Ordering::SeqCst);
+    let _ = w.post("/runners/a/abort").await;
+    eventually("the aborted instance woken and its item done", || async {
+        let stored = row(&setup.store, "a", "jobs", "~").await;
+        (stored == Some((false, json!({ "done": ["stuck"] })))).then_some(())
+    })
+    .await;
+    assert_eq!(lab.runs.lock().len(), 2, "redelivered once after the abort");
 }
