@@ -39,6 +39,7 @@ pub struct Spawn {
     program: OsString,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
+    env_remove: Vec<OsString>,
     log: Option<PathBuf>,
     listening_on: Option<SocketAddr>,
     own_group: bool,
@@ -51,6 +52,7 @@ impl Spawn {
             program: program.as_ref().to_owned(),
             args: Vec::new(),
             env: Vec::new(),
+            env_remove: Vec::new(),
             log: None,
             listening_on: None,
             own_group: false,
@@ -78,6 +80,12 @@ impl Spawn {
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.env
             .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// Unsets an environment variable the child would inherit.
+    pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> Self {
+        self.env_remove.push(key.as_ref().to_owned());
         self
     }
 
@@ -109,6 +117,9 @@ impl Spawn {
     pub async fn start(self) -> anyhow::Result<Server> {
         let name = self.program.to_string_lossy().into_owned();
         let mut command = Command::new(&self.program);
+        for key in &self.env_remove {
+            command.env_remove(key);
+        }
         command
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))

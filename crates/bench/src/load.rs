@@ -18,7 +18,7 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http::{Method, Request};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Either, Empty, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -33,6 +33,14 @@ pub enum Paths {
         /// Before the counter.
         prefix: String,
         /// After the counter.
+        suffix: String,
+    },
+    /// `prefix + c + suffix` for connection `c` (an id of its own per
+    /// connection, reused by each of its requests).
+    PerConnection {
+        /// Before the connection's number.
+        prefix: String,
+        /// After the connection's number.
         suffix: String,
     },
 }
@@ -54,6 +62,9 @@ pub struct Load {
     pub paths: Paths,
     /// Extra request headers.
     pub headers: Vec<(String, String)>,
+    /// The request body (none when `None`; set its `content-type` in
+    /// `headers`).
+    pub body: Option<Bytes>,
     /// Requests per second over all connections (open loop), or `None` for
     /// a closed loop.
     pub rate: Option<f64>,
@@ -132,7 +143,7 @@ pub async fn run(load: Load) -> anyhow::Result<Report> {
             (start + offset, interval)
         });
         tasks.push(tokio::spawn(async move {
-            connection(load, counter, measure_from, end, schedule).await
+            connection(load, lane, counter, measure_from, end, schedule).await
         }));
     }
     let mut histogram = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
@@ -154,6 +165,7 @@ pub async fn run(load: Load) -> anyhow::Result<Report> {
 
 async fn connection(
     load: Load,
+    lane: usize,
     counter: Arc<AtomicU64>,
     measure_from: Instant,
     end: Instant,
@@ -179,6 +191,7 @@ async fn connection(
                     counter.fetch_add(1, Ordering::Relaxed)
                 )
             }
+            Paths::PerConnection { prefix, suffix } => format!("{prefix}{lane}{suffix}"),
         };
         let mut request = Request::builder()
             .method(load.method.clone())
@@ -187,7 +200,10 @@ async fn connection(
         for (name, value) in &load.headers {
             request = request.header(name, value);
         }
-        let request = request.body(Empty::<Bytes>::new())?;
+        let request = request.body(match &load.body {
+            None => Either::Left(Empty::<Bytes>::new()),
+            Some(body) => Either::Right(Full::new(body.clone())),
+        })?;
         if sender.ready().await.is_err() {
             errors += 1;
             break;

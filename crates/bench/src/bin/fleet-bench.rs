@@ -128,6 +128,7 @@ impl Fleet<'_> {
             method: Method::GET,
             paths: Paths::Fixed(path),
             headers: Vec::new(),
+            body: None,
             rate: None,
         })
         .await

@@ -163,6 +163,7 @@ impl Bench<'_> {
                 method: Method::GET,
                 paths,
                 headers,
+                body: None,
                 rate,
             }),
             async {

@@ -295,6 +295,7 @@ async fn measure(cli: &Cli, addr: std::net::SocketAddr, paths: Paths) -> anyhow:
         method: Method::POST,
         paths,
         headers: Vec::new(),
+        body: None,
         rate: None,
     })
     .await
