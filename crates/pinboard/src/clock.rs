@@ -17,13 +17,23 @@
 //! earlier, as long as no id was re-placed more than 1 000 times within one
 //! millisecond and the wall clock did not step back across a restart. The
 //! in-process high-water mark absorbs clock rollback while the process lives.
+//!
+//! A floor built [`with_durable`](EpochFloor::with_durable) also reads and
+//! raises a [`DurableMark`]: a high-water mark kept outside the placement
+//! store and shared by every node, so an epoch minted by *another* node
+//! before the store lost its data still bounds the next one from below,
+//! whatever the wall clock says. It is read before every claim (a cold
+//! path; a warm route never touches it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+pub use crate::outbound::BoxFuture;
 
 /// A point in time as pinboard's decisions see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,10 +139,43 @@ impl Entropy for SeededEntropy {
     }
 }
 
-/// Process-wide lower bound for new epochs; never moves backwards.
-#[derive(Debug, Default)]
+/// Why a [`DurableMark`] could not be read or raised.
+#[derive(Debug, thiserror::Error)]
+#[error("durable epoch mark: {0}")]
+pub struct MarkError(pub String);
+
+/// A high-water mark of minted epochs that outlives the placement store
+/// (a durable store every node reads).
+pub trait DurableMark: Send + Sync + 'static {
+    /// The highest epoch recorded.
+    ///
+    /// # Errors
+    ///
+    /// [`MarkError`] when the durable store cannot be read.
+    fn load(&self) -> BoxFuture<'_, Result<u64, MarkError>>;
+
+    /// Record `epoch` (the mark never goes down).
+    ///
+    /// # Errors
+    ///
+    /// [`MarkError`] when the durable store cannot be written.
+    fn raise(&self, epoch: u64) -> BoxFuture<'_, Result<(), MarkError>>;
+}
+
+/// Lower bound for new epochs; never moves backwards.
+#[derive(Default)]
 pub struct EpochFloor {
     high_water: AtomicU64,
+    durable: Option<Arc<dyn DurableMark>>,
+}
+
+impl std::fmt::Debug for EpochFloor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpochFloor")
+            .field("high_water", &self.high_water)
+            .field("durable", &self.durable.is_some())
+            .finish()
+    }
 }
 
 impl EpochFloor {
@@ -150,6 +193,40 @@ impl EpochFloor {
     /// Record an epoch seen in the store so later floors stay above it.
     pub fn observe(&self, epoch: u64) {
         self.high_water.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// A floor that also keeps to `mark` (see the module doc).
+    pub fn with_durable(mark: Arc<dyn DurableMark>) -> Self {
+        Self {
+            high_water: AtomicU64::new(0),
+            durable: Some(mark),
+        }
+    }
+
+    /// The floor for a claim at `now`: [`floor`](Self::floor), raised past
+    /// the durable mark when there is one. A mark that cannot be read is
+    /// logged and the local floor used (the store's own previous epoch
+    /// still fences ids it remembers).
+    pub async fn floor_for_claim(&self, now: Now) -> u64 {
+        if let Some(mark) = &self.durable {
+            match mark.load().await {
+                Ok(high) => self.observe(high.saturating_add(1)),
+                Err(error) => {
+                    tracing::warn!(target: "pinboard::placement", %error, "durable epoch mark unreadable; using this node's floor");
+                }
+            }
+        }
+        self.floor(now)
+    }
+
+    /// Record an epoch this node minted (locally and in the durable mark).
+    pub async fn minted(&self, epoch: u64) {
+        self.observe(epoch);
+        if let Some(mark) = &self.durable {
+            if let Err(error) = mark.raise(epoch).await {
+                tracing::warn!(target: "pinboard::placement", %error, epoch, "could not raise the durable epoch mark");
+            }
+        }
     }
 }
 

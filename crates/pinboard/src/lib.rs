@@ -15,6 +15,7 @@
 //! - [`sweeper`]: due alarms and marked ids from the state store, delivered
 //!   as `_alarm` / `_wake` through placement (with `--database-url`).
 //! - [`upkeep`]: store-loss checks and expiry of vacated placement rows.
+//! - [`outbound`]: the one transport for everything sent to workers.
 //! - [`metrics`], [`upstream`], [`server`]: metrics, the pooled client, wiring.
 //! - [`accept`]: the accept loop, which sends control paths to the router
 //!   and everything else straight to the proxy.
@@ -29,6 +30,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod metrics;
+pub mod outbound;
 pub mod placement;
 pub mod proxy;
 pub mod registry;

@@ -264,7 +264,7 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         let mut duplicates = Vec::new();
         for (ns, ids) in &instances {
             for id in ids {
-                let floor = self.floor.floor(now);
+                let floor = self.floor.floor_for_claim(now).await;
                 match self
                     .store
                     .reclaim(
@@ -277,7 +277,7 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
                     )
                     .await?
                 {
-                    ReclaimOutcome::Reclaimed(p) => self.floor.observe(p.epoch),
+                    ReclaimOutcome::Reclaimed(p) => self.floor.minted(p.epoch).await,
                     ReclaimOutcome::Duplicate => duplicates.push(Duplicate {
                         ns: ns.clone(),
                         id: id.clone(),

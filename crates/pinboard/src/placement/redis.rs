@@ -73,6 +73,8 @@ struct Scripts {
     reclaim: Script,
     release: Script,
     tag: Script,
+    settle: Script,
+    row: Script,
     acks: Script,
     placements: Script,
     lease_renew: Script,
@@ -181,6 +183,25 @@ redis.call('SREM', KEYS[2], ARGV[4])
 return 1
 "#;
 
+// KEYS: placement row. ARGV: sid, epoch. Marks the row settled at
+// `<sid>@<epoch>` when it is still owned by sid at epoch.
+const SETTLE: &str = r#"
+if redis.call('HGET', KEYS[1], 's') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'e') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'ok', ARGV[1] .. '@' .. ARGV[2])
+return 1
+"#;
+
+// KEYS: placement row. ARGV: worker prefix. Owner, epoch, tag, live,
+// settled of one row.
+const ROW: &str = r#"
+local v = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'ok')
+if not v[1] or v[1] == '' then return false end
+local live = redis.call('EXISTS', ARGV[1] .. v[1])
+local settled = (v[4] == v[1] .. '@' .. v[2]) and 1 or 0
+return {v[1], v[2], v[3] or '', live, settled}
+"#;
+
 const TAG: &str = r#"
 local owner = redis.call('HGET', KEYS[1], 's')
 if owner ~= ARGV[1] then return 0 end
@@ -211,10 +232,11 @@ const PLACEMENTS: &str = r#"
 local out = {}
 local function rows_of(sid)
   for _, name in ipairs(redis.call('SMEMBERS', ARGV[1] .. sid)) do
-    local v = redis.call('HMGET', ARGV[2] .. name, 's', 'e', 't')
+    local v = redis.call('HMGET', ARGV[2] .. name, 's', 'e', 't', 'ok')
     if v[1] == sid then
       local live = redis.call('EXISTS', ARGV[3] .. sid)
-      table.insert(out, {name, v[1], v[2], v[3] or '', live})
+      local settled = (v[4] == sid .. '@' .. v[2]) and 1 or 0
+      table.insert(out, {name, v[1], v[2], v[3] or '', live, settled})
     end
   end
 end
@@ -293,6 +315,8 @@ impl RedisStore {
                 reclaim: Script::new(RECLAIM),
                 release: Script::new(RELEASE),
                 tag: Script::new(TAG),
+                settle: Script::new(SETTLE),
+                row: Script::new(ROW),
                 acks: Script::new(ACKS),
                 placements: Script::new(PLACEMENTS),
                 lease_renew: Script::new(LEASE_RENEW),
@@ -718,6 +742,59 @@ impl PlacementStore for RedisStore {
         Ok(n == 1)
     }
 
+    async fn settle(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        epoch: u64,
+    ) -> Result<bool, StoreError> {
+        let name = Self::row_name(ns, id);
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .scripts
+            .settle
+            .key(self.key("p:", &name))
+            .arg(session_id)
+            .arg(epoch.to_string())
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn placement(
+        &self,
+        ns: &str,
+        id: &str,
+        _now: Now,
+    ) -> Result<Option<PlacementEntry>, StoreError> {
+        let name = Self::row_name(ns, id);
+        let mut conn = self.conn.clone();
+        let v: Value = self
+            .scripts
+            .row
+            .key(self.key("p:", &name))
+            .arg(self.key("w:", ""))
+            .invoke_async(&mut conn)
+            .await?;
+        if matches!(v, Value::Nil) {
+            return Ok(None);
+        }
+        let p = items(v);
+        let tag = p.get(2).and_then(text).filter(|t| !t.is_empty());
+        Ok(Some(PlacementEntry {
+            ns: ns.to_owned(),
+            id: id.to_owned(),
+            placement: Placement {
+                session_id: p.first().and_then(text).unwrap_or_default(),
+                epoch: epoch_of(p.get(1))?,
+            },
+            tag,
+            live: p.get(3).and_then(text).as_deref() == Some("1"),
+            settled: p.get(4).and_then(text).as_deref() == Some("1"),
+        }))
+    }
+
     async fn list_placements(&self, _now: Now) -> Result<Vec<PlacementEntry>, StoreError> {
         let mut conn = self.conn.clone();
         let v: Value = self
@@ -748,6 +825,7 @@ impl PlacementStore for RedisStore {
                 },
                 tag,
                 live: p.get(4).and_then(text).as_deref() == Some("1"),
+                settled: p.get(5).and_then(text).as_deref() == Some("1"),
             });
         }
         out.sort_by(|a, b| (&a.ns, &a.id).cmp(&(&b.ns, &b.id)));
