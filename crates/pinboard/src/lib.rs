@@ -17,6 +17,8 @@
 //! - [`upkeep`]: store-loss checks and expiry of vacated placement rows.
 //! - [`outbound`]: the one transport for everything sent to workers.
 //! - [`metrics`], [`upstream`], [`server`]: metrics, the pooled client, wiring.
+//! - [`sim`]: `pinboard sim-coprocess`, the reference's simulation driving
+//!   these parts over JSON lines.
 //! - [`accept`]: the accept loop, which sends control paths to the router
 //!   and everything else straight to the proxy.
 //!
@@ -35,6 +37,7 @@ pub mod placement;
 pub mod proxy;
 pub mod registry;
 pub mod server;
+pub mod sim;
 pub mod sweeper;
 pub mod upkeep;
 pub mod upstream;
