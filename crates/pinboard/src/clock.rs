@@ -257,6 +257,43 @@ mod tests {
         );
     }
 
+    /// A mark shared by two floors, as two nodes share a durable store.
+    #[derive(Default)]
+    struct Shared(AtomicU64);
+
+    impl DurableMark for Shared {
+        fn load(&self) -> BoxFuture<'_, Result<u64, MarkError>> {
+            let v = self.0.load(Ordering::Acquire);
+            Box::pin(async move { Ok(v) })
+        }
+
+        fn raise(&self, epoch: u64) -> BoxFuture<'_, Result<(), MarkError>> {
+            self.0.fetch_max(epoch, Ordering::AcqRel);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_durable_mark_lifts_another_nodes_floor_past_a_clock_rollback() {
+        let mark = Arc::new(Shared::default());
+        let a = EpochFloor::with_durable(mark.clone());
+        let b = EpochFloor::with_durable(mark);
+        let late = Now {
+            wall_ms: 100_000,
+            mono_ms: 0,
+        };
+        let minted = a.floor_for_claim(late).await;
+        a.minted(minted).await;
+        // Node b never saw that epoch and its clock is a minute behind.
+        let early = Now {
+            wall_ms: 100_000 - 60_000,
+            mono_ms: 1,
+        };
+        assert!(b.floor_for_claim(early).await > minted);
+        // Without the mark it would have gone back.
+        assert!(EpochFloor::default().floor(early) < minted);
+    }
+
     #[test]
     fn token_hex_has_the_asked_length() {
         let e = SeededEntropy::seeded(7);
