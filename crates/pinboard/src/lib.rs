@@ -5,7 +5,8 @@
 //! Layout, one concern per module:
 //!
 //! - [`config`]: flags and environment.
-//! - [`clock`]: time, randomness and the epoch floor, as inputs.
+//! - [`clock`]: time, randomness and the epoch floor, as inputs;
+//!   [`epoch_mark`]: the floor's durable high-water mark in Postgres.
 //! - [`placement`]: the store trait; [`placement::MemoryStore`] (one node) and
 //!   [`placement::RedisStore`] (many nodes).
 //! - [`registry`]: register / heartbeat / release / deregister / tag / push
@@ -31,6 +32,7 @@ pub mod challenge;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod epoch_mark;
 pub mod metrics;
 pub mod outbound;
 pub mod placement;
@@ -47,7 +49,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::clock::{Entropy, SeededEntropy, SystemClock};
+use crate::clock::{Entropy, EpochFloor, SeededEntropy, SystemClock};
 pub use crate::config::Config;
 use crate::placement::{MemoryStore, PlacementStore, RedisStore, StoreError};
 
@@ -67,6 +69,9 @@ pub enum RunError {
     /// The state store URL (`--database-url`) was refused.
     #[error("state store: {0}")]
     Database(#[from] pinned_store::StoreError),
+    /// The durable epoch mark (`--database-url`) was refused.
+    #[error("{0}")]
+    Mark(crate::clock::MarkError),
 }
 
 async fn serve_with<S: PlacementStore>(
@@ -82,11 +87,23 @@ async fn serve_with<S: PlacementStore>(
         );
     }
     let entropy = Arc::new(SeededEntropy::from_os());
-    let app = Arc::new(server::App::new(
+    // With a database, the epoch floor also keeps to a high-water mark
+    // there, shared by every node and untouched by a Redis wipe.
+    let floor = match &config.database_url {
+        Some(url) => EpochFloor::with_durable(Arc::new(
+            epoch_mark::PostgresMark::connect(url).map_err(RunError::Mark)?,
+        )),
+        None => EpochFloor::default(),
+    };
+    let app = Arc::new(server::App::from_parts(
         config,
-        store,
-        Arc::new(SystemClock::new()),
-        entropy.clone(),
+        server::AppParts {
+            store: Arc::new(store),
+            outbound: outbound::Outbound::http(),
+            clock: Arc::new(SystemClock::new()),
+            entropy: entropy.clone(),
+            floor: Arc::new(floor),
+        },
     ));
     // Before serving: a node places nothing until it knows the store's
     // generation (and whether the store starts empty).
