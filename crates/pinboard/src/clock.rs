@@ -22,10 +22,13 @@
 //! raises a [`DurableMark`]: a high-water mark kept outside the placement
 //! store and shared by every node, so an epoch minted by *another* node
 //! before the store lost its data still bounds the next one from below,
-//! whatever the wall clock says. It is read before every claim (a cold
-//! path; a warm route never touches it).
+//! whatever the wall clock says. Every minted epoch raises it; it is read
+//! before the first claim and again after each store loss
+//! ([`EpochFloor::reload_durable`]), the only times an epoch can be
+//! missing from the store (while the store keeps its rows, an id's stored
+//! epoch bounds its next one). A warm route never touches it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -167,6 +170,8 @@ pub trait DurableMark: Send + Sync + 'static {
 pub struct EpochFloor {
     high_water: AtomicU64,
     durable: Option<Arc<dyn DurableMark>>,
+    /// The durable mark must be read before the next claim.
+    durable_stale: AtomicBool,
 }
 
 impl std::fmt::Debug for EpochFloor {
@@ -200,17 +205,28 @@ impl EpochFloor {
         Self {
             high_water: AtomicU64::new(0),
             durable: Some(mark),
+            durable_stale: AtomicBool::new(true),
         }
     }
 
+    /// The placement store lost its data: read the durable mark again
+    /// before the next claim.
+    pub fn reload_durable(&self) {
+        self.durable_stale.store(true, Ordering::Release);
+    }
+
     /// The floor for a claim at `now`: [`floor`](Self::floor), raised past
-    /// the durable mark when there is one. A mark that cannot be read is
-    /// logged and the local floor used (the store's own previous epoch
-    /// still fences ids it remembers).
+    /// the durable mark when there is one and it is due a read (see the
+    /// module doc). A mark that cannot be read is logged, the local floor
+    /// used, and the read tried again on the next claim.
     pub async fn floor_for_claim(&self, now: Now) -> u64 {
-        if let Some(mark) = &self.durable {
+        let due = self.durable_stale.load(Ordering::Acquire);
+        if let Some(mark) = self.durable.as_ref().filter(|_| due) {
             match mark.load().await {
-                Ok(high) => self.observe(high.saturating_add(1)),
+                Ok(high) => {
+                    self.observe(high.saturating_add(1));
+                    self.durable_stale.store(false, Ordering::Release);
+                }
                 Err(error) => {
                     tracing::warn!(target: "pinboard::placement", %error, "durable epoch mark unreadable; using this node's floor");
                 }

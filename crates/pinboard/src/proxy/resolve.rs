@@ -599,6 +599,9 @@ impl<S: PlacementStore> Directory<S> {
     /// had before, which still hold their instances, and they go as usual
     /// when the worker view (re-read every refresh) no longer lists them.
     async fn store_lost(&self, held: Option<Generation>) -> Result<(), StoreError> {
+        // Epochs minted before the loss are gone from the store: the next
+        // claim keeps above the durable mark.
+        self.floor.reload_durable();
         let now = self.clock.now();
         let generation = match held {
             Some(g) => g,
