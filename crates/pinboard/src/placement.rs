@@ -384,6 +384,18 @@ pub trait PlacementStore: Send + Sync + 'static {
         epoch: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Up to `limit` placements the sweeper must wake, sorted: *orphans*
+    /// (owned by a session that lapsed or was removed, not released) and
+    /// *unsettled* rows (see [`settle`](Self::settle)). Redis finds them
+    /// through the lapsed sessions' owner indexes and two small sets (the
+    /// unsettled rows, the orphans upkeep already took out of an index),
+    /// never by scanning every row.
+    fn wake_candidates(
+        &self,
+        limit: usize,
+        now: Now,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
+
     /// One owned placement row, if any (operator views, the simulation).
     fn placement(
         &self,

@@ -353,7 +353,8 @@ impl<S: PlacementStore> Sweeper<S> {
     /// answered 202) are woken until they are.
     async fn sweep_placements(&mut self, calls: &mut Vec<JoinHandle<()>>) {
         let app = &self.shared.app;
-        let rows = match app.store.list_placements(app.clock.now()).await {
+        let limit = self.settings.limit;
+        let rows = match app.store.wake_candidates(limit, app.clock.now()).await {
             Ok(rows) => rows,
             Err(error) => {
                 app.metrics.sweep_failures.inc();
@@ -364,11 +365,10 @@ impl<S: PlacementStore> Sweeper<S> {
         self.shared.ledger.lock().begin_scan();
         let keys: Vec<Key> = rows
             .into_iter()
-            .filter(|r| !r.live || !r.settled)
-            .map(|r| Key {
+            .map(|(ns, id)| Key {
                 call: Call::Wake,
-                ns: r.ns,
-                id: r.id,
+                ns,
+                id,
             })
             .collect();
         self.dispatch(keys, calls);

@@ -1,7 +1,8 @@
 //! Settled placements on both stores (memory and Redis on
 //! `127.0.0.1:6379`): a row reports `settled` only once its owner answered
 //! at its current epoch, a re-placement unsettles it, and a stale settle
-//! (another owner or epoch) changes nothing. Orphans show as not live.
+//! (another owner or epoch) changes nothing. Orphans show as not live, and
+//! both orphans and unsettled rows are the sweeper's wake candidates.
 
 mod support;
 
@@ -74,6 +75,7 @@ async fn settled_contract<S: PlacementStore>(store: S) {
     assert_eq!(row.placement.epoch, e1);
     assert!(row.live);
     assert!(!row.settled, "a fresh claim is not settled");
+    assert_eq!(wake(&store).await, ["a"], "an unsettled row needs a wake");
 
     assert!(!store.settle("/c", "a", "s2", e1).await.expect("settle"));
     assert!(!store.settle("/c", "a", "s1", e1 + 1).await.expect("settle"));
@@ -104,6 +106,15 @@ async fn settled_contract<S: PlacementStore>(store: S) {
         listed.iter().any(|r| r.id == "a" && !r.live),
         "the orphan is listed as not live: {listed:?}"
     );
+    assert_eq!(wake(&store).await, ["a"], "an orphan needs a wake");
+    // Upkeep hands the orphan its grace (Redis: out of the owner index);
+    // the sweeper still finds it.
+    store.expire_placements(100, at(0)).await.expect("expire");
+    assert_eq!(
+        wake(&store).await,
+        ["a"],
+        "an orphan after upkeep needs a wake"
+    );
     let e2 = claim(&store, &gen, "s2", 1000).await;
     assert!(e2 > e1);
     let row = store
@@ -114,6 +125,7 @@ async fn settled_contract<S: PlacementStore>(store: S) {
     assert_eq!(row.placement.session_id, "s2");
     assert!(!row.settled, "a re-placement is not settled");
     assert!(!store.settle("/c", "a", "s1", e1).await.expect("settle"));
+    assert_eq!(wake(&store).await, ["a"]);
     assert!(store.settle("/c", "a", "s2", e2).await.expect("settle"));
     assert!(
         store
@@ -123,6 +135,23 @@ async fn settled_contract<S: PlacementStore>(store: S) {
             .expect("row")
             .settled
     );
+    assert!(
+        wake(&store).await.is_empty(),
+        "settled at the new owner: nothing to wake"
+    );
+}
+
+async fn wake<S: PlacementStore>(store: &S) -> Vec<String> {
+    store
+        .wake_candidates(8, at(0))
+        .await
+        .expect("wake candidates")
+        .into_iter()
+        .map(|(ns, id)| {
+            assert_eq!(ns, "/c");
+            id
+        })
+        .collect()
 }
 
 #[tokio::test]

@@ -434,6 +434,25 @@ impl PlacementStore for MemoryStore {
             }))
     }
 
+    async fn wake_candidates(
+        &self,
+        limit: usize,
+        now: Now,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let st = self.state.lock();
+        let mut out: Vec<(String, String)> = st
+            .rows
+            .iter()
+            .filter(|(_, r)| {
+                !r.owner.is_empty() && (st.live(&r.owner, now).is_none() || !r.is_settled())
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        out.sort();
+        out.truncate(limit);
+        Ok(out)
+    }
+
     async fn list_placements(&self, now: Now) -> Result<Vec<PlacementEntry>, StoreError> {
         let st = self.state.lock();
         let mut out: Vec<PlacementEntry> = st
