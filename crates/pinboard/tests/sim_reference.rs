@@ -7,15 +7,18 @@
 //! `tests/sim/pb`.
 //!
 //! The interpreter is `$PINNED_PY` (default: the workspace's
-//! `.venv/bin/python`), with `pinned==0.16.0` installed. Seeds per run:
-//! `$PINBOARD_SIM_SEEDS` (default 5; CI runs more).
+//! `.venv/bin/python`), with `pinned==0.16.0` installed. Seeds: the plain
+//! run takes `$PINBOARD_SIM_SEEDS` (default 5; `scripts/test` sets 100),
+//! each rollback run half as many. A run may take 30 s plus 1 s per seed.
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Longest one simulation run may take.
-const RUN_LIMIT: Duration = Duration::from_secs(50);
+/// Longest one simulation run may take: this plus [`PER_SEED`] per seed.
+const RUN_LIMIT: Duration = Duration::from_secs(30);
+/// Added to [`RUN_LIMIT`] per seed (a seed takes about 0.4 s in a debug build).
+const PER_SEED: Duration = Duration::from_secs(1);
 
 fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -46,9 +49,10 @@ fn seeds() -> u32 {
         .unwrap_or(5)
 }
 
-/// Runs `python -m pinned.sim.e2e <args>` against our coprocess, killed
-/// after [`RUN_LIMIT`].
-fn run_sim(args: &[&str]) -> Output {
+/// Runs `python -m pinned.sim.e2e <args>` (`seeds` of them) against our
+/// coprocess, killed after [`RUN_LIMIT`] plus [`PER_SEED`] per seed.
+fn run_sim(args: &[&str], seeds: u32) -> Output {
+    let limit = RUN_LIMIT + PER_SEED * seeds;
     let sim_dir = manifest_dir().join("tests/sim");
     let path = match std::env::var_os("PATH") {
         Some(rest) => {
@@ -91,11 +95,11 @@ fn run_sim(args: &[&str]) -> Output {
         if let Some(status) = child.try_wait().expect("wait for the simulation") {
             break status;
         }
-        if started.elapsed() > RUN_LIMIT {
+        if started.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
             panic!(
-                "the simulation {args:?} took longer than {RUN_LIMIT:?}; stderr:\n{}",
+                "the simulation {args:?} took longer than {limit:?}; stderr:\n{}",
                 String::from_utf8_lossy(&err.join().unwrap_or_default())
             );
         }
@@ -118,12 +122,11 @@ fn assert_passed(args: &[&str], out: &Output) {
     );
 }
 
-fn assert_seeds(args: &[&str]) {
-    let n = seeds();
+fn assert_seeds(n: u32, args: &[&str]) {
     let count = n.to_string();
     let mut all = vec!["--seeds", count.as_str()];
     all.extend_from_slice(args);
-    let out = run_sim(&all);
+    let out = run_sim(&all, n);
     assert_passed(&all, &out);
     let passed = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -134,25 +137,25 @@ fn assert_seeds(args: &[&str]) {
 
 #[test]
 fn reference_sim_passes() {
-    assert_seeds(&[]);
+    assert_seeds(seeds(), &[]);
 }
 
 #[test]
 fn reference_sim_passes_with_the_clock_stepped_back_a_minute() {
-    assert_seeds(&["--rollback", "60"]);
+    assert_seeds((seeds() / 2).max(1), &["--rollback", "60"]);
 }
 
 #[test]
 fn reference_sim_passes_with_the_clock_stepped_back_ten_minutes() {
-    assert_seeds(&["--rollback", "600"]);
+    assert_seeds((seeds() / 2).max(1), &["--rollback", "600"]);
 }
 
 #[test]
 fn a_seed_replays_identically() {
     let args = ["--seed", "3"];
-    let first = run_sim(&args);
+    let first = run_sim(&args, 1);
     assert_passed(&args, &first);
-    let second = run_sim(&args);
+    let second = run_sim(&args, 1);
     assert_passed(&args, &second);
     assert!(
         String::from_utf8_lossy(&first.stdout).lines().count() > 10,
