@@ -22,7 +22,12 @@
 //! raises a [`DurableMark`]: a high-water mark kept outside the placement
 //! store and shared by every node, so an epoch minted by *another* node
 //! before the store lost its data still bounds the next one from below,
-//! whatever the wall clock says. Every minted epoch raises it; it is read
+//! whatever the wall clock says. It is kept *ahead* of every minted epoch:
+//! an epoch beyond what this node last wrote raises it to the next
+//! multiple of [`EpochFloor::MARK_STEP`] (one minute of epochs), so a node
+//! placing ids steadily writes it about once a minute, not per placement;
+//! after a loss new epochs may start up to that far ahead of the wall
+//! clock, which costs nothing. It is read
 //! before the first claim and again after each store loss
 //! ([`EpochFloor::reload_durable`]), the only times an epoch can be
 //! missing from the store (while the store keeps its rows, an id's stored
@@ -172,6 +177,8 @@ pub struct EpochFloor {
     durable: Option<Arc<dyn DurableMark>>,
     /// The durable mark must be read before the next claim.
     durable_stale: AtomicBool,
+    /// The highest value this node wrote to the durable mark.
+    raised: AtomicU64,
 }
 
 impl std::fmt::Debug for EpochFloor {
@@ -186,6 +193,10 @@ impl std::fmt::Debug for EpochFloor {
 impl EpochFloor {
     /// Units of epoch per wall millisecond.
     pub const PER_MS: u64 = 1000;
+
+    /// The durable mark is raised in steps of this many epochs (one
+    /// minute of wall clock; see the module doc).
+    pub const MARK_STEP: u64 = 60_000 * Self::PER_MS;
 
     /// The floor for an epoch minted at `now`: `wall_ms * 1000`, or the
     /// highest floor handed out before if the clock stepped back.
@@ -206,6 +217,7 @@ impl EpochFloor {
             high_water: AtomicU64::new(0),
             durable: Some(mark),
             durable_stale: AtomicBool::new(true),
+            raised: AtomicU64::new(0),
         }
     }
 
@@ -235,11 +247,23 @@ impl EpochFloor {
         self.floor(now)
     }
 
-    /// Record an epoch this node minted (locally and in the durable mark).
+    /// Record an epoch this node minted: locally, and in the durable mark
+    /// when `epoch` is beyond what this node last wrote there (then the
+    /// mark goes to the next multiple of [`MARK_STEP`](Self::MARK_STEP)).
     pub async fn minted(&self, epoch: u64) {
         self.observe(epoch);
-        if let Some(mark) = &self.durable {
-            if let Err(error) = mark.raise(epoch).await {
+        let Some(mark) = &self.durable else { return };
+        if epoch < self.raised.load(Ordering::Acquire) {
+            return;
+        }
+        let target = (epoch / Self::MARK_STEP)
+            .saturating_add(1)
+            .saturating_mul(Self::MARK_STEP);
+        match mark.raise(target).await {
+            Ok(()) => {
+                self.raised.fetch_max(target, Ordering::AcqRel);
+            }
+            Err(error) => {
                 tracing::warn!(target: "pinboard::placement", %error, epoch, "could not raise the durable epoch mark");
             }
         }
@@ -308,6 +332,38 @@ mod tests {
         assert!(b.floor_for_claim(early).await > minted);
         // Without the mark it would have gone back.
         assert!(EpochFloor::default().floor(early) < minted);
+    }
+
+    #[tokio::test]
+    async fn the_durable_mark_is_written_ahead_in_steps_not_per_epoch() {
+        #[derive(Default)]
+        struct Counting(Shared, AtomicU64);
+        impl DurableMark for Counting {
+            fn load(&self) -> BoxFuture<'_, Result<u64, MarkError>> {
+                self.0.load()
+            }
+            fn raise(&self, epoch: u64) -> BoxFuture<'_, Result<(), MarkError>> {
+                self.1.fetch_add(1, Ordering::Relaxed);
+                self.0.raise(epoch)
+            }
+        }
+        let mark = Arc::new(Counting::default());
+        let floor = EpochFloor::with_durable(mark.clone());
+        let base = 1_800_000_000_000 * EpochFloor::PER_MS;
+        for i in 0..1000 {
+            floor.minted(base + i * 1000).await;
+        }
+        assert_eq!(
+            mark.1.load(Ordering::Relaxed),
+            1,
+            "one write for a minute of epochs"
+        );
+        let high = mark.0 .0.load(Ordering::Relaxed);
+        assert!(
+            high > base + 999 * 1000,
+            "the mark is ahead of every epoch minted"
+        );
+        assert_eq!(high % EpochFloor::MARK_STEP, 0);
     }
 
     #[test]
