@@ -14,7 +14,8 @@ use http_body_util::BodyExt;
 use pinned_wire::headers::PROXY_SECRET;
 use subtle::ConstantTimeEq;
 
-use crate::upstream::{empty, Upstream};
+use crate::outbound::Outbound;
+use crate::upstream::empty;
 
 /// Why a challenge failed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -41,16 +42,16 @@ pub trait ChallengeProver: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), ChallengeError>> + Send;
 }
 
-/// The real prover over the pooled client.
+/// The real prover: probes through the node's [`Outbound`].
 #[derive(Debug, Clone)]
 pub struct HttpProver {
-    client: Upstream,
+    client: Outbound,
     timeout: Duration,
 }
 
 impl HttpProver {
     /// A prover with a per-probe timeout.
-    pub fn new(client: Upstream, timeout: Duration) -> Self {
+    pub fn new(client: Outbound, timeout: Duration) -> Self {
         Self { client, timeout }
     }
 }
@@ -79,7 +80,7 @@ impl ChallengeProver for HttpProver {
         let call = async {
             let res = self
                 .client
-                .request(req)
+                .call(advertise_url, req)
                 .await
                 .map_err(|e| ChallengeError::Unreachable(e.to_string()))?;
             let status = res.status();

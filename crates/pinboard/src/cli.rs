@@ -1,7 +1,8 @@
 //! The command-line entry point: parse config (flags and environment),
 //! set up logging, bind, print the bound address, serve until SIGINT or
 //! SIGTERM. The `pinboard` binary is this one call, so other packages (the
-//! fleet tests) can build the same binary.
+//! fleet tests) can build the same binary. `pinboard sim-coprocess` runs
+//! [`crate::sim`] instead.
 
 use std::process::ExitCode;
 
@@ -14,6 +15,12 @@ const EXIT_CONFIG: u8 = 64;
 
 /// Runs pinboard as a process; returns its exit code.
 pub fn main() -> ExitCode {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "sim-coprocess")
+    {
+        return crate::sim::main();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -17,13 +17,31 @@
 //! earlier, as long as no id was re-placed more than 1 000 times within one
 //! millisecond and the wall clock did not step back across a restart. The
 //! in-process high-water mark absorbs clock rollback while the process lives.
+//!
+//! A floor built [`with_durable`](EpochFloor::with_durable) also reads and
+//! raises a [`DurableMark`]: a high-water mark kept outside the placement
+//! store and shared by every node, so an epoch minted by *another* node
+//! before the store lost its data still bounds the next one from below,
+//! whatever the wall clock says. It is kept *ahead* of every minted epoch:
+//! an epoch beyond what this node last wrote raises it to the next
+//! multiple of [`EpochFloor::MARK_STEP`] (one minute of epochs), so a node
+//! placing ids steadily writes it about once a minute, not per placement;
+//! after a loss new epochs may start up to that far ahead of the wall
+//! clock, which costs nothing. It is read
+//! before the first claim and again after each store loss
+//! ([`EpochFloor::reload_durable`]), the only times an epoch can be
+//! missing from the store (while the store keeps its rows, an id's stored
+//! epoch bounds its next one). A warm route never touches it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+pub use crate::outbound::BoxFuture;
 
 /// A point in time as pinboard's decisions see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,15 +147,56 @@ impl Entropy for SeededEntropy {
     }
 }
 
-/// Process-wide lower bound for new epochs; never moves backwards.
-#[derive(Debug, Default)]
+/// Why a [`DurableMark`] could not be read or raised.
+#[derive(Debug, thiserror::Error)]
+#[error("durable epoch mark: {0}")]
+pub struct MarkError(pub String);
+
+/// A high-water mark of minted epochs that outlives the placement store
+/// (a durable store every node reads).
+pub trait DurableMark: Send + Sync + 'static {
+    /// The highest epoch recorded.
+    ///
+    /// # Errors
+    ///
+    /// [`MarkError`] when the durable store cannot be read.
+    fn load(&self) -> BoxFuture<'_, Result<u64, MarkError>>;
+
+    /// Record `epoch` (the mark never goes down).
+    ///
+    /// # Errors
+    ///
+    /// [`MarkError`] when the durable store cannot be written.
+    fn raise(&self, epoch: u64) -> BoxFuture<'_, Result<(), MarkError>>;
+}
+
+/// Lower bound for new epochs; never moves backwards.
+#[derive(Default)]
 pub struct EpochFloor {
     high_water: AtomicU64,
+    durable: Option<Arc<dyn DurableMark>>,
+    /// The durable mark must be read before the next claim.
+    durable_stale: AtomicBool,
+    /// The highest value this node wrote to the durable mark.
+    raised: AtomicU64,
+}
+
+impl std::fmt::Debug for EpochFloor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpochFloor")
+            .field("high_water", &self.high_water)
+            .field("durable", &self.durable.is_some())
+            .finish()
+    }
 }
 
 impl EpochFloor {
     /// Units of epoch per wall millisecond.
     pub const PER_MS: u64 = 1000;
+
+    /// The durable mark is raised in steps of this many epochs (one
+    /// minute of wall clock; see the module doc).
+    pub const MARK_STEP: u64 = 60_000 * Self::PER_MS;
 
     /// The floor for an epoch minted at `now`: `wall_ms * 1000`, or the
     /// highest floor handed out before if the clock stepped back.
@@ -150,6 +209,64 @@ impl EpochFloor {
     /// Record an epoch seen in the store so later floors stay above it.
     pub fn observe(&self, epoch: u64) {
         self.high_water.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// A floor that also keeps to `mark` (see the module doc).
+    pub fn with_durable(mark: Arc<dyn DurableMark>) -> Self {
+        Self {
+            high_water: AtomicU64::new(0),
+            durable: Some(mark),
+            durable_stale: AtomicBool::new(true),
+            raised: AtomicU64::new(0),
+        }
+    }
+
+    /// The placement store lost its data: read the durable mark again
+    /// before the next claim.
+    pub fn reload_durable(&self) {
+        self.durable_stale.store(true, Ordering::Release);
+    }
+
+    /// The floor for a claim at `now`: [`floor`](Self::floor), raised past
+    /// the durable mark when there is one and it is due a read (see the
+    /// module doc). A mark that cannot be read is logged, the local floor
+    /// used, and the read tried again on the next claim.
+    pub async fn floor_for_claim(&self, now: Now) -> u64 {
+        let due = self.durable_stale.load(Ordering::Acquire);
+        if let Some(mark) = self.durable.as_ref().filter(|_| due) {
+            match mark.load().await {
+                Ok(high) => {
+                    self.observe(high.saturating_add(1));
+                    self.durable_stale.store(false, Ordering::Release);
+                }
+                Err(error) => {
+                    tracing::warn!(target: "pinboard::placement", %error, "durable epoch mark unreadable; using this node's floor");
+                }
+            }
+        }
+        self.floor(now)
+    }
+
+    /// Record an epoch this node minted: locally, and in the durable mark
+    /// when `epoch` is beyond what this node last wrote there (then the
+    /// mark goes to the next multiple of [`MARK_STEP`](Self::MARK_STEP)).
+    pub async fn minted(&self, epoch: u64) {
+        self.observe(epoch);
+        let Some(mark) = &self.durable else { return };
+        if epoch < self.raised.load(Ordering::Acquire) {
+            return;
+        }
+        let target = (epoch / Self::MARK_STEP)
+            .saturating_add(1)
+            .saturating_mul(Self::MARK_STEP);
+        match mark.raise(target).await {
+            Ok(()) => {
+                self.raised.fetch_max(target, Ordering::AcqRel);
+            }
+            Err(error) => {
+                tracing::warn!(target: "pinboard::placement", %error, epoch, "could not raise the durable epoch mark");
+            }
+        }
     }
 }
 
@@ -178,6 +295,75 @@ mod tests {
             }),
             5_000_000
         );
+    }
+
+    /// A mark shared by two floors, as two nodes share a durable store.
+    #[derive(Default)]
+    struct Shared(AtomicU64);
+
+    impl DurableMark for Shared {
+        fn load(&self) -> BoxFuture<'_, Result<u64, MarkError>> {
+            let v = self.0.load(Ordering::Acquire);
+            Box::pin(async move { Ok(v) })
+        }
+
+        fn raise(&self, epoch: u64) -> BoxFuture<'_, Result<(), MarkError>> {
+            self.0.fetch_max(epoch, Ordering::AcqRel);
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_durable_mark_lifts_another_nodes_floor_past_a_clock_rollback() {
+        let mark = Arc::new(Shared::default());
+        let a = EpochFloor::with_durable(mark.clone());
+        let b = EpochFloor::with_durable(mark);
+        let late = Now {
+            wall_ms: 100_000,
+            mono_ms: 0,
+        };
+        let minted = a.floor_for_claim(late).await;
+        a.minted(minted).await;
+        // Node b never saw that epoch and its clock is a minute behind.
+        let early = Now {
+            wall_ms: 100_000 - 60_000,
+            mono_ms: 1,
+        };
+        assert!(b.floor_for_claim(early).await > minted);
+        // Without the mark it would have gone back.
+        assert!(EpochFloor::default().floor(early) < minted);
+    }
+
+    #[tokio::test]
+    async fn the_durable_mark_is_written_ahead_in_steps_not_per_epoch() {
+        #[derive(Default)]
+        struct Counting(Shared, AtomicU64);
+        impl DurableMark for Counting {
+            fn load(&self) -> BoxFuture<'_, Result<u64, MarkError>> {
+                self.0.load()
+            }
+            fn raise(&self, epoch: u64) -> BoxFuture<'_, Result<(), MarkError>> {
+                self.1.fetch_add(1, Ordering::Relaxed);
+                self.0.raise(epoch)
+            }
+        }
+        let mark = Arc::new(Counting::default());
+        let floor = EpochFloor::with_durable(mark.clone());
+        let base = 1_800_000_000_000 * EpochFloor::PER_MS;
+        for i in 0..1000 {
+            floor.minted(base + i * 1000).await;
+        }
+        assert_eq!(
+            mark.1.load(Ordering::Relaxed),
+            1,
+            "one write for a minute of epochs"
+        );
+        let high = mark.0 .0.load(Ordering::Relaxed);
+        assert!(
+            high > base + 999 * 1000,
+            "the mark is ahead of every epoch minted"
+        );
+        assert_eq!(high % EpochFloor::MARK_STEP, 0);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! Layout, one concern per module:
 //!
 //! - [`config`]: flags and environment.
-//! - [`clock`]: time, randomness and the epoch floor, as inputs.
+//! - [`clock`]: time, randomness and the epoch floor, as inputs;
+//!   [`epoch_mark`]: the floor's durable high-water mark in Postgres.
 //! - [`placement`]: the store trait; [`placement::MemoryStore`] (one node) and
 //!   [`placement::RedisStore`] (many nodes).
 //! - [`registry`]: register / heartbeat / release / deregister / tag / push
@@ -15,7 +16,10 @@
 //! - [`sweeper`]: due alarms and marked ids from the state store, delivered
 //!   as `_alarm` / `_wake` through placement (with `--database-url`).
 //! - [`upkeep`]: store-loss checks and expiry of vacated placement rows.
+//! - [`outbound`]: the one transport for everything sent to workers.
 //! - [`metrics`], [`upstream`], [`server`]: metrics, the pooled client, wiring.
+//! - [`sim`]: `pinboard sim-coprocess`, the reference's simulation driving
+//!   these parts over JSON lines.
 //! - [`accept`]: the accept loop, which sends control paths to the router
 //!   and everything else straight to the proxy.
 //!
@@ -28,11 +32,14 @@ pub mod challenge;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod epoch_mark;
 pub mod metrics;
+pub mod outbound;
 pub mod placement;
 pub mod proxy;
 pub mod registry;
 pub mod server;
+pub mod sim;
 pub mod sweeper;
 pub mod upkeep;
 pub mod upstream;
@@ -42,7 +49,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::clock::{Entropy, SeededEntropy, SystemClock};
+use crate::clock::{Entropy, EpochFloor, SeededEntropy, SystemClock};
 pub use crate::config::Config;
 use crate::placement::{MemoryStore, PlacementStore, RedisStore, StoreError};
 
@@ -62,6 +69,9 @@ pub enum RunError {
     /// The state store URL (`--database-url`) was refused.
     #[error("state store: {0}")]
     Database(#[from] pinned_store::StoreError),
+    /// The durable epoch mark (`--database-url`) was refused.
+    #[error("{0}")]
+    Mark(crate::clock::MarkError),
 }
 
 async fn serve_with<S: PlacementStore>(
@@ -77,11 +87,23 @@ async fn serve_with<S: PlacementStore>(
         );
     }
     let entropy = Arc::new(SeededEntropy::from_os());
-    let app = Arc::new(server::App::new(
+    // With a database, the epoch floor also keeps to a high-water mark
+    // there, shared by every node and untouched by a Redis wipe.
+    let floor = match &config.database_url {
+        Some(url) => EpochFloor::with_durable(Arc::new(
+            epoch_mark::PostgresMark::connect(url).map_err(RunError::Mark)?,
+        )),
+        None => EpochFloor::default(),
+    };
+    let app = Arc::new(server::App::from_parts(
         config,
-        store,
-        Arc::new(SystemClock::new()),
-        entropy.clone(),
+        server::AppParts {
+            store: Arc::new(store),
+            outbound: outbound::Outbound::http(),
+            clock: Arc::new(SystemClock::new()),
+            entropy: entropy.clone(),
+            floor: Arc::new(floor),
+        },
     ));
     // Before serving: a node places nothing until it knows the store's
     // generation (and whether the store starts empty).

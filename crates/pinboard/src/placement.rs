@@ -137,6 +137,9 @@ pub struct PlacementEntry {
     pub tag: Option<String>,
     /// Whether the owning session is live.
     pub live: bool,
+    /// Whether the owner answered at this epoch (see
+    /// [`PlacementStore::settle`]).
+    pub settled: bool,
 }
 
 /// What [`PlacementStore::resolve_or_claim`] found or did.
@@ -368,6 +371,38 @@ pub trait PlacementStore: Send + Sync + 'static {
         epoch: Option<u64>,
         tag: &str,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Record that the owner `session_id` answered for `(ns, id)` at
+    /// `epoch` (a forwarded request or a `_wake` answered 2xx), so its
+    /// state store holds that epoch: the placement is *settled*. A row that
+    /// moved on since (another owner or epoch) is left alone (`false`).
+    fn settle(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        epoch: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Up to `limit` placements the sweeper must wake, sorted: *orphans*
+    /// (owned by a session that lapsed or was removed, not released) and
+    /// *unsettled* rows (see [`settle`](Self::settle)). Redis finds them
+    /// through the lapsed sessions' owner indexes and two small sets (the
+    /// unsettled rows, the orphans upkeep already took out of an index),
+    /// never by scanning every row.
+    fn wake_candidates(
+        &self,
+        limit: usize,
+        now: Now,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
+
+    /// One owned placement row, if any (operator views, the simulation).
+    fn placement(
+        &self,
+        ns: &str,
+        id: &str,
+        now: Now,
+    ) -> impl Future<Output = Result<Option<PlacementEntry>, StoreError>> + Send;
 
     /// Every owned placement row (operator overview).
     fn list_placements(

@@ -69,9 +69,9 @@ use self::cluster::{Caller, ClusterError};
 pub use self::headers::ClientAddr;
 use self::headers::{add_forwarded, is_upgrade, sanitize_request, sanitize_response};
 use self::resolve::{Avoid, ResolveError, WorkerConn};
+use crate::outbound::ResBody;
 use crate::placement::{Placement, PlacementStore};
 use crate::server::App;
-use crate::upstream::PooledBody;
 
 /// Largest refusal body read to classify it.
 pub(crate) const MAX_REFUSAL_BODY: u64 = 4096;
@@ -130,7 +130,7 @@ fn cluster_refusal(e: ClusterError) -> Response {
     }
 }
 
-fn relay(res: http::Response<PooledBody>) -> Response {
+fn relay(res: http::Response<ResBody>) -> Response {
     let (mut parts, body) = res.into_parts();
     sanitize_response(&mut parts.headers);
     Response::from_parts(parts, Body::new(body))
@@ -200,7 +200,7 @@ struct ClientUpgrade {
 
 /// Switch protocols: answer 101 and splice the two upgraded connections.
 fn switch(
-    mut res: http::Response<PooledBody>,
+    mut res: http::Response<ResBody>,
     client: Option<ClientUpgrade>,
     app: &App<impl PlacementStore>,
 ) -> Response {
@@ -411,7 +411,7 @@ async fn attempts<S: PlacementStore>(
             }
         };
         let sent = await_head(
-            worker.pool.send(upstream_req),
+            app.outbound.send(worker, upstream_req),
             watch,
             app.proxy.upstream_timeout,
         )
@@ -446,6 +446,9 @@ async fn attempts<S: PlacementStore>(
                 v
             }
             Ok(res) => {
+                if res.status().is_success() {
+                    app.directory.settle(ns, id, &route).await;
+                }
                 if upgrade_ok(&res) {
                     return switch(res, on_upgrade.take(), app);
                 }
@@ -572,7 +575,7 @@ pub(crate) fn upstream_uri(
     }
 }
 
-fn upgrade_ok(res: &http::Response<PooledBody>) -> bool {
+fn upgrade_ok(res: &http::Response<ResBody>) -> bool {
     res.status() == StatusCode::SWITCHING_PROTOCOLS
 }
 

@@ -262,9 +262,14 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
             effects.ended_sessions.push(prev.clone());
         }
         let mut duplicates = Vec::new();
+        if !instances.is_empty() {
+            // This node may not have noticed a store loss yet, and a
+            // reclaim of a row the store lost mints from the floor alone.
+            self.floor.reload_durable();
+        }
         for (ns, ids) in &instances {
             for id in ids {
-                let floor = self.floor.floor(now);
+                let floor = self.floor.floor_for_claim(now).await;
                 match self
                     .store
                     .reclaim(
@@ -277,7 +282,7 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
                     )
                     .await?
                 {
-                    ReclaimOutcome::Reclaimed(p) => self.floor.observe(p.epoch),
+                    ReclaimOutcome::Reclaimed(p) => self.floor.minted(p.epoch).await,
                     ReclaimOutcome::Duplicate => duplicates.push(Duplicate {
                         ns: ns.clone(),
                         id: id.clone(),

@@ -21,13 +21,13 @@ use crate::challenge::HttpProver;
 use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::config::{Config, READY_STORE_TIMEOUT_MS};
 use crate::metrics::Metrics;
+use crate::outbound::Outbound;
 use crate::placement::PlacementStore;
 use crate::proxy::resolve::{Directory, DirectoryCounters, DirectorySettings, Readiness};
 use crate::proxy::{self, ProxySettings};
 use crate::registry::auth::Credentials;
 use crate::registry::http::BodyLimits;
 use crate::registry::{self, Registry, RegistryConfig};
-use crate::upstream::{self, Upstream};
 
 /// Everything a request handler needs.
 pub struct App<S> {
@@ -37,8 +37,8 @@ pub struct App<S> {
     pub registry: Registry<S, HttpProver>,
     /// Route cache and worker view.
     pub directory: Directory<S>,
-    /// Pooled client to workers.
-    pub client: Upstream,
+    /// Everything sent to workers goes through here.
+    pub outbound: Outbound,
     /// Time source.
     pub clock: Arc<dyn Clock>,
     /// Metrics.
@@ -57,20 +57,61 @@ impl<S> std::fmt::Debug for App<S> {
     }
 }
 
+/// The injected parts of an [`App`]: what differs between production, tests
+/// and the simulation. Two apps built over one `store` are two pinboard nodes
+/// sharing one placement store.
+pub struct AppParts<S> {
+    /// The placement store (shared by every node that holds a clone).
+    pub store: Arc<S>,
+    /// The transport to workers (proxy, sweeper, challenge probes).
+    pub outbound: Outbound,
+    /// Time source.
+    pub clock: Arc<dyn Clock>,
+    /// Randomness (session ids, candidate choice).
+    pub entropy: Arc<dyn Entropy>,
+    /// This node's epoch floor (with the durable high-water mark, if any).
+    pub floor: Arc<EpochFloor>,
+}
+
+impl<S> std::fmt::Debug for AppParts<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppParts").finish_non_exhaustive()
+    }
+}
+
 impl<S: PlacementStore> App<S> {
-    /// Build the app over `store` with real time and OS randomness.
+    /// Build the app over `store` with real sockets, the given time and
+    /// randomness, and a floor kept in this process only.
     pub fn new(
         config: &Config,
         store: S,
         clock: Arc<dyn Clock>,
         entropy: Arc<dyn Entropy>,
     ) -> Self {
-        let store = Arc::new(store);
-        let client = upstream::client();
-        let floor = Arc::new(EpochFloor::default());
+        Self::from_parts(
+            config,
+            AppParts {
+                store: Arc::new(store),
+                outbound: Outbound::http(),
+                clock,
+                entropy,
+                floor: Arc::new(EpochFloor::default()),
+            },
+        )
+    }
+
+    /// Build the app from injected parts (see [`AppParts`]).
+    pub fn from_parts(config: &Config, parts: AppParts<S>) -> Self {
+        let AppParts {
+            store,
+            outbound,
+            clock,
+            entropy,
+            floor,
+        } = parts;
         let metrics = Metrics::new();
         let prover = HttpProver::new(
-            client.clone(),
+            outbound.clone(),
             Duration::from_millis(config.challenge_timeout_ms),
         );
         Self {
@@ -104,7 +145,7 @@ impl<S: PlacementStore> App<S> {
                     store_losses: metrics.store_losses.clone(),
                 },
             ),
-            client,
+            outbound,
             clock,
             metrics,
             credentials: config.credentials(),

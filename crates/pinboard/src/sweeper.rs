@@ -91,7 +91,7 @@ use http::{Method, Request, StatusCode, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
-use pinned_store::{PostgresOptions, PostgresStore, StateStore};
+use pinned_store::{DueAlarm, PostgresOptions, PostgresStore, StateStore};
 use pinned_wire::headers::{ATTESTATION, EPOCH, PROXY_SECRET, REFUSAL};
 use pinned_wire::ids::{validate_id, validate_namespace};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
@@ -103,6 +103,7 @@ use self::decide::{
     Outcome, Replan,
 };
 use crate::config::Config;
+use crate::outbound::BoxFuture;
 use crate::placement::PlacementStore;
 use crate::proxy::classify::RetryAction;
 use crate::proxy::resolve::{Avoid, ResolveError};
@@ -135,10 +136,59 @@ impl From<&Config> for SweepSettings {
     }
 }
 
+/// What the sweeper reads from the workers' state store: due alarms and
+/// the activities index (ids with marked rows). Production reads a
+/// [`StateStore`] ([`StateActivities`]); a simulation supplies its own.
+pub trait Activities: Send + Sync + 'static {
+    /// Up to `limit` alarm rows due by `due_by_ms`.
+    ///
+    /// # Errors
+    ///
+    /// When the state store cannot be read.
+    fn due_alarms(
+        &self,
+        due_by_ms: i64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<DueAlarm>, pinned_store::StoreError>>;
+
+    /// Up to `limit` `(ns, id)` with marked rows, after `after`, in order.
+    ///
+    /// # Errors
+    ///
+    /// When the state store cannot be read.
+    fn marked_instances<'a>(
+        &'a self,
+        after: Option<(&'a str, &'a str)>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, pinned_store::StoreError>>;
+}
+
+/// [`Activities`] read from a [`StateStore`] (Postgres in production).
+#[derive(Debug, Clone)]
+pub struct StateActivities(pub Arc<dyn StateStore>);
+
+impl Activities for StateActivities {
+    fn due_alarms(
+        &self,
+        due_by_ms: i64,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<DueAlarm>, pinned_store::StoreError>> {
+        self.0.due_alarms(due_by_ms, limit)
+    }
+
+    fn marked_instances<'a>(
+        &'a self,
+        after: Option<(&'a str, &'a str)>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, pinned_store::StoreError>> {
+        self.0.marked_instances(after, limit)
+    }
+}
+
 /// State shared by the loop and its call tasks.
 struct Shared<S> {
     app: Arc<App<S>>,
-    store: Arc<dyn StateStore>,
+    store: Arc<dyn Activities>,
     ledger: Mutex<Ledger>,
     permits: Arc<Semaphore>,
 }
@@ -205,6 +255,16 @@ impl<S: PlacementStore> Sweeper<S> {
         settings: SweepSettings,
         token: String,
     ) -> Self {
+        Self::with_activities(app, Arc::new(StateActivities(store)), settings, token)
+    }
+
+    /// A sweeper reading `activities` (see [`Activities`]).
+    pub fn with_activities(
+        app: Arc<App<S>>,
+        store: Arc<dyn Activities>,
+        settings: SweepSettings,
+        token: String,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 app,
@@ -258,14 +318,60 @@ impl<S: PlacementStore> Sweeper<S> {
         tracing::info!(target: "pinboard::sweeper", "sweeper stopped");
     }
 
-    /// One lap: the lease, then due alarms, then one page of marked ids.
+    /// One lap: the lease, then due alarms, then one page of marked ids,
+    /// then the placements that need a wake (orphaned or unsettled). The
+    /// calls it starts run on after it returns (see
+    /// [`lap_to_completion`](Self::lap_to_completion)).
     pub async fn lap(&mut self) {
+        drop(self.lap_calls().await);
+    }
+
+    /// One lap, returning once every call it started has finished: the
+    /// lap a caller can await (a simulation, a test, shutdown).
+    pub async fn lap_to_completion(&mut self) {
+        for call in self.lap_calls().await {
+            // A call task that panicked is the ledger's guard's business.
+            let _ = call.await;
+        }
+    }
+
+    async fn lap_calls(&mut self) -> Vec<JoinHandle<()>> {
+        let mut calls = Vec::new();
         if !self.lease().await {
-            return;
+            return calls;
         }
         self.shared.app.metrics.sweep_laps.inc();
-        self.sweep_alarms().await;
-        self.sweep_marked().await;
+        self.sweep_alarms(&mut calls).await;
+        self.sweep_marked(&mut calls).await;
+        self.sweep_placements(&mut calls).await;
+        calls
+    }
+
+    /// Orphans (owner lapsed or gone) are re-placed and woken, so a dead
+    /// worker's instances resume with no client asking; unsettled
+    /// placements (the owner never answered 2xx at their epoch, e.g. a wake
+    /// answered 202) are woken until they are.
+    async fn sweep_placements(&mut self, calls: &mut Vec<JoinHandle<()>>) {
+        let app = &self.shared.app;
+        let limit = self.settings.limit;
+        let rows = match app.store.wake_candidates(limit, app.clock.now()).await {
+            Ok(rows) => rows,
+            Err(error) => {
+                app.metrics.sweep_failures.inc();
+                tracing::warn!(target: "pinboard::sweeper", %error, "placement scan failed");
+                return;
+            }
+        };
+        self.shared.ledger.lock().begin_scan();
+        let keys: Vec<Key> = rows
+            .into_iter()
+            .map(|(ns, id)| Key {
+                call: Call::Wake,
+                ns,
+                id,
+            })
+            .collect();
+        self.dispatch(keys, calls);
     }
 
     /// Renew or take the lease; whether this node holds it now.
@@ -302,7 +408,7 @@ impl<S: PlacementStore> Sweeper<S> {
         held
     }
 
-    async fn sweep_alarms(&mut self) {
+    async fn sweep_alarms(&mut self, calls: &mut Vec<JoinHandle<()>>) {
         let limit = self.settings.limit;
         let fetch = {
             let mut ledger = self.shared.ledger.lock();
@@ -337,10 +443,10 @@ impl<S: PlacementStore> Sweeper<S> {
                 .lock()
                 .retain_replans(|k| k.call != Call::Alarm || keys.contains(k));
         }
-        self.dispatch(keys);
+        self.dispatch(keys, calls);
     }
 
-    async fn sweep_marked(&mut self) {
+    async fn sweep_marked(&mut self, calls: &mut Vec<JoinHandle<()>>) {
         let limit = self.settings.limit;
         self.shared.ledger.lock().begin_scan();
         let after = self.cursor.as_ref().map(|(n, i)| (n.as_str(), i.as_str()));
@@ -372,11 +478,11 @@ impl<S: PlacementStore> Sweeper<S> {
                 .lock()
                 .retain_replans(|k| k.call != Call::Wake || keys.contains(k));
         }
-        self.dispatch(keys);
+        self.dispatch(keys, calls);
     }
 
     /// Start calls for `keys`, in order, within the limits.
-    fn dispatch(&self, keys: Vec<Key>) {
+    fn dispatch(&self, keys: Vec<Key>, calls: &mut Vec<JoinHandle<()>>) {
         let mut started = 0;
         for key in keys {
             if started >= self.settings.limit {
@@ -403,7 +509,7 @@ impl<S: PlacementStore> Sweeper<S> {
                 replan: None,
                 _permit: permit,
             };
-            tokio::spawn(deliver(guard, replan));
+            calls.push(tokio::spawn(deliver(guard, replan)));
         }
     }
 }
@@ -497,6 +603,12 @@ async fn deliver<S: PlacementStore>(mut guard: InFlight<S>, replan: Option<Repla
             outcome,
         } => match outcome {
             Outcome::Done { fired } => {
+                match shared.app.store.settle(ns, id, &session, epoch).await {
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::debug!(target: "pinboard::sweeper", ns, id, %error, "could not record the placement as settled");
+                    }
+                }
                 match key.call {
                     Call::Alarm => metrics.sweep_alarms_delivered.inc(),
                     Call::Wake => metrics.sweep_wakes.inc(),
@@ -589,7 +701,7 @@ async fn attempt<S: PlacementStore>(
     };
     let epoch = route.epoch;
     let exchange = async {
-        let res = app.client.request(req).await?;
+        let res = app.outbound.call(&worker.record.advertise_url, req).await?;
         let status = res.status();
         let refusal = res.headers().contains_key(REFUSAL);
         let small = res
@@ -602,7 +714,7 @@ async fn attempt<S: PlacementStore>(
         } else {
             None
         };
-        Ok::<_, hyper_util::client::legacy::Error>((status, refusal, body))
+        Ok::<_, crate::upstream::SendError>((status, refusal, body))
     };
     match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
         Err(_) => Attempt::Transport {

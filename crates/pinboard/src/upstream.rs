@@ -84,12 +84,23 @@ pub enum SendError {
     /// The request was (at least partly) sent and no response came back.
     #[error("worker connection failed: {0}")]
     Failed(hyper::Error),
+    /// The generic pooled client failed (sweeper calls, challenge probes).
+    #[error("worker call failed: {0}")]
+    Client(hyper_util::client::legacy::Error),
+    /// A non-socket transport lost the connection under the request (it
+    /// may have been partly handled).
+    #[error("worker connection died: {0}")]
+    Dropped(String),
 }
 
 impl SendError {
     /// Nothing reached the worker, so sending again repeats nothing.
     pub fn before_send(&self) -> bool {
-        !matches!(self, Self::Failed(_))
+        match self {
+            Self::Connect(_) | Self::Unsent(_) => true,
+            Self::Client(e) => e.is_connect(),
+            Self::Failed(_) | Self::Dropped(_) => false,
+        }
     }
 }
 

@@ -40,6 +40,16 @@ struct Row {
     tag: Option<String>,
     /// When an expiry pass first found the row vacated (monotonic ms).
     vacant_since_mono_ms: Option<u64>,
+    /// The `(owner, epoch)` its worker last answered at.
+    settled: Option<(String, u64)>,
+}
+
+impl Row {
+    fn is_settled(&self) -> bool {
+        self.settled
+            .as_ref()
+            .is_some_and(|(s, e)| *s == self.owner && *e == self.epoch)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -296,6 +306,7 @@ impl PlacementStore for MemoryStore {
                 epoch,
                 tag: None,
                 vacant_since_mono_ms: None,
+                settled: None,
             },
         );
         Ok(ClaimOutcome::Claimed(Placement {
@@ -382,6 +393,66 @@ impl PlacementStore for MemoryStore {
         Ok(true)
     }
 
+    async fn settle(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        epoch: u64,
+    ) -> Result<bool, StoreError> {
+        let mut st = self.state.lock();
+        match st.rows.get_mut(&(ns.to_owned(), id.to_owned())) {
+            Some(row) if row.owner == session_id && row.epoch == epoch => {
+                row.settled = Some((session_id.to_owned(), epoch));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn placement(
+        &self,
+        ns: &str,
+        id: &str,
+        now: Now,
+    ) -> Result<Option<PlacementEntry>, StoreError> {
+        let st = self.state.lock();
+        Ok(st
+            .rows
+            .get(&(ns.to_owned(), id.to_owned()))
+            .filter(|r| !r.owner.is_empty())
+            .map(|r| PlacementEntry {
+                ns: ns.to_owned(),
+                id: id.to_owned(),
+                placement: Placement {
+                    session_id: r.owner.clone(),
+                    epoch: r.epoch,
+                },
+                tag: r.tag.clone(),
+                live: st.live(&r.owner, now).is_some(),
+                settled: r.is_settled(),
+            }))
+    }
+
+    async fn wake_candidates(
+        &self,
+        limit: usize,
+        now: Now,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let st = self.state.lock();
+        let mut out: Vec<(String, String)> = st
+            .rows
+            .iter()
+            .filter(|(_, r)| {
+                !r.owner.is_empty() && (st.live(&r.owner, now).is_none() || !r.is_settled())
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        out.sort();
+        out.truncate(limit);
+        Ok(out)
+    }
+
     async fn list_placements(&self, now: Now) -> Result<Vec<PlacementEntry>, StoreError> {
         let st = self.state.lock();
         let mut out: Vec<PlacementEntry> = st
@@ -397,6 +468,7 @@ impl PlacementStore for MemoryStore {
                 },
                 tag: r.tag.clone(),
                 live: st.live(&r.owner, now).is_some(),
+                settled: r.is_settled(),
             })
             .collect();
         out.sort_by(|a, b| (&a.ns, &a.id).cmp(&(&b.ns, &b.id)));

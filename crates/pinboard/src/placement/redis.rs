@@ -73,6 +73,9 @@ struct Scripts {
     reclaim: Script,
     release: Script,
     tag: Script,
+    settle: Script,
+    row: Script,
+    wake: Script,
     acks: Script,
     placements: Script,
     lease_renew: Script,
@@ -121,7 +124,7 @@ return out
 "#;
 
 // KEYS: placement row, candidate worker key (or ''), generation key,
-// candidate's owner index (or '').
+// candidate's owner index (or ''), the unsettled set.
 // ARGV: candidate sid ('' = none), floor, stale sid, stale epoch, worker
 // prefix, row name, expected generation, owner index prefix.
 const CLAIM: &str = r#"
@@ -142,10 +145,11 @@ redis.call('HSET', KEYS[1], 's', ARGV[1], 'e', e)
 redis.call('HDEL', KEYS[1], 't')
 redis.call('PERSIST', KEYS[1])
 redis.call('SADD', KEYS[4], ARGV[6])
+redis.call('SADD', KEYS[5], ARGV[6])
 return {'claimed', ARGV[1], e}
 "#;
 
-// KEYS: placement row, new session's owner index.
+// KEYS: placement row, new session's owner index, the unsettled set.
 // ARGV: new sid, prev sid, floor, worker prefix, row name, owner index prefix.
 const RECLAIM: &str = r#"
 local owner = redis.call('HGET', KEYS[1], 's') or ''
@@ -165,10 +169,11 @@ if owner ~= '' then redis.call('SREM', ARGV[6] .. owner, ARGV[5]) end
 redis.call('HSET', KEYS[1], 's', ARGV[1], 'e', e)
 redis.call('PERSIST', KEYS[1])
 redis.call('SADD', KEYS[2], ARGV[5])
+redis.call('SADD', KEYS[3], ARGV[5])
 return {'reclaimed', e}
 "#;
 
-// KEYS: placement row, the session's owner index.
+// KEYS: placement row, the session's owner index, the unsettled set.
 // ARGV: sid, epoch ('' = any), row grace ms, row name.
 const RELEASE: &str = r#"
 local owner = redis.call('HGET', KEYS[1], 's')
@@ -178,7 +183,29 @@ redis.call('HSET', KEYS[1], 's', '')
 redis.call('HDEL', KEYS[1], 't')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SREM', KEYS[2], ARGV[4])
+redis.call('SREM', KEYS[3], ARGV[4])
 return 1
+"#;
+
+// KEYS: placement row, the unsettled set. ARGV: sid, epoch, row name.
+// Marks the row settled at `<sid>@<epoch>` when it is still owned by sid
+// at epoch.
+const SETTLE: &str = r#"
+if redis.call('HGET', KEYS[1], 's') ~= ARGV[1] then return 0 end
+if redis.call('HGET', KEYS[1], 'e') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'ok', ARGV[1] .. '@' .. ARGV[2])
+redis.call('SREM', KEYS[2], ARGV[3])
+return 1
+"#;
+
+// KEYS: placement row. ARGV: worker prefix. Owner, epoch, tag, live,
+// settled of one row.
+const ROW: &str = r#"
+local v = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'ok')
+if not v[1] or v[1] == '' then return false end
+local live = redis.call('EXISTS', ARGV[1] .. v[1])
+local settled = (v[4] == v[1] .. '@' .. v[2]) and 1 or 0
+return {v[1], v[2], v[3] or '', live, settled}
 "#;
 
 const TAG: &str = r#"
@@ -211,10 +238,11 @@ const PLACEMENTS: &str = r#"
 local out = {}
 local function rows_of(sid)
   for _, name in ipairs(redis.call('SMEMBERS', ARGV[1] .. sid)) do
-    local v = redis.call('HMGET', ARGV[2] .. name, 's', 'e', 't')
+    local v = redis.call('HMGET', ARGV[2] .. name, 's', 'e', 't', 'ok')
     if v[1] == sid then
       local live = redis.call('EXISTS', ARGV[3] .. sid)
-      table.insert(out, {name, v[1], v[2], v[3] or '', live})
+      local settled = (v[4] == sid .. '@' .. v[2]) and 1 or 0
+      table.insert(out, {name, v[1], v[2], v[3] or '', live, settled})
     end
   end
 end
@@ -223,10 +251,12 @@ for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do rows_of(sid) end
 return out
 "#;
 
-// KEYS: workers set, dead set. ARGV: worker prefix, owner index prefix, row
-// prefix, row grace ms, budget, message list prefix. Moves lapsed sessions
-// to `dead`, then hands up to `budget` rows of dead sessions their grace
-// (and drops their message lists). Returns rows handled.
+// KEYS: workers set, dead set, orphan set, unsettled set. ARGV: worker
+// prefix, owner index prefix, row prefix, row grace ms, budget, message
+// list prefix. Moves
+// lapsed sessions to `dead`, then hands up to `budget` rows of dead
+// sessions their grace, remembering them as orphans for the sweeper (and
+// drops their message lists). Returns rows handled.
 const EXPIRE_ROWS: &str = r#"
 for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if redis.call('EXISTS', ARGV[1] .. sid) == 0 then
@@ -244,12 +274,74 @@ for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
     local row = ARGV[3] .. name
     if redis.call('HGET', row, 's') == sid then
       redis.call('PEXPIRE', row, ARGV[4])
+      redis.call('SADD', KEYS[3], name)
     end
     done = done + 1
   end
   if redis.call('EXISTS', index) == 0 then redis.call('SREM', KEYS[2], sid) end
 end
+-- Drop up to `budget` entries of the orphan and unsettled sets whose row
+-- is gone, released or moved on (the sweeper drops them too, if one runs).
+for _, name in ipairs(redis.call('SRANDMEMBER', KEYS[3], budget)) do
+  local s = redis.call('HGET', ARGV[3] .. name, 's')
+  if not s or s == '' or redis.call('EXISTS', ARGV[1] .. s) == 1 then
+    redis.call('SREM', KEYS[3], name)
+  end
+end
+for _, name in ipairs(redis.call('SRANDMEMBER', KEYS[4], budget)) do
+  local v = redis.call('HMGET', ARGV[3] .. name, 's', 'e', 'ok')
+  if not v[1] or v[1] == '' or v[3] == v[1] .. '@' .. v[2] then
+    redis.call('SREM', KEYS[4], name)
+  end
+end
 return done
+"#;
+
+// KEYS: workers set, dead set, unsettled set, orphan set. ARGV: worker
+// prefix, owner index prefix, row prefix, limit. Up to `limit` row names
+// that need a wake: rows of lapsed or dead sessions (from their owner
+// indexes), orphans whose index entry upkeep already took, and unsettled
+// rows. Entries of the last two sets that no longer need one are dropped.
+const WAKE: &str = r#"
+local out, seen = {}, {}
+local limit = tonumber(ARGV[4])
+local function add(name)
+  if not seen[name] and #out < limit then
+    seen[name] = true
+    table.insert(out, name)
+  end
+end
+local function orphans_of(sid)
+  for _, name in ipairs(redis.call('SMEMBERS', ARGV[2] .. sid)) do
+    if #out >= limit then return end
+    if redis.call('HGET', ARGV[3] .. name, 's') == sid then add(name) end
+  end
+end
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if #out >= limit then break end
+  if redis.call('EXISTS', ARGV[1] .. sid) == 0 then orphans_of(sid) end
+end
+for _, sid in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  if #out >= limit then break end
+  orphans_of(sid)
+end
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+  local s = redis.call('HGET', ARGV[3] .. name, 's')
+  if not s or s == '' or redis.call('EXISTS', ARGV[1] .. s) == 1 then
+    redis.call('SREM', KEYS[4], name)
+  else
+    add(name)
+  end
+end
+for _, name in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local v = redis.call('HMGET', ARGV[3] .. name, 's', 'e', 'ok')
+  if not v[1] or v[1] == '' or v[3] == v[1] .. '@' .. v[2] then
+    redis.call('SREM', KEYS[3], name)
+  else
+    add(name)
+  end
+end
+return out
 "#;
 
 // KEYS: generation key. ARGV: proposal. Returns the generation held.
@@ -293,6 +385,9 @@ impl RedisStore {
                 reclaim: Script::new(RECLAIM),
                 release: Script::new(RELEASE),
                 tag: Script::new(TAG),
+                settle: Script::new(SETTLE),
+                row: Script::new(ROW),
+                wake: Script::new(WAKE),
                 acks: Script::new(ACKS),
                 placements: Script::new(PLACEMENTS),
                 lease_renew: Script::new(LEASE_RENEW),
@@ -605,6 +700,7 @@ impl PlacementStore for RedisStore {
             .key(candidate.map(|c| self.key("w:", c)).unwrap_or_default())
             .key(self.key("gen", ""))
             .key(candidate.map(|c| self.key("o:", c)).unwrap_or_default())
+            .key(self.key("unsettled", ""))
             .arg(candidate.unwrap_or(""))
             .arg(floor)
             .arg(stale.map(|s| s.0).unwrap_or(""))
@@ -655,6 +751,7 @@ impl PlacementStore for RedisStore {
             .reclaim
             .key(self.key("p:", &name))
             .key(self.key("o:", session_id))
+            .key(self.key("unsettled", ""))
             .arg(session_id)
             .arg(prev_session.unwrap_or(""))
             .arg(floor)
@@ -688,6 +785,7 @@ impl PlacementStore for RedisStore {
             .release
             .key(self.key("p:", &name))
             .key(self.key("o:", session_id))
+            .key(self.key("unsettled", ""))
             .arg(session_id)
             .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
             .arg(self.row_grace_ms)
@@ -716,6 +814,92 @@ impl PlacementStore for RedisStore {
             .invoke_async(&mut conn)
             .await?;
         Ok(n == 1)
+    }
+
+    async fn settle(
+        &self,
+        ns: &str,
+        id: &str,
+        session_id: &str,
+        epoch: u64,
+    ) -> Result<bool, StoreError> {
+        let name = Self::row_name(ns, id);
+        let mut conn = self.conn.clone();
+        let n: i64 = self
+            .scripts
+            .settle
+            .key(self.key("p:", &name))
+            .key(self.key("unsettled", ""))
+            .arg(session_id)
+            .arg(epoch.to_string())
+            .arg(&name)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn placement(
+        &self,
+        ns: &str,
+        id: &str,
+        _now: Now,
+    ) -> Result<Option<PlacementEntry>, StoreError> {
+        let name = Self::row_name(ns, id);
+        let mut conn = self.conn.clone();
+        let v: Value = self
+            .scripts
+            .row
+            .key(self.key("p:", &name))
+            .arg(self.key("w:", ""))
+            .invoke_async(&mut conn)
+            .await?;
+        if matches!(v, Value::Nil) {
+            return Ok(None);
+        }
+        let p = items(v);
+        let tag = p.get(2).and_then(text).filter(|t| !t.is_empty());
+        Ok(Some(PlacementEntry {
+            ns: ns.to_owned(),
+            id: id.to_owned(),
+            placement: Placement {
+                session_id: p.first().and_then(text).unwrap_or_default(),
+                epoch: epoch_of(p.get(1))?,
+            },
+            tag,
+            live: p.get(3).and_then(text).as_deref() == Some("1"),
+            settled: p.get(4).and_then(text).as_deref() == Some("1"),
+        }))
+    }
+
+    async fn wake_candidates(
+        &self,
+        limit: usize,
+        _now: Now,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut conn = self.conn.clone();
+        let v: Value = self
+            .scripts
+            .wake
+            .key(self.key("workers", ""))
+            .key(self.key("dead", ""))
+            .key(self.key("unsettled", ""))
+            .key(self.key("orphans", ""))
+            .arg(self.key("w:", ""))
+            .arg(self.key("o:", ""))
+            .arg(self.key("p:", ""))
+            .arg(limit)
+            .invoke_async(&mut conn)
+            .await?;
+        let mut out: Vec<(String, String)> = items(v)
+            .iter()
+            .filter_map(text)
+            .filter_map(|name| {
+                let cut = name.rfind('/').filter(|c| *c > 0)?;
+                Some((name[..cut].to_owned(), name[cut + 1..].to_owned()))
+            })
+            .collect();
+        out.sort();
+        Ok(out)
     }
 
     async fn list_placements(&self, _now: Now) -> Result<Vec<PlacementEntry>, StoreError> {
@@ -748,6 +932,7 @@ impl PlacementStore for RedisStore {
                 },
                 tag,
                 live: p.get(4).and_then(text).as_deref() == Some("1"),
+                settled: p.get(5).and_then(text).as_deref() == Some("1"),
             });
         }
         out.sort_by(|a, b| (&a.ns, &a.id).cmp(&(&b.ns, &b.id)));
@@ -782,6 +967,8 @@ impl PlacementStore for RedisStore {
             .expire_rows
             .key(self.key("workers", ""))
             .key(self.key("dead", ""))
+            .key(self.key("orphans", ""))
+            .key(self.key("unsettled", ""))
             .arg(self.key("w:", ""))
             .arg(self.key("o:", ""))
             .arg(self.key("p:", ""))

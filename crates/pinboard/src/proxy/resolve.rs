@@ -182,6 +182,8 @@ pub struct Route {
     pub epoch: u64,
     /// `Pinboard-Epoch` value.
     pub epoch_header: HeaderValue,
+    /// This node recorded the placement as settled (see [`Directory::settle`]).
+    settled: AtomicBool,
 }
 
 /// Why an id could not be resolved.
@@ -361,6 +363,23 @@ impl<S: PlacementStore> Directory<S> {
     /// Number of cached routes.
     pub fn cached_routes(&self) -> usize {
         self.routes.len()
+    }
+
+    /// The owner of `route` answered 2xx for `(ns, id)` at its epoch:
+    /// record the placement as settled, once per route and node (a warm
+    /// route pays one atomic load). A store failure is logged; the next
+    /// answer tries again.
+    pub async fn settle(&self, ns: &str, id: &str, route: &Route) {
+        if route.settled.load(Ordering::Acquire) {
+            return;
+        }
+        let session = &route.worker.record.session_id;
+        match self.store.settle(ns, id, session, route.epoch).await {
+            Ok(_) => route.settled.store(true, Ordering::Release),
+            Err(error) => {
+                tracing::debug!(target: "pinboard::placement", ns, id, %error, "could not record the placement as settled");
+            }
+        }
     }
 
     /// Forget the cached route for `key`.
@@ -580,6 +599,9 @@ impl<S: PlacementStore> Directory<S> {
     /// had before, which still hold their instances, and they go as usual
     /// when the worker view (re-read every refresh) no longer lists them.
     async fn store_lost(&self, held: Option<Generation>) -> Result<(), StoreError> {
+        // Epochs minted before the loss are gone from the store: the next
+        // claim keeps above the durable mark.
+        self.floor.reload_durable();
         let now = self.clock.now();
         let generation = match held {
             Some(g) => g,
@@ -719,7 +741,7 @@ impl<S: PlacementStore> Directory<S> {
             let generation = self.generation.read().clone();
             let quarantined = generation.is_none()
                 || now.mono_ms < self.quarantine_until_mono_ms.load(Ordering::Acquire);
-            let candidates: Vec<&Arc<WorkerConn>> = snap
+            let mut candidates: Vec<&Arc<WorkerConn>> = snap
                 .by_session
                 .values()
                 .filter(|w| {
@@ -728,13 +750,15 @@ impl<S: PlacementStore> Directory<S> {
                         && !avoid.exclude.contains(&w.record.session_id)
                 })
                 .collect();
+            // A map has no order: sort, so a seeded roll picks the same worker.
+            candidates.sort_unstable_by(|a, b| a.record.session_id.cmp(&b.record.session_id));
             let candidate = if quarantined {
                 None
             } else {
                 choose_candidate(&candidates, |w| w.record.headroom, self.entropy.next_u64())
                     .map(|i| candidates[i].record.session_id.as_str())
             };
-            let floor = self.floor.floor(now);
+            let floor = self.floor.floor_for_claim(now).await;
             let unknown = Generation(String::new());
             let (placement, claimed) = match self
                 .store
@@ -752,6 +776,7 @@ impl<S: PlacementStore> Directory<S> {
                 ClaimOutcome::Owned(p) => (p, false),
                 ClaimOutcome::Claimed(p) => {
                     self.counters.placements.inc();
+                    self.floor.minted(p.epoch).await;
                     (p, true)
                 }
                 ClaimOutcome::Vacant if quarantined => return Err(ResolveError::Quarantined),
@@ -780,6 +805,7 @@ impl<S: PlacementStore> Directory<S> {
                 worker,
                 epoch: placement.epoch,
                 epoch_header: HeaderValue::from(placement.epoch),
+                settled: AtomicBool::new(false),
             });
             self.routes.insert(key.to_owned(), route.clone());
             return Ok((route, claimed));

@@ -1,0 +1,198 @@
+//! Everything pinboard sends to workers goes through one [`Outbound`]:
+//! proxied client requests, the sweeper's `_alarm` / `_wake`, and challenge
+//! probes.
+//!
+//! Owns the choice of transport; never decides what to send or how to react
+//! to an answer (that is `proxy`, `sweeper` and `challenge`). Production
+//! uses [`Outbound::Http`]: the per-worker [`Pool`](crate::upstream::Pool)
+//! for the proxy's hot path and the pooled client for the rest. Anything
+//! else (the reference's simulation, tests) plugs in an [`Exchange`]: one
+//! buffered request, one buffered answer.
+//!
+//! # Hot path
+//!
+//! `Outbound` is an enum, not a `dyn` object: a warm proxied request pays
+//! one predictable branch and nothing else (no box, no lock); the response
+//! body is [`ResBody`], an enum over the pooled body and a buffered one.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+
+use crate::proxy::resolve::WorkerConn;
+use crate::upstream::{self, PooledBody, SendError, Upstream, UpstreamBody};
+
+/// A boxed future, as [`Exchange`] returns it.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A transport that exchanges one buffered request for one buffered answer.
+pub trait Exchange: Send + Sync + 'static {
+    /// Send `request` (its URI is origin-form or absolute; only its path
+    /// and query count) to the worker whose advertise URL is `origin`.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError`]: nothing was sent ([`SendError::Connect`] style) or
+    /// the connection died under the request ([`SendError::Dropped`]).
+    fn exchange(
+        &self,
+        origin: &str,
+        request: Request<Bytes>,
+    ) -> BoxFuture<'_, Result<Response<Bytes>, SendError>>;
+}
+
+/// The outbound side of a pinboard node (see the module doc).
+#[derive(Clone)]
+pub enum Outbound {
+    /// Real sockets: per-worker pools for the proxy, a pooled client for
+    /// the sweeper and challenge probes.
+    Http(Box<Upstream>),
+    /// Another transport (a simulation, a test double).
+    Exchange(Arc<dyn Exchange>),
+}
+
+impl std::fmt::Debug for Outbound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Http(_) => f.write_str("Outbound::Http"),
+            Self::Exchange(_) => f.write_str("Outbound::Exchange"),
+        }
+    }
+}
+
+impl Outbound {
+    /// Real sockets with the default pool settings.
+    pub fn http() -> Self {
+        Self::Http(Box::new(upstream::client()))
+    }
+
+    /// The proxy's send: `request` has an origin-form URI and its `Host`
+    /// set; it goes to `worker` over its keep-alive pool.
+    ///
+    /// # Errors
+    ///
+    /// [`SendError`], as [`Pool::send`](crate::upstream::Pool::send).
+    pub async fn send(
+        &self,
+        worker: &WorkerConn,
+        request: Request<UpstreamBody>,
+    ) -> Result<Response<ResBody>, SendError> {
+        match self {
+            Self::Http(_) => worker
+                .pool
+                .send(request)
+                .await
+                .map(|res| res.map(|body| ResBody::Pooled { body })),
+            Self::Exchange(x) => exchange(&**x, &worker.record.advertise_url, request).await,
+        }
+    }
+
+    /// A call with an absolute URI below `origin` (sweeper, challenge).
+    ///
+    /// # Errors
+    ///
+    /// [`SendError`]: the worker could not be reached or the connection
+    /// failed.
+    pub async fn call(
+        &self,
+        origin: &str,
+        request: Request<UpstreamBody>,
+    ) -> Result<Response<ResBody>, SendError> {
+        match self {
+            Self::Http(client) => client
+                .request(request)
+                .await
+                .map(|res| res.map(|body| ResBody::Incoming { body }))
+                .map_err(SendError::Client),
+            Self::Exchange(x) => exchange(&**x, origin, request).await,
+        }
+    }
+}
+
+async fn exchange(
+    x: &dyn Exchange,
+    origin: &str,
+    request: Request<UpstreamBody>,
+) -> Result<Response<ResBody>, SendError> {
+    let (parts, body) = request.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map_err(|e| SendError::Dropped(format!("request body: {e}")))?
+        .to_bytes();
+    let res = x
+        .exchange(origin, Request::from_parts(parts, bytes))
+        .await?;
+    Ok(res.map(|body| ResBody::Buffered {
+        body: Full::new(body),
+    }))
+}
+
+pin_project_lite::pin_project! {
+    /// A worker's response body: pooled (proxy), from the pooled client
+    /// (sweeper, challenge), or buffered (an [`Exchange`]).
+    /// Each variant holds its `body`.
+    #[allow(missing_docs)]
+    #[project = ResBodyProj]
+    pub enum ResBody {
+        /// From a per-worker pool.
+        Pooled {
+            #[pin]
+            body: PooledBody,
+        },
+        /// From the generic pooled client.
+        Incoming {
+            #[pin]
+            body: Incoming,
+        },
+        /// Buffered by an [`Exchange`].
+        Buffered {
+            #[pin]
+            body: Full<Bytes>,
+        },
+    }
+}
+
+impl Body for ResBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.project() {
+            ResBodyProj::Pooled { body } => body.poll_frame(cx),
+            ResBodyProj::Incoming { body } => body.poll_frame(cx),
+            ResBodyProj::Buffered { body } => match body.poll_frame(cx) {
+                Poll::Ready(Some(Err(never))) => match never {},
+                Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+                Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Pooled { body } => body.is_end_stream(),
+            Self::Incoming { body } => body.is_end_stream(),
+            Self::Buffered { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Pooled { body } => body.size_hint(),
+            Self::Incoming { body } => body.size_hint(),
+            Self::Buffered { body } => body.size_hint(),
+        }
+    }
+}
