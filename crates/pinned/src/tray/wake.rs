@@ -18,14 +18,14 @@ pub(crate) async fn wake_marked(host: Arc<HostShared>) {
     let Some(store) = host.store.clone() else {
         return;
     };
-    let mut after: Option<(String, String)> = None;
+    // The index is ordered by (ns, id): start just before this namespace's
+    // first id and stop at the first row of another, so each host reads
+    // only its own namespace's rows.
+    let mut after: (String, String) = (host.ns.to_string(), String::new());
     let mut woken = 0usize;
     loop {
         let page = match store
-            .marked_instances(
-                after.as_ref().map(|(ns, id)| (ns.as_str(), id.as_str())),
-                PAGE,
-            )
+            .marked_instances(Some((after.0.as_str(), after.1.as_str())), PAGE)
             .await
         {
             Ok(page) => page,
@@ -38,7 +38,10 @@ pub(crate) async fn wake_marked(host: Arc<HostShared>) {
             break;
         };
         for (ns, id) in page {
-            if ns != *host.ns || host.is_resident(&id) {
+            if ns != *host.ns {
+                break;
+            }
+            if host.is_resident(&id) {
                 continue;
             }
             if !wake(&host, &id).await {
@@ -46,7 +49,10 @@ pub(crate) async fn wake_marked(host: Arc<HostShared>) {
             }
             woken += 1;
         }
-        after = Some(last);
+        if last.0 != *host.ns {
+            break;
+        }
+        after = last;
     }
     if woken > 0 {
         tracing::info!(namespace = %host.ns, woken, "woke instances with pending tray work");
