@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
-use crate::slot::Busy;
+use crate::directory::Busy;
 
 /// Why a tracked body failed: its instance was aborted mid-stream.
 #[derive(Debug, thiserror::Error)]

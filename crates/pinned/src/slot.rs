@@ -4,8 +4,16 @@
 //! The phase and the in-flight count share one atomic word, so "is it idle?"
 //! and "may a request still enter?" are decided by a single compare-and-swap:
 //! the idle sweeper moves `(Live, 0)` to `(Closing, 0)` and a request that
-//! raced it sees `Closing` on entry and backs out. Nothing here does I/O or
-//! spawns work; the directory drives the transitions.
+//! raced it sees `Closing` on entry and backs out.
+//!
+//! This module is a state machine and nothing more: it never does I/O,
+//! spawns work or acts on the directory (it only reads its host's clock and
+//! drain state). A transition its owner must act
+//! on (the last in-flight entry leaving) is *reported*, as the [`Vacated`]
+//! that [`Slot::leave`] returns; the directory's in-flight guard
+//! ([`Busy`](crate::directory::Busy)) hands it to the directory, which
+//! decides what follows (wake a waiting teardown, close a winding-down
+//! instance).
 //!
 //! Lifecycle: `Activating` → `Live` → `Closing` → `Closed`. An activation that
 //! fails goes straight from `Activating` to `Closed`; an abort during
@@ -78,6 +86,21 @@ fn word(phase: Phase, count: u64) -> u64 {
     ((phase as u64) << PHASE_SHIFT) | count
 }
 
+/// What leaving a record whose state word was `old` reports: something
+/// only for the last entry out, and only in a phase the owner acts on.
+fn vacated(old: u64) -> Option<Vacated> {
+    if count_of(old) != 1 {
+        return None;
+    }
+    match phase_of(old) {
+        Phase::Closing | Phase::Closed => Some(Vacated::Settled),
+        Phase::Live => Some(Vacated::Idle),
+        // The activation task holds an entry until it ends; its own exit
+        // decides what comes next.
+        Phase::Activating => None,
+    }
+}
+
 /// Raises `epoch` to `next` if `next` is newer; true when that replaced an
 /// older epoch (not the first one).
 fn raise(epoch: &AtomicU64, next: u64) -> bool {
@@ -86,6 +109,18 @@ fn raise(epoch: &AtomicU64, next: u64) -> bool {
             (current == NO_EPOCH || next > current).then_some(next)
         })
         .is_ok_and(|previous| previous != NO_EPOCH)
+}
+
+/// What the last in-flight entry leaving a record means to its owner
+/// (returned by [`Slot::leave`]; nothing when others are still in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Vacated {
+    /// The record is closing (or closed) and now empty: a teardown waiting
+    /// for its work to settle may go on.
+    Settled,
+    /// The record is live and now idle: if it is winding down, it should
+    /// close.
+    Idle,
 }
 
 /// Wind-down state of one instance (rare, so boxed behind an `Option`).
@@ -211,54 +246,43 @@ impl Slot {
         self.trays.lock().take()
     }
 
-    /// Enters the instance: counts one in-flight entry unless it is closing.
-    /// Returns the phase seen on entry (`Activating` or `Live`).
-    pub(crate) fn enter(self: &Arc<Self>) -> Result<(Busy, Phase), Phase> {
+    /// Counts one in-flight entry unless the record is closing. Returns the
+    /// phase seen on entry: `Ok` with `Activating` or `Live` (the entry is
+    /// counted), `Err` with `Closing` or `Closed` (the entry is counted too,
+    /// and the caller must [`leave`](Self::leave) again at once).
+    pub(crate) fn count_entry(&self) -> Result<Phase, Phase> {
         let old = self.state.fetch_add(1, Ordering::SeqCst);
-        let phase = phase_of(old);
-        let busy = Busy {
-            slot: self.clone(),
-            stream: false,
-        };
-        match phase {
-            Phase::Activating | Phase::Live => {
+        match phase_of(old) {
+            phase @ (Phase::Activating | Phase::Live) => {
                 // A request is both activity and a connected client.
                 let now = self.host.elapsed_ms();
                 self.last_activity.store(now, Ordering::Relaxed);
                 self.last_connected.store(now, Ordering::Relaxed);
-                Ok((busy, phase))
+                Ok(phase)
             }
-            // Dropping `busy` undoes the increment and wakes a teardown
-            // waiting for the count to reach zero.
-            Phase::Closing | Phase::Closed => Err(phase),
-        }
-    }
-
-    /// Takes over an in-flight entry already counted in the state word (the
-    /// ones a new slot is created with).
-    pub(crate) fn adopt(self: &Arc<Self>) -> Busy {
-        Busy {
-            slot: self.clone(),
-            stream: false,
+            phase @ (Phase::Closing | Phase::Closed) => Err(phase),
         }
     }
 
     /// Counts one in-flight entry whatever the phase: for work started by
-    /// the instance itself (background tasks, the activation, open streams).
-    pub(crate) fn hold(self: &Arc<Self>) -> Busy {
-        self.state.fetch_add(1, Ordering::SeqCst);
-        Busy {
-            slot: self.clone(),
-            stream: false,
+    /// the instance itself (background tasks, the activation, open
+    /// streams); `stream` also counts it as an open stream.
+    pub(crate) fn count_hold(&self, stream: bool) {
+        if stream {
+            self.streams.fetch_add(1, Ordering::Relaxed);
         }
+        self.state.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Like [`hold`](Self::hold), also counted as an open stream.
-    pub(crate) fn hold_stream(self: &Arc<Self>) -> Busy {
-        self.streams.fetch_add(1, Ordering::Relaxed);
-        let mut busy = self.hold();
-        busy.stream = true;
-        busy
+    /// One in-flight entry leaves (`stream`: it was an open stream). Reports
+    /// the transition the owner must act on when it was the last one out.
+    #[must_use = "the owner must act on the last entry out"]
+    pub(crate) fn leave(&self, stream: bool) -> Option<Vacated> {
+        if stream {
+            self.streams.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.touch();
+        vacated(self.state.fetch_sub(1, Ordering::SeqCst))
     }
 
     /// `Activating` → `Live`; false when the slot was aborted meanwhile.
@@ -268,7 +292,9 @@ impl Slot {
     }
 
     /// `(Live, 0)` → `(Closing, 0)`: the only way an idle instance closes.
-    pub(crate) fn begin_idle_close(&self) -> bool {
+    /// `release` says whether the close releases the placement (the
+    /// namespace's `release_placement_on_idle`).
+    pub(crate) fn begin_idle_close(&self, release: bool) -> bool {
         let closing = self
             .state
             .compare_exchange(
@@ -279,10 +305,7 @@ impl Slot {
             )
             .is_ok();
         if closing {
-            self.releasing.store(
-                self.host.options.release_placement_on_idle,
-                Ordering::SeqCst,
-            );
+            self.releasing.store(release, Ordering::SeqCst);
         }
         closing
     }
@@ -400,43 +423,6 @@ impl Slot {
             (a, b) => a.or(b),
         }
     }
-
-    fn release(self: &Arc<Self>, stream: bool) {
-        if stream {
-            self.streams.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.touch();
-        let old = self.state.fetch_sub(1, Ordering::SeqCst);
-        if count_of(old) != 1 {
-            return;
-        }
-        match phase_of(old) {
-            // A teardown may be waiting for the last entry to leave.
-            Phase::Closing | Phase::Closed => self.host.settled.notify_waiters(),
-            Phase::Live if self.winding_down() => HostShared::close_if_idle(self),
-            Phase::Live | Phase::Activating => {}
-        }
-    }
-}
-
-/// One in-flight entry of an instance (a request, a background task, an open
-/// stream). Dropping it leaves; the last one out of a winding-down instance
-/// closes it.
-pub(crate) struct Busy {
-    slot: Arc<Slot>,
-    stream: bool,
-}
-
-impl Busy {
-    pub(crate) fn slot(&self) -> &Arc<Slot> {
-        &self.slot
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.slot.release(self.stream);
-    }
 }
 
 #[cfg(test)]
@@ -452,6 +438,16 @@ mod tests {
         assert!(!adopt(2), "an older epoch is not adopted");
         assert!(adopt(4), "a newer epoch replaces the old one");
         assert_eq!(epoch.load(Ordering::SeqCst), 4);
+    }
+
+    #[test]
+    fn only_the_last_entry_out_reports() {
+        assert_eq!(vacated(word(Phase::Live, 2)), None, "another entry is in");
+        assert_eq!(vacated(word(Phase::Live, 1)), Some(Vacated::Idle));
+        assert_eq!(vacated(word(Phase::Closing, 1)), Some(Vacated::Settled));
+        assert_eq!(vacated(word(Phase::Closed, 1)), Some(Vacated::Settled));
+        assert_eq!(vacated(word(Phase::Activating, 1)), None);
+        assert_eq!(vacated(word(Phase::Closing, 3)), None);
     }
 
     #[test]

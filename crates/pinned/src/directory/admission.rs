@@ -18,7 +18,8 @@ use tracing::Instrument;
 
 use super::{panic_message, HostShared};
 use crate::context::Context;
-use crate::slot::{Activation, Busy, Instance, Phase, Slot};
+use super::Busy;
+use crate::slot::{Activation, Instance, Phase, Slot};
 use crate::tray::InstanceTrays;
 
 /// How many idle instances an eviction at capacity compares.
@@ -213,7 +214,7 @@ impl HostShared {
         let Some((_, victim)) = oldest else {
             return false;
         };
-        let evicted = victim.begin_idle_close();
+        let evicted = victim.begin_idle_close(self.options.release_placement_on_idle);
         if evicted {
             tracing::info!(namespace = %self.ns, id = %victim.id, "at capacity: evicting the least recently used idle instance");
             Self::close_begun(&victim);

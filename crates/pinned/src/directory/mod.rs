@@ -14,7 +14,8 @@
 //!
 //! This module owns the record map and the sweep; the phases of a record's
 //! life have a module each: [`admission`] (entering, creating, activating),
-//! [`drain`], [`wind_down`] and [`teardown`].
+//! [`drain`], [`wind_down`] and [`teardown`]; [`busy`] is the in-flight
+//! guard through which a record reports its last entry out.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -36,11 +37,13 @@ use crate::object::Lifecycle;
 use crate::slot::{Phase, Slot};
 
 mod admission;
+mod busy;
 mod drain;
 mod teardown;
 mod wind_down;
 
 pub(crate) use self::admission::{Admission, Entered};
+pub(crate) use self::busy::Busy;
 pub(crate) use self::drain::DrainKind;
 use self::drain::DrainState;
 pub(crate) use self::wind_down::wind_down;

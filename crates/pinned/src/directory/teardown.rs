@@ -37,7 +37,7 @@ impl HostShared {
     /// Closes `slot` if nothing is in flight (idle eviction, or the last
     /// entry leaving a winding-down instance).
     pub(crate) fn close_if_idle(slot: &Arc<Slot>) {
-        if slot.begin_idle_close() {
+        if slot.begin_idle_close(slot.host.options.release_placement_on_idle) {
             Self::close_begun(slot);
         }
     }

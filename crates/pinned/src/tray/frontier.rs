@@ -21,7 +21,8 @@ use pinned_store::{BatchOp, Doc, StateStore};
 use tokio::sync::watch;
 
 use super::TrayError;
-use crate::slot::{Busy, Slot};
+use crate::directory::Busy;
+use crate::slot::Slot;
 use crate::BoxError;
 
 /// How long one flush (a batch, or an opaque effect) may take before the

@@ -1,0 +1,94 @@
+//! The in-flight guard: one [`Busy`] per request, background task, open
+//! stream or activation inside an instance record.
+//!
+//! The record's state machine ([`Slot`]) only counts entries and reports
+//! the last one out ([`Vacated`]); this guard is where that report reaches
+//! the directory, which acts on it: a teardown waiting for the record to
+//! settle is woken, a winding-down instance that became idle closes. The
+//! guard never does more than that: the actions themselves live in
+//! [`teardown`](super::teardown).
+
+use std::sync::Arc;
+
+use super::HostShared;
+use crate::slot::{Phase, Slot, Vacated};
+
+/// One in-flight entry of an instance (a request, a background task, an open
+/// stream). Dropping it leaves; the directory acts on the last one out.
+pub(crate) struct Busy {
+    slot: Arc<Slot>,
+    stream: bool,
+}
+
+impl Busy {
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        &self.slot
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if let Some(vacated) = self.slot.leave(self.stream) {
+            HostShared::vacated(&self.slot, vacated);
+        }
+    }
+}
+
+// === impl Slot: the guards of a record ===
+
+impl Slot {
+    /// Enters the instance: counts one in-flight entry unless it is closing.
+    /// Returns the phase seen on entry (`Activating` or `Live`).
+    pub(crate) fn enter(self: &Arc<Self>) -> Result<(Busy, Phase), Phase> {
+        // Built before the phase is judged: on a refusal, dropping it undoes
+        // the count (and wakes a teardown waiting for it to reach zero).
+        let entered = self.count_entry();
+        let busy = Busy {
+            slot: self.clone(),
+            stream: false,
+        };
+        entered.map(|phase| (busy, phase))
+    }
+
+    /// Takes over an in-flight entry already counted in the state word (the
+    /// ones a new slot is created with).
+    pub(crate) fn adopt(self: &Arc<Self>) -> Busy {
+        Busy {
+            slot: self.clone(),
+            stream: false,
+        }
+    }
+
+    /// Counts one in-flight entry whatever the phase: for work started by
+    /// the instance itself (background tasks, the activation).
+    pub(crate) fn hold(self: &Arc<Self>) -> Busy {
+        self.count_hold(false);
+        Busy {
+            slot: self.clone(),
+            stream: false,
+        }
+    }
+
+    /// Like [`hold`](Self::hold), also counted as an open stream.
+    pub(crate) fn hold_stream(self: &Arc<Self>) -> Busy {
+        self.count_hold(true);
+        Busy {
+            slot: self.clone(),
+            stream: true,
+        }
+    }
+}
+
+// === impl HostShared: acting on the last entry out ===
+
+impl HostShared {
+    /// The last in-flight entry left `slot`.
+    pub(super) fn vacated(slot: &Arc<Slot>, vacated: Vacated) {
+        match vacated {
+            // A teardown may be waiting for the last entry to leave.
+            Vacated::Settled => slot.host.settled.notify_waiters(),
+            Vacated::Idle if slot.winding_down() => Self::close_if_idle(slot),
+            Vacated::Idle => {}
+        }
+    }
+}
