@@ -615,15 +615,17 @@ impl HostShared {
     /// Arms (or re-arms) the timer of `id` for wall time `at` (ms).
     pub(crate) fn arm(self: &Arc<Self>, id: &Arc<str>, at: i64) {
         let delay = Duration::from_millis(u64::try_from(at - wall_ms(self)).unwrap_or(0));
-        let host = Arc::downgrade(self);
+        let host = self.clone();
         let target = id.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
+        // The timer holds the host: it is aborted when disarmed or re-armed,
+        // at shut-down, and ends when the worker is dropped.
         let handle = runtime.spawn(async move {
-            tokio::time::sleep(delay).await;
-            if let Some(host) = host.upgrade() {
-                host.fire(target, at).await;
+            tokio::select! {
+                () = host.stop.cancelled() => {}
+                () = tokio::time::sleep(delay) => host.fire(target, at).await,
             }
         });
         if let Some(previous) = self.timers.insert(

@@ -15,11 +15,11 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::response::Response;
 use http::{HeaderMap, HeaderValue, Request};
-use pinned_wire::{attestation, headers};
-use tower::ServiceExt;
+use pinned_wire::headers;
 
 use crate::directory::HostShared;
 use crate::plane::ClusterHost;
+use crate::switchboard::Routed;
 
 /// Why a cluster call could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -133,20 +133,21 @@ impl Cluster {
         let (Some(ns), Some(id)) = (segments.next(), segments.next()) else {
             return Err(ClusterError::BadPath(path));
         };
-        let ns = format!("/{ns}");
-        let worker = self
+        let (ns, id) = (format!("/{ns}"), id.to_owned());
+        let (mut parts, body) = request.into_parts();
+        parts.headers = sanitized(&parts.headers);
+        let request = Request::from_parts(parts, body);
+        let request = match self
             .host
-            .worker
-            .get()
-            .and_then(std::sync::Weak::upgrade)
-            .ok_or(ClusterError::WorkerGone)?;
-        let plane = self.host.control.pinboard().cloned();
-        if let Some(target) = worker.host(&ns) {
-            if self.host.control.calls_every_id_in_process() || target.is_resident(id) {
-                return Ok(self.in_process(&worker, &target, request).await);
-            }
-        }
-        let Some(plane) = plane else {
+            .switchboard
+            .call(ns, id, request, self.caller.clone(), self.depth)
+            .await
+        {
+            Routed::Served(response) => return Ok(response),
+            Routed::Elsewhere(request) => request,
+            Routed::Gone => return Err(ClusterError::WorkerGone),
+        };
+        let Some(plane) = self.host.control.pinboard().cloned() else {
             return Err(ClusterError::UnknownTarget(path));
         };
         let session = plane.session().ok_or(ClusterError::NoSession)?;
@@ -200,34 +201,5 @@ impl Cluster {
             headers.extend(response.headers().clone());
         }
         Ok(builder.body(Body::from_stream(response.bytes_stream()))?)
-    }
-
-    async fn in_process(
-        &self,
-        worker: &crate::worker::Inner,
-        target: &HostShared,
-        request: Request<Body>,
-    ) -> Response {
-        let (mut parts, body) = request.into_parts();
-        parts.headers = sanitized(&parts.headers);
-        let token = attestation::mint(
-            &self.host.secret,
-            &target.local_aud,
-            self.host.clock.unix_secs(),
-            Some(&self.caller),
-            Some(self.depth),
-        );
-        if let Ok(value) = HeaderValue::from_str(&token) {
-            parts.headers.insert(headers::ATTESTATION, value);
-        }
-        let request = Request::from_parts(parts, body);
-        // Its own task: nested calls would otherwise poll each other on one
-        // ever-deeper stack.
-        let router = worker.router();
-        match tokio::spawn(router.oneshot(request)).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(infallible)) => match infallible {},
-            Err(_) => crate::response::internal_error(),
-        }
     }
 }

@@ -125,14 +125,18 @@ pub(crate) fn lease_health(host: &HostShared, healthy: bool) {
     }
 }
 
-/// Follows the lease's health for `host` until either is gone.
+/// Follows the lease's health for `host` until the lease is gone or the
+/// worker stops.
 pub(crate) async fn watch_lease(
-    host: std::sync::Weak<HostShared>,
+    host: Arc<HostShared>,
     mut health: tokio::sync::watch::Receiver<bool>,
 ) {
-    while health.changed().await.is_ok() {
+    loop {
+        tokio::select! {
+            () = host.stop.cancelled() => return,
+            changed = health.changed() => if changed.is_err() { return },
+        }
         let healthy = *health.borrow_and_update();
-        let Some(host) = host.upgrade() else { return };
         lease_health(&host, healthy);
     }
 }

@@ -1,14 +1,15 @@
 //! The worker's side of the control plane: its identity (client id,
 //! secret), the challenge pair, the session, the lease, and the handles the
-//! registration loop uses to act on the hosts.
+//! registration loop reads.
 //!
-//! One `Plane` per worker, shared by its hosts. It owns *state*; the loop
-//! that talks to pinboard lives in [`registration`](crate::registration),
-//! and what a message does to instances lives in the directory.
+//! One `Plane` per worker, shared by its hosts. It owns *state* and never
+//! points at the hosts: the loop that talks to pinboard lives in
+//! [`registration`](crate::registration) and is handed the namespace table
+//! when it starts; what a message does to instances lives in the directory.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -17,7 +18,6 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use crate::directory::{DrainKind, HostShared};
 use crate::lease::Lease;
 use crate::metrics::Metrics;
 
@@ -109,7 +109,6 @@ pub(crate) struct Plane {
     pub(crate) heartbeat_shrunk: AtomicBool,
     pub(crate) task: Mutex<Option<AbortHandle>>,
     pub(crate) http: reqwest::Client,
-    hosts: OnceLock<Vec<Weak<HostShared>>>,
 }
 
 /// Sets `*field` to `value`; true when that changed it.
@@ -155,23 +154,7 @@ impl Plane {
             heartbeat_shrunk: AtomicBool::new(false),
             task: Mutex::new(None),
             http,
-            hosts: OnceLock::new(),
         })
-    }
-
-    pub(crate) fn attach(&self, hosts: &[Arc<HostShared>]) {
-        let _ = self.hosts.set(hosts.iter().map(Arc::downgrade).collect());
-    }
-
-    pub(crate) fn hosts(&self) -> Vec<Arc<HostShared>> {
-        self.hosts
-            .get()
-            .map(|hosts| hosts.iter().filter_map(Weak::upgrade).collect())
-            .unwrap_or_default()
-    }
-
-    pub(crate) fn host(&self, ns: &str) -> Option<Arc<HostShared>> {
-        self.hosts().into_iter().find(|host| &*host.ns == ns)
     }
 
     pub(crate) fn session(&self) -> Option<Arc<str>> {
@@ -256,23 +239,6 @@ impl Plane {
         self.state.borrow().clone()
     }
 
-    /// Ids held per namespace (resident, activating or closing), for a
-    /// re-registration.
-    pub(crate) fn instances(&self) -> BTreeMap<String, Vec<String>> {
-        self.hosts()
-            .iter()
-            .map(|host| (host.ns.to_string(), host.ids()))
-            .filter(|(_, ids)| !ids.is_empty())
-            .collect()
-    }
-
-    /// Aborts every instance of every host.
-    pub(crate) fn abort_all(&self) {
-        for host in self.hosts() {
-            host.abort_all();
-        }
-    }
-
     /// Reports the worker's own drain flag and wakes the loop on a change.
     pub(crate) fn set_draining(&self, draining: bool) {
         if self
@@ -280,17 +246,6 @@ impl Plane {
             .send_if_modified(|state| replace(&mut state.draining, draining))
         {
             self.wake.notify_one();
-        }
-    }
-
-    /// Applies the server's drain echo to every host.
-    pub(crate) fn server_drain(&self, draining: bool, deadline: Option<Duration>) {
-        for host in self.hosts() {
-            if draining {
-                host.start_drain(DrainKind::Server, deadline);
-            } else {
-                host.stop_drain(DrainKind::Server);
-            }
         }
     }
 }

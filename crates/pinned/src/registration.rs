@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
+use crate::hosts::Hosts;
 use crate::plane::{PendingRelease, Plane};
 
 /// The longest duration the worker takes from pinboard (a lease, a drain or
@@ -95,65 +96,25 @@ async fn json_object(response: reqwest::Response) -> Map<String, Value> {
     }
 }
 
-impl Plane {
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.config.pinboard_url)
-    }
+/// The registration loop: the plane's state plus the namespace table it acts
+/// on, handed over when the loop starts (the plane itself never points at
+/// the hosts).
+struct Registrar {
+    plane: Arc<Plane>,
+    hosts: Hosts,
+}
 
-    /// The heartbeat interval in force: the configured one, at most a third
-    /// of the granted lease so two beats can fail before it lapses (a
-    /// shrink is logged once).
-    fn heartbeat_interval(&self) -> Duration {
-        let configured = self.config.heartbeat_interval;
-        let Some(ttl) = self.lease.ttl() else {
-            return configured;
-        };
-        let interval = configured.min(ttl / 3);
-        if interval < configured && !self.heartbeat_shrunk.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                configured = ?configured,
-                ttl = ?ttl,
-                interval = ?interval,
-                "heartbeat interval longer than a third of the granted lease; using a third"
-            );
-        }
-        interval
-    }
+/// The loop reads and updates the plane's state as its own.
+impl std::ops::Deref for Registrar {
+    type Target = Plane;
 
-    /// Starts the loop (a no-op once superseded or already running).
-    pub(crate) fn start(self: &Arc<Self>) {
-        if self.superseded() {
-            return;
-        }
-        let mut task = self.task.lock();
-        if task.is_some() {
-            return;
-        }
-        let plane = self.clone();
-        let handle = tokio::spawn(async move {
-            loop {
-                let run = AssertUnwindSafe(plane.clone().run()).catch_unwind().await;
-                if run.is_ok() || plane.stopping.load(Ordering::SeqCst) {
-                    return;
-                }
-                plane.metrics.control_failed("registration_loop", "crashed");
-                tracing::error!("registration loop crashed; restarting");
-                tokio::time::sleep(plane.config.heartbeat_interval).await;
-            }
-        });
-        *task = Some(handle.abort_handle());
+    fn deref(&self) -> &Plane {
+        &self.plane
     }
+}
 
-    /// Stops the loop.
-    pub(crate) fn stop(&self) {
-        self.stopping.store(true, Ordering::SeqCst);
-        if let Some(task) = self.task.lock().take() {
-            task.abort();
-        }
-        self.lease.close();
-    }
-
-    async fn run(self: Arc<Self>) {
+impl Registrar {
+    async fn run(&self) {
         let mut backoff = Backoff::default();
         while !self.stopping.load(Ordering::SeqCst) && !self.superseded() {
             let started = Instant::now();
@@ -182,7 +143,7 @@ impl Plane {
     }
 
     fn register_body(&self, challenge: String, challenge_value: String) -> RegisterRequest {
-        let hosts = self.hosts();
+        let hosts = self.hosts.clone();
         let envs: std::collections::BTreeMap<String, String> = hosts
             .iter()
             .filter_map(|host| {
@@ -192,7 +153,7 @@ impl Plane {
                     .map(|env| (host.ns.to_string(), env))
             })
             .collect();
-        let instances = self.instances();
+        let instances = self.hosts.instances();
         let prev = self
             .session()
             .map(|s| s.to_string())
@@ -312,7 +273,7 @@ impl Plane {
             let (ns, id) = (ns.as_str(), id.as_str());
             self.metrics.duplicate_quits.inc();
             tracing::warn!(namespace = ns, id, "duplicate placement; quitting instance");
-            if let Some(host) = self.host(ns) {
+            if let Some(host) = self.hosts.find(ns) {
                 host.abort_id(id);
             }
         }
@@ -403,7 +364,7 @@ impl Plane {
         self.set_superseded();
         self.metrics.control_failed("heartbeat", "superseded");
         tracing::error!(error = ?nack.error, "pinboard superseded this worker; stopping registration");
-        self.abort_all();
+        self.hosts.abort_all();
     }
 
     /// The `draining` echo of an ack, applied only on a change.
@@ -445,7 +406,7 @@ impl Plane {
         } else {
             tracing::info!("control plane drain revoked: accepting new activations");
         }
-        self.server_drain(draining, deadline);
+        self.hosts.server_drain(draining, deadline);
     }
 
     fn malformed_deadline(&self, other: &dyn std::fmt::Debug) {
@@ -515,8 +476,7 @@ impl Plane {
         let id = id.as_str();
         let host = match &message.ns {
             Field::Absent | Field::Null => {
-                let hosts = self.hosts();
-                match hosts.as_slice() {
+                match &self.hosts[..] {
                     [only] => only.clone(),
                     _ => {
                         return Err(format!(
@@ -526,7 +486,9 @@ impl Plane {
                 }
             }
             Field::Valid(ns) => self
-                .host(ns)
+                .hosts
+                .find(ns)
+                .cloned()
                 .ok_or_else(|| format!("wind_down for an unknown namespace: {message}"))?,
             Field::Invalid(_) => {
                 return Err(format!("wind_down for an unknown namespace: {message}"))
@@ -546,6 +508,68 @@ impl Plane {
             }
         }
         Ok(())
+    }
+}
+
+impl Plane {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.config.pinboard_url)
+    }
+
+    /// The heartbeat interval in force: the configured one, at most a third
+    /// of the granted lease so two beats can fail before it lapses (a
+    /// shrink is logged once).
+    fn heartbeat_interval(&self) -> Duration {
+        let configured = self.config.heartbeat_interval;
+        let Some(ttl) = self.lease.ttl() else {
+            return configured;
+        };
+        let interval = configured.min(ttl / 3);
+        if interval < configured && !self.heartbeat_shrunk.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                configured = ?configured,
+                ttl = ?ttl,
+                interval = ?interval,
+                "heartbeat interval longer than a third of the granted lease; using a third"
+            );
+        }
+        interval
+    }
+
+    /// Starts the loop (a no-op once superseded or already running).
+    pub(crate) fn start(self: &Arc<Self>, hosts: Hosts) {
+        if self.superseded() {
+            return;
+        }
+        let mut task = self.task.lock();
+        if task.is_some() {
+            return;
+        }
+        let plane = Registrar {
+            plane: self.clone(),
+            hosts,
+        };
+        let handle = tokio::spawn(async move {
+            loop {
+                let run = AssertUnwindSafe(plane.run()).catch_unwind().await;
+                if run.is_ok() || plane.stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                plane.metrics.control_failed("registration_loop", "crashed");
+                tracing::error!("registration loop crashed; restarting");
+                tokio::time::sleep(plane.config.heartbeat_interval).await;
+            }
+        });
+        *task = Some(handle.abort_handle());
+    }
+
+    /// Stops the loop.
+    pub(crate) fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        if let Some(task) = self.task.lock().take() {
+            task.abort();
+        }
+        self.lease.close();
     }
 
     /// Queues a placement release and flushes every pending one.

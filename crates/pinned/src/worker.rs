@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Request;
@@ -17,20 +17,24 @@ use axum::routing::get;
 use axum::Router;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, StatusCode};
+use parking_lot::Mutex;
 use pinned_wire::{attestation, headers};
 use rand::RngCore;
 use serde_json::{json, Map, Value};
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::{ConfigError, ConfigErrors, Options};
 use crate::control::ControlPlane;
 use crate::directory::{DrainKind, HostParts, HostShared};
 use crate::dispatch::dispatch;
+use crate::hosts::Hosts;
 use crate::metrics::Metrics;
 use crate::plane::{Plane, RegistrationState};
 use crate::process::CpuProbe;
 use crate::response;
+use crate::switchboard::{switchboard, Exchange};
 
 /// A process hosting pinned objects.
 ///
@@ -41,7 +45,7 @@ pub struct Worker {
 }
 
 pub(crate) struct Inner {
-    hosts: Vec<Arc<HostShared>>,
+    hosts: Hosts,
     /// Authenticates `/_pinned/*` (the proxy secret) and signs the tokens
     /// of in-process cluster calls. In local mode only in-process callers
     /// know it.
@@ -51,20 +55,16 @@ pub(crate) struct Inner {
     created: Instant,
     cpu: CpuProbe,
     started: AtomicBool,
-    router: OnceLock<Router>,
+    /// The receiving half of the in-process cluster calls, until the
+    /// switchboard starts with the worker.
+    exchange: Mutex<Option<Exchange>>,
+    /// Cancels the hosts' and the switchboard's background tasks when the
+    /// last handle to the worker is dropped (they hold the hosts strongly,
+    /// so nothing else would end them).
+    stop: DropGuard,
     /// `HOST` and `PORT` as configured, for [`serve`](crate::serve).
     bind: (String, u16),
     clock: crate::clock::Clock,
-}
-
-impl Inner {
-    pub(crate) fn host(&self, ns: &str) -> Option<Arc<HostShared>> {
-        self.hosts.iter().find(|host| &*host.ns == ns).cloned()
-    }
-
-    pub(crate) fn router(&self) -> Router {
-        self.router.get().cloned().unwrap_or_default()
-    }
 }
 
 /// Alarms armed from the store at start (local mode).
@@ -113,6 +113,11 @@ impl Options {
             self.bind.clone().unwrap_or_else(|| "127.0.0.1".to_owned()),
             self.parsed_port().unwrap_or(0),
         );
+        // Top down: everything the hosts share exists before them, and each
+        // host is handed its parts (the switchboard's sending half, the stop
+        // token) when created; nothing is attached afterwards.
+        let (switchboard, exchange) = switchboard();
+        let stop = CancellationToken::new();
         let hosts: Vec<Arc<HostShared>> = self
             .into_hosts()
             .into_iter()
@@ -128,31 +133,26 @@ impl Options {
                     store: store.clone(),
                     states: states.clone(),
                     clock: clock.clone(),
+                    switchboard: switchboard.clone(),
+                    stop: stop.clone(),
                 }))
             })
             .collect();
-        if let Some(plane) = control.pinboard() {
-            plane.attach(&hosts);
-        }
-        let worker = Worker {
+        Ok(Worker {
             inner: Arc::new(Inner {
-                hosts,
+                hosts: Hosts::new(hosts),
                 secret,
                 control,
                 metrics,
                 created: Instant::now(),
                 cpu: CpuProbe::default(),
                 started: AtomicBool::new(false),
-                router: OnceLock::new(),
+                exchange: Mutex::new(Some(exchange)),
+                stop: stop.drop_guard(),
                 bind,
                 clock,
             }),
-        };
-        for host in &worker.inner.hosts {
-            let _ = host.worker.set(Arc::downgrade(&worker.inner));
-        }
-        let _ = worker.inner.router.set(worker.build_router());
-        Ok(worker)
+        })
     }
 }
 
@@ -184,7 +184,7 @@ impl Worker {
         // request's extensions, where the object's own routes would see
         // them; the fallback leaves every extension as the client's
         // request and the outer layers made it.
-        let hosts: Arc<[Arc<HostShared>]> = self.inner.hosts.clone().into();
+        let hosts = self.inner.hosts.clone();
         router = router.fallback(move |request: Request| {
             let hosts = hosts.clone();
             async move { dispatch(&hosts, request).await }
@@ -204,7 +204,7 @@ impl Worker {
     /// a router served by hand gets no drain on SIGTERM.
     pub fn router(&self) -> Router {
         self.start();
-        self.inner.router()
+        self.build_router()
     }
 
     /// The address [`serve`](crate::serve) binds: `HOST` (default
@@ -247,11 +247,18 @@ impl Worker {
         if self.inner.started.swap(true, Ordering::SeqCst) {
             return;
         }
-        for host in &self.inner.hosts {
+        for host in self.inner.hosts.iter() {
             host.start();
         }
+        if let Some(exchange) = self.inner.exchange.lock().take() {
+            tokio::spawn(crate::switchboard::serve(
+                self.inner.hosts.clone(),
+                exchange,
+                self.inner.stop.token().clone(),
+            ));
+        }
         if let Some(plane) = self.inner.control.pinboard() {
-            plane.start();
+            plane.start(self.inner.hosts.clone());
         } else {
             self.arm_stored_alarms();
         }
@@ -268,7 +275,7 @@ impl Worker {
             match store.due_alarms(i64::MAX, ALARM_SCAN_LIMIT).await {
                 Ok(alarms) => {
                     for alarm in alarms {
-                        if let Some(host) = worker.inner.host(&alarm.ns) {
+                        if let Some(host) = worker.inner.hosts.find(&alarm.ns) {
                             host.arm(&Arc::from(alarm.id.as_str()), alarm.at);
                         }
                     }

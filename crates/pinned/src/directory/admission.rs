@@ -16,9 +16,9 @@ use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::Busy;
 use super::{panic_message, HostShared};
 use crate::context::Context;
-use super::Busy;
 use crate::slot::{Activation, Instance, Phase, Slot};
 use crate::tray::InstanceTrays;
 

@@ -90,12 +90,14 @@ impl HostShared {
         let deadline = drain.deadline();
         self.control.cap_lease(deadline);
         if let Some(at) = deadline {
-            let weak = Arc::downgrade(self);
+            let host = self.clone();
             let timer = tokio::spawn(async move {
-                tokio::time::sleep_until(at).await;
-                if let Some(host) = weak.upgrade() {
-                    tracing::warn!(namespace = %host.ns, "drain deadline reached; aborting instances");
-                    host.abort_all();
+                tokio::select! {
+                    () = host.stop.cancelled() => {}
+                    () = tokio::time::sleep_until(at) => {
+                        tracing::warn!(namespace = %host.ns, "drain deadline reached; aborting instances");
+                        host.abort_all();
+                    }
                 }
             });
             drain.timer = Some(timer.abort_handle());

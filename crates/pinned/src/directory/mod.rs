@@ -28,6 +28,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::control::ControlPlane;
 use crate::fence::FenceTable;
@@ -103,8 +104,12 @@ pub(crate) struct HostShared {
     /// Local mode or behind pinboard.
     pub(crate) control: ControlPlane,
     pub(crate) fences: FenceTable,
-    /// The worker, for in-process cluster calls (set once built).
-    pub(crate) worker: std::sync::OnceLock<std::sync::Weak<crate::worker::Inner>>,
+    /// Where in-process cluster calls go (the worker's namespace table is
+    /// behind it; the host holds only the sending half).
+    pub(crate) switchboard: crate::switchboard::Switchboard,
+    /// Cancelled when the worker is dropped: ends this host's background
+    /// tasks (sweep, lease watch, drain timer), which hold it strongly.
+    pub(crate) stop: CancellationToken,
     /// The worker's state store, if any.
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     /// The application states ([`Options::state`](crate::Options::state)).
@@ -127,6 +132,8 @@ pub(crate) struct HostParts {
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     pub(crate) states: Arc<crate::state::States>,
     pub(crate) clock: crate::clock::Clock,
+    pub(crate) switchboard: crate::switchboard::Switchboard,
+    pub(crate) stop: CancellationToken,
 }
 
 impl HostShared {
@@ -142,6 +149,8 @@ impl HostShared {
             store,
             states,
             clock,
+            switchboard,
+            stop,
         } = parts;
         let router = (lifecycle.routes)();
         let duration = metrics.duration_for(&ns);
@@ -172,7 +181,8 @@ impl HostShared {
             secret,
             control,
             fences: FenceTable::default(),
-            worker: std::sync::OnceLock::new(),
+            switchboard,
+            stop,
             store,
             states,
             clock,
@@ -292,15 +302,16 @@ impl HostShared {
         if sweeper.is_some() {
             return;
         }
-        let weak = Arc::downgrade(self);
+        let host = self.clone();
         let period = self.options.sweep_interval;
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                ticks.tick().await;
-                let Some(host) = weak.upgrade() else { return };
-                host.sweep();
+                tokio::select! {
+                    () = host.stop.cancelled() => return,
+                    _ = ticks.tick() => host.sweep(),
+                }
             }
         });
         *sweeper = Some(task.abort_handle());
@@ -310,10 +321,7 @@ impl HostShared {
             spawn_detached(crate::tray::wake::wake_marked(self.clone()));
         }
         if let Some(lease) = self.control.lease() {
-            let watcher = tokio::spawn(crate::hooks::watch_lease(
-                Arc::downgrade(self),
-                lease.health(),
-            ));
+            let watcher = tokio::spawn(crate::hooks::watch_lease(self.clone(), lease.health()));
             *self.lease_watch.lock() = Some(watcher.abort_handle());
         }
     }

@@ -58,6 +58,7 @@ struct Log {
 /// One instance's effect log.
 pub(crate) struct Frontier {
     store: Arc<dyn StateStore>,
+    /// Weak: the slot owns its trays, which own this frontier.
     slot: Weak<Slot>,
     log: Mutex<Log>,
     progress: watch::Sender<Progress>,

@@ -97,6 +97,8 @@ pub(crate) struct OpenTray<T: Tray> {
     pub(crate) key: String,
     pub(crate) keyed: bool,
     pub(crate) always_open: bool,
+    /// Weak, like the slot below: the instance's trays (and through them
+    /// the slot) own this tray, so strong pointers back would be cycles.
     pub(crate) owner: Weak<InstanceTrays>,
     pub(crate) slot: Weak<Slot>,
     pub(crate) frontier: Arc<Frontier>,

@@ -26,6 +26,9 @@ type Key = (&'static str, String);
 
 /// The open trays of one instance.
 pub(crate) struct InstanceTrays {
+    /// Weak on purpose: the slot holds its trays strongly (until the end of
+    /// its teardown), so a strong pointer back would make a cycle that
+    /// keeps a record alive whenever a teardown is cut short.
     pub(crate) slot: Weak<Slot>,
     declared: Arc<Declared>,
     store: Arc<dyn StateStore>,
