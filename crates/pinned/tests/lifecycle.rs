@@ -465,3 +465,29 @@ async fn stats_rows_carry_the_reference_fields() {
         .expect("stats");
     assert_eq!(wrong.status(), 403);
 }
+
+/// The parts are wired top down: no host points back at the worker, and the
+/// background tasks (idle sweep, in-process cluster switchboard) hold their
+/// parts only until the worker is dropped. A started worker's tasks all end
+/// once its last handle goes.
+#[tokio::test(start_paused = true)]
+async fn dropping_the_worker_ends_its_background_tasks() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let worker = Options::new()
+        .env_vars(Vec::<(String, String)>::new())
+        .host::<Counter>("/counter")
+        .host::<Tracked>("/tracked")
+        .build()
+        .expect("valid options");
+    worker.start();
+    assert!(
+        metrics.num_alive_tasks() >= before + 3,
+        "two sweeps and the switchboard run"
+    );
+    drop(worker);
+    support::until("the worker's tasks ended", || {
+        metrics.num_alive_tasks() == before
+    })
+    .await;
+}
