@@ -44,7 +44,7 @@ use crate::response;
 fn retag(slot: &Arc<crate::slot::Slot>) {
     let Some(tag) = slot.tag() else { return };
     let ctx = Context::new(slot.clone());
-    crate::directory::spawn_detached(async move {
+    crate::directory::spawn_detached(&slot.host.domain, async move {
         if let Err(error) = ctx.tag(&tag).await {
             tracing::warn!(namespace = %ctx.ns(), id = %ctx.id(), %error, "cannot stamp the owner tag at the new epoch");
         }
@@ -119,7 +119,7 @@ pub(crate) fn gate<'a>(
                 token,
                 &host.secret,
                 |aud| aud == host.local_aud || host.control.is_session(aud),
-                host.clock.unix_secs(),
+                host.domain.unix_secs(),
             )
         });
     if host.control.requires_attestation() && claims.is_none() {

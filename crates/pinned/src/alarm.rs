@@ -104,13 +104,14 @@ impl AlarmRow {
         self.schedules.values().copied().chain(self.alarm).min()
     }
 
-    fn encode(&self) -> Option<Doc> {
+    /// The stored doc; `fresh_nonce` names a row that had none.
+    fn encode(&self, fresh_nonce: impl FnOnce() -> String) -> Option<Doc> {
         let at = self.at()?;
         let mut doc = Doc::new();
         doc.insert("at".into(), at.into());
         doc.insert(
             "nonce".into(),
-            self.nonce.clone().unwrap_or_else(nonce).into(),
+            self.nonce.clone().unwrap_or_else(fresh_nonce).into(),
         );
         if !self.schedules.is_empty() {
             let entries = self
@@ -173,7 +174,7 @@ impl Timer {
 
 /// The host's wall clock in epoch ms, as alarm rows store it.
 fn wall_ms(host: &HostShared) -> i64 {
-    i64::try_from(host.clock.unix_ms()).unwrap_or(i64::MAX)
+    i64::try_from(host.domain.unix_ms()).unwrap_or(i64::MAX)
 }
 
 fn ms_of(at: SystemTime) -> Result<i64, AlarmError> {
@@ -184,12 +185,6 @@ fn ms_of(at: SystemTime) -> Result<i64, AlarmError> {
     let micros = since.as_micros();
     let ms = micros.div_ceil(1000);
     i64::try_from(ms).map_err(|_| AlarmError::InvalidTime)
-}
-
-fn nonce() -> String {
-    let mut bytes = [0u8; 16];
-    rand::RngCore::fill_bytes(&mut rand::rng(), &mut bytes);
-    hex::encode(bytes)
 }
 
 /// `(at, nonce)` of an alarm doc.
@@ -245,9 +240,10 @@ impl Alarm {
 
     async fn write(&self, at: Option<SystemTime>) -> Result<(), AlarmError> {
         let at = at.map(ms_of).transpose()?;
+        let nonce = self.slot.host.domain.random_hex(16);
         modify(&self.slot, |row| {
             row.alarm = at;
-            row.nonce = at.map(|_| nonce());
+            row.nonce = at.map(|_| nonce.clone());
             Ok(())
         })
         .await
@@ -259,7 +255,7 @@ impl Alarm {
     ///
     /// As [`set`](Self::set).
     pub async fn set_in(&self, after: Duration) -> Result<(), AlarmError> {
-        self.set(Some(self.slot.host.clock.now() + after)).await
+        self.set(Some(self.slot.host.domain.now() + after)).await
     }
 
     /// The stored alarm time; `None` when there is none, or while its own
@@ -315,7 +311,7 @@ async fn modify(
         .and_then(|tray| AlarmRow::decode(&tray.doc))
         .unwrap_or_default();
     edit(&mut row)?;
-    match (row.encode(), row.at()) {
+    match (row.encode(|| slot.host.domain.random_hex(16)), row.at()) {
         (Some(doc), Some(at)) => {
             store
                 .set_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, false, doc, epoch)
@@ -453,7 +449,7 @@ impl Schedule {
     ///
     /// As [`at`](Self::at).
     pub async fn after(&self, after: Duration) -> Result<(), AlarmError> {
-        self.at(self.slot.host.clock.now() + after).await
+        self.at(self.slot.host.domain.now() + after).await
     }
 
     /// Removes the schedule; `false` when it was not set.
@@ -617,17 +613,16 @@ impl HostShared {
         let delay = Duration::from_millis(u64::try_from(at - wall_ms(self)).unwrap_or(0));
         let host = self.clone();
         let target = id.clone();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         // The timer holds the host: it is aborted when disarmed or re-armed,
         // at shut-down, and ends when the worker is dropped.
-        let handle = runtime.spawn(async move {
+        let Some(handle) = self.domain.try_spawn(async move {
             tokio::select! {
                 () = host.stop.cancelled() => {}
                 () = tokio::time::sleep(delay) => host.fire(target, at).await,
             }
-        });
+        }) else {
+            return;
+        };
         if let Some(previous) = self.timers.insert(
             id.clone(),
             Timer {
@@ -696,7 +691,7 @@ impl HostShared {
         };
         let host = self.clone();
         let slot = slot.clone();
-        spawn_detached(async move {
+        spawn_detached(&self.domain, async move {
             let epoch = slot.epoch().unwrap_or(0);
             match store
                 .get_tray(&host.ns, &slot.id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)

@@ -163,7 +163,7 @@ pub struct Options {
     pub(crate) headroom: Option<Headroom>,
     pub(crate) store: Option<std::sync::Arc<dyn pinned_store::StateStore>>,
     pub(crate) states: crate::state::States,
-    pub(crate) clock: crate::clock::Clock,
+    pub(crate) domain: crate::domain::Domain,
 }
 
 impl Default for Options {
@@ -206,7 +206,7 @@ impl Options {
             headroom: None,
             store: None,
             states: crate::state::States::default(),
-            clock: crate::clock::Clock::system(),
+            domain: crate::domain::Domain::system(),
         }
     }
 
@@ -317,14 +317,26 @@ impl Options {
         self
     }
 
-    /// Where the worker reads wall time (default [`Clock::system`]);
-    /// [`Clock::tokio`] runs alarms and attestation expiry on tokio's clock,
-    /// for tests on paused time and simulations.
+    /// Where the worker and its instances get wall time, timers, tasks
+    /// and randomness (default [`Domain::system`]);
+    /// [`Domain::simulated`] runs them on tokio's paused clock with seeded
+    /// randomness, for tests and simulations.
+    ///
+    /// [`Domain::system`]: crate::Domain::system
+    /// [`Domain::simulated`]: crate::Domain::simulated
+    pub fn domain(mut self, domain: crate::Domain) -> Self {
+        self.domain = domain;
+        self
+    }
+
+    /// Shorthand for a [`domain`](Self::domain) reading wall time from
+    /// `clock` (default [`Clock::system`]); [`Clock::tokio`] runs alarms
+    /// and attestation expiry on tokio's clock.
     ///
     /// [`Clock::system`]: crate::Clock::system
     /// [`Clock::tokio`]: crate::Clock::tokio
     pub fn clock(mut self, clock: crate::Clock) -> Self {
-        self.clock = clock;
+        self.domain = self.domain.with_clock(clock);
         self
     }
 

@@ -75,6 +75,14 @@ impl Context {
         &self.slot.id
     }
 
+    /// Where this instance gets wall time, timers, tasks and randomness:
+    /// the worker's [`Domain`](crate::Domain). Code that reads the time or
+    /// draws random numbers through it runs the same under a test's paused
+    /// clock and a seeded simulation as in production.
+    pub fn domain(&self) -> &crate::Domain {
+        &self.slot.host.domain
+    }
+
     /// The namespace, with its leading slash (`/counter`).
     pub fn ns(&self) -> &str {
         &self.slot.host.ns
@@ -156,7 +164,8 @@ impl Context {
         let entry = self.slot.hold();
         let slot = self.slot.clone();
         let span = slot.span();
-        tokio::spawn(tracing::Instrument::instrument(
+        let domain = slot.host.domain.clone();
+        domain.spawn(tracing::Instrument::instrument(
             async move {
                 let _entry = entry;
                 let outcome = if cancellable {
@@ -316,7 +325,9 @@ impl Context {
         InstanceLease {
             healthy: lease.is_none_or(|lease| lease.healthy()),
             expired: lease.is_some_and(|lease| lease.expired()),
-            expires_at: lease.and_then(|lease| lease.expires_at()).map(wall),
+            expires_at: lease
+                .and_then(|lease| lease.expires_at())
+                .map(|at| wall(self.slot.host.domain.clock(), at)),
             buffer: lease.map_or(crate::DEFAULT_LEASE_BUFFER, |lease| lease.buffer()),
             winding_down: self.slot.winding_down(),
             eviction_deadline: self
@@ -324,7 +335,7 @@ impl Context {
                 .winding_down()
                 .then(|| self.slot.effective_deadline())
                 .flatten()
-                .map(wall),
+                .map(|at| wall(self.slot.host.domain.clock(), at)),
         }
     }
 

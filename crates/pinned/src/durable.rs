@@ -47,7 +47,7 @@ pub(crate) async fn wake(
     if method != Method::POST {
         return not_allowed();
     }
-    let activation = tokio::spawn({
+    let activation = host.domain.spawn({
         let host = host.clone();
         async move { host.enter(&id, epoch).await.map(|(entry, _)| drop(entry)) }
     });

@@ -62,7 +62,9 @@ fn run<T, F>(
         None => {
             let slot = slot.clone();
             let span = slot.span();
+            let domain = slot.host.domain.clone();
             spawn_detached(
+                &domain,
                 async move {
                     let outcome = hook.await;
                     settle(&slot, outcome);

@@ -42,10 +42,10 @@ pub struct InstanceLease {
 #[error("the instance is winding down; unfinished work resumes on its next activation")]
 pub struct EvictionRequested;
 
-/// A monotonic deadline as wall time.
-pub(crate) fn wall(at: Instant) -> SystemTime {
+/// A monotonic deadline as wall time on `clock`.
+pub(crate) fn wall(clock: &crate::Clock, at: Instant) -> SystemTime {
     let now = Instant::now();
-    let wall_now = SystemTime::now();
+    let wall_now = clock.now();
     let wall = if at >= now {
         wall_now.checked_add(at - now)
     } else {

@@ -53,6 +53,7 @@ mod context;
 mod control;
 mod directory;
 mod dispatch;
+mod domain;
 mod durable;
 mod fence;
 mod headroom;
@@ -89,6 +90,7 @@ pub use config::{
     ENV_PINBOARD_TOKEN, ENV_PINBOARD_URL, ENV_PINNED_HOSTNAME, ENV_PORT, PRODUCTION_MARKERS,
 };
 pub use context::{Context, TagError};
+pub use domain::Domain;
 pub use headroom::{default_headroom, DEFAULT_HEADROOM_MB};
 pub use host::{
     HostOptions, DEFAULT_DETACHED_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES,

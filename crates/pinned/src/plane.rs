@@ -18,6 +18,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use crate::domain::Domain;
 use crate::lease::Lease;
 use crate::metrics::Metrics;
 
@@ -109,6 +110,8 @@ pub(crate) struct Plane {
     pub(crate) heartbeat_shrunk: AtomicBool,
     pub(crate) task: Mutex<Option<AbortHandle>>,
     pub(crate) http: reqwest::Client,
+    /// Tasks, timers and randomness (challenges, jitter).
+    pub(crate) domain: Domain,
 }
 
 /// Sets `*field` to `value`; true when that changed it.
@@ -120,28 +123,23 @@ fn replace<T: PartialEq>(field: &mut T, value: T) -> bool {
     true
 }
 
-fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    rand::RngCore::fill_bytes(&mut rand::rng(), &mut buf);
-    hex::encode(buf)
-}
-
 impl Plane {
     pub(crate) fn new(
         config: PlaneConfig,
         lease_buffer: Duration,
         metrics: Arc<Metrics>,
+        domain: Domain,
     ) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
             .build()?;
         Ok(Self {
             config,
-            client_id: random_hex(16),
-            secret: Arc::from(random_hex(32)),
+            client_id: domain.random_hex(16),
+            secret: Arc::from(domain.random_hex(32)),
             lease: Arc::new(Lease::new(lease_buffer, metrics.clone())),
             metrics,
-            challenge: RwLock::new((random_hex(16), random_hex(16))),
+            challenge: RwLock::new((domain.random_hex(16), domain.random_hex(16))),
             session: RwLock::new(None),
             prev_session: Mutex::new(None),
             state: tokio::sync::watch::Sender::new(RegistrationState::default()),
@@ -154,6 +152,7 @@ impl Plane {
             heartbeat_shrunk: AtomicBool::new(false),
             task: Mutex::new(None),
             http,
+            domain,
         })
     }
 
@@ -216,7 +215,7 @@ impl Plane {
 
     /// Mints the pair the next register or heartbeat carries.
     pub(crate) fn fresh_challenge(&self) -> (String, String) {
-        let pair = (random_hex(16), random_hex(16));
+        let pair = (self.domain.random_hex(16), self.domain.random_hex(16));
         *self.challenge.write() = pair.clone();
         pair
     }

@@ -27,11 +27,11 @@ use pinned_wire::registry::{
     DeregisterRequest, Duplicate, HeartbeatNack, HeartbeatRequest, RegisterRequest, ReleaseItem,
     TagRequest,
 };
-use rand::Rng;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
+use crate::domain::Domain;
 use crate::hosts::Hosts;
 use crate::plane::{PendingRelease, Plane};
 
@@ -63,7 +63,7 @@ struct Backoff {
 }
 
 impl Backoff {
-    fn delay(&self, interval: Duration, in_session: bool) -> Duration {
+    fn delay(&self, interval: Duration, in_session: bool, domain: &Domain) -> Duration {
         if in_session || self.failures == 0 {
             return interval;
         }
@@ -73,7 +73,7 @@ impl Backoff {
             None => (interval.as_secs_f64() * 2f64.powi(exponent.min(16) as i32)).min(BACKOFF_MAX),
         };
         // Jittered so a fleet's re-registrations spread out.
-        Duration::from_secs_f64(seconds * rand::rng().random_range(0.3..1.0))
+        Duration::from_secs_f64(seconds * domain.random_between(0.3, 1.0))
     }
 
     fn defer(&mut self, retry_after: Option<&str>) {
@@ -127,7 +127,11 @@ impl Registrar {
                 return;
             }
             let delay = backoff
-                .delay(self.heartbeat_interval(), self.session().is_some())
+                .delay(
+                    self.heartbeat_interval(),
+                    self.session().is_some(),
+                    &self.domain,
+                )
                 .saturating_sub(started.elapsed());
             tokio::select! {
                 () = tokio::time::sleep(delay) => {}
@@ -549,7 +553,7 @@ impl Plane {
             plane: self.clone(),
             hosts,
         };
-        let handle = tokio::spawn(async move {
+        let handle = self.domain.spawn(async move {
             loop {
                 let run = AssertUnwindSafe(plane.run()).catch_unwind().await;
                 if run.is_ok() || plane.stopping.load(Ordering::SeqCst) {
@@ -696,17 +700,23 @@ mod tests {
     fn backoff_grows_is_capped_and_jittered() {
         let interval = Duration::from_secs(3);
         let mut backoff = Backoff::default();
-        assert_eq!(backoff.delay(interval, false), interval);
+        assert_eq!(backoff.delay(interval, false, &Domain::system()), interval);
         backoff.failures = 1;
-        let d = backoff.delay(interval, false).as_secs_f64();
+        let d = backoff
+            .delay(interval, false, &Domain::system())
+            .as_secs_f64();
         assert!((1.8..=6.0).contains(&d), "{d}");
         backoff.failures = 10;
-        let d = backoff.delay(interval, false).as_secs_f64();
+        let d = backoff
+            .delay(interval, false, &Domain::system())
+            .as_secs_f64();
         assert!((9.0..=30.0).contains(&d), "{d}");
-        assert_eq!(backoff.delay(interval, true), interval);
+        assert_eq!(backoff.delay(interval, true, &Domain::system()), interval);
         let mut deferred = Backoff::default();
         deferred.defer(Some("2"));
-        let d = deferred.delay(interval, false).as_secs_f64();
+        let d = deferred
+            .delay(interval, false, &Domain::system())
+            .as_secs_f64();
         assert!((0.6..=2.0).contains(&d), "{d}");
         deferred.defer(Some("nonsense"));
         assert_eq!(deferred.deferred, Some(1.0));

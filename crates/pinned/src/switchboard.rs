@@ -139,7 +139,7 @@ fn route(hosts: &Hosts, call: Call) {
     let token = attestation::mint(
         &target.secret,
         &target.local_aud,
-        target.clock.unix_secs(),
+        target.domain.unix_secs(),
         Some(&caller),
         Some(depth),
     );
@@ -150,7 +150,7 @@ fn route(hosts: &Hosts, call: Call) {
     let hosts = hosts.clone();
     // Its own task: nested calls would otherwise poll each other on one
     // ever-deeper stack, and the switchboard keeps taking calls.
-    tokio::spawn(async move {
+    target.domain.spawn(async move {
         let response = dispatch(&hosts, request).await;
         let _ = reply.send(Ok(response));
     });

@@ -1,12 +1,13 @@
 //! Running instance work detached from any request, and describing a
 //! panic that escaped it.
 
-/// Spawns `work` on the current runtime; a no-op once the runtime is gone
-/// (a guard dropped during runtime shutdown has nothing left to close).
-pub(crate) fn spawn_detached(work: impl std::future::Future<Output = ()> + Send + 'static) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(work);
-    }
+/// Spawns `work` in `domain`; a no-op once the runtime is gone (a guard
+/// dropped during runtime shutdown has nothing left to close).
+pub(crate) fn spawn_detached(
+    domain: &crate::domain::Domain,
+    work: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let _ = domain.try_spawn(work);
 }
 
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

@@ -19,7 +19,6 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use parking_lot::Mutex;
 use pinned_wire::{attestation, headers};
-use rand::RngCore;
 use serde_json::{json, Map, Value};
 use subtle::ConstantTimeEq;
 use tokio::time::Instant;
@@ -64,17 +63,11 @@ pub(crate) struct Inner {
     stop: DropGuard,
     /// `HOST` and `PORT` as configured, for [`serve`](crate::serve).
     bind: (String, u16),
-    clock: crate::clock::Clock,
+    domain: crate::domain::Domain,
 }
 
 /// Alarms armed from the store at start (local mode).
 const ALARM_SCAN_LIMIT: usize = 1_000_000;
-
-fn random_hex(bytes: usize) -> String {
-    let mut buf = vec![0u8; bytes];
-    rand::rng().fill_bytes(&mut buf);
-    hex::encode(buf)
-}
 
 impl Options {
     /// Validates the options and builds the worker (not yet started).
@@ -97,18 +90,19 @@ impl Options {
             }
             Some(config) => {
                 let lease_buffer = self.lease_buffer;
-                let plane = Plane::new(config, lease_buffer, metrics.clone())
+                let plane = Plane::new(config, lease_buffer, metrics.clone(), self.domain.clone())
                     .map_err(|e| ConfigErrors(vec![ConfigError::HttpClient(e.to_string())]))?;
                 Some(Arc::new(plane))
             }
         };
         let control = plane.map_or(ControlPlane::Local, ControlPlane::Pinboard);
-        let secret: Arc<str> = control
-            .pinboard()
-            .map_or_else(|| Arc::from(random_hex(32)), |plane| plane.secret.clone());
+        let secret: Arc<str> = control.pinboard().map_or_else(
+            || Arc::from(self.domain.random_hex(32)),
+            |plane| plane.secret.clone(),
+        );
         let store = self.store.clone();
         let states = Arc::new(std::mem::take(&mut self.states));
-        let clock = self.clock.clone();
+        let domain = self.domain.clone();
         let bind = (
             self.bind.clone().unwrap_or_else(|| "127.0.0.1".to_owned()),
             self.parsed_port().unwrap_or(0),
@@ -127,12 +121,12 @@ impl Options {
                     options: spec.options,
                     lifecycle: spec.lifecycle,
                     metrics: metrics.clone(),
-                    local_aud: random_hex(16),
+                    local_aud: domain.random_hex(16),
                     secret: secret.clone(),
                     control: control.clone(),
                     store: store.clone(),
                     states: states.clone(),
-                    clock: clock.clone(),
+                    domain: domain.clone(),
                     switchboard: switchboard.clone(),
                     stop: stop.clone(),
                 }))
@@ -150,7 +144,7 @@ impl Options {
                 exchange: Mutex::new(Some(exchange)),
                 stop: stop.drop_guard(),
                 bind,
-                clock,
+                domain,
             }),
         })
     }
@@ -251,7 +245,7 @@ impl Worker {
             host.start();
         }
         if let Some(exchange) = self.inner.exchange.lock().take() {
-            tokio::spawn(crate::switchboard::serve(
+            self.inner.domain.spawn(crate::switchboard::serve(
                 self.inner.hosts.clone(),
                 exchange,
                 self.inner.stop.token().clone(),
@@ -271,7 +265,7 @@ impl Worker {
             return;
         };
         let worker = self.clone();
-        tokio::spawn(async move {
+        self.inner.domain.spawn(async move {
             match store.due_alarms(i64::MAX, ALARM_SCAN_LIMIT).await {
                 Ok(alarms) => {
                     for alarm in alarms {
@@ -486,7 +480,7 @@ impl Worker {
             token,
             &self.inner.secret,
             |aud| hosts.iter().any(|host| host.local_aud == aud) || control.is_session(aud),
-            self.inner.clock.unix_secs(),
+            self.inner.domain.unix_secs(),
         )
         .is_some()
     }

@@ -138,7 +138,7 @@ fn memory() -> Arc<dyn StateStore> {
 /// advance with `tokio::time`, so a paused test sleeps through minutes of
 /// alarms at once and deterministically.
 fn paused(options: Options) -> Options {
-    options.clock(pinned::Clock::tokio())
+    options.domain(pinned::Domain::simulated(7))
 }
 
 #[tokio::test(start_paused = true)]

@@ -491,3 +491,45 @@ async fn dropping_the_worker_ends_its_background_tasks() {
     })
     .await;
 }
+
+/// Draws one random number when it activates, through its domain.
+struct Dice {
+    roll: u64,
+}
+
+impl Object for Dice {
+    async fn activate(ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Dice {
+            roll: ctx.domain().random_u64(),
+        })
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new().route(
+            "/roll",
+            get(|this: This<Dice>| async move { Json(json!({ "roll": this.roll })) }),
+        )
+    }
+}
+
+/// One injectable domain gives the worker its secrets and the instance its
+/// randomness: the same seed replays both, another seed does not.
+#[tokio::test(start_paused = true)]
+async fn a_seeded_domain_replays_the_worker_and_its_instances() {
+    async fn run(seed: u64) -> (String, Value) {
+        let w = start(
+            Options::new()
+                .host::<Dice>("/dice")
+                .domain(pinned::Domain::simulated(seed)),
+        )
+        .await;
+        let (status, body) = json(w.get("/dice/a/roll").await).await;
+        assert_eq!(status, 200, "{body}");
+        (w.worker.secret().to_owned(), body)
+    }
+    let first = run(42).await;
+    assert_eq!(run(42).await, first, "one seed, one run");
+    let other = run(43).await;
+    assert_ne!(other.0, first.0, "another seed, another secret");
+    assert_ne!(other.1, first.1, "another seed, another roll");
+}

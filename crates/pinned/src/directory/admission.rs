@@ -254,7 +254,7 @@ impl HostShared {
         let task_slot = slot.clone();
         let entry = slot.hold();
         let span = slot.span();
-        let handle = tokio::spawn(async move {
+        let handle = self.domain.spawn(async move {
             let slot = task_slot;
             let _entry = entry;
             if host.holds_trays() {
@@ -284,7 +284,7 @@ impl HostShared {
             };
             let failure = match outcome {
                 Ok(Ok(instance)) => {
-                    let activated = slot.go_live(host.clock.unix_ms());
+                    let activated = slot.go_live(host.domain.unix_ms());
                     *slot.activation.lock() = None;
                     if !activated {
                         return Activation::Aborted;

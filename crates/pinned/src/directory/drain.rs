@@ -91,7 +91,7 @@ impl HostShared {
         self.control.cap_lease(deadline);
         if let Some(at) = deadline {
             let host = self.clone();
-            let timer = tokio::spawn(async move {
+            let timer = self.domain.spawn(async move {
                 tokio::select! {
                     () = host.stop.cancelled() => {}
                     () = tokio::time::sleep_until(at) => {

@@ -114,8 +114,8 @@ pub(crate) struct HostShared {
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     /// The application states ([`Options::state`](crate::Options::state)).
     pub(crate) states: Arc<crate::state::States>,
-    /// The worker's wall clock.
-    pub(crate) clock: crate::clock::Clock,
+    /// The worker's clock, tasks and randomness.
+    pub(crate) domain: crate::domain::Domain,
     /// Armed alarm timers by id.
     pub(crate) timers: DashMap<Arc<str>, crate::alarm::Timer>,
 }
@@ -131,7 +131,7 @@ pub(crate) struct HostParts {
     pub(crate) control: ControlPlane,
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     pub(crate) states: Arc<crate::state::States>,
-    pub(crate) clock: crate::clock::Clock,
+    pub(crate) domain: crate::domain::Domain,
     pub(crate) switchboard: crate::switchboard::Switchboard,
     pub(crate) stop: CancellationToken,
 }
@@ -148,7 +148,7 @@ impl HostShared {
             control,
             store,
             states,
-            clock,
+            domain,
             switchboard,
             stop,
         } = parts;
@@ -185,7 +185,7 @@ impl HostShared {
             stop,
             store,
             states,
-            clock,
+            domain,
             timers: DashMap::new(),
         }
     }
@@ -304,7 +304,7 @@ impl HostShared {
         }
         let host = self.clone();
         let period = self.options.sweep_interval;
-        let task = tokio::spawn(async move {
+        let task = self.domain.spawn(async move {
             let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -318,10 +318,12 @@ impl HostShared {
         // No pinboard sweeper wakes instances whose rows claim work: the
         // worker does, once at start.
         if self.control.fires_evicted_alarms() && self.holds_trays() {
-            spawn_detached(crate::tray::wake::wake_marked(self.clone()));
+            spawn_detached(&self.domain, crate::tray::wake::wake_marked(self.clone()));
         }
         if let Some(lease) = self.control.lease() {
-            let watcher = tokio::spawn(crate::hooks::watch_lease(self.clone(), lease.health()));
+            let watcher = self
+                .domain
+                .spawn(crate::hooks::watch_lease(self.clone(), lease.health()));
             *self.lease_watch.lock() = Some(watcher.abort_handle());
         }
     }

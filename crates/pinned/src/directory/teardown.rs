@@ -45,7 +45,10 @@ impl HostShared {
     /// Tears down `slot`, whose idle close already began.
     pub(super) fn close_begun(slot: &Arc<Slot>) {
         slot.host.closing.fetch_add(1, Ordering::SeqCst);
-        spawn_detached(teardown(slot.clone(), false).instrument(slot.span()));
+        spawn_detached(
+            &slot.host.domain,
+            teardown(slot.clone(), false).instrument(slot.span()),
+        );
     }
 
     /// Aborts `slot`: cancels its work and closes it.
@@ -55,7 +58,10 @@ impl HostShared {
             // Cancelled now, not when the teardown task runs: a handler
             // finishing in the same poll must see the abort and answer 503.
             slot.cancel.cancel();
-            spawn_detached(teardown(slot.clone(), true).instrument(slot.span()));
+            spawn_detached(
+                &slot.host.domain,
+                teardown(slot.clone(), true).instrument(slot.span()),
+            );
         }
     }
 
@@ -152,7 +158,7 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
     if pending && host.control.fires_evicted_alarms() && !host.is_shut_down() && !host.leaving() {
         let period = host.options.sweep_interval;
         let id = slot.id.to_string();
-        spawn_detached(async move {
+        spawn_detached(&host.domain.clone(), async move {
             tokio::time::sleep(period).await;
             if !host.is_shut_down() && !host.is_resident(&id) {
                 crate::tray::wake::wake(&host, &id).await;
@@ -183,7 +189,7 @@ async fn release(host: &Arc<HostShared>, slot: &Arc<Slot>) {
     let Some(plane) = host.control.pinboard() else {
         return;
     };
-    let call = tokio::spawn({
+    let call = host.domain.spawn({
         let plane = plane.clone();
         let ns = host.ns.to_string();
         let id = slot.id.to_string();

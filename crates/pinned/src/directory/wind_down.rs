@@ -42,7 +42,7 @@ pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
         state.deadline = deadline;
         if let Some(at) = deadline {
             let target = slot.clone();
-            let timer = tokio::spawn(async move {
+            let timer = slot.host.domain.spawn(async move {
                 tokio::time::sleep_until(at).await;
                 HostShared::abort(&target);
             });

@@ -98,7 +98,7 @@ impl Frontier {
             // effects is not idle, and its teardown waits for them.
             let busy = slot.hold();
             let frontier = self.clone();
-            tokio::spawn(tracing::Instrument::instrument(
+            slot.host.domain.spawn(tracing::Instrument::instrument(
                 frontier.flush(busy),
                 slot.span(),
             ));
