@@ -8,7 +8,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -122,13 +122,9 @@ impl Proc {
     }
 }
 
-/// A free loopback port (bound then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
+// The shared harness, under this module's old names.
+#[allow(unused_imports)] // not every suite uses every helper
+pub use test_support::{eventually, free_port, get_json, python};
 
 /// A unique Redis key prefix for one test.
 pub fn redis_prefix(test: &str) -> String {
@@ -178,18 +174,6 @@ pub fn rust_worker(pinboard: &str, env: &[(&str, &str)]) -> Proc {
     Proc::spawn(command, "rust-worker")
 }
 
-/// The Python interpreter with `pinned==0.16.0` and `uvicorn`.
-pub fn python() -> PathBuf {
-    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
-    let py = std::env::var_os("PINNED_PY").map_or(default, PathBuf::from);
-    assert!(
-        py.exists(),
-        "Python interpreter {} not found: run scripts/venv or set PINNED_PY",
-        py.display()
-    );
-    py
-}
-
 /// Starts a Python reference worker (pinboard's test app) against
 /// `pinboard`.
 pub fn python_worker(pinboard: &str) -> Proc {
@@ -223,72 +207,12 @@ pub fn client() -> reqwest::Client {
 
 /// `GET /registry/workers` rows.
 pub async fn workers(c: &reqwest::Client, pb: &str) -> Vec<Value> {
-    let v: Value = c
-        .get(format!("{pb}/registry/workers"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("workers")
-        .json()
-        .await
-        .expect("workers json");
-    v["workers"].as_array().cloned().unwrap_or_default()
+    test_support::workers(c, pb, TOKEN).await
 }
 
 /// Waits until `n` workers are registered (at most 30 s).
 pub async fn wait_workers(c: &reqwest::Client, pb: &str, n: usize) -> Vec<Value> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let rows = workers(c, pb).await;
-        if rows.len() == n {
-            return rows;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "expected {n} workers, have {}: {rows:?}",
-            rows.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// `GET url` as JSON, retrying 503s and transport errors for `patience`.
-/// Polls `check` until it answers `Some`, and answers that; fails the test
-/// after `patience`. The one polling loop of these tests: between checks it
-/// waits 20 ms.
-pub async fn eventually<T, F, Fut>(what: &str, patience: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-pub async fn get_json(c: &reqwest::Client, url: &str, patience: Duration) -> Value {
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        match c.get(url).send().await {
-            Ok(r) if r.status().is_success() => return r.json().await.expect("json"),
-            Ok(r) if r.status() == 503 && tokio::time::Instant::now() < deadline => {}
-            Ok(r) => {
-                let status = r.status();
-                panic!("GET {url}: {status} {}", r.text().await.unwrap_or_default())
-            }
-            Err(_) if tokio::time::Instant::now() < deadline => {}
-            Err(e) => panic!("GET {url}: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    test_support::wait_workers(c, pb, TOKEN, n).await
 }
 
 /// A worker's `/_pinned/stats`, authenticated with its secret.

@@ -12,7 +12,6 @@ pub mod raw;
 pub mod redis_server;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -24,26 +23,9 @@ pub const TOKEN: &str = "test-token";
 /// Lease TTL used by the suites (ms).
 pub const LEASE_TTL_MS: u64 = 2000;
 
-/// The Python interpreter with `pinned==0.16.0` and `uvicorn`.
-pub fn python() -> PathBuf {
-    let default = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv/bin/python");
-    let py = std::env::var_os("PINNED_PY").map_or(default, PathBuf::from);
-    assert!(
-        py.exists(),
-        "Python interpreter {} not found: set PINNED_PY or create the venv \
-         (python -m venv .venv && .venv/bin/pip install pinned==0.16.0 uvicorn websockets)",
-        py.display()
-    );
-    py
-}
-
-/// A free loopback port (bound then released).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
+// The shared harness, under this module's old names.
+#[allow(unused_imports)] // not every suite uses every helper
+pub use test_support::{eventually, free_port, get_json, python};
 
 fn log_path(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join("pinboard-tests");
@@ -300,33 +282,12 @@ pub fn bearer() -> String {
 
 /// `GET /registry/workers` rows.
 pub async fn workers(c: &reqwest::Client, pb: &str) -> Vec<Value> {
-    let v: Value = c
-        .get(format!("{pb}/registry/workers"))
-        .header("authorization", bearer())
-        .send()
-        .await
-        .expect("workers")
-        .json()
-        .await
-        .expect("workers json");
-    v["workers"].as_array().cloned().unwrap_or_default()
+    test_support::workers(c, pb, TOKEN).await
 }
 
 /// Wait until `n` workers are registered; returns their rows.
 pub async fn wait_workers(c: &reqwest::Client, pb: &str, n: usize) -> Vec<Value> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let rows = workers(c, pb).await;
-        if rows.len() == n {
-            return rows;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "expected {n} workers, have {}: {rows:?}",
-            rows.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    test_support::wait_workers(c, pb, TOKEN, n).await
 }
 
 /// GET `pb<path>` as JSON, retrying 503s for up to `patience`.
@@ -353,47 +314,6 @@ pub async fn id_on(
         }
     }
     None
-}
-
-/// Polls `check` until it answers `Some`, and answers that; fails the test
-/// after `patience`. The one polling loop of these tests: between checks it
-/// waits 20 ms.
-pub async fn eventually<T, F, Fut>(what: &str, patience: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-pub async fn get_json(c: &reqwest::Client, url: &str, patience: Duration) -> Value {
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        let res = c.get(url).send().await;
-        match res {
-            Ok(r) if r.status().is_success() => return r.json().await.expect("json"),
-            Ok(r) if r.status() == 503 && tokio::time::Instant::now() < deadline => {}
-            Ok(r) => {
-                let status = r.status();
-                panic!("GET {url}: {status} {}", r.text().await.unwrap_or_default())
-            }
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                let _ = e;
-            }
-            Err(e) => panic!("GET {url}: {e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A unique Redis key prefix for one test.

@@ -102,36 +102,23 @@ impl TestWorker {
 pub const PATIENCE: Duration = Duration::from_secs(10);
 
 /// Polls `check` until it answers `Some`, and answers that; fails the test
-/// after [`PATIENCE`]. The one place the worker's tests wait: between
-/// checks it yields 10 ms of tokio time, which a paused clock skips.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+/// after [`PATIENCE`] (the shared harness's loop, on tokio time: a paused
+/// clock skips the pauses).
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    test_support::eventually(what, PATIENCE, check).await
 }
 
 /// Waits until `done` holds (see [`eventually`]).
-pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    eventually(what, || std::future::ready(done().then_some(()))).await;
+pub async fn until(what: &str, done: impl FnMut() -> bool) {
+    test_support::until(what, PATIENCE, done).await;
 }
 
-pub async fn json(response: reqwest::Response) -> (u16, Value) {
-    let status = response.status().as_u16();
-    let body = response.json().await.unwrap_or(Value::Null);
-    (status, body)
-}
+#[allow(unused_imports)] // not every suite uses every helper
+pub use test_support::json;
 
 /// A plain counter.
 pub struct Counter {

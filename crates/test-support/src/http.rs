@@ -1,0 +1,91 @@
+//! HTTP helpers: a client, JSON answers, pinboard's worker registry.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// A plain HTTP client (no system proxy, a 20 s timeout, a pool big enough
+/// for concurrent tests).
+///
+/// # Panics
+///
+/// When the client cannot be built.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(128)
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client")
+}
+
+/// The status and JSON body of `response` (`null` for a body that is not
+/// JSON).
+pub async fn json(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// `GET url` as JSON, retrying 503s and transport errors for `patience`.
+///
+/// # Panics
+///
+/// On any other status, or when `patience` passes.
+pub async fn get_json(c: &reqwest::Client, url: &str, patience: Duration) -> Value {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        match c.get(url).send().await {
+            Ok(r) if r.status().is_success() => return r.json().await.expect("json"),
+            Ok(r) if r.status() == 503 && tokio::time::Instant::now() < deadline => {}
+            Ok(r) => {
+                let status = r.status();
+                panic!("GET {url}: {status} {}", r.text().await.unwrap_or_default())
+            }
+            Err(_) if tokio::time::Instant::now() < deadline => {}
+            Err(e) => panic!("GET {url}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `GET /registry/workers` rows of the pinboard at `pb`, with deployment
+/// token `token`.
+///
+/// # Panics
+///
+/// When pinboard does not answer JSON.
+pub async fn workers(c: &reqwest::Client, pb: &str, token: &str) -> Vec<Value> {
+    let v: Value = c
+        .get(format!("{pb}/registry/workers"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("workers")
+        .json()
+        .await
+        .expect("workers json");
+    v["workers"].as_array().cloned().unwrap_or_default()
+}
+
+/// Waits until exactly `n` workers are registered (at most 30 s); answers
+/// their rows.
+///
+/// # Panics
+///
+/// When 30 s pass first.
+pub async fn wait_workers(c: &reqwest::Client, pb: &str, token: &str, n: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = workers(c, pb, token).await;
+        if rows.len() == n {
+            return rows;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "expected {n} workers, have {}: {rows:?}",
+            rows.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
