@@ -518,3 +518,67 @@ async fn transaction_sql_runs_in_every_transaction() -> anyhow::Result<()> {
         .await?;
     Ok(())
 }
+
+/// The one-round-trip write meets an acquirer that holds the epoch row and raises the
+/// epoch: it waits, sees the new epoch once the acquirer commits, and writes nothing.
+#[tokio::test]
+async fn a_write_racing_an_acquirer_is_refused_after_it_commits() -> anyhow::Result<()> {
+    let ns = unique_ns("race");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let app = format!("pst-race-{}", std::process::id());
+    let store = Arc::new(PostgresStore::open(&url_named(&app), PostgresOptions::default()).await?);
+    store
+        .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": "epoch 4"})), 4)
+        .await?;
+    // An acquirer (another worker taking the id over) locks the row and raises it.
+    let mut holder = raw().await;
+    let tx = holder.transaction().await?;
+    tx.query_one(
+        "SELECT epoch FROM pinned_epoch WHERE ns = $1 AND id = 'a' FOR UPDATE",
+        &[&ns],
+    )
+    .await?;
+    tx.execute(
+        "UPDATE pinned_epoch SET epoch = 9 WHERE ns = $1 AND id = 'a'",
+        &[&ns],
+    )
+    .await?;
+    let write = {
+        let (store, ns) = (store.clone(), ns.clone());
+        tokio::spawn(async move {
+            store
+                .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": "late"})), 4)
+                .await
+        })
+    };
+    // Commit the takeover only once the write waits on its row lock.
+    let client = raw().await;
+    let started = Instant::now();
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                &[&app],
+            )
+            .await?
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the write never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tx.commit().await?;
+    let err = write.await?.unwrap_err();
+    assert!(matches!(err, StoreError::FenceLost { .. }), "{err:?}");
+    assert_eq!(
+        store.get_tray(&ns, "a", "t", "~", 9).await?.map(|t| t.doc),
+        Some(doc(json!({"v": "epoch 4"}))),
+        "the refused write left no trace"
+    );
+    Ok(())
+}
