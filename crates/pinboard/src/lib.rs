@@ -11,6 +11,9 @@
 //!   [`placement::RedisStore`] (many nodes).
 //! - [`registry`]: register / heartbeat / release / deregister / tag / push
 //!   and the operator views; [`registry::http`] is its HTTP shell.
+//! - [`operator`]: the operator's placements pages, sweeper status and
+//!   recent moves; [`operator_cli`]: the `pinboard workers|placements|
+//!   drain|…` commands that read and act on a running pinboard.
 //! - [`challenge`]: the advertise-URL proof.
 //! - [`proxy`]: the data plane (resolve, forward, classify, retry).
 //! - [`sweeper`]: due alarms and marked ids from the state store, delivered
@@ -34,6 +37,8 @@ pub mod clock;
 pub mod config;
 pub mod epoch_mark;
 pub mod metrics;
+pub mod operator;
+pub mod operator_cli;
 pub mod outbound;
 pub mod placement;
 pub mod proxy;

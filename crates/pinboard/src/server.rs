@@ -21,6 +21,8 @@ use crate::challenge::HttpProver;
 use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::config::{Config, READY_STORE_TIMEOUT_MS};
 use crate::metrics::Metrics;
+use crate::operator;
+use crate::operator::moves::MoveLog;
 use crate::outbound::Outbound;
 use crate::placement::PlacementStore;
 use crate::proxy::resolve::{Directory, DirectoryCounters, DirectorySettings, Readiness};
@@ -49,6 +51,10 @@ pub struct App<S> {
     pub proxy: ProxySettings,
     /// Bounds of `/registry/*` request bodies.
     pub registry_body: BodyLimits,
+    /// What moved recently (shared with the directory, which records).
+    pub moves: Arc<MoveLog>,
+    /// Whether this node runs the sweeper (`--database-url`).
+    pub sweeper_enabled: bool,
 }
 
 impl<S> std::fmt::Debug for App<S> {
@@ -110,6 +116,7 @@ impl<S: PlacementStore> App<S> {
             floor,
         } = parts;
         let metrics = Metrics::new();
+        let moves = Arc::new(MoveLog::default());
         let prover = HttpProver::new(
             outbound.clone(),
             Duration::from_millis(config.challenge_timeout_ms),
@@ -143,6 +150,7 @@ impl<S: PlacementStore> App<S> {
                     worker_reads: metrics.store_worker_reads.clone(),
                     rolled_back: metrics.placements_rolled_back.clone(),
                     store_losses: metrics.store_losses.clone(),
+                    moves: moves.clone(),
                 },
             ),
             outbound,
@@ -159,6 +167,8 @@ impl<S: PlacementStore> App<S> {
                 max_bytes: config.max_registry_body_bytes,
                 timeout: Duration::from_millis(config.body_timeout_ms),
             },
+            moves,
+            sweeper_enabled: config.database_url.is_some(),
         }
     }
 }
@@ -239,6 +249,12 @@ pub mod paths {
     pub const WORKERS: &str = "/registry/workers";
     /// `GET` (operator): placements.
     pub const OVERVIEW: &str = "/registry/overview";
+    /// `GET` (operator): placements filtered and paged.
+    pub const PLACEMENTS: &str = "/registry/placements";
+    /// `GET` (operator): the sweeper on this node.
+    pub const SWEEPER: &str = "/registry/sweeper";
+    /// `GET` (operator): recent re-placements seen by this node.
+    pub const MOVES: &str = "/registry/moves";
     /// `GET`: liveness.
     pub const HEALTHZ: &str = "/healthz";
     /// `GET`: readiness (store reachable, no quarantine).
@@ -246,9 +262,9 @@ pub mod paths {
     /// `GET`: Prometheus metrics.
     pub const METRICS: &str = "/metrics";
     /// Every path above.
-    pub const ALL: [&str; 11] = [
-        REGISTER, HEARTBEAT, RELEASE, DEREGISTER, TAG, PUSH, WORKERS, OVERVIEW, HEALTHZ, READYZ,
-        METRICS,
+    pub const ALL: [&str; 14] = [
+        REGISTER, HEARTBEAT, RELEASE, DEREGISTER, TAG, PUSH, WORKERS, OVERVIEW, PLACEMENTS,
+        SWEEPER, MOVES, HEALTHZ, READYZ, METRICS,
     ];
 }
 
@@ -263,6 +279,9 @@ pub fn router<S: PlacementStore>(app: Arc<App<S>>) -> Router {
         .route(paths::PUSH, post(registry::http::push::<S>))
         .route(paths::WORKERS, get(registry::http::workers::<S>))
         .route(paths::OVERVIEW, get(registry::http::overview::<S>))
+        .route(paths::PLACEMENTS, get(operator::http::placements::<S>))
+        .route(paths::SWEEPER, get(operator::http::sweeper::<S>))
+        .route(paths::MOVES, get(operator::http::moves::<S>))
         .route(paths::HEALTHZ, get(healthz))
         .route(paths::READYZ, get(readyz::<S>))
         .route(paths::METRICS, get(metrics::<S>))
