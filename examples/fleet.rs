@@ -9,7 +9,7 @@
 //! ```
 //!
 //! It prints the URLs to try and a throwaway operator token for
-//! `pinboard workers`. Ctrl-C (or SIGTERM) drains the
+//! `pinboard workers` and the dashboard. Ctrl-C (or SIGTERM) drains the
 //! workers first (each hands its instances back and deregisters), then
 //! stops pinboard; everything is gone within a few seconds.
 //!
@@ -231,6 +231,7 @@ fn print_welcome(pinboard: &str, operator: &str, members: &[Member]) {
     );
     println!(
         "\noperate (throwaway operator token, valid until Ctrl-C):\n  \
+         dashboard  {pinboard}/dashboard  (log in with the token below)\n  \
          token      {operator}\n  \
          PINBOARD_URL={pinboard} PINBOARD_OPERATOR_TOKEN={operator} cargo run -p pinboard -- workers\n\n\
          Ctrl-C drains the workers and stops everything."

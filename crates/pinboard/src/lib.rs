@@ -15,6 +15,8 @@
 //!   recent moves; [`operator_cli`]: the `pinboard workers|placements|
 //!   drain|…` commands that read and act on a running pinboard.
 //! - [`challenge`]: the advertise-URL proof.
+//! - [`dashboard`]: the operator's web page at `/dashboard` (assets
+//!   embedded), its login sessions and its feed.
 //! - [`proxy`]: the data plane (resolve, forward, classify, retry).
 //! - [`sweeper`]: due alarms and marked ids from the state store, delivered
 //!   as `_alarm` / `_wake` through placement (with `--database-url`).
@@ -35,6 +37,7 @@ pub mod challenge;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod epoch_mark;
 pub mod metrics;
 pub mod operator;

@@ -3,6 +3,9 @@
 //! and what moved recently. The `pinboard` operator commands
 //! ([`crate::operator_cli`]) and the dashboard read these.
 //!
+//! [`traffic`] keeps the proxy's per-namespace request, error and latency
+//! counters the dashboard draws.
+//!
 //! Owns the shapes of those answers and their bounds (a page holds at most
 //! [`MAX_PAGE_LIMIT`] rows, the move ring [`moves::MOVE_RING_CAPACITY`]).
 //! Never changes placement or a worker: every action goes through
@@ -12,6 +15,7 @@ pub mod http;
 pub mod moves;
 pub mod placements;
 pub mod sweeper_status;
+pub mod traffic;
 
 /// Rows of a placements page when the caller names no `limit`.
 pub const DEFAULT_PAGE_LIMIT: usize = 100;
