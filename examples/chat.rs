@@ -25,7 +25,7 @@ use tokio::sync::broadcast;
 /// Messages a slow member may fall behind before it skips ahead.
 const BACKLOG: usize = 64;
 
-struct Room {
+pub(crate) struct Room {
     messages: broadcast::Sender<String>,
     members: AtomicUsize,
 }

@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use pinned::{BoxError, Context, Object, Options, This};
 use serde_json::{json, Value};
 
-struct Counter {
+pub(crate) struct Counter {
     value: AtomicU64,
 }
 

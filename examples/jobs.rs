@@ -60,7 +60,7 @@ impl Tray for Jobs {
     }
 }
 
-struct Runner {
+pub(crate) struct Runner {
     work: Duration,
 }
 

@@ -2,7 +2,8 @@
 //! set up logging, bind, print the bound address, serve until SIGINT or
 //! SIGTERM. The `pinboard` binary is this one call, so other packages (the
 //! fleet tests) can build the same binary. `pinboard sim-coprocess` runs
-//! [`crate::sim`] instead.
+//! [`crate::sim`] instead, and `pinboard workers|placements|drain|undrain|
+//! wind-down|sweeper|moves` the operator commands of [`crate::operator_cli`].
 
 use std::process::ExitCode;
 
@@ -20,6 +21,12 @@ pub fn main() -> ExitCode {
         .is_some_and(|a| a == "sim-coprocess")
     {
         return crate::sim::main();
+    }
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| crate::operator_cli::is_operator_command(&a))
+    {
+        return crate::operator_cli::main();
     }
     tracing_subscriber::fmt()
         .with_env_filter(

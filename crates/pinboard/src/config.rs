@@ -68,7 +68,13 @@ pub const READY_STORE_TIMEOUT_MS: u64 = 1_000;
 
 /// pinboard: registry, placement and reverse proxy for pinned workers.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "pinboard", version, about)]
+#[command(
+    name = "pinboard",
+    version,
+    about,
+    after_help = "Operator commands against a running pinboard: pinboard workers | placements | \
+                  drain | undrain | wind-down | sweeper | moves (see pinboard <command> --help)."
+)]
 pub struct Config {
     /// Address to listen on (port 0 picks a free port; the bound address is printed).
     #[arg(long, env = "PINBOARD_LISTEN", default_value = DEFAULT_LISTEN)]

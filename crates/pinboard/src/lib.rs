@@ -11,7 +11,12 @@
 //!   [`placement::RedisStore`] (many nodes).
 //! - [`registry`]: register / heartbeat / release / deregister / tag / push
 //!   and the operator views; [`registry::http`] is its HTTP shell.
+//! - [`operator`]: the operator's placements pages, sweeper status and
+//!   recent moves; [`operator_cli`]: the `pinboard workers|placements|
+//!   drain|…` commands that read and act on a running pinboard.
 //! - [`challenge`]: the advertise-URL proof.
+//! - [`dashboard`]: the operator's web page at `/dashboard` (assets
+//!   embedded), its login sessions and its feed.
 //! - [`proxy`]: the data plane (resolve, forward, classify, retry).
 //! - [`sweeper`]: due alarms and marked ids from the state store, delivered
 //!   as `_alarm` / `_wake` through placement (with `--database-url`).
@@ -32,8 +37,11 @@ pub mod challenge;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod dashboard;
 pub mod epoch_mark;
 pub mod metrics;
+pub mod operator;
+pub mod operator_cli;
 pub mod outbound;
 pub mod placement;
 pub mod proxy;

@@ -45,6 +45,8 @@ pub struct Metrics {
     pub sweep_failures: Counter,
     /// 1 while this node holds the sweeper lease, else 0.
     pub sweep_lease_held: Gauge,
+    /// When this node last started a sweeper lap (Unix ms; 0 before the first).
+    pub sweep_last_lap_ms: Gauge,
     /// Proxied requests a worker did not answer within `--upstream-timeout-ms` (504).
     pub proxy_upstream_timeouts: Counter,
     /// Proxied requests whose client body failed or stalled (answered as the client's fault).
@@ -97,6 +99,7 @@ impl Metrics {
             sweep_wakes: Counter::default(),
             sweep_failures: Counter::default(),
             sweep_lease_held: Gauge::default(),
+            sweep_last_lap_ms: Gauge::default(),
             proxy_upstream_timeouts: Counter::default(),
             proxy_client_body_errors: Counter::default(),
             connections_open: Gauge::default(),
@@ -189,6 +192,11 @@ impl Metrics {
             "pinboard_sweep_lease_held",
             "Whether this node holds the sweeper lease (1) or not (0)",
             m.sweep_lease_held.clone(),
+        );
+        registry.register(
+            "pinboard_sweep_last_lap_timestamp_ms",
+            "When this node last started a sweeper lap (Unix ms; 0 before the first)",
+            m.sweep_last_lap_ms.clone(),
         );
         registry.register(
             "pinboard_proxy_upstream_timeouts",

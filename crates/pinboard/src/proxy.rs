@@ -289,7 +289,8 @@ pub async fn serve<S: PlacementStore>(
         Some(pq) => pq.clone(),
         None => PathAndQuery::from_static("/"),
     };
-    forward(
+    let started = Instant::now();
+    let res = forward(
         app,
         &parts,
         &path_and_query,
@@ -298,7 +299,10 @@ pub async fn serve<S: PlacementStore>(
         (&mut body, watch.as_ref()),
         on_upgrade,
     )
-    .await
+    .await;
+    app.traffic
+        .record(target.ns, res.status().as_u16(), started.elapsed());
+    res
 }
 
 /// Resolve, send, classify, retry; then, if a placement this request

@@ -58,7 +58,8 @@ use crate::clock::{Clock, Entropy, EpochFloor, Now};
 use crate::placement::{Binding, LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
 
 /// Namespaces pinboard serves itself (they could never be proxied).
-pub const RESERVED_NAMESPACES: [&str; 4] = ["/registry", "/healthz", "/readyz", "/metrics"];
+pub const RESERVED_NAMESPACES: [&str; 5] =
+    ["/registry", "/dashboard", "/healthz", "/readyz", "/metrics"];
 
 /// How long a superseded session keeps answering `superseded`, in lease TTLs.
 const SUPERSEDED_MEMORY_TTLS: u64 = 6;

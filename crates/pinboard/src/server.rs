@@ -3,10 +3,10 @@
 //! Owns which path goes where and the runtime handles (store, client,
 //! metrics); never decides anything itself.
 //!
-//! Route order: `/registry/*`, `/healthz`, `/readyz`, `/metrics` are
-//! matched first; every other path is data-plane traffic for the proxy (so
-//! a namespace named `/registry`, `/healthz`, `/readyz` or `/metrics` cannot
-//! be proxied).
+//! Route order: `/registry/*`, `/dashboard*`, `/healthz`, `/readyz`,
+//! `/metrics` are matched first; every other path is data-plane traffic for
+//! the proxy (so a namespace named `/registry`, `/dashboard`, `/healthz`,
+//! `/readyz` or `/metrics` cannot be proxied).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +20,10 @@ use http::{header, HeaderValue, StatusCode};
 use crate::challenge::HttpProver;
 use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::config::{Config, READY_STORE_TIMEOUT_MS};
+use crate::dashboard::Dashboard;
 use crate::metrics::Metrics;
+use crate::operator::moves::MoveLog;
+use crate::operator::traffic::Traffic;
 use crate::outbound::Outbound;
 use crate::placement::PlacementStore;
 use crate::proxy::resolve::{Directory, DirectoryCounters, DirectorySettings, Readiness};
@@ -28,6 +31,7 @@ use crate::proxy::{self, ProxySettings};
 use crate::registry::auth::Credentials;
 use crate::registry::http::BodyLimits;
 use crate::registry::{self, Registry, RegistryConfig};
+use crate::{dashboard, operator};
 
 /// Everything a request handler needs.
 pub struct App<S> {
@@ -49,6 +53,14 @@ pub struct App<S> {
     pub proxy: ProxySettings,
     /// Bounds of `/registry/*` request bodies.
     pub registry_body: BodyLimits,
+    /// What moved recently (shared with the directory, which records).
+    pub moves: Arc<MoveLog>,
+    /// Whether this node runs the sweeper (`--database-url`).
+    pub sweeper_enabled: bool,
+    /// Per-namespace request, error and latency counters of the proxy.
+    pub traffic: Traffic,
+    /// The dashboard's login sessions and settings.
+    pub dashboard: Dashboard,
 }
 
 impl<S> std::fmt::Debug for App<S> {
@@ -110,6 +122,8 @@ impl<S: PlacementStore> App<S> {
             floor,
         } = parts;
         let metrics = Metrics::new();
+        let moves = Arc::new(MoveLog::default());
+        let entropy_for_dashboard = entropy.clone();
         let prover = HttpProver::new(
             outbound.clone(),
             Duration::from_millis(config.challenge_timeout_ms),
@@ -143,6 +157,7 @@ impl<S: PlacementStore> App<S> {
                     worker_reads: metrics.store_worker_reads.clone(),
                     rolled_back: metrics.placements_rolled_back.clone(),
                     store_losses: metrics.store_losses.clone(),
+                    moves: moves.clone(),
                 },
             ),
             outbound,
@@ -159,6 +174,10 @@ impl<S: PlacementStore> App<S> {
                 max_bytes: config.max_registry_body_bytes,
                 timeout: Duration::from_millis(config.body_timeout_ms),
             },
+            moves,
+            sweeper_enabled: config.database_url.is_some(),
+            traffic: Traffic::default(),
+            dashboard: Dashboard::new(config.lease_ttl_ms, entropy_for_dashboard),
         }
     }
 }
@@ -239,6 +258,26 @@ pub mod paths {
     pub const WORKERS: &str = "/registry/workers";
     /// `GET` (operator): placements.
     pub const OVERVIEW: &str = "/registry/overview";
+    /// `GET` (operator): placements filtered and paged.
+    pub const PLACEMENTS: &str = "/registry/placements";
+    /// `GET` (operator): the sweeper on this node.
+    pub const SWEEPER: &str = "/registry/sweeper";
+    /// `GET` (operator): recent re-placements seen by this node.
+    pub const MOVES: &str = "/registry/moves";
+    /// `GET`: the dashboard page (or its login form).
+    pub const DASHBOARD: &str = "/dashboard";
+    /// `GET`: the dashboard's script.
+    pub const DASHBOARD_JS: &str = "/dashboard/app.js";
+    /// `GET`: the dashboard's style sheet.
+    pub const DASHBOARD_CSS: &str = "/dashboard/app.css";
+    /// `POST` (form): operator token for a session cookie.
+    pub const DASHBOARD_LOGIN: &str = "/dashboard/login";
+    /// `POST` (session, CSRF header): end the session.
+    pub const DASHBOARD_LOGOUT: &str = "/dashboard/logout";
+    /// `GET` (session): the dashboard's feed.
+    pub const DASHBOARD_STATE: &str = "/dashboard/api/state";
+    /// `POST` (session, CSRF header): drain, undrain, wind down.
+    pub const DASHBOARD_PUSH: &str = "/dashboard/api/push";
     /// `GET`: liveness.
     pub const HEALTHZ: &str = "/healthz";
     /// `GET`: readiness (store reachable, no quarantine).
@@ -246,8 +285,27 @@ pub mod paths {
     /// `GET`: Prometheus metrics.
     pub const METRICS: &str = "/metrics";
     /// Every path above.
-    pub const ALL: [&str; 11] = [
-        REGISTER, HEARTBEAT, RELEASE, DEREGISTER, TAG, PUSH, WORKERS, OVERVIEW, HEALTHZ, READYZ,
+    pub const ALL: [&str; 21] = [
+        REGISTER,
+        HEARTBEAT,
+        RELEASE,
+        DEREGISTER,
+        TAG,
+        PUSH,
+        WORKERS,
+        OVERVIEW,
+        PLACEMENTS,
+        SWEEPER,
+        MOVES,
+        DASHBOARD,
+        DASHBOARD_JS,
+        DASHBOARD_CSS,
+        DASHBOARD_LOGIN,
+        DASHBOARD_LOGOUT,
+        DASHBOARD_STATE,
+        DASHBOARD_PUSH,
+        HEALTHZ,
+        READYZ,
         METRICS,
     ];
 }
@@ -263,6 +321,16 @@ pub fn router<S: PlacementStore>(app: Arc<App<S>>) -> Router {
         .route(paths::PUSH, post(registry::http::push::<S>))
         .route(paths::WORKERS, get(registry::http::workers::<S>))
         .route(paths::OVERVIEW, get(registry::http::overview::<S>))
+        .route(paths::PLACEMENTS, get(operator::http::placements::<S>))
+        .route(paths::SWEEPER, get(operator::http::sweeper::<S>))
+        .route(paths::MOVES, get(operator::http::moves::<S>))
+        .route(paths::DASHBOARD, get(dashboard::http::page::<S>))
+        .route(paths::DASHBOARD_JS, get(dashboard::http::script))
+        .route(paths::DASHBOARD_CSS, get(dashboard::http::style))
+        .route(paths::DASHBOARD_LOGIN, post(dashboard::http::login::<S>))
+        .route(paths::DASHBOARD_LOGOUT, post(dashboard::http::logout::<S>))
+        .route(paths::DASHBOARD_STATE, get(dashboard::http::state::<S>))
+        .route(paths::DASHBOARD_PUSH, post(dashboard::http::push::<S>))
         .route(paths::HEALTHZ, get(healthz))
         .route(paths::READYZ, get(readyz::<S>))
         .route(paths::METRICS, get(metrics::<S>))

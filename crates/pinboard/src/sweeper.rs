@@ -73,7 +73,7 @@
 //!
 //! Metrics: `pinboard_sweep_laps_total`, `pinboard_sweep_alarms_delivered_total`,
 //! `pinboard_sweep_wakes_total`, `pinboard_sweep_failures_total`,
-//! `pinboard_sweep_lease_held`. Tracing target `pinboard::sweeper`.
+//! `pinboard_sweep_lease_held`, `pinboard_sweep_last_lap_timestamp_ms`. Tracing target `pinboard::sweeper`.
 //!
 //! Known limits: rows with an invalid namespace or id are skipped (debug
 //! log, every lap); the set of workers without a route is kept for the
@@ -341,6 +341,12 @@ impl<S: PlacementStore> Sweeper<S> {
             return calls;
         }
         self.shared.app.metrics.sweep_laps.inc();
+        let started = self.shared.app.clock.now().wall_ms;
+        self.shared
+            .app
+            .metrics
+            .sweep_last_lap_ms
+            .set(i64::try_from(started).unwrap_or(i64::MAX));
         self.sweep_alarms(&mut calls).await;
         self.sweep_marked(&mut calls).await;
         self.sweep_placements(&mut calls).await;

@@ -83,6 +83,7 @@ use pinned_wire::attestation;
 use prometheus_client::metrics::counter::Counter;
 
 use crate::clock::{Clock, Entropy, EpochFloor, Now};
+use crate::operator::moves::{Claim, MoveLog, MoveReason};
 use crate::placement::{
     choose_candidate, ClaimOutcome, Generation, Placement, PlacementStore, StoreError, WorkerRecord,
 };
@@ -254,6 +255,8 @@ pub struct DirectoryCounters {
     pub rolled_back: Counter,
     /// Times this node found the store's generation gone or changed.
     pub store_losses: Counter,
+    /// Re-placements seen here, for the operator's "what moved" view.
+    pub moves: Arc<MoveLog>,
 }
 
 /// Whether a node should get traffic (`/readyz`).
@@ -392,9 +395,40 @@ impl<S: PlacementStore> Directory<S> {
         if sessions.is_empty() {
             return;
         }
-        self.routes
-            .retain(|_, r| !sessions.contains(&r.worker.record.session_id));
+        let moves = &self.counters.moves;
+        self.routes.retain(|key, r| {
+            let record = &r.worker.record;
+            let ended = sessions.contains(&record.session_id);
+            if ended {
+                let reason = if record.refuses_new_ids() {
+                    MoveReason::Drain
+                } else {
+                    MoveReason::SessionEnded
+                };
+                moves.departed(key, &record.session_id, reason);
+            }
+            !ended
+        });
         *self.snapshot.write() = Arc::new(Snapshot::default());
+    }
+
+    /// Remember ids their owners released, `(key, session)` each, so their
+    /// next claim here shows as a move: a drain when the owner is draining
+    /// in the local view. Reads no store.
+    pub fn note_released<'a>(&self, released: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let snap = self.snapshot.read().clone();
+        for (key, session) in released {
+            let draining = snap
+                .by_session
+                .get(session)
+                .is_some_and(|w| w.record.refuses_new_ids());
+            let reason = if draining {
+                MoveReason::Drain
+            } else {
+                MoveReason::Released
+            };
+            self.counters.moves.departed(key, session, reason);
+        }
     }
 
     /// Mark the worker list stale (a registration changed it).
@@ -690,6 +724,44 @@ impl<S: PlacementStore> Directory<S> {
         Ok(released)
     }
 
+    /// Note a claim in the move log: after a refusal (a drain when the
+    /// refusing owner is draining), else whatever departure was seen here.
+    #[allow(clippy::too_many_arguments)]
+    fn record_move(
+        &self,
+        key: &str,
+        ns: &str,
+        id: &str,
+        placement: &Placement,
+        avoid: Avoid<'_>,
+        snap: &Snapshot,
+        now: Now,
+    ) {
+        let known = avoid.stale.map(|(from, _)| {
+            let draining = snap
+                .by_session
+                .get(from)
+                .is_some_and(|w| w.record.refuses_new_ids());
+            let reason = if draining {
+                MoveReason::Drain
+            } else {
+                MoveReason::Refusal
+            };
+            (from, reason)
+        });
+        self.counters.moves.claimed(
+            Claim {
+                key,
+                ns,
+                id,
+                to: &placement.session_id,
+                epoch: placement.epoch,
+                at_ms: now.wall_ms,
+            },
+            known,
+        );
+    }
+
     /// Resolve `(ns, id)` (cache key `key`): cached route, else the store's
     /// live owner, else a new placement on a live undrained host of `ns`.
     ///
@@ -730,6 +802,11 @@ impl<S: PlacementStore> Directory<S> {
                 if snap.by_session.contains_key(&r.worker.record.session_id) {
                     return Ok((r, false));
                 }
+                self.counters.moves.departed(
+                    key,
+                    &r.worker.record.session_id,
+                    MoveReason::LeaseLapsed,
+                );
                 self.invalidate(key);
             }
         }
@@ -776,6 +853,7 @@ impl<S: PlacementStore> Directory<S> {
                 ClaimOutcome::Owned(p) => (p, false),
                 ClaimOutcome::Claimed(p) => {
                     self.counters.placements.inc();
+                    self.record_move(key, ns, id, &p, avoid, &snap, now);
                     self.floor.minted(p.epoch).await;
                     (p, true)
                 }

@@ -111,7 +111,8 @@ fn decode<T: DeserializeOwned>(body: &Bytes) -> Result<T, RegistryError> {
         .map_err(|e| RegistryError::Malformed(format!("malformed body: {e}")))
 }
 
-fn fail<S>(app: &App<S>, e: RegistryError) -> Response {
+/// Count a failed call and answer it.
+pub(crate) fn fail<S>(app: &App<S>, e: RegistryError) -> Response {
     app.metrics.registry_errors.inc();
     e.into_response()
 }
@@ -222,6 +223,11 @@ pub async fn release<S: PlacementStore>(
             .iter()
             .map(|i| format!("{}/{}", i.namespace, i.id))
             .collect();
+        app.directory.note_released(
+            keys.iter()
+                .zip(&items)
+                .map(|(k, i)| (k.as_str(), i.session_id.as_str())),
+        );
         let freed = app.registry.release(items).await?;
         for k in keys {
             app.directory.invalidate(&k);

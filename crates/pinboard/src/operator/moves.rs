@@ -1,0 +1,214 @@
+//! What moved recently: a bounded ring of re-placements, each with why.
+//!
+//! Owns the ring and the short memory of ids whose owner just let go of them
+//! (released, deregistered, lapsed), so that the next claim of such an id can
+//! say where it came from. Fed by this node's [`Directory`] and registry
+//! shell; never reads the store and never blocks on anything but its own
+//! short locks. Both collections are bounded ([`MOVE_RING_CAPACITY`],
+//! [`DEPARTED_CAPACITY`]): a node that sees more churn forgets the oldest.
+//!
+//! A move is what *this node* saw: a claim made by another pinboard node is
+//! in that node's ring, and a first placement of a new id is no move.
+//!
+//! [`Directory`]: crate::proxy::resolve::Directory
+
+use std::collections::VecDeque;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+/// Most moves kept (the oldest goes first).
+pub const MOVE_RING_CAPACITY: usize = 256;
+/// Most ids remembered between their owner letting go and their next claim.
+pub const DEPARTED_CAPACITY: usize = 4096;
+
+/// Why an id left its owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveReason {
+    /// The owner's lease lapsed (it stopped heartbeating).
+    LeaseLapsed,
+    /// The owner refused the id (wrong epoch, closing, capacity).
+    Refusal,
+    /// The owner was draining when it let go of the id.
+    Drain,
+    /// The owner released the id (idle eviction, wind-down).
+    Released,
+    /// The owner's session ended (deregistered or superseded).
+    SessionEnded,
+}
+
+impl MoveReason {
+    /// The reason as written in JSON and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LeaseLapsed => "lease_lapsed",
+            Self::Refusal => "refusal",
+            Self::Drain => "drain",
+            Self::Released => "released",
+            Self::SessionEnded => "session_ended",
+        }
+    }
+}
+
+/// One re-placement.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Move {
+    /// When the new owner claimed it (Unix ms, this node's clock).
+    pub at_ms: u64,
+    /// Namespace with its slash.
+    pub ns: String,
+    /// Instance id.
+    pub id: String,
+    /// The session that had it.
+    pub from: String,
+    /// The session that has it now.
+    pub to: String,
+    /// The new placement epoch (decimal string, as epochs travel).
+    pub epoch: String,
+    /// Why it left `from`.
+    pub reason: MoveReason,
+}
+
+/// A claim this node made, as [`MoveLog::claimed`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// Cache key `<ns>/<id>`.
+    pub key: &'a str,
+    /// Namespace with its slash.
+    pub ns: &'a str,
+    /// Instance id.
+    pub id: &'a str,
+    /// The session that got it.
+    pub to: &'a str,
+    /// The new placement epoch.
+    pub epoch: u64,
+    /// When (Unix ms).
+    pub at_ms: u64,
+}
+
+/// The ring of recent moves and the ids waiting to be claimed again.
+#[derive(Debug)]
+pub struct MoveLog {
+    ring: Mutex<VecDeque<Move>>,
+    departed: quick_cache::sync::Cache<String, (String, MoveReason)>,
+}
+
+impl Default for MoveLog {
+    fn default() -> Self {
+        Self {
+            ring: Mutex::new(VecDeque::with_capacity(MOVE_RING_CAPACITY)),
+            departed: quick_cache::sync::Cache::new(DEPARTED_CAPACITY),
+        }
+    }
+}
+
+impl MoveLog {
+    /// `key` (`<ns>/<id>`) left session `from` for `reason`; its next
+    /// claim on this node is a move.
+    pub fn departed(&self, key: &str, from: &str, reason: MoveReason) {
+        self.departed
+            .insert(key.to_owned(), (from.to_owned(), reason));
+    }
+
+    /// This node claimed `ns`/`id` for session `to` at `epoch`. `known` is
+    /// where it came from when the caller knows (a refusal, a lapsed cached
+    /// owner); else the departure remembered for `key`, if any. A claim with
+    /// neither is a first placement and is not recorded.
+    pub fn claimed(&self, claim: Claim<'_>, known: Option<(&str, MoveReason)>) {
+        let Claim {
+            key,
+            ns,
+            id,
+            to,
+            epoch,
+            at_ms,
+        } = claim;
+        let remembered = self.departed.remove(key).map(|(_, v)| v);
+        let (from, reason) = match (known, remembered) {
+            (Some((from, reason)), _) => (from.to_owned(), reason),
+            (None, Some(departure)) => departure,
+            (None, None) => return,
+        };
+        if from == to {
+            // The owner came back for it (a re-registration's reclaim).
+            return;
+        }
+        let mut ring = self.ring.lock();
+        if ring.len() == MOVE_RING_CAPACITY {
+            ring.pop_front();
+        }
+        ring.push_back(Move {
+            at_ms,
+            ns: ns.to_owned(),
+            id: id.to_owned(),
+            from,
+            to: to.to_owned(),
+            epoch: epoch.to_string(),
+            reason,
+        });
+    }
+
+    /// Up to `limit` moves, newest first.
+    pub fn recent(&self, limit: usize) -> Vec<Move> {
+        self.ring.lock().iter().rev().take(limit).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim<'a>(key: &'a str, id: &'a str, to: &'a str, epoch: u64) -> Claim<'a> {
+        Claim {
+            key,
+            ns: "/c",
+            id,
+            to,
+            epoch,
+            at_ms: 1,
+        }
+    }
+
+    #[test]
+    fn a_departure_turns_the_next_claim_into_a_move_and_the_ring_stays_bounded() {
+        let log = MoveLog::default();
+        log.claimed(claim("/c/new", "new", "s1", 1), None);
+        assert!(log.recent(10).is_empty(), "a first placement is no move");
+        log.departed("/c/a", "s1", MoveReason::Drain);
+        log.claimed(claim("/c/a", "a", "s2", 7), None);
+        let moves = log.recent(10);
+        assert_eq!(moves.len(), 1);
+        assert_eq!(
+            (
+                moves[0].from.as_str(),
+                moves[0].to.as_str(),
+                moves[0].reason
+            ),
+            ("s1", "s2", MoveReason::Drain)
+        );
+        assert_eq!(moves[0].epoch, "7");
+        log.claimed(claim("/c/a", "a", "s3", 8), None);
+        assert_eq!(log.recent(10).len(), 1, "the departure is used once");
+        log.claimed(
+            claim("/c/b", "b", "s1", 9),
+            Some(("s1", MoveReason::Refusal)),
+        );
+        assert_eq!(log.recent(10).len(), 1, "back to the same owner is no move");
+        for i in 0..MOVE_RING_CAPACITY + 10 {
+            let (key, id) = (format!("/c/{i}"), i.to_string());
+            log.claimed(
+                claim(&key, &id, "s2", 1),
+                Some(("s1", MoveReason::LeaseLapsed)),
+            );
+        }
+        let moves = log.recent(usize::MAX);
+        assert_eq!(moves.len(), MOVE_RING_CAPACITY);
+        assert_eq!(
+            moves[0].id,
+            (MOVE_RING_CAPACITY + 9).to_string(),
+            "newest first"
+        );
+    }
+}

@@ -1,0 +1,313 @@
+//! The dashboard in a real browser: Debian's headless chromium driven over
+//! WebDriver (`chromedriver`, installed by `scripts/browser`) against a
+//! real pinboard process with two real Python reference workers. Logs in
+//! with the operator token, sees both workers and their placements, drains
+//! one from the page (through the confirmation dialog) and sees its state
+//! change, saves `docs/dashboard.png` for the README, and logs out. Also
+//! checks, over plain HTTP, what a browser cannot show: a wrong token gets
+//! no session, and an action without the CSRF header is refused.
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+use support::{client, eventually, free_port, get_json, Pinboard, Worker};
+
+const OPERATOR: &str = "dashboard-operator-token";
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// `chromedriver` on a free port, killed on drop.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    fn start() -> Self {
+        let bin = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+        let port = free_port();
+        let child = Command::new(&bin)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start {bin} ({e}): run scripts/browser (apt-get install chromium chromium-driver)")
+            });
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let c = client();
+    eventually("chromedriver ready", PATIENCE, || async {
+        let res = c.get(format!("{}/status", driver.url)).send().await.ok()?;
+        let v: Value = res.json().await.ok()?;
+        (v["value"]["ready"] == true).then_some(())
+    })
+    .await;
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({ "args": [
+            "--headless=new", "--no-sandbox", "--disable-gpu",
+            "--disable-dev-shm-usage", "--window-size=1500,1350",
+        ]}),
+    );
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&driver.url)
+        .await
+        .expect("a chromium session")
+}
+
+async fn texts(b: &Client, css: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in b.find_all(Locator::Css(css)).await.unwrap_or_default() {
+        out.push(e.text().await.unwrap_or_default());
+    }
+    out
+}
+
+async fn operator_workers(c: &reqwest::Client, pb: &str) -> Vec<Value> {
+    let v: Value = c
+        .get(format!("{pb}/registry/workers"))
+        .bearer_auth(OPERATOR)
+        .send()
+        .await
+        .expect("workers")
+        .json()
+        .await
+        .expect("workers json");
+    v["workers"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_in_see_workers_and_placements_drain_one_and_log_out() {
+    let pb = Pinboard::start(&["--operator-token", OPERATOR]);
+    let _plain = Worker::start(&pb.url);
+    let _blue = Worker::start_with(&pb.url, &[("PINNED_HOSTNAME", "blue")]);
+    let driver = Driver::start();
+    let c = client();
+    let workers = eventually("two workers", PATIENCE, || async {
+        let rows = operator_workers(&c, &pb.url).await;
+        (rows.len() == 2).then_some(rows)
+    })
+    .await;
+    for i in 0..6 {
+        get_json(&c, &format!("{}/counter/room{i}/hit", pb.url), PATIENCE).await;
+    }
+    // Some traffic while the page is open, for its charts.
+    let traffic = {
+        let (c, url) = (c.clone(), pb.url.clone());
+        tokio::spawn(async move {
+            for i in 0u64.. {
+                let _ = c
+                    .get(format!("{url}/counter/room{}/hit", i % 6))
+                    .send()
+                    .await;
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+        })
+    };
+
+    // Plain HTTP: a wrong token gets the form again and no cookie; an
+    // action with the cookie but without the CSRF header is refused.
+    let plain = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let login = format!("{}/dashboard/login", pb.url);
+    let res = plain
+        .post(&login)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("token=wrong")
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(res.status(), 401);
+    assert!(res.headers().get("set-cookie").is_none());
+    let res = plain
+        .post(&login)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={OPERATOR}"))
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(res.status(), 303);
+    let cookie = res.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().expect("pair").to_owned();
+    let push = format!("{}/dashboard/api/push", pb.url);
+    let undrain = json!({"type": "undrain", "sessionId": workers[0]["sessionId"]});
+    let res = plain
+        .post(&push)
+        .header("cookie", &session)
+        .json(&undrain)
+        .send()
+        .await
+        .expect("push");
+    assert_eq!(res.status(), 403, "no CSRF header");
+    let res = plain.post(&push).json(&undrain).send().await.expect("push");
+    assert_eq!(res.status(), 401, "no session");
+    let res = plain
+        .get(format!("{}/dashboard/api/state", pb.url))
+        .send()
+        .await
+        .expect("state");
+    assert_eq!(res.status(), 401);
+
+    // The browser.
+    let b = browser(&driver).await;
+    b.goto(&format!("{}/dashboard", pb.url))
+        .await
+        .expect("goto");
+    b.find(Locator::Id("token"))
+        .await
+        .expect("login form")
+        .send_keys(OPERATOR)
+        .await
+        .expect("type the token");
+    b.find(Locator::Id("login"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("log in");
+    let rows = eventually("both workers on the page", PATIENCE, || async {
+        let rows = texts(&b, "#workers tbody tr").await;
+        (rows.len() == 2).then_some(rows)
+    })
+    .await;
+    for w in &workers {
+        let sid = w["sessionId"].as_str().expect("sid");
+        assert!(rows.iter().any(|r| r.contains(&sid[..12])), "{rows:?}");
+    }
+    let url = b.current_url().await.expect("url");
+    assert!(
+        !url.as_str().contains(OPERATOR),
+        "the token is in the URL: {url}"
+    );
+    let cookie = b
+        .get_named_cookie("pinboard_dashboard")
+        .await
+        .expect("the session cookie");
+    assert_eq!(cookie.http_only(), Some(true));
+    assert_eq!(format!("{:?}", cookie.same_site()), "Some(Strict)");
+    let placements = eventually("six placements on the page", PATIENCE, || async {
+        let rows = texts(&b, "#placements tbody tr").await;
+        (rows.len() == 6).then_some(rows)
+    })
+    .await;
+    assert!(
+        placements.iter().all(|r| r.contains("/counter")),
+        "{placements:?}"
+    );
+
+    // Drain the blue worker from the page.
+    let blue = workers
+        .iter()
+        .find(|w| w["hostname"] == "blue")
+        .expect("blue worker");
+    let blue_sid = blue["sessionId"].as_str().expect("sid").to_owned();
+    let row = format!("#workers tr[data-session=\"{blue_sid}\"]");
+    b.find(Locator::Css(&format!("{row} button.drain")))
+        .await
+        .expect("drain button")
+        .click()
+        .await
+        .expect("click drain");
+    let ok = b
+        .wait()
+        .at_most(PATIENCE)
+        .for_element(Locator::Id("confirm-ok"))
+        .await
+        .expect("dialog");
+    let deadline = b
+        .find(Locator::Id("confirm-deadline"))
+        .await
+        .expect("deadline input");
+    assert_eq!(
+        deadline.prop("value").await.expect("value").as_deref(),
+        Some("30")
+    );
+    ok.click().await.expect("confirm");
+    eventually("the page shows the drain", PATIENCE, || async {
+        let state = texts(&b, &format!("{row} td.state")).await;
+        (state == ["draining"]).then_some(())
+    })
+    .await;
+    let drained = operator_workers(&c, &pb.url).await;
+    assert!(
+        drained
+            .iter()
+            .any(|w| w["sessionId"] == blue_sid.as_str() && w["draining"] == true),
+        "{drained:?}"
+    );
+
+    // The drained worker's ids moved to the other one, and the page says why.
+    let moves = eventually("moves shown with their reason", PATIENCE, || async {
+        let moves = texts(&b, "#moves tbody tr").await;
+        moves.iter().any(|m| m.ends_with("drain")).then_some(moves)
+    })
+    .await;
+    assert!(
+        moves.iter().any(|m| m.contains(&blue_sid[..12])),
+        "{moves:?}"
+    );
+
+    // The charts have a few samples of traffic: then the screenshot.
+    eventually("traffic charted", PATIENCE, || async {
+        let card = b.find(Locator::Css("#traffic .chart-card")).await.ok()?;
+        let samples: usize = card.attr("data-samples").await.ok()??.parse().ok()?;
+        let rate: f64 = texts(&b, "#traffic .chart-card b")
+            .await
+            .first()?
+            .parse()
+            .ok()?;
+        (samples >= 5 && rate > 0.0).then_some(())
+    })
+    .await;
+    let png = b.screenshot().await.expect("screenshot");
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+    std::fs::create_dir_all(&docs).expect("docs dir");
+    std::fs::write(docs.join("dashboard.png"), &png).expect("save the screenshot");
+
+    // Log out: back to the form, and the session is gone.
+    b.find(Locator::Id("logout"))
+        .await
+        .expect("logout")
+        .click()
+        .await
+        .expect("click");
+    b.wait()
+        .at_most(PATIENCE)
+        .for_element(Locator::Id("token"))
+        .await
+        .expect("login form again");
+    assert!(
+        b.get_named_cookie("pinboard_dashboard").await.is_err(),
+        "cookie cleared"
+    );
+    traffic.abort();
+    b.close().await.expect("close the browser");
+}
