@@ -135,6 +135,9 @@ impl Load {
     }
 }
 
+/// One id's task: call, record, pause, until stopped. (Its inputs are the
+/// load's shared parts, one argument each.)
+#[allow(clippy::too_many_arguments)]
 async fn call_id(
     client: reqwest::Client,
     id: String,

@@ -97,9 +97,10 @@ impl Scene {
     pub(crate) async fn finish(self, scenario: &str, load: Load) -> Summary {
         let history = load.stop().await;
         let durable = self.db.tallies(&self.ids).await;
-        let summary = history.verify(&durable);
-        eprintln!("{scenario}: {summary:?}");
+        let verdict = history.verify(&durable);
         self.db.drop_now().await;
+        let summary = verdict.unwrap_or_else(|violations| panic!("{scenario}: {violations}"));
+        eprintln!("{scenario}: {summary:?}");
         assert_eq!(
             summary.failing_at_end, 0,
             "{scenario}: not recovered: {summary:?}"

@@ -31,9 +31,11 @@ async fn connect(url: &str) -> tokio_postgres::Client {
     client
 }
 
-/// A database created for one scenario; [`PrivateDatabase::drop_now`] removes it.
+/// A database created for one scenario; [`PrivateDatabase::drop_now`] removes it
+/// (and so does dropping it, when a scenario failed before its end).
 pub(crate) struct PrivateDatabase {
     name: String,
+    dropped: bool,
     /// Its URL, for the workers' `FLEET_DATABASE_URL`.
     pub(crate) url: String,
 }
@@ -57,6 +59,7 @@ impl PrivateDatabase {
         Self {
             url: with_database(&cluster_url(), &name),
             name,
+            dropped: false,
         }
     }
 
@@ -97,13 +100,41 @@ impl PrivateDatabase {
     }
 
     /// Drops the database (whoever is still connected is disconnected).
-    pub(crate) async fn drop_now(self) {
-        let admin = connect(&cluster_url()).await;
-        let _ = admin
-            .batch_execute(&format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.name
-            ))
-            .await;
+    pub(crate) async fn drop_now(mut self) {
+        drop_database(&self.name).await;
+        self.dropped = true;
+    }
+}
+
+async fn drop_database(name: &str) {
+    let admin = connect(&cluster_url()).await;
+    let _ = admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .await;
+}
+
+impl Drop for PrivateDatabase {
+    /// A scenario that failed midway leaves no database behind: dropped
+    /// from a thread of its own (the test's runtime may be gone or busy).
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        let name = self.name.clone();
+        let cleanup = std::thread::spawn(move || {
+            if let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                runtime.block_on(async {
+                    let _ = tokio::time::timeout(
+                        std::time::Duration::from_secs(10),
+                        drop_database(&name),
+                    )
+                    .await;
+                });
+            }
+        });
+        let _ = cleanup.join();
     }
 }
