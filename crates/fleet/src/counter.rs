@@ -20,11 +20,16 @@ pub fn process_token() -> &'static str {
 
 /// The counter: `GET /hit`, `/peek`, `/whoami`, `/call/{target}`,
 /// `/slow?ms=`, and with a state store `POST /alarm?ms=`, `GET /fired`,
-/// `POST /write?later_ms=`, `GET /state`.
+/// `POST /write?later_ms=`, `GET /state`, `POST /bump`.
 pub struct Counter {
     id: String,
     count: AtomicU64,
     instance: String,
+    /// Bumps answered by this instance (the fault suite's in-memory counter).
+    bumps: AtomicU64,
+    /// One bump at a time per instance: a bump is a read then a write of
+    /// the durable tally, and two interleaved would both write `n + 1`.
+    bump_turn: tokio::sync::Mutex<()>,
 }
 
 impl Counter {
@@ -165,6 +170,43 @@ async fn write(
     }
 }
 
+/// `POST /bump`: adds one to the durable tally (the `("tally", "~")` row,
+/// written through the fenced state store) and answers the new value with
+/// the epoch it was written at, this instance's own count of bumps, and
+/// who answered. A write the fence refused answers 500 with the store's
+/// error, so the fault suite's checker never counts it as acknowledged.
+async fn bump(
+    this: This<Counter>,
+    call: Call,
+) -> Result<Json<Value>, (axum::http::StatusCode, String)> {
+    let store = call.ctx().store().ok_or_else(|| error("no store"))?;
+    let _turn = this.bump_turn.lock().await;
+    let value = store
+        .get_tray("tally", "~")
+        .await
+        .map_err(error)?
+        .and_then(|tray| tray.doc.get("value").and_then(Value::as_u64))
+        .unwrap_or(0)
+        + 1;
+    let mut doc = serde_json::Map::new();
+    doc.insert("value".into(), value.into());
+    // The epoch the write below carries (bumps of one id run one at a time).
+    let epoch = store.epoch();
+    store
+        .set_tray("tally", "~", false, doc)
+        .await
+        .map_err(error)?;
+    let bumps = this.bumps.fetch_add(1, Ordering::SeqCst) + 1;
+    Ok(Json(json!({
+        "id": this.id,
+        "value": value,
+        "epoch": epoch,
+        "bumps": bumps,
+        "instance": this.instance,
+        "process": process_token(),
+    })))
+}
+
 /// `GET /state`: the `("state", "~")` row.
 async fn state(call: Call) -> Result<Json<Value>, (axum::http::StatusCode, String)> {
     let store = call.ctx().store().ok_or_else(|| error("no store"))?;
@@ -180,6 +222,8 @@ impl Object for Counter {
             id: ctx.id().to_owned(),
             count: AtomicU64::new(0),
             instance: format!("{:016x}", rand::random::<u64>()),
+            bumps: AtomicU64::new(0),
+            bump_turn: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -224,5 +268,6 @@ impl Object for Counter {
             .route("/fired", get(fired))
             .route("/write", axum::routing::post(write))
             .route("/state", get(state))
+            .route("/bump", axum::routing::post(bump))
     }
 }

@@ -79,8 +79,8 @@ pub use memory::MemoryStore;
 pub use open::StoreConfig;
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    PostgresOptions, PostgresStore, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT,
-    DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
+    PostgresOptions, PostgresStore, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, SyncMode};

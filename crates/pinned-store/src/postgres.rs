@@ -31,6 +31,13 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(25);
 /// Default `SET LOCAL statement_timeout` of every transaction.
 pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(25);
+/// Default `SET LOCAL idle_in_transaction_session_timeout` of every transaction. A
+/// worker frozen (SIGSTOP, a paused VM) or cut off mid-transaction holds the lock on the
+/// instance's epoch row, and its own deadline cannot fire while it is frozen: the server
+/// ends such a session after this long, so the id's next owner waits at most this, not
+/// until the frozen worker wakes. Our transactions send their statements back to back,
+/// so a healthy client is never idle in a transaction for anywhere near this long.
+pub const DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default bound on one whole transaction, from `BEGIN` to the end of `COMMIT`. Kept
 /// above the server-side timeouts so the server errors first.
 pub const DEFAULT_TXN_DEADLINE: Duration = Duration::from_secs(30);
@@ -111,6 +118,10 @@ pub struct PostgresOptions {
     pub lock_timeout: Duration,
     /// `SET LOCAL statement_timeout` (default [`DEFAULT_STATEMENT_TIMEOUT`]).
     pub statement_timeout: Duration,
+    /// `SET LOCAL idle_in_transaction_session_timeout` (default
+    /// [`DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT`]): how long a client silent
+    /// mid-transaction keeps its locks before the server ends its session.
+    pub idle_in_transaction_timeout: Duration,
     /// Bound on one whole transaction; past it the connection is killed
     /// (default [`DEFAULT_TXN_DEADLINE`]).
     pub txn_deadline: Duration,
@@ -132,6 +143,7 @@ impl Default for PostgresOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+            idle_in_transaction_timeout: DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
             txn_deadline: DEFAULT_TXN_DEADLINE,
             env: "*".to_owned(),
             hostname: "*".to_owned(),
@@ -312,9 +324,11 @@ impl PostgresStore {
             .build()
             .map_err(|e| setup(e.into()))?;
         let mut begin = format!(
-            "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'",
+            "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'; \
+             SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
             options.lock_timeout.as_millis(),
-            options.statement_timeout.as_millis()
+            options.statement_timeout.as_millis(),
+            options.idle_in_transaction_timeout.as_millis()
         );
         if let Some(sql) = &options.transaction_sql {
             begin.push_str("; ");

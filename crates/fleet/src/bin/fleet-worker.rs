@@ -7,10 +7,12 @@
 //! `PINNED_HOSTNAME`, `FLEET_EPOCH`, `FLEET_TAKEOVER` (`wind_down`|`deny`),
 //! `FLEET_HEARTBEAT_MS`, `FLEET_LEASE_BUFFER_MS`, `FLEET_DRAIN_MS` (the
 //! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
-//! `FLEET_NS` (the namespace, default `/counter`), and
+//! `FLEET_NS` (the namespace, default `/counter`), `FLEET_MAX_INSTANCES`,
+//! `FLEET_PG_IDLE_TXN_MS` (the store's idle-in-transaction timeout), and
 //! `FLEET_DATABASE_URL` (a Postgres state store: enables `alarm`, `fired`,
-//! `write`, `state` and the process log `GET /fleet/writes`);
-//! `GET /fleet/lease-events` lists the lease hooks heard. Prints
+//! `write`, `state`, `bump` and the process log `GET /fleet/writes`);
+//! `GET /fleet/lease-events` lists the lease hooks heard, `GET
+//! /fleet/process` answers the process token every counter answer carries. Prints
 //! `secret <hex>` and then `pinned worker listening on http://<addr>`.
 
 use std::time::Duration;
@@ -19,7 +21,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use pinned::pinned_store::PostgresOptions;
 use pinned::{HostOptions, Options, Takeover};
-use pinned_fleet::counter::{lease_events, writes, Counter};
+use pinned_fleet::counter::{lease_events, process_token, writes, Counter};
 
 fn ms(name: &str) -> Option<Duration> {
     std::env::var(name)
@@ -44,6 +46,9 @@ async fn main() -> anyhow::Result<()> {
     if let Some(sweep) = ms("FLEET_SWEEP_MS") {
         host = host.sweep_interval(sweep);
     }
+    if let Ok(max) = std::env::var("FLEET_MAX_INSTANCES") {
+        host = host.max_instances(max.parse()?);
+    }
     let ns = std::env::var("FLEET_NS").unwrap_or_else(|_| "/counter".to_owned());
     let mut options = Options::from_env()
         .host_with::<Counter>(&ns, host)
@@ -67,8 +72,11 @@ async fn main() -> anyhow::Result<()> {
         options = options.lease_buffer(buffer);
     }
     if let Ok(url) = std::env::var("FLEET_DATABASE_URL") {
-        let store =
-            pinned::pinned_store::PostgresStore::open(&url, PostgresOptions::default()).await?;
+        let mut pg = PostgresOptions::default();
+        if let Some(idle) = ms("FLEET_PG_IDLE_TXN_MS") {
+            pg.idle_in_transaction_timeout = idle;
+        }
+        let store = pinned::pinned_store::PostgresStore::open(&url, pg).await?;
         options = options.store(store);
     }
     let drain = ms("FLEET_DRAIN_MS").unwrap_or(pinned::SHUTDOWN_DRAIN_DEADLINE);
@@ -80,6 +88,7 @@ async fn main() -> anyhow::Result<()> {
         .routes(
             Router::new()
                 .route("/fleet/writes", get(|| async { Json(writes()) }))
+                .route("/fleet/process", get(|| async { process_token() }))
                 .route(
                     "/fleet/lease-events",
                     get(|| async { Json(lease_events()) }),

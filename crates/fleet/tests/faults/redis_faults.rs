@@ -1,0 +1,130 @@
+//! The shared placement store failing under load, on a private
+//! `redis-server`: wiped (`FLUSHALL`), restarted empty, paused
+//! (`CLIENT PAUSE` for longer than a lease). Two pinboard nodes where the
+//! store's loss matters: one has routed every id, the other has not, and
+//! the load alternates between them. Both workers stay live throughout, so
+//! no id may move: a wiped store is rebuilt from re-registrations (the
+//! generation check and the quarantine), never by placing an id afresh.
+
+use std::time::Duration;
+
+use super::private_redis::PrivateRedis;
+use super::support::{client, eventually, pinboard, wait_workers, Proc};
+use super::{run_for, Scene, LEASE, PINBOARD_ARGS};
+
+/// Two nodes on `redis` with a real quarantine (one lease TTL).
+fn two_nodes(redis: &PrivateRedis) -> (Proc, Proc) {
+    let quarantine = LEASE.as_millis().to_string();
+    let mut args = vec![
+        "--redis-url",
+        redis.url.as_str(),
+        "--quarantine-ms",
+        quarantine.as_str(),
+    ];
+    args.extend_from_slice(&PINBOARD_ARGS);
+    (pinboard(&args), pinboard(&args))
+}
+
+/// `/readyz` status.
+async fn readyz(pb: &str) -> u16 {
+    match client().get(format!("{pb}/readyz")).send().await {
+        Ok(r) => r.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+/// Starts two workers on `one`, waits for readiness and warms the load.
+async fn warmed(scene: &Scene, one: &Proc, two: &Proc) -> (Proc, Proc, super::load::Load) {
+    let a = scene.worker(&one.url, &[]);
+    let b = scene.worker(&two.url, &[]);
+    wait_workers(&client(), &one.url, 2).await;
+    for node in [one, two] {
+        eventually("the cold-start quarantine to end", LEASE * 5, || async {
+            (readyz(&node.url).await == 200).then_some(())
+        })
+        .await;
+    }
+    let (load, _) = scene.load(&[&one.url, &two.url]);
+    load.warm(Duration::from_secs(10)).await;
+    (a, b, load)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_under_load_moves_no_id_and_loses_no_write() {
+    let redis = PrivateRedis::start().await;
+    let scene = Scene::new("flushall", 12).await;
+    let (one, two) = two_nodes(&redis);
+    let (_a, _b, load) = warmed(&scene, &one, &two).await;
+    run_for(Duration::from_millis(500)).await;
+
+    redis.flushall().await;
+    // The quarantine, the workers' re-registration, then service again.
+    run_for(LEASE * 2).await;
+    for node in [&one, &two] {
+        eventually("the store-loss quarantine to end", LEASE * 3, || async {
+            (readyz(&node.url).await == 200).then_some(())
+        })
+        .await;
+    }
+    run_for(Duration::from_millis(500)).await;
+    let summary = scene.finish("flushall", load).await;
+    assert_eq!(
+        summary.moved_ids, 0,
+        "an id moved between live workers: {summary:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_under_load_moves_no_id_and_loses_no_write() {
+    let mut redis = PrivateRedis::start().await;
+    let scene = Scene::new("redis-restart", 12).await;
+    let (one, two) = two_nodes(&redis);
+    let (_a, _b, load) = warmed(&scene, &one, &two).await;
+    run_for(Duration::from_millis(500)).await;
+
+    redis.restart().await;
+    run_for(LEASE * 2).await;
+    for node in [&one, &two] {
+        eventually("readiness after the restart", LEASE * 3, || async {
+            (readyz(&node.url).await == 200).then_some(())
+        })
+        .await;
+    }
+    run_for(Duration::from_millis(500)).await;
+    let summary = scene.finish("redis-restart", load).await;
+    assert_eq!(
+        summary.moved_ids, 0,
+        "an id moved between live workers: {summary:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_longer_than_a_lease_is_survived() {
+    let redis = PrivateRedis::start().await;
+    let scene = Scene::new("redis-pause", 8).await;
+    let (one, two) = two_nodes(&redis);
+    let (_a, _b, load) = warmed(&scene, &one, &two).await;
+    run_for(Duration::from_millis(500)).await;
+
+    let pause = LEASE * 2;
+    redis.pause(pause).await;
+    // Readiness says the store does not answer (liveness stays up).
+    eventually("/readyz to report the paused store", pause, || async {
+        (readyz(&one.url).await == 503).then_some(())
+    })
+    .await;
+    let health = client()
+        .get(format!("{}/healthz", one.url))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.status(), 200);
+    for node in [&one, &two] {
+        eventually("readiness after the pause", pause + LEASE * 3, || async {
+            (readyz(&node.url).await == 200).then_some(())
+        })
+        .await;
+    }
+    run_for(Duration::from_secs(1)).await;
+    scene.finish("redis-pause", load).await;
+}
