@@ -204,11 +204,26 @@ enum Body<'a> {
 
 impl Body<'_> {
     /// Whether the body only writes rows ([`FENCED_WRITE`] can do it at once).
+    ///
+    /// A batch that touches one row twice is not: the statement's parts all see the rows
+    /// as they were before it, so a later op on a row would not see an earlier one.
     fn is_write(&self) -> bool {
-        matches!(
-            self,
-            Body::Set { .. } | Body::Delete { .. } | Body::Batch(_)
-        )
+        match self {
+            Body::Set { .. } | Body::Delete { .. } => true,
+            Body::Batch(ops) => {
+                let mut seen = std::collections::HashSet::with_capacity(ops.len());
+                ops.iter().all(|op| {
+                    let key = match op {
+                        BatchOp::Set {
+                            tray_ns, tray_id, ..
+                        }
+                        | BatchOp::Delete { tray_ns, tray_id } => (tray_ns, tray_id),
+                    };
+                    seen.insert(key)
+                })
+            }
+            Body::Get { .. } | Body::List { .. } | Body::DeleteInstance => false,
+        }
     }
 }
 
