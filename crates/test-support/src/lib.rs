@@ -14,5 +14,5 @@ mod poll;
 mod python;
 
 pub use self::http::{client, get_json, json, wait_workers, workers};
-pub use self::poll::{eventually, until, POLL};
+pub use self::poll::{eventually, until, until_explained, POLL};
 pub use self::python::{free_port, python};

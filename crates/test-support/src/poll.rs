@@ -15,21 +15,14 @@ pub const POLL: Duration = Duration::from_millis(10);
 /// # Panics
 ///
 /// When `patience` passes first, naming `what`.
-pub async fn eventually<T, F, Fut>(what: &str, patience: Duration, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, patience: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(POLL).await;
+    match poll(patience, check).await {
+        Some(value) => value,
+        None => panic!("timed out waiting for {what}"),
     }
 }
 
@@ -40,6 +33,43 @@ where
 /// When `patience` passes first, naming `what`.
 pub async fn until(what: &str, patience: Duration, mut done: impl FnMut() -> bool) {
     eventually(what, patience, || std::future::ready(done().then_some(()))).await;
+}
+
+/// Waits until `done` holds, like [`until`]; a failure also carries
+/// `explain()`, the state that kept `done` from holding (what a scenario's
+/// log needs to tell a slow recovery from a wrong one).
+///
+/// # Panics
+///
+/// When `patience` passes first, naming `what` and the explanation.
+pub async fn until_explained(
+    what: &str,
+    patience: Duration,
+    mut done: impl FnMut() -> bool,
+    explain: impl FnOnce() -> String,
+) {
+    let held = poll(patience, || std::future::ready(done().then_some(()))).await;
+    if held.is_none() {
+        panic!("timed out waiting for {what}: {}", explain());
+    }
+}
+
+/// The loop behind every wait: `None` once `patience` passed.
+async fn poll<T, F, Fut>(patience: Duration, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        if let Some(value) = check().await {
+            return Some(value);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 #[cfg(test)]

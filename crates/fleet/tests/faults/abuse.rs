@@ -12,9 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::private_redis::PrivateRedis;
-use super::run_for;
 use super::support::{client, eventually, pinboard, wait_workers, Proc};
-use super::Scene;
+use super::{Scene, LEASE};
 
 /// Longest a well-behaved id may go unanswered while pinboard is abused.
 const SERVED_WITHIN: Duration = Duration::from_secs(3);
@@ -116,7 +115,7 @@ async fn slowloris_and_a_connection_flood_leave_a_good_client_served() {
         || async { (open_fds(&pb) <= fds_before + 8).then_some(()) },
     )
     .await;
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
     let summary = scene.finish("slowloris", load).await;
     assert!(
         summary.longest_gap < SERVED_WITHIN,
@@ -200,7 +199,7 @@ async fn an_id_flood_leaves_a_good_client_served_and_rows_bounded() {
         grown_kb < 64 * 1024,
         "pinboard grew {grown_kb} kB over the flood"
     );
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
     let summary = scene.finish("id-flood", load).await;
     assert!(
         summary.longest_gap < SERVED_WITHIN,

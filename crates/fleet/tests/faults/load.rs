@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::support::until_explained;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -34,12 +35,16 @@ type Owners = Arc<std::sync::Mutex<HashMap<String, String>>>;
 /// message of a scenario that timed out).
 type Failing = Arc<std::sync::Mutex<HashMap<String, String>>>;
 
+/// How many calls each id had answered so far.
+type Answered = Arc<std::sync::Mutex<HashMap<String, usize>>>;
+
 /// A running load.
 pub(crate) struct Load {
     stop: watch::Sender<bool>,
     tasks: Vec<(String, JoinHandle<Vec<Call>>)>,
     owners: Owners,
     failing: Failing,
+    answered: Answered,
 }
 
 impl Load {
@@ -54,6 +59,7 @@ impl Load {
         let (stop, stopped) = watch::channel(false);
         let owners = Owners::default();
         let failing = Failing::default();
+        let answered = Answered::default();
         let tasks = ids
             .iter()
             .enumerate()
@@ -65,6 +71,7 @@ impl Load {
                     entrances.clone(),
                     owners.clone(),
                     failing.clone(),
+                    answered.clone(),
                     origin,
                     stopped.clone(),
                 ));
@@ -76,21 +83,46 @@ impl Load {
             tasks,
             owners,
             failing,
+            answered,
         }
     }
 
     /// Waits until every id was answered at least once (at most `patience`).
     pub(crate) async fn warm(&self, patience: Duration) {
-        let deadline = tokio::time::Instant::now() + patience;
-        while self.owners().len() < self.tasks.len() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "only {} of {} ids answered within {patience:?}",
-                self.owners().len(),
-                self.tasks.len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.until("every id to answer once", patience, |o| {
+            o.len() == self.tasks.len()
+        })
+        .await;
+    }
+
+    /// Lets the traffic run until every id was answered `rounds` more
+    /// times (at most `patience`): the load between two steps of a
+    /// scenario, measured in answers rather than in time, so a slow machine
+    /// stretches it instead of thinning it.
+    pub(crate) async fn rounds(&self, rounds: usize, patience: Duration) {
+        let from = self.answered.lock().expect("answered").clone();
+        let done = || {
+            let now = self.answered.lock().expect("answered");
+            self.tasks.iter().all(|(id, _)| {
+                now.get(id).copied().unwrap_or(0) >= from.get(id).copied().unwrap_or(0) + rounds
+            })
+        };
+        until_explained(
+            &format!("every id to answer {rounds} more times"),
+            patience,
+            done,
+            || self.explain(),
+        )
+        .await;
+    }
+
+    /// The last answers and failures, for a scenario that timed out.
+    fn explain(&self) -> String {
+        format!(
+            "last answers {:?}, failing {:?}",
+            self.owners(),
+            self.failing.lock().expect("failing")
+        )
     }
 
     /// The process that last answered each id so far.
@@ -110,16 +142,7 @@ impl Load {
         patience: Duration,
         check: impl Fn(&HashMap<String, String>) -> bool,
     ) {
-        let deadline = tokio::time::Instant::now() + patience;
-        while !check(&self.owners()) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}: last answers {:?}, failing {:?}",
-                self.owners(),
-                self.failing.lock().expect("failing")
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_explained(what, patience, || check(&self.owners()), || self.explain()).await;
     }
 
     /// Stops and gathers every call.
@@ -145,6 +168,7 @@ async fn call_id(
     entrances: Entrances,
     owners: Owners,
     failing: Failing,
+    answered: Answered,
     origin: tokio::time::Instant,
     stopped: watch::Receiver<bool>,
 ) -> Vec<Call> {
@@ -165,6 +189,11 @@ async fn call_id(
                     .expect("owners")
                     .insert(id.clone(), answer.process.clone());
                 failing.lock().expect("failing").remove(&id);
+                *answered
+                    .lock()
+                    .expect("answered")
+                    .entry(id.clone())
+                    .or_default() += 1;
             }
             Outcome::Failed(why) => {
                 let at = format!("{:.3}s: {why}", sent.as_secs_f64());

@@ -121,9 +121,3 @@ pub(crate) async fn process_of(worker: &Proc) -> String {
         .await
         .expect("process token body")
 }
-
-/// Lets the load run for `how_long` (the scenario's traffic between two
-/// steps; nothing is asserted after it on its own).
-pub(crate) async fn run_for(how_long: Duration) {
-    tokio::time::sleep(how_long).await;
-}

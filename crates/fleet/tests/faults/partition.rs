@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::relay::Relay;
 use super::support::{client, pinboard, wait_workers};
-use super::{process_of, run_for, Scene, LEASE, PINBOARD_ARGS};
+use super::{process_of, Scene, LEASE, PINBOARD_ARGS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cut_off_from_pinboard_gives_its_ids_up_cleanly() {
@@ -27,7 +27,7 @@ async fn a_worker_cut_off_from_pinboard_gives_its_ids_up_cleanly() {
     })
     .await;
     let moved = load.held_by(&a_token);
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
 
     relay.cut();
     load.until(
@@ -36,11 +36,11 @@ async fn a_worker_cut_off_from_pinboard_gives_its_ids_up_cleanly() {
         |o| o.values().all(|p| *p == b_token),
     )
     .await;
-    run_for(Duration::from_secs(1)).await;
+    load.rounds(5, LEASE * 4).await;
     // Healed: the cut-off worker registers anew and serves again.
     relay.heal();
     wait_workers(&client(), &pb.url, 2).await;
-    run_for(Duration::from_secs(1)).await;
+    load.rounds(5, LEASE * 4).await;
     let summary = scene.finish("partition", load).await;
     assert!(
         summary.moved_ids >= moved,

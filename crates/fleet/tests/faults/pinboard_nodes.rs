@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::private_redis::PrivateRedis;
 use super::support::{client, pinboard, wait_workers};
-use super::{process_of, run_for, Scene, LEASE, PINBOARD_ARGS};
+use super::{process_of, Scene, LEASE, PINBOARD_ARGS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_one_of_two_pinboard_nodes() {
@@ -28,7 +28,7 @@ async fn sigkill_of_one_of_two_pinboard_nodes() {
     })
     .await;
     let moved = load.held_by(&b_token);
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
 
     two.kill9();
     // Clients find the dead node refusing connections and go to the
@@ -40,7 +40,7 @@ async fn sigkill_of_one_of_two_pinboard_nodes() {
         |o| o.values().all(|p| *p == a_token),
     )
     .await;
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
     let summary = scene.finish("pinboard-sigkill", load).await;
     assert!(
         summary.moved_ids >= moved,

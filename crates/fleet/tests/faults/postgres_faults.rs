@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::support::{client, pinboard, wait_workers};
-use super::{run_for, Scene, PINBOARD_ARGS};
+use super::{Scene, LEASE, PINBOARD_ARGS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_killed_during_writes_lose_no_acknowledged_write() {
@@ -22,11 +22,11 @@ async fn postgres_connections_killed_during_writes_lose_no_acknowledged_write() 
 
     let mut killed = 0;
     for _ in 0..5 {
-        run_for(Duration::from_millis(400)).await;
+        load.rounds(2, LEASE * 4).await;
         killed += scene.db.terminate_backends().await;
     }
     assert!(killed > 0, "no worker connection was ever open");
-    run_for(Duration::from_secs(1)).await;
+    load.rounds(5, LEASE * 4).await;
     let summary = scene.finish("postgres-restart", load).await;
     assert_eq!(summary.moved_ids, 0, "{summary:?}");
 }

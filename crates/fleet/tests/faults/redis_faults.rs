@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::private_redis::PrivateRedis;
 use super::support::{client, eventually, pinboard, wait_workers, Proc};
-use super::{run_for, Scene, LEASE, PINBOARD_ARGS};
+use super::{Scene, LEASE, PINBOARD_ARGS};
 
 /// Two nodes on `redis` with a real quarantine (one lease TTL).
 fn two_nodes(redis: &PrivateRedis) -> (Proc, Proc) {
@@ -31,6 +31,16 @@ async fn readyz(pb: &str) -> u16 {
         Ok(r) => r.status().as_u16(),
         Err(_) => 0,
     }
+}
+
+/// Waits until a node noticed the store's loss (its `/readyz` answers 503
+/// for the quarantine, one lease long), so the scenario's traffic spans the
+/// rebuild rather than ending before the loss was seen.
+async fn noticed(one: &Proc, two: &Proc) {
+    eventually("a node to notice the store's loss", LEASE * 3, || async {
+        (readyz(&one.url).await == 503 || readyz(&two.url).await == 503).then_some(())
+    })
+    .await;
 }
 
 /// Starts two workers on `one`, waits for readiness and warms the load.
@@ -55,18 +65,18 @@ async fn flushall_under_load_moves_no_id_and_loses_no_write() {
     let scene = Scene::new("flushall", 12).await;
     let (one, two) = two_nodes(&redis);
     let (_a, _b, load) = warmed(&scene, &one, &two).await;
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
 
     redis.flushall().await;
     // The quarantine, the workers' re-registration, then service again.
-    run_for(LEASE * 2).await;
+    noticed(&one, &two).await;
     for node in [&one, &two] {
         eventually("the store-loss quarantine to end", LEASE * 3, || async {
             (readyz(&node.url).await == 200).then_some(())
         })
         .await;
     }
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
     let summary = scene.finish("flushall", load).await;
     assert_eq!(
         summary.moved_ids, 0,
@@ -80,17 +90,17 @@ async fn redis_restart_under_load_moves_no_id_and_loses_no_write() {
     let scene = Scene::new("redis-restart", 12).await;
     let (one, two) = two_nodes(&redis);
     let (_a, _b, load) = warmed(&scene, &one, &two).await;
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
 
     redis.restart().await;
-    run_for(LEASE * 2).await;
+    noticed(&one, &two).await;
     for node in [&one, &two] {
         eventually("readiness after the restart", LEASE * 3, || async {
             (readyz(&node.url).await == 200).then_some(())
         })
         .await;
     }
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
     let summary = scene.finish("redis-restart", load).await;
     assert_eq!(
         summary.moved_ids, 0,
@@ -104,7 +114,7 @@ async fn redis_paused_longer_than_a_lease_is_survived() {
     let scene = Scene::new("redis-pause", 8).await;
     let (one, two) = two_nodes(&redis);
     let (_a, _b, load) = warmed(&scene, &one, &two).await;
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
 
     let pause = LEASE * 2;
     redis.pause(pause).await;
@@ -125,6 +135,6 @@ async fn redis_paused_longer_than_a_lease_is_survived() {
         })
         .await;
     }
-    run_for(Duration::from_secs(1)).await;
+    load.rounds(5, LEASE * 4).await;
     scene.finish("redis-pause", load).await;
 }

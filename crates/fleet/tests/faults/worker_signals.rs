@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::support::{client, pinboard, wait_workers};
-use super::{process_of, run_for, Scene, LEASE, PINBOARD_ARGS};
+use super::{process_of, Scene, LEASE, PINBOARD_ARGS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_a_worker_moves_its_ids_with_their_tallies() {
@@ -24,14 +24,14 @@ async fn sigkill_of_a_worker_moves_its_ids_with_their_tallies() {
     })
     .await;
     let moved = load.held_by(&a_token);
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
 
     a.kill9();
     load.until("every id to answer from the survivor", LEASE * 4, |o| {
         o.values().all(|p| *p == b_token)
     })
     .await;
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
     let summary = scene.finish("sigkill", load).await;
     assert!(
         summary.moved_ids >= moved,
@@ -54,7 +54,7 @@ async fn sigstop_then_sigcont_of_a_worker_never_lets_it_answer_for_a_moved_id() 
     })
     .await;
     let moved = load.held_by(&a_token);
-    run_for(Duration::from_millis(500)).await;
+    load.rounds(3, LEASE * 4).await;
 
     // Frozen: calls to its ids hang until pinboard's upstream deadline
     // (504), then its lease lapses and the ids move.
@@ -67,7 +67,7 @@ async fn sigstop_then_sigcont_of_a_worker_never_lets_it_answer_for_a_moved_id() 
     // is fenced. The load keeps going while it re-registers.
     a.resume();
     wait_workers(&client(), &pb.url, 2).await;
-    run_for(Duration::from_secs(1)).await;
+    load.rounds(5, LEASE * 4).await;
     let summary = scene.finish("sigstop", load).await;
     assert!(
         summary.moved_ids >= moved,

@@ -124,7 +124,7 @@ impl Proc {
 
 // The shared harness, under this module's old names.
 #[allow(unused_imports)] // not every suite uses every helper
-pub use test_support::{eventually, free_port, get_json, python};
+pub use test_support::{eventually, free_port, get_json, python, until_explained};
 
 /// A unique Redis key prefix for one test.
 pub fn redis_prefix(test: &str) -> String {
