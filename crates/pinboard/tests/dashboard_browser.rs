@@ -82,17 +82,9 @@ async fn texts(b: &Client, css: &str) -> Vec<String> {
     out
 }
 
+/// The registry's worker rows, read with the operator token.
 async fn operator_workers(c: &reqwest::Client, pb: &str) -> Vec<Value> {
-    let v: Value = c
-        .get(format!("{pb}/registry/workers"))
-        .bearer_auth(OPERATOR)
-        .send()
-        .await
-        .expect("workers")
-        .json()
-        .await
-        .expect("workers json");
-    v["workers"].as_array().cloned().unwrap_or_default()
+    test_support::workers(c, pb, OPERATOR).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,17 +75,19 @@ pub async fn workers(c: &reqwest::Client, pb: &str, token: &str) -> Vec<Value> {
 ///
 /// When 30 s pass first.
 pub async fn wait_workers(c: &reqwest::Client, pb: &str, token: &str, n: usize) -> Vec<Value> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    let last = std::sync::Mutex::new(Vec::new());
+    let seen = &last;
+    let found = crate::poll::poll(Duration::from_secs(30), move || async move {
         let rows = workers(c, pb, token).await;
         if rows.len() == n {
-            return rows;
+            return Some(rows);
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "expected {n} workers, have {}: {rows:?}",
-            rows.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        *seen.lock().unwrap_or_else(|e| e.into_inner()) = rows;
+        None
+    })
+    .await;
+    found.unwrap_or_else(|| {
+        let rows = last.into_inner().unwrap_or_else(|e| e.into_inner());
+        panic!("expected {n} workers, have {}: {rows:?}", rows.len())
+    })
 }

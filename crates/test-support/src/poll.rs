@@ -55,7 +55,7 @@ pub async fn until_explained(
 }
 
 /// The loop behind every wait: `None` once `patience` passed.
-async fn poll<T, F, Fut>(patience: Duration, mut check: F) -> Option<T>
+pub(crate) async fn poll<T, F, Fut>(patience: Duration, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
