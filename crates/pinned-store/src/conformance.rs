@@ -378,6 +378,29 @@ pub async fn batch_applies_in_order(store: Arc<dyn StateStore>, ns: &str) {
         4,
     );
     assert_eq!(s.list(ns, "b", 5, None, None).await.unwrap().len(), 2);
+    // At the epoch already stored (a store's fast path, when it has one), rows
+    // written twice still end as the last op left them.
+    let ops = vec![
+        BatchOp::delete("t", "4"),
+        BatchOp::set("t", "4", true, doc(json!({"v": 44}))),
+        BatchOp::set("t", "6", true, doc(json!({"v": 6}))),
+        BatchOp::delete("t", "6"),
+        BatchOp::set("t", "2", true, doc(json!({"v": 3}))),
+        BatchOp::set("t", "2", false, doc(json!({"v": 4}))),
+    ];
+    s.apply_batch(ns, "b", ops, 5).await.unwrap();
+    let rows = s.list(ns, "b", 5, None, None).await.unwrap();
+    let images: Vec<_> = rows
+        .iter()
+        .map(|r| (r.tray_id.as_str(), r.marked, r.doc.clone()))
+        .collect();
+    assert_eq!(
+        images,
+        vec![
+            ("2", false, doc(json!({"v": 4}))),
+            ("4", true, doc(json!({"v": 44}))),
+        ]
+    );
 }
 
 /// A batch at a superseded epoch fails as a whole and changes nothing.

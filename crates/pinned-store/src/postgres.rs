@@ -7,6 +7,7 @@
 //! the fast path, never retry on a freshly dialled connection (the database itself is
 //! failing), and never return a connection with an open transaction to the pool.
 
+use std::collections::HashSet;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -204,24 +205,9 @@ enum Body<'a> {
 
 impl Body<'_> {
     /// Whether the body only writes rows ([`FENCED_WRITE`] can do it at once).
-    ///
-    /// A batch that touches one row twice is not: the statement's parts all see the rows
-    /// as they were before it, so a later op on a row would not see an earlier one.
     fn is_write(&self) -> bool {
         match self {
-            Body::Set { .. } | Body::Delete { .. } => true,
-            Body::Batch(ops) => {
-                let mut seen = std::collections::HashSet::with_capacity(ops.len());
-                ops.iter().all(|op| {
-                    let key = match op {
-                        BatchOp::Set {
-                            tray_ns, tray_id, ..
-                        }
-                        | BatchOp::Delete { tray_ns, tray_id } => (tray_ns, tray_id),
-                    };
-                    seen.insert(key)
-                })
-            }
+            Body::Set { .. } | Body::Delete { .. } | Body::Batch(_) => true,
             Body::Get { .. } | Body::List { .. } | Body::DeleteInstance => false,
         }
     }
@@ -250,15 +236,25 @@ impl<'a> Writes<'a> {
             } => writes.set(tray_ns, tray_id, marked, doc),
             Body::Delete { tray_ns, tray_id } => writes.delete(tray_ns, tray_id),
             Body::Batch(ops) => {
-                for op in ops {
-                    match op {
+                // The statement's parts all see the rows as they were before it, so a
+                // row written twice in one batch is written once, with its last image:
+                // the state the ops leave when applied one after another.
+                let mut written = HashSet::with_capacity(ops.len());
+                for op in ops.iter().rev() {
+                    let (tray_ns, tray_id) = match op {
                         BatchOp::Set {
-                            tray_ns,
-                            tray_id,
-                            marked,
-                            doc,
-                        } => writes.set(tray_ns, tray_id, *marked, doc),
-                        BatchOp::Delete { tray_ns, tray_id } => writes.delete(tray_ns, tray_id),
+                            tray_ns, tray_id, ..
+                        }
+                        | BatchOp::Delete { tray_ns, tray_id } => (tray_ns, tray_id),
+                    };
+                    if !written.insert((tray_ns, tray_id)) {
+                        continue;
+                    }
+                    match op {
+                        BatchOp::Set { marked, doc, .. } => {
+                            writes.set(tray_ns, tray_id, *marked, doc)
+                        }
+                        BatchOp::Delete { .. } => writes.delete(tray_ns, tray_id),
                     }
                 }
             }
