@@ -19,6 +19,9 @@ use serde_json::Value;
 use tokio_postgres::types::{Json, ToSql};
 use tokio_postgres::{NoTls, Row};
 
+mod group_commit;
+
+use self::group_commit::{GroupCommit, Landed, Write};
 use crate::error::postgres_transient;
 use crate::locks::InstanceLocks;
 use crate::store::{check_epoch, sql_limit};
@@ -63,25 +66,6 @@ const UPSERT_TRAY: &str = "INSERT INTO pinned_tray_index \
 (ns, id, tray_ns, tray_id, marked, doc, env, hostname) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
 ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
 doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname";
-/// The fast path of a write (`PostgresStore::fenced_write`): every upsert and delete of
-/// one batch in a single statement that takes the instance's `pinned_epoch` row `FOR
-/// SHARE` only if it holds exactly the writer's epoch, and writes nothing otherwise. It
-/// answers how many epoch rows matched (1 or 0). `FOR SHARE` conflicts with the
-/// `FOR UPDATE` every acquirer (ours and the reference's) takes before it raises the
-/// epoch, so the fence is the same as the full transaction's; under READ COMMITTED a
-/// statement that waited for an acquirer re-checks the epoch of the row it committed.
-/// Replaying it writes the same images: it is idempotent.
-const FENCED_WRITE: &str = "WITH fence AS (\
-SELECT 1 FROM pinned_epoch WHERE ns = $1 AND id = $2 AND epoch = $3 FOR SHARE), \
-upserted AS (INSERT INTO pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
-SELECT $1, $2, s.tray_ns, s.tray_id, s.marked, s.doc, $4, $5 FROM fence, \
-unnest($6::text[], $7::text[], $8::boolean[], $9::jsonb[]) AS s(tray_ns, tray_id, marked, doc) \
-ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
-doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname RETURNING 1), \
-deleted AS (DELETE FROM pinned_tray_index t USING fence, \
-unnest($10::text[], $11::text[]) AS d(tray_ns, tray_id) \
-WHERE t.ns = $1 AND t.id = $2 AND t.tray_ns = d.tray_ns AND t.tray_id = d.tray_id RETURNING 1) \
-SELECT count(*) FROM fence";
 const DELETE_TRAY: &str = "DELETE FROM pinned_tray_index \
 WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
 const DELETE_INSTANCE: &str = "DELETE FROM pinned_tray_index WHERE ns = $1 AND id = $2";
@@ -162,7 +146,9 @@ impl Default for PostgresOptions {
 /// run the body; `COMMIT`. A write at the epoch already stored (every write of a placement
 /// but its first) takes a shorter way with the same fence: one statement that writes only
 /// while the row holds exactly that epoch, sent with `BEGIN` and `COMMIT` in one round
-/// trip; should it find another epoch, the full transaction runs.
+/// trip, together with the writes of other instances waiting at that moment (group
+/// commit: at most 64 instances a statement, at most `pool_size / 2` statements in
+/// flight); should it find another epoch, the full transaction runs.
 ///
 /// Retry rule: a transient failure (connection loss, the deadline, or a transient
 /// SQLSTATE) before `COMMIT` on a connection that had already served an earlier
@@ -177,6 +163,8 @@ pub struct PostgresStore {
     locks: InstanceLocks,
     begin: String,
     options: PostgresOptions,
+    /// The one-round-trip writes, grouped across instances.
+    group: GroupCommit,
 }
 
 /// What one transaction body does after the fence.
@@ -204,7 +192,7 @@ enum Body<'a> {
 }
 
 impl Body<'_> {
-    /// Whether the body only writes rows ([`FENCED_WRITE`] can do it at once).
+    /// Whether the body only writes rows (a [`group_commit`] write can do it at once).
     fn is_write(&self) -> bool {
         match self {
             Body::Set { .. } | Body::Delete { .. } | Body::Batch(_) => true,
@@ -213,66 +201,67 @@ impl Body<'_> {
     }
 }
 
-/// A write body as the column arrays [`FENCED_WRITE`] takes.
-#[derive(Default)]
-struct Writes<'a> {
-    set_ns: Vec<&'a str>,
-    set_id: Vec<&'a str>,
-    set_marked: Vec<bool>,
-    set_doc: Vec<Json<&'a Doc>>,
-    delete_ns: Vec<&'a str>,
-    delete_id: Vec<&'a str>,
-}
-
-impl<'a> Writes<'a> {
-    fn of(body: &Body<'a>) -> Self {
-        let mut writes = Self::default();
-        match *body {
+impl Body<'_> {
+    /// The body as one instance's group write (see [`group_commit`]): every row once,
+    /// at its final image. A batch writing one row twice keeps its last image, the
+    /// state its ops leave when applied one after another (the group statement's parts
+    /// all see the rows as they were before it).
+    fn grouped(&self, (ns, id): (&str, &str), stored_epoch: i64) -> Result<Write, StoreError> {
+        let mut write = Write {
+            ns: ns.to_owned(),
+            id: id.to_owned(),
+            stored_epoch,
+            sets: Vec::new(),
+            deletes: Vec::new(),
+        };
+        let mut add = |tray_ns: &str, tray_id: &str, image: Option<(bool, &Doc)>| {
+            match image {
+                Some((marked, doc)) => {
+                    let text = serde_json::to_string(doc).map_err(|e| StoreError::Corrupt {
+                        key: format!("{ns}/{id} {tray_ns}/{tray_id}"),
+                        detail: format!("the document does not encode: {e}"),
+                    })?;
+                    write
+                        .sets
+                        .push((tray_ns.to_owned(), tray_id.to_owned(), marked, text));
+                }
+                None => write.deletes.push((tray_ns.to_owned(), tray_id.to_owned())),
+            }
+            Ok::<_, StoreError>(())
+        };
+        match *self {
             Body::Set {
                 tray_ns,
                 tray_id,
                 marked,
                 doc,
-            } => writes.set(tray_ns, tray_id, marked, doc),
-            Body::Delete { tray_ns, tray_id } => writes.delete(tray_ns, tray_id),
+            } => add(tray_ns, tray_id, Some((marked, doc)))?,
+            Body::Delete { tray_ns, tray_id } => add(tray_ns, tray_id, None)?,
             Body::Batch(ops) => {
-                // The statement's parts all see the rows as they were before it, so a
-                // row written twice in one batch is written once, with its last image:
-                // the state the ops leave when applied one after another.
                 let mut written = HashSet::with_capacity(ops.len());
                 for op in ops.iter().rev() {
-                    let (tray_ns, tray_id) = match op {
-                        BatchOp::Set {
-                            tray_ns, tray_id, ..
-                        }
-                        | BatchOp::Delete { tray_ns, tray_id } => (tray_ns, tray_id),
-                    };
-                    if !written.insert((tray_ns, tray_id)) {
-                        continue;
-                    }
                     match op {
-                        BatchOp::Set { marked, doc, .. } => {
-                            writes.set(tray_ns, tray_id, *marked, doc)
+                        BatchOp::Set {
+                            tray_ns,
+                            tray_id,
+                            marked,
+                            doc,
+                        } => {
+                            if written.insert((tray_ns, tray_id)) {
+                                add(tray_ns, tray_id, Some((*marked, doc)))?;
+                            }
                         }
-                        BatchOp::Delete { .. } => writes.delete(tray_ns, tray_id),
+                        BatchOp::Delete { tray_ns, tray_id } => {
+                            if written.insert((tray_ns, tray_id)) {
+                                add(tray_ns, tray_id, None)?;
+                            }
+                        }
                     }
                 }
             }
             Body::Get { .. } | Body::List { .. } | Body::DeleteInstance => {}
         }
-        writes
-    }
-
-    fn set(&mut self, tray_ns: &'a str, tray_id: &'a str, marked: bool, doc: &'a Doc) {
-        self.set_ns.push(tray_ns);
-        self.set_id.push(tray_id);
-        self.set_marked.push(marked);
-        self.set_doc.push(Json(doc));
-    }
-
-    fn delete(&mut self, tray_ns: &'a str, tray_id: &'a str) {
-        self.delete_ns.push(tray_ns);
-        self.delete_id.push(tray_id);
+        Ok(write)
     }
 }
 
@@ -287,9 +276,6 @@ enum Output {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Open,
-    /// The fast path sent its statement and `COMMIT` together: the outcome of a failure
-    /// is unknown, but replaying the write is safe (see [`FENCED_WRITE`]).
-    Replayable,
     Committing,
 }
 
@@ -345,11 +331,13 @@ impl PostgresStore {
             begin.push_str("; ");
             begin.push_str(sql);
         }
+        let group = GroupCommit::new(pool.clone(), &begin, &options);
         Ok(Self {
             pool,
             locks: InstanceLocks::default(),
             begin,
             options,
+            group,
         })
     }
 
@@ -463,11 +451,19 @@ impl PostgresStore {
         body: Body<'_>,
     ) -> Result<Output, StoreError> {
         let stored_epoch = check_epoch(epoch)?;
-        let _turn = self.locks.lock(ns, id).await;
+        let mut turn = self.locks.lock(ns, id).await;
+        if body.is_write() {
+            // The one-round-trip write first; once it finds another epoch stored, the
+            // full transaction decides (raise it, or refuse ours).
+            let write = body.grouped((ns, id), stored_epoch)?;
+            let (landed, back) = self.group.write(write, turn).await?;
+            if landed == Landed::Written {
+                return Ok(Output::Done);
+            }
+            turn = back;
+        }
+        let _turn = turn;
         let mut retries = 0;
-        // Writes try the one-round-trip fenced statement first; once it finds another
-        // epoch stored, the full transaction decides (raise it, or refuse ours).
-        let mut fast = body.is_write();
         loop {
             let conn = self.pool.get().await.map_err(pool_error)?;
             let pooled = Object::metrics(&conn).recycle_count > 0;
@@ -476,7 +472,6 @@ impl PostgresStore {
             let attempt = self.attempt(
                 &mut checkout,
                 &mut phase,
-                &mut fast,
                 (ns, id),
                 stored_epoch,
                 epoch,
@@ -513,27 +508,8 @@ impl PostgresStore {
                     }
                 });
             }
-            if phase == Phase::Replayable && matches!(err, StoreError::Deadline { .. }) {
-                // Past the deadline the server may still be running the statement with
-                // its `COMMIT` queued behind it: a replay could land before it and a later
-                // write after it, so this one is never replayed. (The server-side
-                // timeouts sit below the deadline, so this takes a frozen server.)
-                return Err(StoreError::CommitIndeterminate {
-                    source: Box::new(err),
-                });
-            }
             if !(pooled && transient && retries < self.options.pool_size) {
-                // A replayable write that failed without the server's answer may still
-                // have landed.
-                let answered =
-                    matches!(&err, StoreError::Postgres { source } if source.code().is_some());
-                return Err(if phase == Phase::Replayable && !answered {
-                    StoreError::CommitIndeterminate {
-                        source: Box::new(err),
-                    }
-                } else {
-                    err
-                });
+                return Err(err);
             }
             retries += 1;
             tracing::warn!(
@@ -544,28 +520,15 @@ impl PostgresStore {
     }
 
     /// One attempt: begin, fence, body, commit. Rolls back on any failure before commit.
-    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         checkout: &mut Checkout,
         phase: &mut Phase,
-        fast: &mut bool,
         (ns, id): (&str, &str),
         stored_epoch: i64,
         epoch: u64,
         body: &Body<'_>,
     ) -> Result<Output, StoreError> {
-        if *fast {
-            *phase = Phase::Replayable;
-            if self
-                .fenced_write(checkout, (ns, id), stored_epoch, body)
-                .await?
-            {
-                return Ok(Output::Done);
-            }
-            *fast = false;
-            *phase = Phase::Open;
-        }
         let conn = checkout.enter()?;
         let result = async {
             let lock = conn.prepare_cached(LOCK_EPOCH).await?;
@@ -595,62 +558,6 @@ impl PostgresStore {
                 Err(err)
             }
         }
-    }
-
-    /// The fast path of a write: `BEGIN` (with the timeouts), [`FENCED_WRITE`] and
-    /// `COMMIT` sent at once, one round trip. True when it landed; false when the stored
-    /// epoch is not exactly `stored_epoch` (absent, older or newer), in which case
-    /// nothing was written and the connection is clean again.
-    async fn fenced_write(
-        &self,
-        checkout: &mut Checkout,
-        (ns, id): (&str, &str),
-        stored_epoch: i64,
-        body: &Body<'_>,
-    ) -> Result<bool, StoreError> {
-        let writes = Writes::of(body);
-        let conn = checkout.enter()?;
-        // Prepared before anything is sent, so that the three requests below leave in
-        // order on their first poll (`join!` polls its futures in order the first time).
-        let stmt = conn.prepare_cached(FENCED_WRITE).await?;
-        if self.options.transaction_sql.is_some() {
-            // The hook may change what the statement's table names resolve to: it must
-            // have run before the statement is even sent.
-            conn.batch_execute(&self.begin).await?;
-        }
-        let params: [&(dyn ToSql + Sync); 11] = [
-            &ns,
-            &id,
-            &stored_epoch,
-            &self.options.env,
-            &self.options.hostname,
-            &writes.set_ns,
-            &writes.set_id,
-            &writes.set_marked,
-            &writes.set_doc,
-            &writes.delete_ns,
-            &writes.delete_id,
-        ];
-        let begin = async {
-            if self.options.transaction_sql.is_none() {
-                conn.batch_execute(&self.begin).await?;
-            }
-            Ok::<_, StoreError>(())
-        };
-        let (began, fenced, committed) = tokio::join!(
-            begin,
-            conn.query_one(&stmt, &params),
-            conn.batch_execute("COMMIT")
-        );
-        if committed.is_ok() {
-            // Answered: a `COMMIT` after a failed statement answers as a rollback, so
-            // either way no transaction is open any more.
-            checkout.left();
-        }
-        began?;
-        let matched: i64 = fenced?.try_get(0)?;
-        committed?;
-        Ok(matched == 1)
     }
 
     async fn body(

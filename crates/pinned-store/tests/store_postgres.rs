@@ -582,3 +582,76 @@ async fn a_write_racing_an_acquirer_is_refused_after_it_commits() -> anyhow::Res
     );
     Ok(())
 }
+
+/// Writes of many instances waiting together leave as one group statement (one
+/// flusher here, so every write queued behind the first is grouped); a write the
+/// server refuses fails alone, a fenced-out one gets its full transaction (and its
+/// `FenceLost`), and every other lands.
+#[tokio::test]
+async fn a_group_write_fails_only_for_its_own_fault() -> anyhow::Result<()> {
+    let ns = unique_ns("group");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let store = Arc::new(
+        store_with(PostgresOptions {
+            pool_size: 2,
+            ..PostgresOptions::default()
+        })
+        .await,
+    );
+    let ids: Vec<String> = (0..40).map(|i| format!("g{i}")).collect();
+    for id in ids.iter().chain([&"bad".to_owned(), &"stale".to_owned()]) {
+        store
+            .set_tray(&ns, id, "t", "~", true, doc(json!({"v": 0})), 1)
+            .await?;
+    }
+    // A newer owner took "stale": its writer at epoch 1 is fenced out.
+    store
+        .set_tray(&ns, "stale", "t", "~", true, doc(json!({"v": "new"})), 2)
+        .await?;
+
+    let mut writes = Vec::new();
+    for (n, id) in ids.iter().enumerate() {
+        let (store, ns, id) = (store.clone(), ns.clone(), id.clone());
+        writes.push(tokio::spawn(async move {
+            store
+                .set_tray(&ns, &id, "t", "~", false, doc(json!({ "v": n })), 1)
+                .await
+        }));
+    }
+    let (s, n) = (store.clone(), ns.clone());
+    // jsonb holds no NUL character: the server refuses this document.
+    let bad = tokio::spawn(async move {
+        s.set_tray(&n, "bad", "t", "~", true, doc(json!({"v": "\u{0}"})), 1)
+            .await
+    });
+    let (s, n) = (store.clone(), ns.clone());
+    let stale = tokio::spawn(async move {
+        s.set_tray(&n, "stale", "t", "~", true, doc(json!({"v": "old"})), 1)
+            .await
+    });
+    for write in writes {
+        write.await??;
+    }
+    let bad = bad.await?.unwrap_err();
+    assert!(matches!(bad, StoreError::Postgres { .. }), "{bad:?}");
+    let stale = stale.await?.unwrap_err();
+    assert!(stale.is_fence_lost(), "{stale:?}");
+
+    for (n, id) in ids.iter().enumerate() {
+        let tray = store.get_tray(&ns, id, "t", "~", 1).await?.unwrap();
+        assert_eq!(
+            (tray.marked, tray.doc),
+            (false, doc(json!({ "v": n }))),
+            "{id}"
+        );
+    }
+    let bad = store.get_tray(&ns, "bad", "t", "~", 1).await?.unwrap();
+    assert_eq!(
+        bad.doc,
+        doc(json!({"v": 0})),
+        "the refused write left nothing"
+    );
+    let stale = store.get_tray(&ns, "stale", "t", "~", 2).await?.unwrap();
+    assert_eq!(stale.doc, doc(json!({"v": "new"})));
+    Ok(())
+}
