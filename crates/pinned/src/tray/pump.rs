@@ -109,6 +109,12 @@ impl<T: Tray> OpenTray<T> {
         let step = self.decide(slot, &mut state);
         if matches!(step, Step::Stop) {
             state.pumping = false;
+            // The last ack, when no next delivery's write carried it.
+            if state.changed {
+                if let Err(error) = self.commit(&mut state) {
+                    tracing::error!(tray = %self.label(), %error, "could not write a tray's ack");
+                }
+            }
         }
         step
     }
@@ -220,7 +226,8 @@ impl<T: Tray> OpenTray<T> {
     /// The ack of a handler run, one write segment: the staged `on_ack`
     /// edits (when `keep`), the tray's ack, the pending takes, the cleared
     /// delivery count and dispatch state, and the unmark if that left the
-    /// tray dry. False when the pump must stop.
+    /// tray dry; the next [`step`](Self::step) writes it. False when the
+    /// pump must stop.
     fn acked(
         &self,
         item: &T::Item,
@@ -251,10 +258,9 @@ impl<T: Tray> OpenTray<T> {
         if state.tray.head().is_none() && !state.parked && state.inbox.is_empty() {
             Self::set_marked(&mut state, false);
         }
-        if self.commit(&mut state).is_err() {
-            state.pumping = false;
-            return false;
-        }
+        // Not written here: the pump's next step follows at once, under the lock
+        // again, and writes the ack in the same row write as whatever it decides (the
+        // next delivery's count, the unmark of a dry tray): one store write per item.
         true
     }
 
