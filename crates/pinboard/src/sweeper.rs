@@ -107,6 +107,7 @@ use crate::outbound::BoxFuture;
 use crate::placement::PlacementStore;
 use crate::proxy::classify::RetryAction;
 use crate::proxy::resolve::{Avoid, ResolveError};
+use crate::world::Scope;
 use crate::proxy::{upstream_uri, MAX_REFUSAL_BODY};
 use crate::server::App;
 
@@ -691,7 +692,9 @@ async fn attempt<S: PlacementStore>(
     };
     let route = match app
         .directory
-        .resolve(cache_key, &key.ns, &key.id, avoid)
+        // A state-store row does not say which world placed its id: the
+        // sweeper places anywhere the namespace is hosted.
+        .resolve(cache_key, &key.ns, &key.id, Scope::Any, avoid)
         .await
     {
         Ok(route) => route,
