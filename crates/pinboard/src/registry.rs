@@ -951,4 +951,117 @@ mod tests {
         assert!(matches!(err, RegistryError::Superseded(_)));
         assert_eq!(reg.register(old).await.expect_err("older").status(), 409);
     }
+
+    fn deployment(hostname: &str, env: Option<&str>, epoch: u64) -> RegisterRequest {
+        let mut req = register_req("ok");
+        req.hostname = Some(hostname.into());
+        req.env = env.map(Into::into);
+        req.epoch = Some(epoch);
+        req
+    }
+
+    #[tokio::test]
+    async fn environments_of_one_hostname_never_supersede_each_other() {
+        let (reg, _, _) = registry();
+        let (prod, _) = reg
+            .register(deployment("app", Some("production"), 5))
+            .await
+            .expect("production");
+        let (staging, effects) = reg
+            .register(deployment("APP", Some("staging"), 9))
+            .await
+            .expect("staging");
+        assert!(effects.ended_sessions.is_empty());
+        // An older staging deployment is refused by staging, not production.
+        let err = reg
+            .register(deployment("app", Some("staging"), 1))
+            .await
+            .expect_err("older staging");
+        assert_eq!(err.status(), 409);
+        for sid in [&prod.session_id, &staging.session_id] {
+            reg.heartbeat(beat(sid, vec![])).await.expect("both live");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_newer_deployment_supersedes_every_replica_of_the_older_one() {
+        let (reg, _, _) = registry();
+        let (a, _) = reg.register(deployment("app", None, 1)).await.expect("a");
+        let (b, _) = reg.register(deployment("app", None, 1)).await.expect("b");
+        let (_, effects) = reg.register(deployment("app", None, 2)).await.expect("new");
+        assert_eq!(effects.ended_sessions.len(), 2);
+        for sid in [&a.session_id, &b.session_id] {
+            let err = reg.heartbeat(beat(sid, vec![])).await.expect_err("gone");
+            assert!(matches!(err, RegistryError::Superseded(_)), "{err:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn wind_down_drains_the_incumbent_until_its_deadline() {
+        let (reg, clock, _) = registry();
+        let mut old = deployment("app", Some("production"), 1);
+        old.takeover = Some(Takeover::WindDown);
+        let (a, _) = reg.register(old).await.expect("old");
+        let (_, effects) = reg
+            .register(deployment("app", Some("production"), 2))
+            .await
+            .expect("new");
+        assert!(effects.ended_sessions.is_empty(), "still winding down");
+        let (ack, _) = reg.heartbeat(beat(&a.session_id, vec![])).await.expect("live");
+        assert_eq!(ack.draining, Some(true));
+        assert_eq!(ack.drain_deadline, Some(Some(5.0)));
+        // A third deployment keeps the first deadline.
+        clock.0.lock().wall_ms += 4_000;
+        reg.register(deployment("app", Some("production"), 3))
+            .await
+            .expect("newest");
+        let (ack, _) = reg.heartbeat(beat(&a.session_id, vec![])).await.expect("live");
+        assert_eq!(ack.drain_deadline, Some(Some(1.0)));
+        clock.0.lock().wall_ms += 1_000;
+        let err = reg
+            .heartbeat(beat(&a.session_id, vec![]))
+            .await
+            .expect_err("superseded at the deadline");
+        assert!(matches!(err, RegistryError::Superseded(_)), "{err:?}");
+        let err = reg
+            .heartbeat(beat(&a.session_id, vec![]))
+            .await
+            .expect_err("and stays so");
+        assert!(matches!(err, RegistryError::Superseded(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn deny_refuses_the_newcomer_and_keeps_every_incumbent() {
+        let (reg, _, _) = registry();
+        let (plain, _) = reg.register(deployment("app", None, 1)).await.expect("a");
+        let mut denying = deployment("app", None, 1);
+        denying.takeover = Some(Takeover::Deny);
+        let (deny, _) = reg.register(denying).await.expect("b");
+        let err = reg
+            .register(deployment("app", None, 2))
+            .await
+            .expect_err("denied");
+        assert_eq!(err.status(), 409);
+        // Nothing was touched before the refusal.
+        for sid in [&plain.session_id, &deny.session_id] {
+            reg.heartbeat(beat(sid, vec![])).await.expect("kept");
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_worlds_are_refused_at_registration() {
+        let (reg, _, _) = registry();
+        let mut bad_host = register_req("ok");
+        bad_host.hostname = Some("a b".into());
+        let mut env_alone = register_req("ok");
+        env_alone.envs = Some([("/counter".to_owned(), "staging".to_owned())].into());
+        let mut foreign_ns = deployment("app", None, 0);
+        foreign_ns.envs = Some([("/other".to_owned(), "staging".to_owned())].into());
+        let mut bad_env = deployment("app", Some(""), 0);
+        bad_env.epoch = None;
+        for req in [bad_host, env_alone, foreign_ns, bad_env] {
+            let err = reg.register(req.clone()).await.expect_err("malformed");
+            assert_eq!(err.status(), 400, "{req:?}");
+        }
+    }
 }
