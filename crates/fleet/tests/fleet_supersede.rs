@@ -11,19 +11,26 @@ use support::{client, eventually, pinboard, rust_worker, stats, wait_workers, wo
 /// GET `url` in the `shop` hostname world (the workers' own) until it
 /// answers 200; its body.
 async fn get_shop(c: &reqwest::Client, url: &str) -> Value {
-    eventually(&format!("200 from {url}"), Duration::from_secs(5), || async {
-        let res = c
-            .get(url)
-            .header("pinboard-hostname", "shop")
-            .send()
-            .await
-            .ok()?;
-        match res.status().as_u16() {
-            200 => res.json().await.ok(),
-            503 => None,
-            status => panic!("GET {url}: {status} {}", res.text().await.unwrap_or_default()),
-        }
-    })
+    eventually(
+        &format!("200 from {url}"),
+        Duration::from_secs(5),
+        || async {
+            let res = c
+                .get(url)
+                .header("pinboard-hostname", "shop")
+                .send()
+                .await
+                .ok()?;
+            match res.status().as_u16() {
+                200 => res.json().await.ok(),
+                503 => None,
+                status => panic!(
+                    "GET {url}: {status} {}",
+                    res.text().await.unwrap_or_default()
+                ),
+            }
+        },
+    )
     .await
 }
 

@@ -11,9 +11,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{
-    client, eventually, pinboard, rust_worker, stats, wait_workers, workers, Proc,
-};
+use support::{client, eventually, pinboard, rust_worker, stats, wait_workers, workers, Proc};
 
 const PATIENCE: Duration = Duration::from_secs(15);
 
@@ -41,11 +39,15 @@ async fn get_in(c: &reqwest::Client, url: &str, world: In) -> (u16, Value) {
 
 /// GET `url` in `world` until it answers 200; its body.
 async fn ok_in(c: &reqwest::Client, url: &str, world: In) -> Value {
-    eventually(&format!("200 from {url} in {world:?}"), PATIENCE, || async {
-        let (status, body) = get_in(c, url, world).await;
-        assert!(status == 200 || status == 503, "GET {url}: {status} {body}");
-        (status == 200).then_some(body)
-    })
+    eventually(
+        &format!("200 from {url} in {world:?}"),
+        PATIENCE,
+        || async {
+            let (status, body) = get_in(c, url, world).await;
+            assert!(status == 200 || status == 503, "GET {url}: {status} {body}");
+            (status == 200).then_some(body)
+        },
+    )
     .await
 }
 
@@ -102,7 +104,11 @@ async fn rust_workers_serve_only_their_own_world() {
         );
         assert_eq!(ok_in(&c, &url("plain"), HOSTLESS).await["process"], p_plain);
     }
-    for (id, world) in [("prod0", STAGING), ("staging0", HOSTLESS), ("plain0", PRODUCTION)] {
+    for (id, world) in [
+        ("prod0", STAGING),
+        ("staging0", HOSTLESS),
+        ("plain0", PRODUCTION),
+    ] {
         let (status, body) = get_in(&c, &format!("{}/counter/{id}/hit", pb.url), world).await;
         assert_eq!(status, 409, "{id} from {world:?}: {body}");
     }
@@ -140,7 +146,10 @@ async fn a_rust_worker_winds_down_when_a_newer_deployment_takes_over() {
         ("FLEET_ENV", "production"),
         ("FLEET_TAKEOVER", "wind_down"),
     ];
-    let old = rust_worker(&pb.url, &[&deployment[..], &[("FLEET_EPOCH", "1")]].concat());
+    let old = rust_worker(
+        &pb.url,
+        &[&deployment[..], &[("FLEET_EPOCH", "1")]].concat(),
+    );
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     let p_old = process_of(&c, &old).await;
@@ -151,17 +160,24 @@ async fn a_rust_worker_winds_down_when_a_newer_deployment_takes_over() {
         async move { get_in(&c, &url, PRODUCTION).await }
     });
 
-    let new = rust_worker(&pb.url, &[&deployment[..], &[("FLEET_EPOCH", "2")]].concat());
+    let new = rust_worker(
+        &pb.url,
+        &[&deployment[..], &[("FLEET_EPOCH", "2")]].concat(),
+    );
     let p_new = process_of(&c, &new).await;
-    eventually("the old deployment draining beside the new", PATIENCE, || async {
-        let rows = workers(&c, &pb.url).await;
-        let draining = |url: &str| {
-            rows.iter()
-                .find(|r| r["advertiseUrl"] == url)
-                .map(|r| r["draining"] == true)
-        };
-        (draining(&old.url) == Some(true) && draining(&new.url) == Some(false)).then_some(())
-    })
+    eventually(
+        "the old deployment draining beside the new",
+        PATIENCE,
+        || async {
+            let rows = workers(&c, &pb.url).await;
+            let draining = |url: &str| {
+                rows.iter()
+                    .find(|r| r["advertiseUrl"] == url)
+                    .map(|r| r["draining"] == true)
+            };
+            (draining(&old.url) == Some(true) && draining(&new.url) == Some(false)).then_some(())
+        },
+    )
     .await;
     for i in 0..4 {
         let fresh = ok_in(&c, &format!("{}/counter/n{i}/hit", pb.url), PRODUCTION).await;
@@ -177,19 +193,25 @@ async fn a_rust_worker_winds_down_when_a_newer_deployment_takes_over() {
         (rows.len() == 1 && rows[0]["advertiseUrl"] == new.url.as_str()).then_some(())
     })
     .await;
-    eventually("the old worker heard it was superseded", PATIENCE, || async {
-        let text = c
-            .get(format!("{}/metrics", old.url))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        text.lines()
-            .any(|l| l.contains("operation=\"heartbeat\"") && l.contains("reason=\"superseded\""))
-            .then_some(())
-    })
+    eventually(
+        "the old worker heard it was superseded",
+        PATIENCE,
+        || async {
+            let text = c
+                .get(format!("{}/metrics", old.url))
+                .send()
+                .await
+                .ok()?
+                .text()
+                .await
+                .ok()?;
+            text.lines()
+                .any(|l| {
+                    l.contains("operation=\"heartbeat\"") && l.contains("reason=\"superseded\"")
+                })
+                .then_some(())
+        },
+    )
     .await;
     let old_stats = stats(&c, &old).await;
     assert_eq!(
@@ -198,5 +220,8 @@ async fn a_rust_worker_winds_down_when_a_newer_deployment_takes_over() {
         "{old_stats}"
     );
     let moved = ok_in(&c, &format!("{}/counter/w/hit", pb.url), PRODUCTION).await;
-    assert_eq!((&moved["process"], &moved["count"]), (&p_new, &Value::from(1)));
+    assert_eq!(
+        (&moved["process"], &moved["count"]),
+        (&p_new, &Value::from(1))
+    );
 }

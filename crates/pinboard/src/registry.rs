@@ -44,6 +44,7 @@
 //!     deadline), and its first heartbeat after the deadline is answered
 //!     `superseded`;
 //!   - `"deny"`: the newcomer is refused with 409 and nothing changes.
+//!
 //!   A newcomer is checked against every older session before any is
 //!   touched. The check reads the live worker list and is not atomic across
 //!   pinboard nodes (two racing registrations may both pass).
@@ -228,7 +229,9 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         }
         for (ns, env) in req.envs.iter().flatten() {
             if !req.namespaces.contains(ns) {
-                return Err(malformed(format!("envs names an unattached namespace {ns:?}")));
+                return Err(malformed(format!(
+                    "envs names an unattached namespace {ns:?}"
+                )));
             }
             validate_env(env).map_err(|e| malformed(format!("envs[{ns:?}]: {e}")))?;
         }
@@ -397,7 +400,12 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
 
     /// Remove `session_id` and remember why (its heartbeats answer 409
     /// `superseded` for a while).
-    async fn supersede(&self, session_id: &str, reason: &str, now: Now) -> Result<(), RegistryError> {
+    async fn supersede(
+        &self,
+        session_id: &str,
+        reason: &str,
+        now: Now,
+    ) -> Result<(), RegistryError> {
         self.store
             .mark_superseded(
                 session_id,
@@ -1007,7 +1015,10 @@ mod tests {
             .await
             .expect("new");
         assert!(effects.ended_sessions.is_empty(), "still winding down");
-        let (ack, _) = reg.heartbeat(beat(&a.session_id, vec![])).await.expect("live");
+        let (ack, _) = reg
+            .heartbeat(beat(&a.session_id, vec![]))
+            .await
+            .expect("live");
         assert_eq!(ack.draining, Some(true));
         assert_eq!(ack.drain_deadline, Some(Some(5.0)));
         // A third deployment keeps the first deadline.
@@ -1015,7 +1026,10 @@ mod tests {
         reg.register(deployment("app", Some("production"), 3))
             .await
             .expect("newest");
-        let (ack, _) = reg.heartbeat(beat(&a.session_id, vec![])).await.expect("live");
+        let (ack, _) = reg
+            .heartbeat(beat(&a.session_id, vec![]))
+            .await
+            .expect("live");
         assert_eq!(ack.drain_deadline, Some(Some(1.0)));
         clock.0.lock().wall_ms += 1_000;
         let err = reg

@@ -107,9 +107,9 @@ use crate::outbound::BoxFuture;
 use crate::placement::PlacementStore;
 use crate::proxy::classify::RetryAction;
 use crate::proxy::resolve::{Avoid, ResolveError};
-use crate::world::Scope;
 use crate::proxy::{upstream_uri, MAX_REFUSAL_BODY};
 use crate::server::App;
+use crate::world::Scope;
 
 /// Longest one `_alarm` / `_wake` call may take (the alarm handler runs
 /// inside it). Inferred: generous, so slow handlers are not cut off, yet a

@@ -296,7 +296,7 @@ mod tests {
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, v) in pairs {
-            h.insert(*k, HeaderValue::from_str(v).unwrap());
+            h.insert(*k, HeaderValue::from_str(v).expect("header value"));
         }
         h
     }
@@ -304,7 +304,7 @@ mod tests {
     #[test]
     fn hostless_requests_reach_only_hostless_workers() {
         let h = HeaderMap::new();
-        let w = World::from_client(&h).unwrap();
+        let w = World::from_client(&h).expect("world");
         assert_eq!(w, World::HOSTLESS);
         assert!(w.served_by(&record(None, None, &[]), "/a"));
         assert!(!w.served_by(&record(Some("app"), None, &[]), "/a"));
@@ -312,14 +312,21 @@ mod tests {
 
     #[test]
     fn hostnames_match_case_insensitively_and_envs_exactly() {
-        let h = headers(&[("pinboard-hostname", "App.Example"), ("pinboard-env", "staging")]);
-        let w = World::from_client(&h).unwrap();
+        let h = headers(&[
+            ("pinboard-hostname", "App.Example"),
+            ("pinboard-env", "staging"),
+        ]);
+        let w = World::from_client(&h).expect("world");
         let staging = record(Some("app.example"), Some("staging"), &[]);
         assert!(w.served_by(&staging, "/a"));
         assert!(!w.served_by(&record(Some("app.example"), Some("production"), &[]), "/a"));
         assert!(!w.served_by(&record(Some("app.example"), None, &[]), "/a"));
         // A per-namespace env overrides the worker's env for that namespace.
-        let mixed = record(Some("app.example"), Some("production"), &[("/b", "staging")]);
+        let mixed = record(
+            Some("app.example"),
+            Some("production"),
+            &[("/b", "staging")],
+        );
         assert!(!w.served_by(&mixed, "/a"));
         assert!(w.served_by(&mixed, "/b"));
     }
@@ -335,7 +342,10 @@ mod tests {
                 vec![("pinboard-hostname", "a/b")],
                 WorldError::MalformedHostname("hostname must contain only [A-Za-z0-9.:_-]"),
             ),
-            (vec![("pinboard-env", "staging")], WorldError::EnvWithoutHostname),
+            (
+                vec![("pinboard-env", "staging")],
+                WorldError::EnvWithoutHostname,
+            ),
             (
                 vec![("pinboard-hostname", "app"), ("pinboard-env", "a b")],
                 WorldError::MalformedEnv("env must contain only [A-Za-z0-9._-]"),
@@ -360,7 +370,10 @@ mod tests {
                 env: Some("staging")
             })
         );
-        assert_eq!(cluster_world(&ok, &caller, "/b").unwrap().env, Some("canary"));
+        assert_eq!(
+            cluster_world(&ok, &caller, "/b").expect("world").env,
+            Some("canary")
+        );
         // JS `clusterHost: "pinboard"`: Host is pinboard's, the name travels apart.
         let js = headers(&[("host", "pinboard:7070"), ("pinboard-hostname", "app")]);
         assert!(cluster_world(&js, &caller, "/a").is_ok());

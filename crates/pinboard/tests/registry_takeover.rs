@@ -12,19 +12,26 @@ use support::{client, eventually, get_json, wait_workers, workers, Pinboard, Wor
 
 /// GET `url` in the `app` hostname world until it answers 200; its body.
 async fn get_app(c: &reqwest::Client, url: &str) -> Value {
-    eventually(&format!("200 from {url}"), Duration::from_secs(10), || async {
-        let res = c
-            .get(url)
-            .header("pinboard-hostname", "app")
-            .send()
-            .await
-            .ok()?;
-        match res.status().as_u16() {
-            200 => res.json().await.ok(),
-            503 => None,
-            status => panic!("GET {url}: {status} {}", res.text().await.unwrap_or_default()),
-        }
-    })
+    eventually(
+        &format!("200 from {url}"),
+        Duration::from_secs(10),
+        || async {
+            let res = c
+                .get(url)
+                .header("pinboard-hostname", "app")
+                .send()
+                .await
+                .ok()?;
+            match res.status().as_u16() {
+                200 => res.json().await.ok(),
+                503 => None,
+                status => panic!(
+                    "GET {url}: {status} {}",
+                    res.text().await.unwrap_or_default()
+                ),
+            }
+        },
+    )
     .await
 }
 
@@ -91,9 +98,13 @@ async fn deny_keeps_the_incumbent() {
         &[("PINNED_HOSTNAME", "app"), ("PINNED_EPOCH", "2")],
     );
     // The newcomer is refused, backs off, and is refused again.
-    eventually("two refused registrations", Duration::from_secs(20), || async {
-        (pb.metric(&c, "pinboard_registry_errors_total").await >= before + 2).then_some(())
-    })
+    eventually(
+        "two refused registrations",
+        Duration::from_secs(20),
+        || async {
+            (pb.metric(&c, "pinboard_registry_errors_total").await >= before + 2).then_some(())
+        },
+    )
     .await;
     let rows = workers(&c, &pb.url).await;
     assert_eq!(rows.len(), 1, "{rows:?}");

@@ -11,7 +11,9 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{client, eventually, get_json, redis_prefix, wait_workers, workers, Pinboard, Worker};
+use support::{
+    client, eventually, get_json, redis_prefix, wait_workers, workers, Pinboard, Worker,
+};
 
 const PATIENCE: Duration = Duration::from_secs(15);
 const HOST: &str = "app.test";
@@ -43,10 +45,7 @@ async fn get_in(c: &reqwest::Client, url: &str, world: In) -> (u16, Value) {
 async fn ok_in(c: &reqwest::Client, url: &str, world: In) -> Value {
     eventually(&format!("200 from {url}"), PATIENCE, || async {
         let (status, body) = get_in(c, url, world).await;
-        assert!(
-            status == 200 || status == 503,
-            "GET {url}: {status} {body}"
-        );
+        assert!(status == 200 || status == 503, "GET {url}: {status} {body}");
         (status == 200).then_some(body)
     })
     .await
@@ -122,8 +121,12 @@ async fn three_worlds(pb: &Pinboard) {
         r#"no live worker serves this namespace for hostname "other.test""#
     );
     // `app.test` without an env is a world of its own: nobody serves it.
-    let (status, body) =
-        get_in(&c, &format!("{}/counter/x/hit", pb.url), In(Some(HOST), None)).await;
+    let (status, body) = get_in(
+        &c,
+        &format!("{}/counter/x/hit", pb.url),
+        In(Some(HOST), None),
+    )
+    .await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(
         body["detail"],
@@ -197,7 +200,10 @@ async fn wind_down_takeover_with_python_workers() {
         ("PINNED_ENV", "production"),
         ("PINNED_TAKEOVER", "wind_down"),
     ];
-    let old = Worker::start_with(&pb.url, &[&deployment[..], &[("PINNED_EPOCH", "1")]].concat());
+    let old = Worker::start_with(
+        &pb.url,
+        &[&deployment[..], &[("PINNED_EPOCH", "1")]].concat(),
+    );
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     let p_old = process_of(&c, &old).await;
@@ -209,17 +215,24 @@ async fn wind_down_takeover_with_python_workers() {
         let (c, url) = (c.clone(), format!("{}/counter/w/slow?ms=2000", pb.url));
         async move { get_in(&c, &url, PRODUCTION).await }
     });
-    let new = Worker::start_with(&pb.url, &[&deployment[..], &[("PINNED_EPOCH", "2")]].concat());
+    let new = Worker::start_with(
+        &pb.url,
+        &[&deployment[..], &[("PINNED_EPOCH", "2")]].concat(),
+    );
     let p_new = process_of(&c, &new).await;
-    let rows = eventually("the old deployment draining beside the new", PATIENCE, || async {
-        let rows = workers(&c, &pb.url).await;
-        let draining = |url: &str| {
-            rows.iter()
-                .find(|r| r["advertiseUrl"] == url)
-                .map(|r| r["draining"] == true)
-        };
-        (draining(&old.url) == Some(true) && draining(&new.url) == Some(false)).then_some(rows)
-    })
+    let rows = eventually(
+        "the old deployment draining beside the new",
+        PATIENCE,
+        || async {
+            let rows = workers(&c, &pb.url).await;
+            let draining = |url: &str| {
+                rows.iter()
+                    .find(|r| r["advertiseUrl"] == url)
+                    .map(|r| r["draining"] == true)
+            };
+            (draining(&old.url) == Some(true) && draining(&new.url) == Some(false)).then_some(rows)
+        },
+    )
     .await;
     assert_eq!(rows.len(), 2, "{rows:?}");
     // New ids go to the newcomer while the old one winds down.
@@ -240,7 +253,10 @@ async fn wind_down_takeover_with_python_workers() {
     })
     .await;
     let moved = ok_in(&c, &format!("{}/counter/w/hit", pb.url), PRODUCTION).await;
-    assert_eq!((&moved["process"], &moved["count"]), (&p_new, &Value::from(1)));
+    assert_eq!(
+        (&moved["process"], &moved["count"]),
+        (&p_new, &Value::from(1))
+    );
     assert!(
         std::fs::read_to_string(&pb.log)
             .unwrap_or_default()

@@ -20,8 +20,8 @@ use parking_lot::Mutex;
 use pinned_wire::registry::ControlMessage;
 
 use super::{
-    next_epoch, ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry,
-    PlacementStore, ReclaimOutcome, StoreError, WorkerRecord,
+    next_epoch, ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
+    ReclaimOutcome, StoreError, WorkerRecord,
 };
 use crate::clock::Now;
 

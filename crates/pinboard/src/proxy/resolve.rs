@@ -87,8 +87,8 @@ use crate::operator::moves::{Claim, MoveLog, MoveReason};
 use crate::placement::{
     choose_candidate, ClaimOutcome, Generation, Placement, PlacementStore, StoreError, WorkerRecord,
 };
-use crate::world::Scope;
 use crate::upstream::Pool;
+use crate::world::Scope;
 
 /// A live worker as the proxy uses it.
 pub struct WorkerConn {
@@ -1012,7 +1012,8 @@ mod tests {
             .await
             .is_ok());
         assert!(matches!(
-            dir.resolve("/c/new", "/c", "new", HOSTLESS, Avoid::default()).await,
+            dir.resolve("/c/new", "/c", "new", HOSTLESS, Avoid::default())
+                .await,
             Err(ResolveError::Quarantined)
         ));
         clock.0.lock().mono_ms = 1000;
@@ -1061,7 +1062,11 @@ mod tests {
         let (dir, _, _) = setup(0).await;
         let all = ["a".to_owned(), "b".to_owned()];
         let err = dir
-            .resolve("/c/y", "/c", "y", HOSTLESS,
+            .resolve(
+                "/c/y",
+                "/c",
+                "y",
+                HOSTLESS,
                 Avoid {
                     stale: None,
                     exclude: &all,
@@ -1081,7 +1086,11 @@ mod tests {
             .expect("placed");
         let owner = first.worker.record.session_id.clone();
         let moved = dir
-            .resolve("/c/x", "/c", "x", HOSTLESS,
+            .resolve(
+                "/c/x",
+                "/c",
+                "x",
+                HOSTLESS,
                 Avoid {
                     stale: Some((&owner, first.epoch)),
                     exclude: std::slice::from_ref(&owner),
@@ -1094,7 +1103,11 @@ mod tests {
         assert!(moved.epoch > first.epoch);
         // Only the excluded worker hosts the namespace: no worker.
         let err = dir
-            .resolve("/c/x", "/c", "x", HOSTLESS,
+            .resolve(
+                "/c/x",
+                "/c",
+                "x",
+                HOSTLESS,
                 Avoid {
                     stale: Some((&moved.worker.record.session_id, moved.epoch)),
                     exclude: std::slice::from_ref(&moved.worker.record.session_id),
@@ -1104,7 +1117,8 @@ mod tests {
             .await;
         assert!(err.is_ok(), "the other worker can take it back");
         assert!(matches!(
-            dir.resolve("/z/x", "/z", "x", HOSTLESS, Avoid::default()).await,
+            dir.resolve("/z/x", "/z", "x", HOSTLESS, Avoid::default())
+                .await,
             Err(ResolveError::NoWorker)
         ));
     }
@@ -1139,12 +1153,14 @@ mod tests {
             // The same id from another world: its owner is elsewhere (cached
             // route and store read alike).
             assert!(matches!(
-                dir.resolve(&key, "/c", &id, staging, Avoid::default()).await,
+                dir.resolve(&key, "/c", &id, staging, Avoid::default())
+                    .await,
                 Err(ResolveError::OtherWorld)
             ));
             dir.invalidate(&key);
             assert!(matches!(
-                dir.resolve(&key, "/c", &id, staging, Avoid::default()).await,
+                dir.resolve(&key, "/c", &id, staging, Avoid::default())
+                    .await,
                 Err(ResolveError::OtherWorld)
             ));
             let id = format!("s{i}");
