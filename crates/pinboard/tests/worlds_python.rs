@@ -188,13 +188,24 @@ async fn python_workers_in_three_worlds_on_redis() {
     three_worlds(&pb).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wind_down_takeover_with_python_workers_on_the_memory_store() {
+    let pb = Pinboard::start(&["--takeover-wind-down-ms", "3000"]);
+    wind_down_takeover(&pb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wind_down_takeover_with_python_workers_on_redis() {
+    let prefix = redis_prefix("worlds-wind-down");
+    let pb = Pinboard::start_redis(&prefix, &["--takeover-wind-down-ms", "3000"]);
+    wind_down_takeover(&pb).await;
+}
+
 /// `takeover: "wind_down"` with Python workers: the newer deployment of the
 /// hostname takes new ids at once, the older one finishes its in-flight
-/// request, is drained for `--takeover-wind-down-ms`, then superseded, and
-/// its ids move to the newcomer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wind_down_takeover_with_python_workers() {
-    let pb = Pinboard::start(&["--takeover-wind-down-ms", "3000"]);
+/// request, is drained for `--takeover-wind-down-ms` (3 s here), then
+/// superseded, and its ids move to the newcomer.
+async fn wind_down_takeover(pb: &Pinboard) {
     let deployment = [
         ("PINNED_HOSTNAME", HOST),
         ("PINNED_ENV", "production"),
