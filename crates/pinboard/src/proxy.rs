@@ -1,18 +1,18 @@
 //! The data plane: forward `/<ns>/<id><rest>` to the worker that owns the id.
 //!
 //! Owns the request lifecycle, read top to bottom in [`serve`]: split the
-//! path, validate the id, verify cluster credentials, prepare the body
-//! ([`body`]), clean the headers ([`headers`]), resolve (cached), forward,
-//! classify the answer, maybe retry, respond. The request's world
-//! (`crate::world`: `Pinboard-Hostname`/`Pinboard-Env`, or a cluster
-//! caller's registration) limits which workers it reaches: a malformed
-//! name answers 400, a cluster call naming another world 403, an id owned
-//! in another world 409, a hostname world with no live worker 503. Never forwards a client's
-//! `pinboard-*` header, a hop-by-hop header or the worker's raw secret;
-//! adds `Pinboard-Attestation` (minted with the owner's secret, `aud` = its
-//! session id, plus `caller`/`depth` for cluster calls), `Pinboard-Epoch`
-//! and the forwarding headers (`X-Forwarded-For`, `X-Forwarded-Proto`,
-//! `Forwarded`).
+//! path, validate the id, verify cluster credentials, read the world,
+//! prepare the body ([`body`]), clean the headers ([`headers`]), resolve
+//! (cached), forward, classify the answer, maybe retry, respond. The
+//! request's world (`crate::world`: `Pinboard-Hostname`/`Pinboard-Env`, or
+//! a cluster caller's registration) limits which workers it reaches: a
+//! malformed name answers 400, a cluster call naming another world 403, an
+//! id owned in another world 409, a hostname world with no live worker
+//! 503. Never forwards a client's `pinboard-*` header, a hop-by-hop header
+//! or the worker's raw secret; adds `Pinboard-Attestation` (minted with
+//! the owner's secret, `aud` = its session id, plus `caller`/`depth` for
+//! cluster calls), `Pinboard-Epoch` and the forwarding headers
+//! (`X-Forwarded-For`, `X-Forwarded-Proto`, `Forwarded`).
 //!
 //! # Deadlines and whose fault
 //!

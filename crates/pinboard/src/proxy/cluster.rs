@@ -22,11 +22,11 @@
 //! wherever they are remembered; forged sessions cost at most one store
 //! read per forced-refresh interval (see `resolve`'s "Unknown sessions").
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use pinned_wire::headers::{FROM, MAX_SUBREQUEST_DEPTH, SESSION, SESSION_SECRET, SUBREQUEST_DEPTH};
 use subtle::ConstantTimeEq;
-
-use std::sync::Arc;
 
 use super::resolve::{Directory, WorkerConn};
 use crate::placement::{PlacementStore, StoreError};
