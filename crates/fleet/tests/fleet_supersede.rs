@@ -5,7 +5,34 @@ mod support;
 
 use std::time::Duration;
 
-use support::{client, get_json, pinboard, rust_worker, stats, wait_workers, workers};
+use serde_json::Value;
+use support::{client, eventually, pinboard, rust_worker, stats, wait_workers, workers};
+
+/// GET `url` in the `shop` hostname world (the workers' own) until it
+/// answers 200; its body.
+async fn get_shop(c: &reqwest::Client, url: &str) -> Value {
+    eventually(
+        &format!("200 from {url}"),
+        Duration::from_secs(5),
+        || async {
+            let res = c
+                .get(url)
+                .header("pinboard-hostname", "shop")
+                .send()
+                .await
+                .ok()?;
+            match res.status().as_u16() {
+                200 => res.json().await.ok(),
+                503 => None,
+                status => panic!(
+                    "GET {url}: {status} {}",
+                    res.text().await.unwrap_or_default()
+                ),
+            }
+        },
+    )
+    .await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_epoch_worker_of_the_same_hostname_takes_over() {
@@ -18,12 +45,7 @@ async fn a_higher_epoch_worker_of_the_same_hostname_takes_over() {
     let rows = wait_workers(&c, &pb.url, 1).await;
     let first_session = rows[0]["sessionId"].clone();
     for i in 0..20 {
-        get_json(
-            &c,
-            &format!("{}/counter/s-{i}/hit", pb.url),
-            Duration::from_secs(5),
-        )
-        .await;
+        get_shop(&c, &format!("{}/counter/s-{i}/hit", pb.url)).await;
     }
     assert_eq!(
         stats(&c, &first).await["instances"]
@@ -56,12 +78,7 @@ async fn a_higher_epoch_worker_of_the_same_hostname_takes_over() {
     }
     // The ids now answer from the second worker, with fresh state.
     for i in 0..20 {
-        let body = get_json(
-            &c,
-            &format!("{}/counter/s-{i}/hit", pb.url),
-            Duration::from_secs(5),
-        )
-        .await;
+        let body = get_shop(&c, &format!("{}/counter/s-{i}/hit", pb.url)).await;
         assert_eq!(body["count"], 1, "{body}");
     }
     assert_eq!(

@@ -63,6 +63,11 @@ pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 30_000;
 pub const DEFAULT_UNKNOWN_SESSION_TTL_MS: u64 = 1_000;
 /// Default least time between two forced re-reads of the worker list.
 pub const DEFAULT_FORCED_REFRESH_INTERVAL_MS: u64 = 100;
+/// Default time an older deployment that declared `takeover: "wind_down"`
+/// is drained before it is superseded.
+pub const DEFAULT_TAKEOVER_WIND_DOWN_MS: u64 = 30_000;
+/// Longest `--takeover-wind-down-ms`: one year, as for operator deadlines.
+pub const MAX_TAKEOVER_WIND_DOWN_MS: u64 = 365 * 24 * 3600 * 1000;
 /// How long `/readyz` waits for the placement store to answer.
 pub const READY_STORE_TIMEOUT_MS: u64 = 1_000;
 
@@ -216,6 +221,15 @@ pub struct Config {
     /// between share the next one.
     #[arg(long, env = "PINBOARD_FORCED_REFRESH_INTERVAL_MS", default_value_t = DEFAULT_FORCED_REFRESH_INTERVAL_MS)]
     pub forced_refresh_interval_ms: u64,
+
+    /// When a newer deployment of a hostname (same env) registers, an older
+    /// session that declared `takeover: "wind_down"` is drained for this
+    /// long, in milliseconds (it finishes in-flight work and releases its
+    /// instances), then superseded; 0 supersedes it at its next heartbeat.
+    /// At most one year.
+    #[arg(long, env = "PINBOARD_TAKEOVER_WIND_DOWN_MS", default_value_t = DEFAULT_TAKEOVER_WIND_DOWN_MS,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_TAKEOVER_WIND_DOWN_MS))]
+    pub takeover_wind_down_ms: u64,
 }
 
 /// Reasons the configuration is refused.
@@ -378,6 +392,7 @@ mod tests {
         assert_eq!(c.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
         assert_eq!(c.max_registry_body_bytes, DEFAULT_MAX_REGISTRY_BODY_BYTES);
         assert_eq!(c.upstream_timeout_ms, DEFAULT_UPSTREAM_TIMEOUT_MS);
+        assert_eq!(c.takeover_wind_down_ms, DEFAULT_TAKEOVER_WIND_DOWN_MS);
         let c = Config::try_parse_from([
             "pinboard",
             "--token",

@@ -17,7 +17,8 @@
 //! - [`challenge`]: the advertise-URL proof.
 //! - [`dashboard`]: the operator's web page at `/dashboard` (assets
 //!   embedded), its login sessions and its feed.
-//! - [`proxy`]: the data plane (resolve, forward, classify, retry).
+//! - [`proxy`]: the data plane (resolve, forward, classify, retry);
+//!   [`world`]: which workers a request may reach (hostname and env).
 //! - [`sweeper`]: due alarms and marked ids from the state store, delivered
 //!   as `_alarm` / `_wake` through placement (with `--database-url`).
 //! - [`upkeep`]: store-loss checks and expiry of vacated placement rows.
@@ -51,6 +52,7 @@ pub mod sim;
 pub mod sweeper;
 pub mod upkeep;
 pub mod upstream;
+pub mod world;
 
 use std::sync::Arc;
 

@@ -49,6 +49,7 @@
 mod memory;
 mod redis;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 
 use pinned_wire::registry::{ControlMessage, Takeover};
@@ -83,15 +84,23 @@ pub struct WorkerRecord {
     /// Deployment hostname.
     #[serde(default)]
     pub hostname: Option<String>,
-    /// Deployment environment.
+    /// Deployment environment (needs `hostname`).
     #[serde(default)]
     pub env: Option<String>,
+    /// Per-namespace environments, overriding `env` for those namespaces.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub envs: BTreeMap<String, String>,
     /// Deployment epoch (0 when none).
     #[serde(default)]
     pub epoch: u64,
     /// Takeover policy of this session's hostname binding.
     #[serde(default)]
     pub takeover: Option<Takeover>,
+    /// Set while a newer deployment of the same hostname and env winds this
+    /// session down (`takeover: "wind_down"`): at this wall time (ms) the
+    /// session is superseded. It is drained until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retire_at_wall_ms: Option<u64>,
 }
 
 impl WorkerRecord {
@@ -103,6 +112,11 @@ impl WorkerRecord {
     /// Whether the worker hosts `ns`.
     pub fn hosts(&self, ns: &str) -> bool {
         self.namespaces.iter().any(|n| n == ns)
+    }
+
+    /// The environment this worker serves `ns` in: `envs[ns]`, else `env`.
+    pub fn env_for(&self, ns: &str) -> Option<&str> {
+        self.envs.get(ns).or(self.env.as_ref()).map(String::as_str)
     }
 }
 
@@ -185,18 +199,6 @@ pub enum ReclaimOutcome {
     Duplicate,
 }
 
-/// Hostname binding: which session currently speaks for a deployment hostname.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Binding {
-    /// Bound session.
-    pub session_id: String,
-    /// Its deployment epoch.
-    pub epoch: u64,
-    /// Its takeover policy.
-    pub takeover: Option<Takeover>,
-}
-
 /// Errors of a placement store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -275,18 +277,16 @@ pub trait PlacementStore: Send + Sync + 'static {
         now: Now,
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
 
-    /// The session bound to a deployment hostname.
-    fn binding(
+    /// Wind a session down for a newer deployment: operator-drain it with
+    /// `deadline_wall_ms` and mark it to be superseded then (see
+    /// [`WorkerRecord::retire_at_wall_ms`]); keeps its lease. `false` when
+    /// the session is unknown.
+    fn wind_down_worker(
         &self,
-        hostname: &str,
-    ) -> impl Future<Output = Result<Option<Binding>, StoreError>> + Send;
-
-    /// Bind a deployment hostname.
-    fn set_binding(
-        &self,
-        hostname: &str,
-        binding: &Binding,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+        session_id: &str,
+        deadline_wall_ms: u64,
+        now: Now,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Queue a control message; returns its `msgId`.
     fn push_message(

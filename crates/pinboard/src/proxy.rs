@@ -1,14 +1,18 @@
 //! The data plane: forward `/<ns>/<id><rest>` to the worker that owns the id.
 //!
 //! Owns the request lifecycle, read top to bottom in [`serve`]: split the
-//! path, validate the id, verify cluster credentials, prepare the body
-//! ([`body`]), clean the headers ([`headers`]), resolve (cached), forward,
-//! classify the answer, maybe retry, respond. Never forwards a client's
-//! `pinboard-*` header, a hop-by-hop header or the worker's raw secret;
-//! adds `Pinboard-Attestation` (minted with the owner's secret, `aud` = its
-//! session id, plus `caller`/`depth` for cluster calls), `Pinboard-Epoch`
-//! and the forwarding headers (`X-Forwarded-For`, `X-Forwarded-Proto`,
-//! `Forwarded`).
+//! path, validate the id, verify cluster credentials, read the world,
+//! prepare the body ([`body`]), clean the headers ([`headers`]), resolve
+//! (cached), forward, classify the answer, maybe retry, respond. The
+//! request's world (`crate::world`: `Pinboard-Hostname`/`Pinboard-Env`, or
+//! a cluster caller's registration) limits which workers it reaches: a
+//! malformed name answers 400, a cluster call naming another world 403, an
+//! id owned in another world 409, a hostname world with no live worker
+//! 503. Never forwards a client's `pinboard-*` header, a hop-by-hop header
+//! or the worker's raw secret; adds `Pinboard-Attestation` (minted with
+//! the owner's secret, `aud` = its session id, plus `caller`/`depth` for
+//! cluster calls), `Pinboard-Epoch` and the forwarding headers
+//! (`X-Forwarded-For`, `X-Forwarded-Proto`, `Forwarded`).
 //!
 //! # Deadlines and whose fault
 //!
@@ -56,7 +60,7 @@ use http::{HeaderValue, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use pinned_wire::headers::{ATTESTATION, EPOCH, REFUSAL};
+use pinned_wire::headers::{ATTESTATION, EPOCH, HOSTNAME, REFUSAL};
 use pinned_wire::ids::decode_id_segment;
 use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
@@ -72,6 +76,7 @@ use self::resolve::{Avoid, ResolveError, WorkerConn};
 use crate::outbound::ResBody;
 use crate::placement::{Placement, PlacementStore};
 use crate::server::App;
+use crate::world::{cluster_world, Scope, World, ENV_HEADER};
 
 /// Largest refusal body read to classify it.
 pub(crate) const MAX_REFUSAL_BODY: u64 = 4096;
@@ -261,6 +266,23 @@ pub async fn serve<S: PlacementStore>(
         Ok(c) => c,
         Err(e) => return cluster_refusal(e),
     };
+    // The world is read before the `pinboard-*` headers are stripped. The
+    // values are refcounted: a hostless request copies nothing.
+    let named = match caller {
+        Some(_) => (None, None),
+        None => (
+            parts.headers.get(HOSTNAME).cloned(),
+            parts.headers.get(ENV_HEADER).cloned(),
+        ),
+    };
+    let world = match &caller {
+        Some(c) => cluster_world(&parts.headers, &c.worker.record, target.ns),
+        None => World::from_values(named.0.as_ref(), named.1.as_ref()),
+    };
+    let world = match world {
+        Ok(w) => w,
+        Err(e) => return detail_response(e.status(), &e.to_string()),
+    };
     let upgrade = is_upgrade(&parts.headers);
     let on_upgrade = if upgrade {
         parts
@@ -295,7 +317,7 @@ pub async fn serve<S: PlacementStore>(
         &parts,
         &path_and_query,
         (&key, target.ns, &id),
-        caller.as_ref(),
+        (caller.as_ref(), Scope::World(world)),
         (&mut body, watch.as_ref()),
         on_upgrade,
     )
@@ -313,7 +335,7 @@ async fn forward<S: PlacementStore>(
     parts: &http::request::Parts,
     path_and_query: &PathAndQuery,
     (key, ns, id): (&str, &str, &str),
-    caller: Option<&Caller>,
+    (caller, scope): (Option<&Caller>, Scope<'_>),
     body: (&mut ReqBody, Option<&BodyWatch>),
     on_upgrade: Option<ClientUpgrade>,
 ) -> Response {
@@ -323,7 +345,7 @@ async fn forward<S: PlacementStore>(
         parts,
         path_and_query,
         (key, ns, id),
-        caller,
+        (caller, scope),
         body,
         on_upgrade,
         &mut refused,
@@ -347,7 +369,7 @@ async fn attempts<S: PlacementStore>(
     parts: &http::request::Parts,
     path_and_query: &PathAndQuery,
     (key, ns, id): (&str, &str, &str),
-    caller: Option<&Caller>,
+    (caller, scope): (Option<&Caller>, Scope<'_>),
     (body, watch): (&mut ReqBody, Option<&BodyWatch>),
     mut on_upgrade: Option<ClientUpgrade>,
     refused: &mut Option<Placement>,
@@ -370,8 +392,15 @@ async fn attempts<S: PlacementStore>(
             exclude: &exclude,
             refresh,
         };
-        let (route, claimed) = match app.directory.resolve_claiming(key, ns, id, avoid).await {
+        let (route, claimed) = match app
+            .directory
+            .resolve_claiming(key, ns, id, scope, avoid)
+            .await
+        {
             Ok(r) => r,
+            Err(e @ ResolveError::OtherWorld) => {
+                return detail_response(StatusCode::CONFLICT, &e.to_string());
+            }
             Err(e) => {
                 app.metrics.proxy_unavailable.inc();
                 if full && matches!(e, ResolveError::NoWorker) {
@@ -602,6 +631,8 @@ mod tests {
             env: None,
             epoch: 0,
             takeover: None,
+            envs: Default::default(),
+            retire_at_wall_ms: None,
         })
         .expect("valid advertise URL")
     }

@@ -27,13 +27,27 @@
 //!   the previous session moves to the new one at the *same* epoch (the same
 //!   process keeps the same instance); an id nobody live owns is claimed at a
 //!   fresh epoch; an id another live session owns is a duplicate.
-//! - Hostname bindings: a registration carrying `hostname` with a higher
-//!   deployment `epoch` than the live bound session displaces it (the old
-//!   session is removed and answers 409 `superseded` from then on) unless the
-//!   bound session declared `takeover: "deny"`, in which case the newcomer is
-//!   refused with 409; a lower epoch is refused with 409; equal epochs share
-//!   the hostname. Binding updates are read-then-write (not atomic across
-//!   pinboard nodes).
+//! - Deployments (see also `crate::world`): the live sessions registered
+//!   with the same hostname (case-insensitive) *and* the same `env` are one
+//!   deployment slot; staging and production of one hostname never touch.
+//!   A registration with a higher deployment `epoch` than every live
+//!   session of its slot takes the slot over; one with a lower epoch than
+//!   any of them is refused with 409; equal epochs share it (replicas).
+//!   What happens to each older session is *its own* declared `takeover`:
+//!   - none (the default): it is superseded at once (removed; its
+//!     heartbeats answer 409 `superseded`; its ids move on their next
+//!     request);
+//!   - `"wind_down"`: it is operator-drained with a deadline of
+//!     `--takeover-wind-down-ms` (its acks echo `draining: true` and the
+//!     deadline: it takes no new ids, finishes what is in flight and
+//!     releases its instances as they close, aborting the rest at the
+//!     deadline), and its first heartbeat after the deadline is answered
+//!     `superseded`;
+//!   - `"deny"`: the newcomer is refused with 409 and nothing changes.
+//!
+//!   A newcomer is checked against every older session before any is
+//!   touched. The check reads the live worker list and is not atomic across
+//!   pinboard nodes (two racing registrations may both pass).
 //! - An operator drain lives on the session record: the next acks echo
 //!   `draining: true` with the remaining seconds; it is not carried over to a
 //!   later session of the same process.
@@ -55,7 +69,8 @@ use pinned_wire::registry::{
 pub use self::error::RegistryError;
 use crate::challenge::{ChallengeError, ChallengeProver};
 use crate::clock::{Clock, Entropy, EpochFloor, Now};
-use crate::placement::{Binding, LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
+use crate::placement::{LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
+use crate::world::{validate_env, validate_hostname};
 
 /// Namespaces pinboard serves itself (they could never be proxied).
 pub const RESERVED_NAMESPACES: [&str; 5] =
@@ -76,6 +91,9 @@ pub const MAX_OPERATOR_DEADLINE_SECS: f64 = 365.0 * 24.0 * 3600.0;
 pub struct RegistryConfig {
     /// Lease TTL granted to workers (ms).
     pub lease_ttl_ms: u64,
+    /// How long an older session that declared `takeover: "wind_down"` is
+    /// drained before it is superseded (ms).
+    pub takeover_wind_down_ms: u64,
 }
 
 /// The registry core.
@@ -199,8 +217,23 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         if req.challenge.is_empty() || req.challenge_value.is_empty() {
             return Err(malformed("challenge and challengeValue must be non-empty"));
         }
-        if (req.env.is_some() || req.takeover.is_some()) && req.hostname.is_none() {
-            return Err(malformed("env and takeover require a hostname"));
+        let has_envs = req.envs.as_ref().is_some_and(|e| !e.is_empty());
+        if (req.env.is_some() || req.takeover.is_some() || has_envs) && req.hostname.is_none() {
+            return Err(malformed("env, envs and takeover require a hostname"));
+        }
+        if let Some(hostname) = &req.hostname {
+            validate_hostname(hostname).map_err(malformed)?;
+        }
+        if let Some(env) = &req.env {
+            validate_env(env).map_err(malformed)?;
+        }
+        for (ns, env) in req.envs.iter().flatten() {
+            if !req.namespaces.contains(ns) {
+                return Err(malformed(format!(
+                    "envs names an unattached namespace {ns:?}"
+                )));
+            }
+            validate_env(env).map_err(|e| malformed(format!("envs[{ns:?}]: {e}")))?;
         }
         let instances = req.instances.clone().unwrap_or_default();
         for (ns, ids) in &instances {
@@ -228,19 +261,16 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         let session_id = self.entropy.token_hex(16);
         let epoch = req.epoch.unwrap_or(0);
         if let Some(hostname) = &req.hostname {
-            if let Some(displaced) = self
-                .bind_hostname(
+            let displaced = self
+                .take_over(
                     hostname,
-                    &session_id,
+                    req.env.as_deref(),
                     epoch,
-                    req.takeover,
                     req.prev_session_id.as_deref(),
                     now,
                 )
-                .await?
-            {
-                effects.ended_sessions.push(displaced);
-            }
+                .await?;
+            effects.ended_sessions.extend(displaced);
         }
         let record = WorkerRecord {
             session_id: session_id.clone(),
@@ -253,8 +283,10 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
             server_drain: None,
             hostname: req.hostname,
             env: req.env,
+            envs: req.envs.unwrap_or_default(),
             epoch,
             takeover: req.takeover,
+            retire_at_wall_ms: None,
         };
         self.store
             .put_worker(&record, self.config.lease_ttl_ms, now)
@@ -304,61 +336,86 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         ))
     }
 
-    /// Apply the hostname binding rules; returns a displaced session.
-    async fn bind_hostname(
+    /// Apply the deployment rules (module doc) for a newcomer of
+    /// `hostname`/`env` at deployment `epoch`; returns the sessions it
+    /// superseded at once (wound-down ones stay live until their deadline).
+    async fn take_over(
         &self,
         hostname: &str,
-        session_id: &str,
+        env: Option<&str>,
         epoch: u64,
-        takeover: Option<Takeover>,
         prev: Option<&str>,
         now: Now,
-    ) -> Result<Option<String>, RegistryError> {
-        let new_binding = Binding {
-            session_id: session_id.to_owned(),
-            epoch,
-            takeover,
+    ) -> Result<Vec<String>, RegistryError> {
+        let slot = |r: &WorkerRecord| {
+            r.hostname
+                .as_deref()
+                .is_some_and(|h| h.eq_ignore_ascii_case(hostname))
+                && r.env.as_deref() == env
+                && Some(r.session_id.as_str()) != prev
         };
-        let Some(current) = self.store.binding(hostname).await? else {
-            self.store.set_binding(hostname, &new_binding).await?;
-            return Ok(None);
+        let rivals: Vec<WorkerRecord> = self
+            .store
+            .list_workers(now)
+            .await?
+            .into_iter()
+            .map(|w| w.record)
+            .filter(|r| slot(r))
+            .collect();
+        let world = match env {
+            Some(env) => format!("hostname {hostname:?} in env {env:?}"),
+            None => format!("hostname {hostname:?}"),
         };
-        let live = current.session_id != prev.unwrap_or("")
-            && self
-                .store
-                .get_worker(&current.session_id, now)
-                .await?
-                .is_some();
-        if !live {
-            self.store.set_binding(hostname, &new_binding).await?;
-            return Ok(None);
-        }
-        if epoch < current.epoch {
+        if let Some(newer) = rivals.iter().map(|r| r.epoch).filter(|e| *e > epoch).max() {
             return Err(RegistryError::HostnameHeld(format!(
-                "hostname {hostname:?} is bound to deployment epoch {} (> {epoch})",
-                current.epoch
+                "{world} is bound to deployment epoch {newer} (> {epoch})"
             )));
         }
-        if epoch == current.epoch {
-            return Ok(None);
-        }
-        if current.takeover == Some(Takeover::Deny) {
+        let older: Vec<&WorkerRecord> = rivals.iter().filter(|r| r.epoch < epoch).collect();
+        if older.iter().any(|r| r.takeover == Some(Takeover::Deny)) {
             return Err(RegistryError::HostnameHeld(format!(
-                "hostname {hostname:?} is held by a session that denies takeover"
+                "{world} is held by a session that denies takeover"
             )));
         }
-        let reason = format!("superseded by deployment epoch {epoch} of hostname {hostname:?}");
+        let mut displaced = Vec::new();
+        for rival in older {
+            if rival.takeover == Some(Takeover::WindDown) {
+                if rival.retire_at_wall_ms.is_none() {
+                    let deadline = now
+                        .wall_ms
+                        .saturating_add(self.config.takeover_wind_down_ms);
+                    self.store
+                        .wind_down_worker(&rival.session_id, deadline, now)
+                        .await?;
+                    tracing::info!(target: "pinboard::registry", session = %rival.session_id, %world, epoch, "winding an older deployment down");
+                }
+                continue;
+            }
+            let reason = format!("superseded by deployment epoch {epoch} of {world}");
+            self.supersede(&rival.session_id, &reason, now).await?;
+            displaced.push(rival.session_id.clone());
+        }
+        Ok(displaced)
+    }
+
+    /// Remove `session_id` and remember why (its heartbeats answer 409
+    /// `superseded` for a while).
+    async fn supersede(
+        &self,
+        session_id: &str,
+        reason: &str,
+        now: Now,
+    ) -> Result<(), RegistryError> {
         self.store
             .mark_superseded(
-                &current.session_id,
-                &reason,
+                session_id,
+                reason,
                 self.config.lease_ttl_ms * SUPERSEDED_MEMORY_TTLS,
                 now,
             )
             .await?;
-        self.store.remove_worker(&current.session_id).await?;
-        self.store.set_binding(hostname, &new_binding).await?;
-        Ok(Some(current.session_id))
+        self.store.remove_worker(session_id).await?;
+        Ok(())
     }
 
     /// `POST /registry/heartbeat`.
@@ -378,6 +435,18 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         let Some(live) = self.store.get_worker(&req.session_id, now).await? else {
             return Err(RegistryError::Reregister);
         };
+        if live
+            .record
+            .retire_at_wall_ms
+            .is_some_and(|at| at <= now.wall_ms)
+        {
+            let reason = format!(
+                "wound down for a newer deployment of hostname {:?}",
+                live.record.hostname.as_deref().unwrap_or_default()
+            );
+            self.supersede(&req.session_id, &reason, now).await?;
+            return Err(RegistryError::Superseded(reason));
+        }
         let (Some(challenge), Some(value)) = (&req.challenge, &req.challenge_value) else {
             return Err(RegistryError::Reregister);
         };
@@ -667,7 +736,10 @@ mod tests {
             clock.clone(),
             Arc::new(SeededEntropy::seeded(1)),
             Arc::new(EpochFloor::default()),
-            RegistryConfig { lease_ttl_ms: 2000 },
+            RegistryConfig {
+                lease_ttl_ms: 2000,
+                takeover_wind_down_ms: 5000,
+            },
         );
         (reg, clock, store)
     }
@@ -886,5 +958,124 @@ mod tests {
             .expect_err("superseded");
         assert!(matches!(err, RegistryError::Superseded(_)));
         assert_eq!(reg.register(old).await.expect_err("older").status(), 409);
+    }
+
+    fn deployment(hostname: &str, env: Option<&str>, epoch: u64) -> RegisterRequest {
+        let mut req = register_req("ok");
+        req.hostname = Some(hostname.into());
+        req.env = env.map(Into::into);
+        req.epoch = Some(epoch);
+        req
+    }
+
+    #[tokio::test]
+    async fn environments_of_one_hostname_never_supersede_each_other() {
+        let (reg, _, _) = registry();
+        let (prod, _) = reg
+            .register(deployment("app", Some("production"), 5))
+            .await
+            .expect("production");
+        let (staging, effects) = reg
+            .register(deployment("APP", Some("staging"), 9))
+            .await
+            .expect("staging");
+        assert!(effects.ended_sessions.is_empty());
+        // An older staging deployment is refused by staging, not production.
+        let err = reg
+            .register(deployment("app", Some("staging"), 1))
+            .await
+            .expect_err("older staging");
+        assert_eq!(err.status(), 409);
+        for sid in [&prod.session_id, &staging.session_id] {
+            reg.heartbeat(beat(sid, vec![])).await.expect("both live");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_newer_deployment_supersedes_every_replica_of_the_older_one() {
+        let (reg, _, _) = registry();
+        let (a, _) = reg.register(deployment("app", None, 1)).await.expect("a");
+        let (b, _) = reg.register(deployment("app", None, 1)).await.expect("b");
+        let (_, effects) = reg.register(deployment("app", None, 2)).await.expect("new");
+        assert_eq!(effects.ended_sessions.len(), 2);
+        for sid in [&a.session_id, &b.session_id] {
+            let err = reg.heartbeat(beat(sid, vec![])).await.expect_err("gone");
+            assert!(matches!(err, RegistryError::Superseded(_)), "{err:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn wind_down_drains_the_incumbent_until_its_deadline() {
+        let (reg, clock, _) = registry();
+        let mut old = deployment("app", Some("production"), 1);
+        old.takeover = Some(Takeover::WindDown);
+        let (a, _) = reg.register(old).await.expect("old");
+        let (_, effects) = reg
+            .register(deployment("app", Some("production"), 2))
+            .await
+            .expect("new");
+        assert!(effects.ended_sessions.is_empty(), "still winding down");
+        let (ack, _) = reg
+            .heartbeat(beat(&a.session_id, vec![]))
+            .await
+            .expect("live");
+        assert_eq!(ack.draining, Some(true));
+        assert_eq!(ack.drain_deadline, Some(Some(5.0)));
+        // A third deployment keeps the first deadline.
+        clock.0.lock().wall_ms += 4_000;
+        reg.register(deployment("app", Some("production"), 3))
+            .await
+            .expect("newest");
+        let (ack, _) = reg
+            .heartbeat(beat(&a.session_id, vec![]))
+            .await
+            .expect("live");
+        assert_eq!(ack.drain_deadline, Some(Some(1.0)));
+        clock.0.lock().wall_ms += 1_000;
+        let err = reg
+            .heartbeat(beat(&a.session_id, vec![]))
+            .await
+            .expect_err("superseded at the deadline");
+        assert!(matches!(err, RegistryError::Superseded(_)), "{err:?}");
+        let err = reg
+            .heartbeat(beat(&a.session_id, vec![]))
+            .await
+            .expect_err("and stays so");
+        assert!(matches!(err, RegistryError::Superseded(_)), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn deny_refuses_the_newcomer_and_keeps_every_incumbent() {
+        let (reg, _, _) = registry();
+        let (plain, _) = reg.register(deployment("app", None, 1)).await.expect("a");
+        let mut denying = deployment("app", None, 1);
+        denying.takeover = Some(Takeover::Deny);
+        let (deny, _) = reg.register(denying).await.expect("b");
+        let err = reg
+            .register(deployment("app", None, 2))
+            .await
+            .expect_err("denied");
+        assert_eq!(err.status(), 409);
+        // Nothing was touched before the refusal.
+        for sid in [&plain.session_id, &deny.session_id] {
+            reg.heartbeat(beat(sid, vec![])).await.expect("kept");
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_worlds_are_refused_at_registration() {
+        let (reg, _, _) = registry();
+        let mut bad_host = register_req("ok");
+        bad_host.hostname = Some("a b".into());
+        let mut env_alone = register_req("ok");
+        env_alone.envs = Some([("/counter".to_owned(), "staging".to_owned())].into());
+        let mut foreign_ns = deployment("app", None, 0);
+        foreign_ns.envs = Some([("/other".to_owned(), "staging".to_owned())].into());
+        let mut bad_env = deployment("app", Some(""), 0);
+        bad_env.epoch = None;
+        for req in [bad_host, env_alone, foreign_ns, bad_env] {
+            let err = reg.register(req.clone()).await.expect_err("malformed");
+            assert_eq!(err.status(), 400, "{req:?}");
+        }
     }
 }

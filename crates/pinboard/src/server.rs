@@ -138,6 +138,7 @@ impl<S: PlacementStore> App<S> {
                 floor.clone(),
                 RegistryConfig {
                     lease_ttl_ms: config.lease_ttl_ms,
+                    takeover_wind_down_ms: config.takeover_wind_down_ms,
                 },
             ),
             directory: Directory::new(

@@ -109,6 +109,7 @@ use crate::proxy::classify::RetryAction;
 use crate::proxy::resolve::{Avoid, ResolveError};
 use crate::proxy::{upstream_uri, MAX_REFUSAL_BODY};
 use crate::server::App;
+use crate::world::Scope;
 
 /// Longest one `_alarm` / `_wake` call may take (the alarm handler runs
 /// inside it). Inferred: generous, so slow handlers are not cut off, yet a
@@ -691,7 +692,9 @@ async fn attempt<S: PlacementStore>(
     };
     let route = match app
         .directory
-        .resolve(cache_key, &key.ns, &key.id, avoid)
+        // A state-store row does not say which world placed its id: the
+        // sweeper places anywhere the namespace is hosted.
+        .resolve(cache_key, &key.ns, &key.id, Scope::Any, avoid)
         .await
     {
         Ok(route) => route,

@@ -168,6 +168,8 @@ fn record(session_id: &str) -> WorkerRecord {
         env: None,
         epoch: 0,
         takeover: None,
+        envs: Default::default(),
+        retire_at_wall_ms: None,
     }
 }
 

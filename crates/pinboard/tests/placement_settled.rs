@@ -25,6 +25,8 @@ fn rec(sid: &str) -> WorkerRecord {
         env: None,
         epoch: 0,
         takeover: None,
+        envs: Default::default(),
+        retire_at_wall_ms: None,
     }
 }
 

@@ -1,12 +1,39 @@
 //! Hostname bindings with real Python workers: a newer deployment epoch of
 //! the same hostname supersedes the older session (which stops for good),
-//! and `takeover: "deny"` keeps the incumbent.
+//! and `takeover: "deny"` keeps the incumbent (and reaches no other env).
 
 mod support;
 
 use std::time::Duration;
 
-use support::{client, get_json, wait_workers, workers, Pinboard, Worker};
+use serde_json::Value;
+
+use support::{client, eventually, get_json, wait_workers, workers, Pinboard, Worker};
+
+/// GET `url` in the `app` hostname world until it answers 200; its body.
+async fn get_app(c: &reqwest::Client, url: &str) -> Value {
+    eventually(
+        &format!("200 from {url}"),
+        Duration::from_secs(10),
+        || async {
+            let res = c
+                .get(url)
+                .header("pinboard-hostname", "app")
+                .send()
+                .await
+                .ok()?;
+            match res.status().as_u16() {
+                200 => res.json().await.ok(),
+                503 => None,
+                status => panic!(
+                    "GET {url}: {status} {}",
+                    res.text().await.unwrap_or_default()
+                ),
+            }
+        },
+    )
+    .await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn newer_deployment_supersedes_the_old_session() {
@@ -17,12 +44,7 @@ async fn newer_deployment_supersedes_the_old_session() {
     );
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
-    let before = get_json(
-        &c,
-        &format!("{}/counter/t/hit", pb.url),
-        Duration::from_secs(10),
-    )
-    .await;
+    let before = get_app(&c, &format!("{}/counter/t/hit", pb.url)).await;
     let old_proc = get_json(&c, &format!("{}/process", old.url), Duration::from_secs(5)).await
         ["process"]
         .clone();
@@ -46,12 +68,7 @@ async fn newer_deployment_supersedes_the_old_session() {
         assert!(tokio::time::Instant::now() < deadline, "{rows:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let after = get_json(
-        &c,
-        &format!("{}/counter/t/hit", pb.url),
-        Duration::from_secs(5),
-    )
-    .await;
+    let after = get_app(&c, &format!("{}/counter/t/hit", pb.url)).await;
     assert_eq!(after["process"], new_proc);
     assert_eq!(after["count"], 1);
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -75,12 +92,38 @@ async fn deny_keeps_the_incumbent() {
     );
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
+    let before = pb.metric(&c, "pinboard_registry_errors_total").await;
     let _new = Worker::start_with(
         &pb.url,
         &[("PINNED_HOSTNAME", "app"), ("PINNED_EPOCH", "2")],
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The newcomer is refused, backs off, and is refused again.
+    eventually(
+        "two refused registrations",
+        Duration::from_secs(20),
+        || async {
+            (pb.metric(&c, "pinboard_registry_errors_total").await >= before + 2).then_some(())
+        },
+    )
+    .await;
     let rows = workers(&c, &pb.url).await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["advertiseUrl"], old.url.as_str());
+    // Another env of the same hostname is another deployment: the deny
+    // does not reach it, and it supersedes nobody.
+    let staging = Worker::start_with(
+        &pb.url,
+        &[
+            ("PINNED_HOSTNAME", "app"),
+            ("PINNED_ENV", "staging"),
+            ("PINNED_EPOCH", "3"),
+        ],
+    );
+    let rows = wait_workers(&c, &pb.url, 2).await;
+    for url in [&old.url, &staging.url] {
+        assert!(
+            rows.iter().any(|r| r["advertiseUrl"] == url.as_str()),
+            "{url} missing from {rows:?}"
+        );
+    }
 }

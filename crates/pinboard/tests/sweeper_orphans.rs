@@ -96,6 +96,8 @@ fn rec(sid: &str) -> WorkerRecord {
         env: None,
         epoch: 0,
         takeover: None,
+        envs: Default::default(),
+        retire_at_wall_ms: None,
     }
 }
 
@@ -124,7 +126,13 @@ async fn orphans_are_re_placed_and_woken_until_the_wake_answers_200() {
         .expect("put");
     let (route, claimed) = app
         .directory
-        .resolve_claiming("/threads/a", "/threads", "a", Default::default())
+        .resolve_claiming(
+            "/threads/a",
+            "/threads",
+            "a",
+            pinboard::world::Scope::Any,
+            Default::default(),
+        )
         .await
         .expect("placed");
     assert!(claimed);

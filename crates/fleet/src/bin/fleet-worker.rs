@@ -4,7 +4,10 @@
 //! interchangeable behind one pinboard.
 //!
 //! Environment: `PINBOARD_URL`, `PINBOARD_TOKEN` (required);
-//! `PINNED_HOSTNAME`, `FLEET_EPOCH`, `FLEET_TAKEOVER` (`wind_down`|`deny`),
+//! `PINNED_HOSTNAME`, `FLEET_ENV` (the worker's placement env),
+//! `FLEET_NS_ENV` (the namespace's own env, sent in `envs`),
+//! `FLEET_CLUSTER_HOST` (`pinboard`: cluster calls keep pinboard's `Host`
+//! and send `Pinboard-Hostname`), `FLEET_EPOCH`, `FLEET_TAKEOVER` (`wind_down`|`deny`),
 //! `FLEET_HEARTBEAT_MS`, `FLEET_LEASE_BUFFER_MS`, `FLEET_DRAIN_MS` (the
 //! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
 //! `FLEET_NS` (the namespace, default `/counter`), `FLEET_MAX_INSTANCES`,
@@ -20,7 +23,7 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::{Json, Router};
 use pinned::pinned_store::PostgresOptions;
-use pinned::{HostOptions, Options, Takeover};
+use pinned::{ClusterHost, HostOptions, Options, Takeover};
 use pinned_fleet::counter::{lease_events, process_token, writes, Counter};
 
 fn ms(name: &str) -> Option<Duration> {
@@ -49,6 +52,9 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(max) = std::env::var("FLEET_MAX_INSTANCES") {
         host = host.max_instances(max.parse()?);
     }
+    if let Ok(env) = std::env::var("FLEET_NS_ENV") {
+        host = host.env(env);
+    }
     let ns = std::env::var("FLEET_NS").unwrap_or_else(|_| "/counter".to_owned());
     let mut options = Options::from_env()
         .host_with::<Counter>(&ns, host)
@@ -57,6 +63,12 @@ async fn main() -> anyhow::Result<()> {
             std::env::var("PINBOARD_TOKEN")?,
             format!("http://{addr}"),
         );
+    if let Ok(env) = std::env::var("FLEET_ENV") {
+        options = options.placement_env(env);
+    }
+    if std::env::var("FLEET_CLUSTER_HOST").as_deref() == Ok("pinboard") {
+        options = options.cluster_host(ClusterHost::Pinboard);
+    }
     if let Ok(epoch) = std::env::var("FLEET_EPOCH") {
         options = options.deployment_epoch(epoch.parse()?);
     }

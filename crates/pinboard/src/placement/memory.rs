@@ -20,8 +20,8 @@ use parking_lot::Mutex;
 use pinned_wire::registry::ControlMessage;
 
 use super::{
-    next_epoch, Binding, ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry,
-    PlacementStore, ReclaimOutcome, StoreError, WorkerRecord,
+    next_epoch, ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
+    ReclaimOutcome, StoreError, WorkerRecord,
 };
 use crate::clock::Now;
 
@@ -56,7 +56,6 @@ impl Row {
 struct State {
     sessions: HashMap<String, Session>,
     superseded: HashMap<String, (String, u64)>,
-    bindings: HashMap<String, Binding>,
     rows: HashMap<(String, String), Row>,
     next_msg: u64,
     /// Sweeper lease: holder token and monotonic expiry.
@@ -223,16 +222,20 @@ impl PlacementStore for MemoryStore {
             .map(|(e, _)| e.clone()))
     }
 
-    async fn binding(&self, hostname: &str) -> Result<Option<Binding>, StoreError> {
-        Ok(self.state.lock().bindings.get(hostname).cloned())
-    }
-
-    async fn set_binding(&self, hostname: &str, binding: &Binding) -> Result<(), StoreError> {
-        self.state
-            .lock()
-            .bindings
-            .insert(hostname.to_owned(), binding.clone());
-        Ok(())
+    async fn wind_down_worker(
+        &self,
+        session_id: &str,
+        deadline_wall_ms: u64,
+        now: Now,
+    ) -> Result<bool, StoreError> {
+        let mut st = self.state.lock();
+        Ok(st
+            .live_mut(session_id, now)
+            .map(|s| {
+                s.record.server_drain = Some(Some(deadline_wall_ms));
+                s.record.retire_at_wall_ms = Some(deadline_wall_ms);
+            })
+            .is_some())
     }
 
     async fn push_message(
@@ -574,6 +577,8 @@ mod tests {
             env: None,
             epoch: 0,
             takeover: None,
+            envs: Default::default(),
+            retire_at_wall_ms: None,
         }
     }
 

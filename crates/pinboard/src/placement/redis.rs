@@ -11,13 +11,12 @@
 //! | key | type | content |
 //! | --- | --- | --- |
 //! | `P gen` | string, no TTL | the store's generation, `<token>@<wall ms>` (see `placement`'s "Generation") |
-//! | `P w:<session>` | hash, `PX` = lease TTL | `rec` (static worker JSON), `headroom`, `draining` (`0`/`1`), `drain` (operator drain: empty = none, `-` = no deadline, else wall ms) |
+//! | `P w:<session>` | hash, `PX` = lease TTL | `rec` (static worker JSON), `headroom`, `draining` (`0`/`1`), `drain` (operator drain: empty = none, `-` = no deadline, else wall ms), `retire` (empty, or the wall ms at which a wound-down session is superseded) |
 //! | `P workers` | set | session ids; members whose hash expired move to `P dead` while listing or expiring |
 //! | `P dead` | set | sessions that are gone but still own rows (in `P o:<session>`) not yet handed their grace |
 //! | `P m:<session>` | list, `PX` = lease TTL | queued control messages (JSON with `msgId`), oldest first |
 //! | `P mseq` | string | `INCR` counter for `msgId`s |
 //! | `P sup:<session>` | string, `PX` | the supersession reason |
-//! | `P b:<hostname>` | string | hostname binding JSON |
 //! | `P p:<ns>/<id>` | hash; no TTL while its owner lives, `PX` = row grace once vacated | `s` owner session (empty when released), `e` epoch, `t` tag |
 //! | `P o:<session>` | set | `<ns>/<id>` of every row the session owns (kept exact by every claim, reclaim and release) |
 //! | `P sweeper` | string, `PX` = sweeper lease TTL | token of the node holding the sweeper lease |
@@ -42,7 +41,7 @@ use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 
 use super::{
-    Binding, ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
+    ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
     ReclaimOutcome, StoreError, WorkerRecord,
 };
 use crate::clock::Now;
@@ -67,6 +66,7 @@ impl std::fmt::Debug for RedisStore {
 struct Scripts {
     renew: Script,
     drain: Script,
+    wind_down: Script,
     get: Script,
     list: Script,
     claim: Script,
@@ -87,9 +87,9 @@ struct Scripts {
 // Lua numbers are doubles: epochs (< 2^53) are formatted with %.0f so they
 // never come back in exponent notation.
 const GET: &str = r#"
-local v = redis.call('HMGET', KEYS[1], 'rec', 'headroom', 'draining', 'drain')
+local v = redis.call('HMGET', KEYS[1], 'rec', 'headroom', 'draining', 'drain', 'retire')
 if not v[1] then return false end
-return {v[1], v[2], v[3], v[4], tostring(redis.call('PTTL', KEYS[1]))}
+return {v[1], v[2], v[3], v[4], tostring(redis.call('PTTL', KEYS[1])), v[5]}
 "#;
 
 const RENEW: &str = r#"
@@ -97,8 +97,8 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.call('HSET', KEYS[1], 'headroom', ARGV[1], 'draining', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
-local v = redis.call('HMGET', KEYS[1], 'rec', 'headroom', 'draining', 'drain')
-return {v[1], v[2], v[3], v[4], ARGV[3]}
+local v = redis.call('HMGET', KEYS[1], 'rec', 'headroom', 'draining', 'drain', 'retire')
+return {v[1], v[2], v[3], v[4], ARGV[3], v[5]}
 "#;
 
 const DRAIN: &str = r#"
@@ -107,14 +107,21 @@ redis.call('HSET', KEYS[1], 'drain', ARGV[1])
 return 1
 "#;
 
+// Drain with a deadline and supersede then (`takeover: "wind_down"`).
+const WIND_DOWN: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'drain', ARGV[1], 'retire', ARGV[1])
+return 1
+"#;
+
 // KEYS: workers set, dead set. ARGV: worker key prefix.
 const LIST: &str = r#"
 local out = {}
 for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local key = ARGV[1] .. sid
-  local v = redis.call('HMGET', key, 'rec', 'headroom', 'draining', 'drain')
+  local v = redis.call('HMGET', key, 'rec', 'headroom', 'draining', 'drain', 'retire')
   if v[1] then
-    table.insert(out, {v[1], v[2], v[3], v[4], tostring(redis.call('PTTL', key))})
+    table.insert(out, {v[1], v[2], v[3], v[4], tostring(redis.call('PTTL', key)), v[5]})
   else
     redis.call('SREM', KEYS[1], sid)
     redis.call('SADD', KEYS[2], sid)
@@ -379,6 +386,7 @@ impl RedisStore {
             scripts: std::sync::Arc::new(Scripts {
                 renew: Script::new(RENEW),
                 drain: Script::new(DRAIN),
+                wind_down: Script::new(WIND_DOWN),
                 get: Script::new(GET),
                 list: Script::new(LIST),
                 claim: Script::new(CLAIM),
@@ -439,7 +447,7 @@ fn items(v: Value) -> Vec<Value> {
     }
 }
 
-/// Decode `{rec, headroom, draining, drain, pttl}`.
+/// Decode `{rec, headroom, draining, drain, pttl, retire?}`.
 fn decode_worker(v: Value) -> Result<Option<LiveWorker>, StoreError> {
     let parts = items(v);
     if parts.len() < 5 {
@@ -458,6 +466,7 @@ fn decode_worker(v: Value) -> Result<Option<LiveWorker>, StoreError> {
         Some(ms) => Some(ms.parse().ok()),
     };
     let ttl: i64 = text(&parts[4]).and_then(|t| t.parse().ok()).unwrap_or(0);
+    record.retire_at_wall_ms = parts.get(5).and_then(text).and_then(|r| r.parse().ok());
     Ok(Some(LiveWorker {
         record,
         expires_in_ms: ttl.max(0) as u64,
@@ -498,6 +507,12 @@ impl PlacementStore for RedisStore {
                     ("headroom", &record.headroom.to_string()),
                     ("draining", if record.draining { "1" } else { "0" }),
                     ("drain", &drain_field(record.server_drain)),
+                    (
+                        "retire",
+                        &record
+                            .retire_at_wall_ms
+                            .map_or_else(String::new, |ms| ms.to_string()),
+                    ),
                 ],
             )
             .pexpire(&key, ttl_ms as i64)
@@ -621,25 +636,21 @@ impl PlacementStore for RedisStore {
             .await?)
     }
 
-    async fn binding(&self, hostname: &str) -> Result<Option<Binding>, StoreError> {
+    async fn wind_down_worker(
+        &self,
+        session_id: &str,
+        deadline_wall_ms: u64,
+        _now: Now,
+    ) -> Result<bool, StoreError> {
         let mut conn = self.conn.clone();
-        let raw: Option<String> = redis::cmd("GET")
-            .arg(self.key("b:", hostname))
-            .query_async(&mut conn)
+        let n: i64 = self
+            .scripts
+            .wind_down
+            .key(self.key("w:", session_id))
+            .arg(deadline_wall_ms)
+            .invoke_async(&mut conn)
             .await?;
-        raw.map(|r| serde_json::from_str(&r).map_err(|e| StoreError::Corrupt(e.to_string())))
-            .transpose()
-    }
-
-    async fn set_binding(&self, hostname: &str, binding: &Binding) -> Result<(), StoreError> {
-        let raw = serde_json::to_string(binding).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let mut conn = self.conn.clone();
-        redis::cmd("SET")
-            .arg(self.key("b:", hostname))
-            .arg(raw)
-            .query_async::<()>(&mut conn)
-            .await?;
-        Ok(())
+        Ok(n == 1)
     }
 
     async fn push_message(

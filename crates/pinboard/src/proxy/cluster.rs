@@ -14,16 +14,21 @@
 //! `subrequest depth exceeds 50`. A request with none of the session headers
 //! is ordinary client traffic (anonymous); one with only some is refused 403.
 //!
+//! A verified call stays in its caller's world (`crate::world::cluster_world`):
+//! naming another hostname or env answers 403.
+//!
 //! A session longer than [`MAX_SESSION_ID_LEN`] is refused before any
 //! lookup (pinboard mints 32 hex characters), so forged sessions are small
 //! wherever they are remembered; forged sessions cost at most one store
 //! read per forced-refresh interval (see `resolve`'s "Unknown sessions").
 
+use std::sync::Arc;
+
 use http::HeaderMap;
 use pinned_wire::headers::{FROM, MAX_SUBREQUEST_DEPTH, SESSION, SESSION_SECRET, SUBREQUEST_DEPTH};
 use subtle::ConstantTimeEq;
 
-use super::resolve::Directory;
+use super::resolve::{Directory, WorkerConn};
 use crate::placement::{PlacementStore, StoreError};
 
 /// Longest `Pinboard-Session` looked up (pinboard's session ids are 32
@@ -31,12 +36,14 @@ use crate::placement::{PlacementStore, StoreError};
 pub const MAX_SESSION_ID_LEN: usize = 64;
 
 /// A verified calling instance.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Caller {
     /// `<ns>/<id>` of the calling instance.
     pub from: String,
     /// Depth of this call.
     pub depth: i64,
+    /// The calling worker (its registration is the call's world).
+    pub worker: Arc<WorkerConn>,
 }
 
 /// A refused cluster call.
@@ -109,5 +116,6 @@ pub async fn verify<S: PlacementStore>(
     Ok(Some(Caller {
         from: from.to_owned(),
         depth,
+        worker,
     }))
 }

@@ -88,6 +88,7 @@ use crate::placement::{
     choose_candidate, ClaimOutcome, Generation, Placement, PlacementStore, StoreError, WorkerRecord,
 };
 use crate::upstream::Pool;
+use crate::world::Scope;
 
 /// A live worker as the proxy uses it.
 pub struct WorkerConn {
@@ -193,6 +194,14 @@ pub enum ResolveError {
     /// No live, undrained worker hosts the namespace. 503 + `Retry-After`.
     #[error("no live worker hosts this namespace")]
     NoWorker,
+    /// No live, undrained worker serves the namespace in the request's
+    /// hostname world; the detail names it. 503 + `Retry-After`.
+    #[error("{0}")]
+    NoWorkerInWorld(String),
+    /// A live worker of another world owns the id (ids are global: the
+    /// store fences epochs per `(ns, id)`). 409.
+    #[error("this id is placed in another hostname or env world")]
+    OtherWorld,
     /// Quarantine (cold start or store loss): new placements wait. 503 +
     /// `Retry-After`.
     #[error("pinboard is starting; retry")]
@@ -773,9 +782,10 @@ impl<S: PlacementStore> Directory<S> {
         key: &str,
         ns: &str,
         id: &str,
+        scope: Scope<'_>,
         avoid: Avoid<'_>,
     ) -> Result<Arc<Route>, ResolveError> {
-        Ok(self.resolve_claiming(key, ns, id, avoid).await?.0)
+        Ok(self.resolve_claiming(key, ns, id, scope, avoid).await?.0)
     }
 
     /// As [`resolve`](Self::resolve), and whether this call claimed the id
@@ -789,6 +799,7 @@ impl<S: PlacementStore> Directory<S> {
         key: &str,
         ns: &str,
         id: &str,
+        scope: Scope<'_>,
         avoid: Avoid<'_>,
     ) -> Result<(Arc<Route>, bool), ResolveError> {
         if avoid.stale.is_none() && !avoid.refresh {
@@ -800,6 +811,11 @@ impl<S: PlacementStore> Directory<S> {
                 // lease lapsed, not after a client timeout.
                 let snap = self.workers(false).await?;
                 if snap.by_session.contains_key(&r.worker.record.session_id) {
+                    // Routes are cached per id (ids are global); the world
+                    // is checked on every hit: two comparisons.
+                    if !scope.admits(&r.worker.record, ns) {
+                        return Err(ResolveError::OtherWorld);
+                    }
                     return Ok((r, false));
                 }
                 self.counters.moves.departed(
@@ -824,6 +840,7 @@ impl<S: PlacementStore> Directory<S> {
                 .filter(|w| {
                     w.record.hosts(ns)
                         && !w.record.refuses_new_ids()
+                        && scope.admits(&w.record, ns)
                         && !avoid.exclude.contains(&w.record.session_id)
                 })
                 .collect();
@@ -858,7 +875,7 @@ impl<S: PlacementStore> Directory<S> {
                     (p, true)
                 }
                 ClaimOutcome::Vacant if quarantined => return Err(ResolveError::Quarantined),
-                ClaimOutcome::Vacant => return Err(ResolveError::NoWorker),
+                ClaimOutcome::Vacant => return Err(no_worker(scope)),
                 ClaimOutcome::CandidateGone => continue,
                 ClaimOutcome::GenerationLost(held) => {
                     self.store_lost(held).await?;
@@ -879,6 +896,11 @@ impl<S: PlacementStore> Directory<S> {
                     None => continue,
                 },
             };
+            if !scope.admits(&worker.record, ns) {
+                // Found, not claimed: a claim only ever names a candidate
+                // of this world.
+                return Err(ResolveError::OtherWorld);
+            }
             let route = Arc::new(Route {
                 worker,
                 epoch: placement.epoch,
@@ -888,7 +910,18 @@ impl<S: PlacementStore> Directory<S> {
             self.routes.insert(key.to_owned(), route.clone());
             return Ok((route, claimed));
         }
-        Err(ResolveError::NoWorker)
+        Err(no_worker(scope))
+    }
+}
+
+/// The "nobody can take it" error of `scope`: the hostless world keeps the
+/// plain one, a hostname world names itself.
+fn no_worker(scope: Scope<'_>) -> ResolveError {
+    match scope {
+        Scope::World(w) => w
+            .no_worker_detail()
+            .map_or(ResolveError::NoWorker, ResolveError::NoWorkerInWorld),
+        Scope::Any => ResolveError::NoWorker,
     }
 }
 
@@ -897,6 +930,9 @@ mod tests {
     use super::*;
     use crate::clock::{Now, SeededEntropy};
     use crate::placement::MemoryStore;
+    use crate::world::World;
+
+    const HOSTLESS: Scope<'static> = Scope::World(World::HOSTLESS);
 
     struct FakeClock(Mutex<Now>);
     impl Clock for FakeClock {
@@ -919,6 +955,8 @@ mod tests {
             env: None,
             epoch: 0,
             takeover: None,
+            envs: Default::default(),
+            retire_at_wall_ms: None,
         }
     }
 
@@ -970,16 +1008,17 @@ mod tests {
             .await
             .expect("claim");
         assert!(dir
-            .resolve("/c/old", "/c", "old", Avoid::default())
+            .resolve("/c/old", "/c", "old", HOSTLESS, Avoid::default())
             .await
             .is_ok());
         assert!(matches!(
-            dir.resolve("/c/new", "/c", "new", Avoid::default()).await,
+            dir.resolve("/c/new", "/c", "new", HOSTLESS, Avoid::default())
+                .await,
             Err(ResolveError::Quarantined)
         ));
         clock.0.lock().mono_ms = 1000;
         let r = dir
-            .resolve("/c/new", "/c", "new", Avoid::default())
+            .resolve("/c/new", "/c", "new", HOSTLESS, Avoid::default())
             .await
             .expect("placed");
         assert_eq!(r.epoch, 5_000_000);
@@ -993,7 +1032,7 @@ mod tests {
         for i in 0..5000 {
             let (key, id) = (format!("/c/i{i}"), format!("i{i}"));
             let route = dir
-                .resolve(&key, "/c", &id, Avoid::default())
+                .resolve(&key, "/c", &id, HOSTLESS, Avoid::default())
                 .await
                 .expect("placed");
             owners.insert(key, (route.worker.record.session_id.clone(), route.epoch));
@@ -1007,7 +1046,7 @@ mod tests {
         for (key, (owner, epoch)) in &owners {
             let id = &key["/c/".len()..];
             let route = dir
-                .resolve(key, "/c", id, Avoid::default())
+                .resolve(key, "/c", id, HOSTLESS, Avoid::default())
                 .await
                 .expect("resolved");
             assert_eq!(
@@ -1027,6 +1066,7 @@ mod tests {
                 "/c/y",
                 "/c",
                 "y",
+                HOSTLESS,
                 Avoid {
                     stale: None,
                     exclude: &all,
@@ -1041,7 +1081,7 @@ mod tests {
     async fn move_away_places_elsewhere_with_a_larger_epoch() {
         let (dir, _, _) = setup(0).await;
         let first = dir
-            .resolve("/c/x", "/c", "x", Avoid::default())
+            .resolve("/c/x", "/c", "x", HOSTLESS, Avoid::default())
             .await
             .expect("placed");
         let owner = first.worker.record.session_id.clone();
@@ -1050,6 +1090,7 @@ mod tests {
                 "/c/x",
                 "/c",
                 "x",
+                HOSTLESS,
                 Avoid {
                     stale: Some((&owner, first.epoch)),
                     exclude: std::slice::from_ref(&owner),
@@ -1066,6 +1107,7 @@ mod tests {
                 "/c/x",
                 "/c",
                 "x",
+                HOSTLESS,
                 Avoid {
                     stale: Some((&moved.worker.record.session_id, moved.epoch)),
                     exclude: std::slice::from_ref(&moved.worker.record.session_id),
@@ -1075,8 +1117,74 @@ mod tests {
             .await;
         assert!(err.is_ok(), "the other worker can take it back");
         assert!(matches!(
-            dir.resolve("/z/x", "/z", "x", Avoid::default()).await,
+            dir.resolve("/z/x", "/z", "x", HOSTLESS, Avoid::default())
+                .await,
             Err(ResolveError::NoWorker)
         ));
+    }
+
+    #[tokio::test]
+    async fn worlds_place_apart_and_ids_stay_global() {
+        let (dir, clock, store) = setup(0).await;
+        let mut app = rec("app", 1);
+        app.hostname = Some("app".into());
+        app.env = Some("staging".into());
+        store
+            .put_worker(&app, 10_000, clock.now())
+            .await
+            .expect("put");
+        dir.workers_changed();
+        let staging = Scope::World(World {
+            hostname: Some("APP"),
+            env: Some("staging"),
+        });
+        let production = Scope::World(World {
+            hostname: Some("app"),
+            env: Some("production"),
+        });
+        for i in 0..20 {
+            let id = format!("h{i}");
+            let key = format!("/c/{id}");
+            let hostless = dir
+                .resolve(&key, "/c", &id, HOSTLESS, Avoid::default())
+                .await
+                .expect("hostless");
+            assert_ne!(hostless.worker.record.session_id, "app");
+            // The same id from another world: its owner is elsewhere (cached
+            // route and store read alike).
+            assert!(matches!(
+                dir.resolve(&key, "/c", &id, staging, Avoid::default())
+                    .await,
+                Err(ResolveError::OtherWorld)
+            ));
+            dir.invalidate(&key);
+            assert!(matches!(
+                dir.resolve(&key, "/c", &id, staging, Avoid::default())
+                    .await,
+                Err(ResolveError::OtherWorld)
+            ));
+            let id = format!("s{i}");
+            let placed = dir
+                .resolve(&format!("/c/{id}"), "/c", &id, staging, Avoid::default())
+                .await
+                .expect("staging");
+            assert_eq!(placed.worker.record.session_id, "app");
+        }
+        match dir
+            .resolve("/c/p", "/c", "p", production, Avoid::default())
+            .await
+        {
+            Err(e @ ResolveError::NoWorkerInWorld(_)) => assert_eq!(
+                e.to_string(),
+                r#"no live worker serves this namespace for hostname "app" in env "production""#
+            ),
+            other => panic!("{other:?}"),
+        }
+        // The sweeper places anywhere.
+        let any = dir
+            .resolve("/c/s0", "/c", "s0", Scope::Any, Avoid::default())
+            .await
+            .expect("any");
+        assert_eq!(any.worker.record.session_id, "app");
     }
 }

@@ -87,6 +87,8 @@ async fn worker(app: &App<MemoryStore>, sid: &str, answers: &[(u16, bool)]) -> A
         env: None,
         epoch: 0,
         takeover: None,
+        envs: Default::default(),
+        retire_at_wall_ms: None,
     };
     app.store
         .put_worker(&record, 60_000, app.clock.now())

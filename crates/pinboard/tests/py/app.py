@@ -3,7 +3,7 @@ control-plane mode hosting a counter object under /counter.
 
 Environment: PINBOARD_URL, PINBOARD_TOKEN, ADVERTISE_URL (required);
 HEARTBEAT_S and LEASE_BUFFER_S (defaults 0.5 s) keep short test leases healthy;
-PINNED_HOSTNAME, PINNED_EPOCH and PINNED_TAKEOVER set the deployment identity.
+PINNED_HOSTNAME, PINNED_ENV, PINNED_EPOCH and PINNED_TAKEOVER set the deployment identity.
 """
 
 import asyncio
@@ -23,6 +23,7 @@ worker = PinnedWorker(
     heartbeat_interval=float(os.environ.get("HEARTBEAT_S", "0.5")),
     lease_buffer=float(os.environ.get("LEASE_BUFFER_S", "0.5")),
     hostname=os.environ.get("PINNED_HOSTNAME"),
+    env=os.environ.get("PINNED_ENV"),
     epoch=int(os.environ.get("PINNED_EPOCH", "0")),
     takeover=os.environ.get("PINNED_TAKEOVER"),
 )
