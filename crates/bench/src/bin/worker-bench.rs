@@ -136,41 +136,46 @@ async fn serve_pinned() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The bare baseline: one global counter for warm requests, and a map
-/// insert per new id for activations.
+/// The bare baseline, the "minimal axum counter": a path
+/// extractor, a `Mutex<HashMap>` of counters and a JSON answer for warm
+/// requests (every id already present after its first request), and a
+/// concurrent map insert per new id for activations.
 async fn serve_bare() -> anyhow::Result<()> {
-    let warm = Arc::new(Counter {
-        value: AtomicU64::new(0),
-    });
+    let warm: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>> = Arc::default();
     let map: Arc<DashMap<String, Arc<Counter>>> = Arc::new(DashMap::new());
-    let app =
-        Router::new()
-            .route(
-                "/counter/a/increment",
-                post(move || {
-                    let warm = warm.clone();
-                    async move {
-                        Json(json!({ "value": warm.value.fetch_add(1, Ordering::Relaxed) + 1 }))
-                    }
-                }),
-            )
-            .route(
-                "/fresh/{id}/increment",
-                post(move |Path(id): Path<String>| {
-                    let map = map.clone();
-                    async move {
-                        let counter = map
-                            .entry(id)
-                            .or_insert_with(|| {
-                                Arc::new(Counter {
-                                    value: AtomicU64::new(0),
-                                })
+    let app = Router::new()
+        .route(
+            "/counter/{id}/increment",
+            post(move |Path(id): Path<String>| {
+                let warm = warm.clone();
+                async move {
+                    let value = {
+                        let mut counters = warm.lock().unwrap_or_else(|e| e.into_inner());
+                        let value = counters.entry(id).or_insert(0);
+                        *value += 1;
+                        *value
+                    };
+                    Json(json!({ "value": value }))
+                }
+            }),
+        )
+        .route(
+            "/fresh/{id}/increment",
+            post(move |Path(id): Path<String>| {
+                let map = map.clone();
+                async move {
+                    let counter = map
+                        .entry(id)
+                        .or_insert_with(|| {
+                            Arc::new(Counter {
+                                value: AtomicU64::new(0),
                             })
-                            .clone();
-                        Json(json!({ "value": counter.value.fetch_add(1, Ordering::Relaxed) + 1 }))
-                    }
-                }),
-            );
+                        })
+                        .clone();
+                    Json(json!({ "value": counter.value.fetch_add(1, Ordering::Relaxed) + 1 }))
+                }
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("bare axum listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app).await?;
