@@ -4,10 +4,14 @@
 //! Never opens sockets or connections; runtime handles live in `server`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use clap::Parser;
 
+use pinned_edge::tls::{self, tokio_rustls::TlsAcceptor, TlsError};
+
 use crate::registry::auth::{split_list, Credentials};
+use crate::upstream::UpstreamTls;
 
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
@@ -216,6 +220,23 @@ pub struct Config {
     /// between share the next one.
     #[arg(long, env = "PINBOARD_FORCED_REFRESH_INTERVAL_MS", default_value_t = DEFAULT_FORCED_REFRESH_INTERVAL_MS)]
     pub forced_refresh_interval_ms: u64,
+
+    /// PEM certificate chain (leaf first) to serve HTTPS with; needs
+    /// `--tls-key`. Without both, pinboard serves plain HTTP. The TLS
+    /// handshake counts against the connection cap and must finish within
+    /// `--header-read-timeout-ms` of accept (the first request head too).
+    #[arg(long, env = "PINBOARD_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `--tls-cert`.
+    #[arg(long, env = "PINBOARD_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM file of extra CA certificates trusted for `https://` advertise
+    /// URLs (challenge probes, proxied requests, sweeper calls), beside the
+    /// Mozilla roots of `webpki-roots`.
+    #[arg(long, env = "PINBOARD_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
 }
 
 /// Reasons the configuration is refused.
@@ -240,6 +261,18 @@ pub enum ConfigError {
     /// `--max-header-bytes` is below [`MIN_MAX_HEADER_BYTES`].
     #[error("--max-header-bytes must be at least {MIN_MAX_HEADER_BYTES}")]
     SmallHeaderLimit,
+    /// One of `--tls-cert` / `--tls-key` without the other.
+    #[error("--{given} / PINBOARD_{given_env} is set but --{missing} / PINBOARD_{missing_env} is not: HTTPS needs both (or neither, for plain HTTP)")]
+    HalfTls {
+        /// The flag given.
+        given: &'static str,
+        /// Its environment variable's suffix.
+        given_env: &'static str,
+        /// The flag missing.
+        missing: &'static str,
+        /// Its environment variable's suffix.
+        missing_env: &'static str,
+    },
 }
 
 impl Config {
@@ -268,6 +301,29 @@ impl Config {
     /// A list [`validate`](Self::validate) refuses accepts no token at all.
     pub fn credentials(&self) -> Credentials {
         Credentials::new(&self.token, self.operator_token.as_deref())
+    }
+
+    /// The TLS server configuration of `--tls-cert` / `--tls-key`, `None`
+    /// for plain HTTP (a half pair is refused by [`validate`](Self::validate)).
+    ///
+    /// # Errors
+    ///
+    /// A file unreadable or unusable, naming it.
+    pub fn tls_server(&self) -> Result<Option<TlsAcceptor>, TlsError> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(TlsAcceptor::from(tls::server_config(cert, key)?))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The TLS client of `https://` advertise URLs: the Mozilla roots plus
+    /// `--upstream-ca`.
+    ///
+    /// # Errors
+    ///
+    /// The CA file unreadable or unusable, naming it.
+    pub fn upstream_tls(&self) -> Result<UpstreamTls, TlsError> {
+        UpstreamTls::new(self.upstream_ca.as_deref())
     }
 
     /// Every problem at once.
@@ -320,6 +376,21 @@ impl Config {
         if self.max_header_bytes < MIN_MAX_HEADER_BYTES {
             errs.push(ConfigError::SmallHeaderLimit);
         }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => errs.push(ConfigError::HalfTls {
+                given: "tls-cert",
+                given_env: "TLS_CERT",
+                missing: "tls-key",
+                missing_env: "TLS_KEY",
+            }),
+            (None, Some(_)) => errs.push(ConfigError::HalfTls {
+                given: "tls-key",
+                given_env: "TLS_KEY",
+                missing: "tls-cert",
+                missing_env: "TLS_CERT",
+            }),
+            _ => {}
+        }
         errs
     }
 }
@@ -365,6 +436,38 @@ mod tests {
             .expect("parse");
         assert_eq!(c.sweep_interval_ms, DEFAULT_SWEEP_INTERVAL_MS);
         assert_eq!(c.validate(), vec![ConfigError::ZeroSweep("sweep-limit")]);
+    }
+
+    #[test]
+    fn tls_needs_both_files() {
+        let c = Config::try_parse_from(["pinboard", "--token", "t"]).expect("parse");
+        assert!(c.tls_cert.is_none() && c.tls_key.is_none() && c.upstream_ca.is_none());
+        assert!(matches!(c.tls_server(), Ok(None)));
+        let c = Config::try_parse_from(["pinboard", "--token", "t", "--tls-cert", "c.pem"])
+            .expect("parse");
+        let errs = c.validate();
+        assert_eq!(errs.len(), 1);
+        assert_eq!(
+            errs[0].to_string(),
+            "--tls-cert / PINBOARD_TLS_CERT is set but --tls-key / PINBOARD_TLS_KEY is not: \
+             HTTPS needs both (or neither, for plain HTTP)"
+        );
+        let c = Config::try_parse_from(["pinboard", "--token", "t", "--tls-key", "k.pem"])
+            .expect("parse");
+        assert!(c.validate()[0].to_string().starts_with("--tls-key"));
+        let c = Config::try_parse_from([
+            "pinboard",
+            "--token",
+            "t",
+            "--tls-cert",
+            "/nonexistent/c.pem",
+            "--tls-key",
+            "/nonexistent/k.pem",
+        ])
+        .expect("parse");
+        assert!(c.validate().is_empty());
+        let error = c.tls_server().expect_err("missing files");
+        assert!(error.to_string().contains("/nonexistent/c.pem"), "{error}");
     }
 
     #[test]

@@ -602,7 +602,7 @@ mod tests {
             env: None,
             epoch: 0,
             takeover: None,
-        })
+        }, None)
         .expect("valid advertise URL")
     }
 

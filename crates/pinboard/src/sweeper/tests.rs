@@ -107,7 +107,8 @@ async fn setup() -> (
         MemoryStore::new(),
         Arc::new(SystemClock::new()),
         Arc::new(SeededEntropy::seeded(1)),
-    ));
+    )
+    .expect("app"));
     app.directory.open_generation().await.expect("generation");
     let state = Arc::new(StateMemory::new());
     let settings = SweepSettings {
