@@ -44,6 +44,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tower::ServiceExt;
 
+use pinned_edge::defaults::MIN_READ_BUFFER;
 use pinned_edge::drive::drive;
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use pinned_edge::tls::{self, HandshakeError};
@@ -56,9 +57,6 @@ use crate::placement::PlacementStore;
 use crate::proxy::{self, ClientAddr, UpgradeHold};
 use crate::server::{self, App};
 use crate::upstream;
-
-/// Smallest read buffer hyper accepts (`max_buf_size` panics below it).
-const MIN_READ_BUFFER: usize = 8192;
 
 /// Whether `path` is one of pinboard's own routes ([`server::paths`])
 /// rather than `/<ns>/<id>/…`. Exact paths only: a namespace may be called

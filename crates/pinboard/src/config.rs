@@ -40,22 +40,22 @@ pub const DEFAULT_SWEEP_LIMIT: usize = 256;
 pub const DEFAULT_SWEEP_CONCURRENCY: usize = 32;
 /// Default time a client has to send a complete request head, counted from
 /// its first byte (or from accept, for a connection's first request).
-pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = pinned_edge::defaults::HEADER_READ_TIMEOUT_MS;
 /// Default time a keep-alive connection may sit idle between two requests.
-pub const DEFAULT_KEEP_ALIVE_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_KEEP_ALIVE_TIMEOUT_MS: u64 = pinned_edge::defaults::KEEP_ALIVE_TIMEOUT_MS;
 /// Default time a client has to send a body pinboard reads itself (registry
 /// calls, buffered proxy bodies), and the longest pause inside a streamed
 /// proxy body.
 pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
 /// Default time open connections get to finish after SIGTERM / SIGINT
 /// before they are dropped.
-pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = pinned_edge::defaults::SHUTDOWN_TIMEOUT_MS;
 /// Default most client connections open at once (per process).
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_MAX_CONNECTIONS: usize = pinned_edge::defaults::MAX_CONNECTIONS;
 /// Default largest request head (request line and headers), in bytes.
-pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+pub const DEFAULT_MAX_HEADER_BYTES: usize = pinned_edge::defaults::MAX_HEADER_BYTES;
 /// Smallest `--max-header-bytes` accepted.
-pub const MIN_MAX_HEADER_BYTES: usize = 1024;
+pub const MIN_MAX_HEADER_BYTES: usize = pinned_edge::defaults::MIN_MAX_HEADER_BYTES;
 /// Default largest `/registry/*` request body, in bytes: a re-registration
 /// listing 10 000 instances with ids of about 150 characters fits.
 pub const DEFAULT_MAX_REGISTRY_BODY_BYTES: usize = 2 * 1024 * 1024;

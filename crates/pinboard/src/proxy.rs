@@ -589,20 +589,23 @@ mod tests {
     use crate::placement::WorkerRecord;
 
     fn conn(url: &str) -> WorkerConn {
-        WorkerConn::new(WorkerRecord {
-            session_id: "s".into(),
-            client_id: "c".into(),
-            secret: "k".into(),
-            advertise_url: url.into(),
-            namespaces: vec!["/c".into()],
-            headroom: 1,
-            draining: false,
-            server_drain: None,
-            hostname: None,
-            env: None,
-            epoch: 0,
-            takeover: None,
-        }, None)
+        WorkerConn::new(
+            WorkerRecord {
+                session_id: "s".into(),
+                client_id: "c".into(),
+                secret: "k".into(),
+                advertise_url: url.into(),
+                namespaces: vec!["/c".into()],
+                headroom: 1,
+                draining: false,
+                server_drain: None,
+                hostname: None,
+                env: None,
+                epoch: 0,
+                takeover: None,
+            },
+            None,
+        )
         .expect("valid advertise URL")
     }
 

@@ -1,6 +1,7 @@
 //! The HTTP edge that `pinboard` and the `pinned` worker share: what every
 //! accepted client connection is held to, whichever binary accepts it.
 //!
+//! - [`defaults`]: the deadlines and bounds both binaries start from.
 //! - [`phase`]: where a connection is in its life (waiting for a head,
 //!   reading one, busy, idle) and the deadline of each phase.
 //! - [`drive`]: runs one connection to its end under those deadlines, and
@@ -20,6 +21,7 @@
 
 pub mod backoff;
 pub mod cap;
+pub mod defaults;
 pub mod drive;
 pub mod phase;
 pub mod tls;

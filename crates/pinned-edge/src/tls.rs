@@ -205,7 +205,13 @@ mod tests {
         // The certificate given as key: no key block.
         let error = server_config(&cert, &cert).expect_err("cert as key");
         assert!(
-            matches!(error, TlsError::Pem { what: "key file", .. }),
+            matches!(
+                error,
+                TlsError::Pem {
+                    what: "key file",
+                    ..
+                }
+            ),
             "{error}"
         );
         // A missing file names itself.
