@@ -8,7 +8,10 @@
 //! `FLEET_HEARTBEAT_MS`, `FLEET_LEASE_BUFFER_MS`, `FLEET_DRAIN_MS` (the
 //! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
 //! `FLEET_NS` (the namespace, default `/counter`), `FLEET_MAX_INSTANCES`,
-//! `FLEET_PG_IDLE_TXN_MS` (the store's idle-in-transaction timeout), and
+//! `FLEET_PG_IDLE_TXN_MS` (the store's idle-in-transaction timeout),
+//! `FLEET_ADVERTISE_URL` (default `http://<bound address>`; a TLS front's
+//! `https://` URL in the TLS suite), `PINNED_PINBOARD_CA` (read by
+//! `Options::from_env`: the CA of an `https://` pinboard), and
 //! `FLEET_DATABASE_URL` (a Postgres state store: enables `alarm`, `fired`,
 //! `write`, `state`, `bump` and the process log `GET /fleet/writes`);
 //! `GET /fleet/lease-events` lists the lease hooks heard, `GET
@@ -55,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
         .pinboard(
             std::env::var("PINBOARD_URL")?,
             std::env::var("PINBOARD_TOKEN")?,
-            format!("http://{addr}"),
+            std::env::var("FLEET_ADVERTISE_URL").unwrap_or_else(|_| format!("http://{addr}")),
         );
     if let Ok(epoch) = std::env::var("FLEET_EPOCH") {
         options = options.deployment_epoch(epoch.parse()?);
