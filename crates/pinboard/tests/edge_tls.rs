@@ -2,7 +2,8 @@
 //! the real process with a self-signed certificate made in the test: it
 //! serves clients over HTTPS, refuses a client that does not trust it and a
 //! plain-HTTP client (counted), closes a connection that never completes
-//! its handshake at the header deadline, counts handshaking connections
+//! its handshake at the header deadline, answers the operator commands
+//! given its CA (`--ca`), counts handshaking connections
 //! against the connection cap, and refuses to start with half a TLS
 //! configuration or an unreadable file, naming the problem.
 
@@ -120,6 +121,22 @@ async fn serves_https_and_closes_plain_silent_and_untrusting_clients() {
         "{took:?}"
     );
     assert!(metric(&c, &pb, "pinboard_connections_header_timeouts_total").await >= 1);
+
+    // The operator commands reach it with `--ca`, and refuse without.
+    let operator = |ca: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pinboard"));
+        cmd.args(["workers", "--url", &pb.url, "--json"])
+            .env("PINBOARD_OPERATOR_TOKEN", support::TOKEN)
+            .env_remove("PINBOARD_CA");
+        if let Some(ca) = ca {
+            cmd.args(["--ca", ca]);
+        }
+        cmd.output().expect("pinboard workers")
+    };
+    let out = operator(Some(certs.cert.to_str().expect("utf-8 path")));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"workers\""));
+    assert!(!operator(None).status.success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
