@@ -100,14 +100,7 @@ async fn a_worker_registers_with_an_https_pinboard_and_is_reached_over_https() {
     let certs = certs();
     let cert = certs.cert.to_str().expect("utf-8 path");
     let key = certs.key.to_str().expect("utf-8 path");
-    let pb = pinboard(&[
-        "--tls-cert",
-        cert,
-        "--tls-key",
-        key,
-        "--upstream-ca",
-        cert,
-    ]);
+    let pb = pinboard(&["--tls-cert", cert, "--tls-key", key, "--upstream-ca", cert]);
     assert!(pb.url.starts_with("https://"), "{}", pb.url);
     let (front, target, handshakes, front_task) = tls_front(&certs).await;
     let advertise = format!("https://127.0.0.1:{}", front.port());

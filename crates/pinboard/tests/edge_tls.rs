@@ -104,9 +104,13 @@ async fn serves_https_and_closes_plain_silent_and_untrusting_clients() {
     let (ended, got) = wait_closed(&mut plain, Duration::from_secs(5)).await;
     assert_eq!(ended, Ended::Closed);
     assert!(!got.starts_with(b"HTTP/"), "answered in clear text");
-    eventually("the failed handshake counted", Duration::from_secs(5), || async {
-        (metric(&c, &pb, "pinboard_tls_handshake_failures_total").await >= 1).then_some(())
-    })
+    eventually(
+        "the failed handshake counted",
+        Duration::from_secs(5),
+        || async {
+            (metric(&c, &pb, "pinboard_tls_handshake_failures_total").await >= 1).then_some(())
+        },
+    )
     .await;
 
     // A connection that never starts its handshake: closed at the header
@@ -134,7 +138,11 @@ async fn serves_https_and_closes_plain_silent_and_untrusting_clients() {
         cmd.output().expect("pinboard workers")
     };
     let out = operator(Some(certs.cert.to_str().expect("utf-8 path")));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"workers\""));
     assert!(!operator(None).status.success());
 }
@@ -144,24 +152,26 @@ async fn handshaking_connections_count_against_the_cap() {
     let certs = certs();
     let pb = tls_pinboard(
         &certs,
-        &[
-            "--max-connections",
-            "2",
-            "--header-read-timeout-ms",
-            "1000",
-        ],
+        &["--max-connections", "2", "--header-read-timeout-ms", "1000"],
     );
     let c = trusting(&certs.pem);
     // Two connections that never handshake hold both places.
     let _first = connect(pb.addr()).await;
     let _second = connect(pb.addr()).await;
     let refused = c.get(format!("{}/healthz", pb.url)).send().await;
-    assert!(refused.is_err(), "a third connection was served: {refused:?}");
+    assert!(
+        refused.is_err(),
+        "a third connection was served: {refused:?}"
+    );
     // At the header deadline they are closed, and the places come back.
-    eventually("the cap frees after the handshake deadline", Duration::from_secs(10), || async {
-        let res = c.get(format!("{}/healthz", pb.url)).send().await.ok()?;
-        (res.status() == 200).then_some(())
-    })
+    eventually(
+        "the cap frees after the handshake deadline",
+        Duration::from_secs(10),
+        || async {
+            let res = c.get(format!("{}/healthz", pb.url)).send().await.ok()?;
+            (res.status() == 200).then_some(())
+        },
+    )
     .await;
     assert!(metric(&c, &pb, "pinboard_connections_refused_total").await >= 1);
 }
@@ -182,7 +192,9 @@ fn half_a_tls_configuration_or_a_bad_file_refuses_to_start() {
     assert_eq!(out.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--tls-cert / PINBOARD_TLS_CERT is set but --tls-key / PINBOARD_TLS_KEY is not"),
+        stderr.contains(
+            "--tls-cert / PINBOARD_TLS_CERT is set but --tls-key / PINBOARD_TLS_KEY is not"
+        ),
         "{stderr}"
     );
     let out = run(&["--tls-key", key]);
@@ -192,7 +204,10 @@ fn half_a_tls_configuration_or_a_bad_file_refuses_to_start() {
     let out = run(&["--tls-cert", key, "--tls-key", key]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("key.pem") && stderr.contains("no CERTIFICATE"), "{stderr}");
+    assert!(
+        stderr.contains("key.pem") && stderr.contains("no CERTIFICATE"),
+        "{stderr}"
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("listening"));
     // An unreadable upstream CA file is named too.
     let out = run(&["--upstream-ca", "/nonexistent/ca.pem"]);

@@ -114,12 +114,10 @@ async fn a_head_sent_a_byte_at_a_time_is_closed_at_the_header_deadline() {
     });
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut buf = [0u8; 256];
-    let (closed, answered) = loop {
-        match tokio::time::timeout_at(deadline, read.read(&mut buf)).await {
-            Err(_) => break (false, false),
-            Ok(Ok(0)) | Ok(Err(_)) => break (true, false),
-            Ok(Ok(_)) => break (false, true),
-        }
+    let (closed, answered) = match tokio::time::timeout_at(deadline, read.read(&mut buf)).await {
+        Err(_) => (false, false),
+        Ok(Ok(0)) | Ok(Err(_)) => (true, false),
+        Ok(Ok(_)) => (false, true),
     };
     let took = started.elapsed();
     dribble.abort();
