@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use pinned_wire::ids;
 
+use pinned_edge::tls::tokio_rustls::TlsAcceptor;
+
 use crate::edge::EdgeSettings;
 use crate::host::HostOptions;
 use crate::lease::DEFAULT_LEASE_BUFFER;
@@ -37,6 +39,11 @@ pub const ENV_ALLOW_DEV_IN_PRODUCTION: &str = "PINBOARD_ALLOW_DEV_IN_PRODUCTION"
 /// Environment variable: a PEM file of extra CA certificates trusted for an
 /// `https://` pinboard (beside the Mozilla roots).
 pub const ENV_PINBOARD_CA: &str = "PINNED_PINBOARD_CA";
+/// Environment variable: the PEM certificate chain [`serve`](crate::serve)
+/// answers HTTPS with (with [`ENV_TLS_KEY`]; see [`Options::tls`]).
+pub const ENV_TLS_CERT: &str = "PINNED_TLS_CERT";
+/// Environment variable: the PEM private key of [`ENV_TLS_CERT`].
+pub const ENV_TLS_KEY: &str = "PINNED_TLS_KEY";
 /// Environment variable: [`Options::header_read_timeout`], in milliseconds.
 pub const ENV_HEADER_READ_TIMEOUT_MS: &str = "PINNED_HEADER_READ_TIMEOUT_MS";
 /// Environment variable: [`Options::keep_alive_timeout`], in milliseconds.
@@ -124,6 +131,15 @@ pub enum ConfigError {
     /// An edge deadline or bound is zero (zero does not mean "off").
     #[error("{0} must be positive")]
     ZeroEdge(&'static str),
+    /// One of the TLS certificate and key without the other.
+    #[error("tls needs both a certificate and a key (PINNED_TLS_CERT and PINNED_TLS_KEY): {missing} is missing")]
+    HalfTls {
+        /// What is missing.
+        missing: &'static str,
+    },
+    /// The TLS certificate or key cannot be used (the file is named).
+    #[error("tls: {0}")]
+    Tls(String),
     /// `max_header_bytes` is below the smallest head hyper can read.
     #[error("max_header_bytes must be at least {min}", min = pinned_edge::defaults::MIN_MAX_HEADER_BYTES)]
     SmallHeaderLimit,
@@ -196,6 +212,8 @@ pub struct Options {
     pub(crate) store: Option<std::sync::Arc<dyn pinned_store::StateStore>>,
     pub(crate) pinboard_ca: Option<PathBuf>,
     pub(crate) edge: EdgeSettings,
+    pub(crate) tls_cert: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
     /// Edge variables that did not parse, reported by `validate`.
     edge_variables: Vec<ConfigError>,
     pub(crate) states: crate::state::States,
@@ -243,6 +261,8 @@ impl Options {
             store: None,
             pinboard_ca: None,
             edge: EdgeSettings::default(),
+            tls_cert: None,
+            tls_key: None,
             edge_variables: Vec::new(),
             states: crate::state::States::default(),
             domain: crate::domain::Domain::system(),
@@ -276,7 +296,17 @@ impl Options {
         self.token = vars.get(ENV_PINBOARD_TOKEN).cloned();
         self.advertise_url = vars.get(ENV_ADVERTISE_URL).cloned();
         self.hostname = vars.get(ENV_PINNED_HOSTNAME).cloned();
-        self.pinboard_ca = vars.get(ENV_PINBOARD_CA).map(PathBuf::from);
+        // TLS files and edge settings given in code stay unless a variable
+        // names another.
+        for (variable, field) in [
+            (ENV_PINBOARD_CA, &mut self.pinboard_ca),
+            (ENV_TLS_CERT, &mut self.tls_cert),
+            (ENV_TLS_KEY, &mut self.tls_key),
+        ] {
+            if let Some(path) = vars.get(variable) {
+                *field = Some(PathBuf::from(path));
+            }
+        }
         self.edge_variables.clear();
         let mut number = |variable: &'static str| -> Option<u64> {
             let value = vars.get(variable)?;
@@ -315,6 +345,19 @@ impl Options {
     /// pinboard, beside the Mozilla roots (overrides `PINNED_PINBOARD_CA`).
     pub fn pinboard_ca(mut self, pem_file: impl Into<PathBuf>) -> Self {
         self.pinboard_ca = Some(pem_file.into());
+        self
+    }
+
+    /// [`serve`](crate::serve) answers HTTPS (rustls, TLS 1.2 and 1.3, ALPN
+    /// `http/1.1`) with this PEM certificate chain (leaf first) and PEM
+    /// private key, instead of plain HTTP (overrides `PINNED_TLS_CERT` /
+    /// `PINNED_TLS_KEY`). The handshake must finish within the header read
+    /// timeout of accept, and counts against the connection cap. Advertise
+    /// an `https://` URL, and give pinboard the CA (`--upstream-ca`) when it
+    /// is a private one.
+    pub fn tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_cert = Some(cert.into());
+        self.tls_key = Some(key.into());
         self
     }
 
@@ -558,6 +601,13 @@ impl Options {
             errors.push(ConfigError::HeartbeatInterval);
         }
         errors.extend(self.edge_variables.iter().cloned());
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => errors.push(ConfigError::HalfTls { missing: "the key" }),
+            (None, Some(_)) => errors.push(ConfigError::HalfTls {
+                missing: "the certificate",
+            }),
+            _ => {}
+        }
         errors.extend(self.edge.problems());
         if self.pinboard_url.is_none()
             && self.var(ENV_ALLOW_DEV_IN_PRODUCTION).as_deref() != Some("1")
@@ -600,6 +650,17 @@ impl Options {
                 .unwrap_or_else(|| std::sync::Arc::new(crate::headroom::default_headroom)),
             pinboard_ca: self.pinboard_ca.clone(),
         })
+    }
+
+    /// The TLS acceptor of [`tls`](Self::tls), `None` for plain HTTP
+    /// (validated: both files or neither).
+    pub(crate) fn tls_acceptor(&self) -> Result<Option<TlsAcceptor>, ConfigError> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => pinned_edge::tls::server_config(cert, key)
+                .map(|config| Some(TlsAcceptor::from(config)))
+                .map_err(|e| ConfigError::Tls(e.to_string())),
+            _ => Ok(None),
+        }
     }
 
     pub(crate) fn into_hosts(self) -> Vec<HostSpec> {

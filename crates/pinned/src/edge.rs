@@ -9,6 +9,10 @@
 //! `axum::serve` paid (the `ConnectInfo` extension and the body box) plus
 //! a few atomic operations for the phase: nothing allocates per request.
 //!
+//! With [`Options::tls`](crate::Options::tls) the handshake runs in the
+//! connection's task: the connection already counts against the cap, and
+//! the handshake must finish within the header deadline of accept.
+//!
 //! Upgraded connections (WebSockets) leave the cap when hyper hands them
 //! over: the instance they reach keeps them in flight, not this loop.
 
@@ -26,10 +30,11 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use pinned_edge::backoff::{AcceptBackoff, Throttle};
-use pinned_edge::cap;
-use pinned_edge::defaults;
-use pinned_edge::drive::drive;
 use pinned_edge::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
+use pinned_edge::tls::tokio_rustls::TlsAcceptor;
+use pinned_edge::tls::{self, HandshakeError};
+use pinned_edge::{cap, defaults, drive};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -91,10 +96,10 @@ impl Drop for Slot {
     }
 }
 
-/// Serves `app` on `listener` until `shutdown` resolves (for
-/// [`serve`](crate::serve): the signal, then the drain), then lets open
-/// connections finish for up to `settings.shutdown_timeout` and drops the
-/// rest.
+/// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
+/// resolves (for [`serve`](crate::serve): the signal, then the drain),
+/// then lets open connections finish for up to `settings.shutdown_timeout`
+/// and drops the rest.
 ///
 /// A connection beyond the cap is accepted and closed at once; a failing
 /// accept pauses the loop as [`pinned_edge::backoff`] says.
@@ -102,6 +107,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     settings: EdgeSettings,
+    tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send,
 ) {
     let fd_limit = cap::open_file_limit();
@@ -193,13 +199,25 @@ pub(crate) async fn serve(
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
             }
         });
-        let connection = http
-            .serve_connection(TokioIo::new(Watched::new(tcp, phase.clone())), service)
-            .with_upgrades();
         let (stopping, abort, timeouts) = (stopping.clone(), abort.clone(), settings.timeouts);
+        let (http, tls) = (http.clone(), tls.clone());
         tokio::spawn(async move {
+            let served = async {
+                match tls {
+                    None => serve_one(&http, tcp, service, &phase, timeouts, stopping).await,
+                    // The header deadline counts from accept, handshake included.
+                    Some(acceptor) => match tls::accept(&acceptor, tcp, timeouts.header).await {
+                        Ok(tls) => serve_one(&http, tls, service, &phase, timeouts, stopping).await,
+                        Err(HandshakeError::TimedOut(_)) => Some(Lapse::Header),
+                        Err(HandshakeError::Failed(error)) => {
+                            tracing::debug!(%peer, %error, "TLS handshake failed");
+                            None
+                        }
+                    },
+                }
+            };
             tokio::select! {
-                lapse = drive(connection, &phase, timeouts, stopping) => {
+                lapse = served => {
                     if let Some(lapse) = lapse {
                         let deadline = match lapse {
                             Lapse::Header => "header read",
@@ -226,4 +244,27 @@ pub(crate) async fn serve(
         );
         abort.cancel();
     }
+}
+
+/// Serves one connection over `io` (plain TCP or TLS) to its end under the
+/// phase deadlines; `Some` when a deadline closed it.
+async fn serve_one<IO, Svc>(
+    http: &http1::Builder,
+    io: IO,
+    service: Svc,
+    phase: &Phase,
+    timeouts: ConnTimeouts,
+    stopping: watch::Receiver<()>,
+) -> Option<Lapse>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    Svc: hyper::service::HttpService<Incoming>,
+    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    Svc::ResBody: 'static,
+    <Svc::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let connection = http
+        .serve_connection(TokioIo::new(Watched::new(io, phase.clone())), service)
+        .with_upgrades();
+    drive::drive(connection, phase, timeouts, stopping).await
 }

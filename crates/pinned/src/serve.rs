@@ -171,8 +171,13 @@ impl Serve {
             None => {
                 let (host, port) = worker.bind_address();
                 let listener = TcpListener::bind((host, port)).await?;
+                let scheme = if worker.tls_acceptor().is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
                 println!(
-                    "pinned worker listening on http://{}",
+                    "pinned worker listening on {scheme}://{}",
                     listener.local_addr()?
                 );
                 listener
@@ -185,7 +190,8 @@ impl Serve {
         // New connections are served while the worker drains (a draining
         // worker still answers, refusing new activations); the connections
         // still open after it get the edge's shutdown deadline.
-        crate::edge::serve(listener, app, worker.edge_settings(), async move {
+        let (settings, tls) = (worker.edge_settings(), worker.tls_acceptor());
+        crate::edge::serve(listener, app, settings, tls, async move {
             signal.await;
             tracing::info!(deadline = ?drain_deadline, "shutdown signal: draining");
             draining.drain(Some(drain_deadline)).await;

@@ -65,6 +65,8 @@ pub(crate) struct Inner {
     bind: (String, u16),
     /// The deadlines and bounds [`serve`](crate::serve) holds clients to.
     edge: crate::edge::EdgeSettings,
+    /// HTTPS for [`serve`](crate::serve) (`None`: plain HTTP).
+    tls: Option<pinned_edge::tls::tokio_rustls::TlsAcceptor>,
     domain: crate::domain::Domain,
 }
 
@@ -81,6 +83,7 @@ impl Options {
     /// incomplete control-plane configuration, dev mode in production.
     pub fn build(mut self) -> Result<Worker, ConfigErrors> {
         self.validate()?;
+        let tls = self.tls_acceptor().map_err(|e| ConfigErrors(vec![e]))?;
         let metrics = Arc::new(Metrics::new());
         let plane = match self.plane_config() {
             None => {
@@ -148,6 +151,7 @@ impl Options {
                 stop: stop.drop_guard(),
                 bind,
                 edge,
+                tls,
                 domain,
             }),
         })
@@ -214,6 +218,11 @@ impl Worker {
     /// The deadlines and bounds [`serve`](crate::serve) holds clients to.
     pub(crate) fn edge_settings(&self) -> crate::edge::EdgeSettings {
         self.inner.edge
+    }
+
+    /// The TLS acceptor [`serve`](crate::serve) answers HTTPS with.
+    pub(crate) fn tls_acceptor(&self) -> Option<pinned_edge::tls::tokio_rustls::TlsAcceptor> {
+        self.inner.tls.clone()
     }
 
     /// `GET /metrics` in Prometheus text format, to merge where wanted.

@@ -4,7 +4,10 @@
 //! connection at its own longer deadline while a busy request is never cut,
 //! the connection cap closes one connection too many and frees its place
 //! when one ends, a shutdown does not wait on a half-sent request beyond the
-//! shutdown deadline, and bad edge settings are configuration errors.
+//! shutdown deadline, bad edge settings are configuration errors, and with
+//! `Options::tls` the worker answers HTTPS (a self-signed certificate made
+//! in the test), closing a connection that never handshakes at the header
+//! deadline.
 
 mod support;
 
@@ -278,4 +281,90 @@ fn edge_settings_are_validated_and_read_from_the_environment() {
         ])
         .build()
         .expect("valid edge variables");
+}
+
+/// A self-signed certificate for `127.0.0.1`, in PEM files.
+fn certs() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    String,
+) {
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).expect("rcgen");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    let pem = made.cert.pem();
+    std::fs::write(&cert, &pem).expect("cert");
+    std::fs::write(&key, made.key_pair.serialize_pem()).expect("key");
+    (dir, cert, key, pem)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tls_the_worker_answers_https_and_holds_handshakes_to_the_header_deadline() {
+    let (_dir, cert, key, pem) = certs();
+    let (addr, _stop, _server) = serving(
+        Options::new()
+            .tls(&cert, &key)
+            .header_read_timeout(Duration::from_millis(400)),
+    )
+    .await;
+    let c = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(pem.as_bytes()).expect("pem"))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    let res = c
+        .post(format!("https://{addr}/counter/t/increment"))
+        .send()
+        .await
+        .expect("https");
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.json::<serde_json::Value>().await.expect("json")["value"],
+        1
+    );
+    // Plain HTTP on the TLS port gets no HTTP answer.
+    let mut plain = TcpStream::connect(addr).await.expect("connect");
+    plain
+        .write_all(b"GET /counter/t/value HTTP/1.1\r\nHost: w\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), plain.read(&mut buf))
+        .await
+        .expect("an end in time")
+        .unwrap_or(0);
+    assert!(!buf[..n].starts_with(b"HTTP/"), "answered in clear text");
+    // A connection that never handshakes is closed at the header deadline.
+    let mut silent = TcpStream::connect(addr).await.expect("connect");
+    let started = Instant::now();
+    assert!(closed_within(&mut silent, Duration::from_secs(5)).await);
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(350), "{took:?}");
+}
+
+#[test]
+fn tls_needs_both_files_and_names_a_bad_one() {
+    let (_dir, cert, key, _) = certs();
+    let errors = Options::new()
+        .host::<Counter>("/counter")
+        .env_vars([("PINNED_TLS_CERT", cert.to_str().expect("utf-8 path"))])
+        .build()
+        .err()
+        .expect("refused");
+    assert_eq!(errors.0, vec![ConfigError::HalfTls { missing: "the key" }]);
+    // The key given as certificate: the file is named.
+    let errors = Options::new()
+        .host::<Counter>("/counter")
+        .env_vars(Vec::<(String, String)>::new())
+        .tls(&key, &key)
+        .build()
+        .err()
+        .expect("refused");
+    let text = errors.to_string();
+    assert!(
+        text.contains("key.pem") && text.contains("no CERTIFICATE"),
+        "{text}"
+    );
 }
