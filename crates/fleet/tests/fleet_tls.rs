@@ -1,23 +1,19 @@
 //! TLS end to end: a pinboard serving HTTPS with a self-signed certificate
-//! (made in the test), a Rust worker that registers with it over
-//! `https://` trusting that certificate through `PINNED_PINBOARD_CA`, and
-//! whose advertise URL is `https://` too (a TLS front in the test relays to
-//! its plain port), so pinboard's challenge probe and every proxied request
-//! reach it over TLS, trusting it through `--upstream-ca`. A client asks
-//! pinboard over HTTPS and gets the worker's answers.
+//! (made in the test), and a Rust worker that serves HTTPS itself
+//! (`PINNED_TLS_CERT` / `PINNED_TLS_KEY`, advertising `https://`) and
+//! registers with that pinboard over `https://`, trusting the certificate
+//! through `PINNED_PINBOARD_CA`. pinboard's challenge probe and every
+//! proxied request reach the worker over TLS, trusting it through
+//! `--upstream-ca`. A client asks pinboard over HTTPS and gets the
+//! worker's answers; a plain-HTTP client of the worker gets none.
 
 mod support;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use pinned_edge::tls::{self, tokio_rustls::TlsAcceptor};
 use support::{pinboard, rust_worker, wait_workers};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A self-signed certificate for `localhost` and `127.0.0.1`, in PEM files.
 struct Certs {
@@ -45,56 +41,6 @@ fn certs() -> Certs {
     }
 }
 
-/// A TLS front: terminates TLS on its own port and relays each connection
-/// to the plain address set on the returned sender (awaited, with a
-/// deadline, by connections that arrive first). Counts completed
-/// handshakes.
-async fn tls_front(
-    certs: &Certs,
-) -> (
-    SocketAddr,
-    watch::Sender<Option<SocketAddr>>,
-    Arc<AtomicUsize>,
-    tokio::task::JoinHandle<()>,
-) {
-    let acceptor = TlsAcceptor::from(tls::server_config(&certs.cert, &certs.key).expect("config"));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let (target, target_rx) = watch::channel(None::<SocketAddr>);
-    let handshakes = Arc::new(AtomicUsize::new(0));
-    let counted = handshakes.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let (acceptor, mut target, counted) =
-                (acceptor.clone(), target_rx.clone(), counted.clone());
-            tokio::spawn(async move {
-                let Ok(mut tls) = tls::accept(&acceptor, tcp, Duration::from_secs(5)).await else {
-                    return;
-                };
-                counted.fetch_add(1, Ordering::SeqCst);
-                let to = match tokio::time::timeout(
-                    Duration::from_secs(10),
-                    target.wait_for(Option::is_some),
-                )
-                .await
-                {
-                    Ok(Ok(to)) => *to,
-                    _ => return,
-                };
-                let Some(to) = to else { return };
-                let Ok(mut plain) = TcpStream::connect(to).await else {
-                    return;
-                };
-                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
-            });
-        }
-    });
-    (addr, target, handshakes, task)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_registers_with_an_https_pinboard_and_is_reached_over_https() {
     let certs = certs();
@@ -102,33 +48,24 @@ async fn a_worker_registers_with_an_https_pinboard_and_is_reached_over_https() {
     let key = certs.key.to_str().expect("utf-8 path");
     let pb = pinboard(&["--tls-cert", cert, "--tls-key", key, "--upstream-ca", cert]);
     assert!(pb.url.starts_with("https://"), "{}", pb.url);
-    let (front, target, handshakes, front_task) = tls_front(&certs).await;
-    let advertise = format!("https://127.0.0.1:{}", front.port());
     let worker = rust_worker(
         &pb.url,
         &[
             ("PINNED_PINBOARD_CA", cert),
-            ("FLEET_ADVERTISE_URL", advertise.as_str()),
+            ("PINNED_TLS_CERT", cert),
+            ("PINNED_TLS_KEY", key),
         ],
     );
-    let plain: SocketAddr = worker
-        .url
-        .strip_prefix("http://")
-        .expect("worker url")
-        .parse()
-        .expect("worker address");
-    target.send_replace(Some(plain));
+    assert!(worker.url.starts_with("https://"), "{}", worker.url);
 
     let c = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(certs.pem.as_bytes()).expect("pem"))
         .timeout(Duration::from_secs(20))
         .build()
         .expect("client");
-    // Registered over https: the challenge came through the TLS front.
+    // Registered over https, challenged over https.
     let rows = wait_workers(&c, &pb.url, 1).await;
-    assert_eq!(rows[0]["advertiseUrl"], advertise.as_str(), "{rows:?}");
-    let challenged = handshakes.load(Ordering::SeqCst);
-    assert!(challenged >= 1, "the challenge did not use TLS");
+    assert_eq!(rows[0]["advertiseUrl"], worker.url.as_str(), "{rows:?}");
 
     // Proxied end to end: client → https pinboard → https worker.
     for expected in 1..=3 {
@@ -141,9 +78,18 @@ async fn a_worker_registers_with_an_https_pinboard_and_is_reached_over_https() {
         let body: serde_json::Value = res.json().await.expect("json");
         assert_eq!(body["count"], expected, "{body}");
     }
-    assert!(
-        handshakes.load(Ordering::SeqCst) > challenged,
-        "proxied requests did not reach the worker over TLS"
-    );
-    front_task.abort();
+
+    // The worker speaks TLS only: plain HTTP gets no HTTP answer.
+    let addr = worker.url.trim_start_matches("https://");
+    let mut plain = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    plain
+        .write_all(b"GET /_pinned/stats HTTP/1.1\r\nHost: w\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), plain.read(&mut buf))
+        .await
+        .expect("an end in time")
+        .unwrap_or(0);
+    assert!(!buf[..n].starts_with(b"HTTP/"), "answered in clear text");
 }
