@@ -11,7 +11,7 @@
 //!
 //! | phase | from | deadline |
 //! | --- | --- | --- |
-//! | waiting for the first request | accept (after the TLS handshake, which has the header deadline of its own) | header read timeout (a client that connects and sends nothing is a slow client too) |
+//! | waiting for the first request | accept (a TLS handshake included: it runs under the same deadline) | header read timeout (a client that connects and sends nothing is a slow client too) |
 //! | idle between requests | the end of the previous response | keep-alive timeout |
 //! | reading a head | the head's first byte | header read timeout |
 //! | busy | the complete head, until the response body ended | none here (request bodies and workers have their own deadlines) |
