@@ -2,10 +2,11 @@
 //!
 //! Owns the I/O threads (one single-threaded runtime each), handing every
 //! accepted connection to the least loaded one, connection setup
-//! (`TCP_NODELAY`, upgrades), the edge's bounds and deadlines (the
-//! connection cap in [`cap`], accept back-off in [`backoff`], the header
-//! and keep-alive deadlines of [`phase`], the head size limit, the
-//! shutdown deadline), the one split every request goes through (the few
+//! (`TCP_NODELAY`, the TLS handshake with `--tls-cert`, upgrades), the
+//! edge's bounds and deadlines (the connection cap in [`cap`], accept
+//! back-off in [`backoff`], the header and keep-alive deadlines of
+//! [`phase`], the head size limit, the shutdown deadline), the one split
+//! every request goes through (the few
 //! control paths to the axum router of [`server::router`], every other
 //! path straight to [`proxy::serve`]), and graceful shutdown (stop
 //! accepting, let open connections finish within `--shutdown-timeout-ms`,
@@ -14,10 +15,17 @@
 //! The data plane skips the router on purpose: matching, boxing and
 //! response mapping cost more per proxied request than the proxy's own
 //! bookkeeping. This module never looks at a request beyond its path.
+//!
+//! The deadline machinery, the cap and the back-off live in `pinned-edge`,
+//! shared with the worker's own server; they are re-exported here under
+//! their old paths.
+//!
+//! With TLS, the handshake runs on the I/O thread inside the connection's
+//! task: the connection already counts against the cap, and the handshake
+//! must finish within the header deadline counted from accept (a slow
+//! handshake is a slow head: same deadline, same counter).
 
-pub mod backoff;
-pub mod cap;
-pub mod phase;
+pub use pinned_edge::{backoff, cap, phase};
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -36,16 +44,19 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tower::ServiceExt;
 
+use pinned_edge::defaults::MIN_READ_BUFFER;
+use pinned_edge::drive::drive;
+use pinned_edge::tls::tokio_rustls::TlsAcceptor;
+use pinned_edge::tls::{self, HandshakeError};
+use tokio::io::{AsyncRead, AsyncWrite};
+
 use self::backoff::{AcceptBackoff, Throttle};
-use self::phase::{Check, ConnTimeouts, Lapse, Phase, Tracked, Watched};
+use self::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
 use crate::config::Config;
 use crate::placement::PlacementStore;
 use crate::proxy::{self, ClientAddr, UpgradeHold};
 use crate::server::{self, App};
 use crate::upstream;
-
-/// Smallest read buffer hyper accepts (`max_buf_size` panics below it).
-const MIN_READ_BUFFER: usize = 8192;
 
 /// Whether `path` is one of pinboard's own routes ([`server::paths`])
 /// rather than `/<ns>/<id>/…`. Exact paths only: a namespace may be called
@@ -54,8 +65,10 @@ pub fn is_control_path(path: &str) -> bool {
     server::paths::ALL.contains(&path)
 }
 
-/// How [`serve`] serves connections: plain data, from [`Config`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How [`serve`] serves connections: plain data, from [`Config`] (the TLS
+/// acceptor is set apart: reading its files can fail, see
+/// [`Config::tls_server`]).
+#[derive(Clone)]
 pub struct ServeSettings {
     /// I/O threads (at least one is used).
     pub threads: usize,
@@ -68,6 +81,21 @@ pub struct ServeSettings {
     pub max_connections: usize,
     /// Largest request head in bytes (431 beyond it).
     pub max_header_bytes: usize,
+    /// Serve HTTPS with this acceptor (`None`: plain HTTP).
+    pub tls: Option<TlsAcceptor>,
+}
+
+impl std::fmt::Debug for ServeSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServeSettings")
+            .field("threads", &self.threads)
+            .field("timeouts", &self.timeouts)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("max_header_bytes", &self.max_header_bytes)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl From<&Config> for ServeSettings {
@@ -81,6 +109,7 @@ impl From<&Config> for ServeSettings {
             shutdown_timeout: Duration::from_millis(config.shutdown_timeout_ms),
             max_connections: config.max_connections,
             max_header_bytes: config.max_header_bytes,
+            tls: None,
         }
     }
 }
@@ -156,7 +185,7 @@ pub async fn serve<S: PlacementStore>(
     for slot in 0..settings.threads.max(1) {
         let (hand, handed) = mpsc::unbounded_channel::<Handed>();
         let open = Arc::new(AtomicUsize::new(0));
-        let (app, load) = (app.clone(), open.clone());
+        let (app, load, settings) = (app.clone(), open.clone(), settings.clone());
         let (done, finished_rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name(format!("pinboard-io-{slot}"))
@@ -276,6 +305,7 @@ async fn io_loop<S: PlacementStore>(
         .header_read_timeout(None)
         .max_header_size(settings.max_header_bytes)
         .max_buf_size(settings.max_header_bytes.max(MIN_READ_BUFFER));
+    let http = Arc::new(http);
     while let Some(Handed { tcp, peer }) = handed.recv().await {
         let tcp = match TcpStream::from_std(tcp) {
             Ok(tcp) => tcp,
@@ -304,17 +334,27 @@ async fn io_loop<S: PlacementStore>(
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
             }
         });
-        let connection = http
-            .serve_connection(TokioIo::new(Watched::new(tcp, phase.clone())), service)
-            .with_upgrades();
-        let (stopping, app) = (stopping.clone(), app.clone());
+        let (stopping, app, http) = (stopping.clone(), app.clone(), http.clone());
+        let (tls, timeouts) = (settings.tls.clone(), settings.timeouts);
         tokio::spawn(async move {
-            if let Some(lapse) = drive(connection, &phase, settings.timeouts, stopping).await {
-                match lapse {
-                    Lapse::Header => app.metrics.connections_header_timeouts.inc(),
-                    Lapse::Idle => app.metrics.connections_idle_timeouts.inc(),
-                };
-            }
+            let lapse = match tls {
+                None => serve_one(&http, tcp, service, &phase, timeouts, stopping).await,
+                // The header deadline counts from accept, handshake included.
+                Some(acceptor) => match tls::accept(&acceptor, tcp, timeouts.header).await {
+                    Ok(tls) => serve_one(&http, tls, service, &phase, timeouts, stopping).await,
+                    Err(HandshakeError::TimedOut(_)) => Some(Lapse::Header),
+                    Err(HandshakeError::Failed(error)) => {
+                        app.metrics.tls_handshake_failures.inc();
+                        tracing::debug!(target: "pinboard::accept", %peer, %error, "TLS handshake failed");
+                        None
+                    }
+                },
+            };
+            match lapse {
+                Some(Lapse::Header) => app.metrics.connections_header_timeouts.inc(),
+                Some(Lapse::Idle) => app.metrics.connections_idle_timeouts.inc(),
+                None => 0,
+            };
             drop(slot);
         });
     }
@@ -334,62 +374,27 @@ async fn io_loop<S: PlacementStore>(
     }
 }
 
-/// Runs one connection to its end: served out, closed by a lapsed
-/// deadline (returned), or finished gracefully after the stop signal. A
-/// client that goes away mid-exchange is routine, not an error.
-async fn drive<C>(
-    connection: C,
+/// Serves one connection over `io` (plain TCP or TLS) to its end under the
+/// phase deadlines; `Some` when a deadline closed it.
+async fn serve_one<IO, Svc>(
+    http: &http1::Builder,
+    io: IO,
+    service: Svc,
     phase: &Phase,
     timeouts: ConnTimeouts,
-    mut stopping: watch::Receiver<()>,
+    stopping: watch::Receiver<()>,
 ) -> Option<Lapse>
 where
-    C: Future + GracefulShutdown,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    Svc: hyper::service::HttpService<Incoming>,
+    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    Svc::ResBody: 'static,
+    <Svc::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    tokio::pin!(connection);
-    let start = tokio::time::Instant::now();
-    let first = match phase.check(start, timeouts) {
-        Check::Wait(at) => at,
-        Check::Close(lapse) => return Some(lapse),
-    };
-    let deadline = tokio::time::sleep_until(first);
-    tokio::pin!(deadline);
-    let mut stopped = false;
-    loop {
-        tokio::select! {
-            biased;
-            _ = connection.as_mut() => return None,
-            changed = stopping.changed(), if !stopped => {
-                // A send or the sender's drop: finish either way.
-                let _ = changed;
-                stopped = true;
-                connection.as_mut().shutdown_gracefully();
-            }
-            () = deadline.as_mut() => match phase.check(tokio::time::Instant::now(), timeouts) {
-                Check::Wait(at) => deadline.as_mut().reset(at),
-                // Dropping the connection closes the socket.
-                Check::Close(lapse) => return Some(lapse),
-            },
-        }
-    }
-}
-
-/// A connection future that can be asked to finish gracefully.
-trait GracefulShutdown {
-    fn shutdown_gracefully(self: std::pin::Pin<&mut Self>);
-}
-
-impl<I, S, B> GracefulShutdown for http1::UpgradeableConnection<I, S>
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin,
-    S: hyper::service::HttpService<Incoming, ResBody = B>,
-    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    B: http_body::Body + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    fn shutdown_gracefully(self: std::pin::Pin<&mut Self>) {
-        self.graceful_shutdown();
-    }
+    let connection = http
+        .serve_connection(TokioIo::new(Watched::new(io, phase.clone())), service)
+        .with_upgrades();
+    drive(connection, phase, timeouts, stopping).await
 }
 
 async fn route<S: PlacementStore>(

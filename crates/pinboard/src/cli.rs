@@ -60,10 +60,17 @@ pub fn main() -> ExitCode {
 }
 
 async fn serve(config: Config) -> Result<(), Box<dyn std::error::Error>> {
+    // Read the TLS files before binding: a bad one fails the start, naming
+    // the file, before anything is announced.
+    let scheme = match config.tls_server()? {
+        Some(_) => "https",
+        None => "http",
+    };
+    config.upstream_tls()?;
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
     let addr = listener.local_addr()?;
     // Tests and scripts read this line to find a port-0 listener.
-    println!("pinboard listening on http://{addr}");
+    println!("pinboard listening on {scheme}://{addr}");
     tracing::info!(%addr, lease_ttl_ms = config.lease_ttl_ms, quarantine_ms = config.quarantine_ms(), "pinboard started");
     crate::run(config, listener, shutdown_signal()).await?;
     Ok(())

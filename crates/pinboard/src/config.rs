@@ -4,10 +4,14 @@
 //! Never opens sockets or connections; runtime handles live in `server`.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use clap::Parser;
 
+use pinned_edge::tls::{self, tokio_rustls::TlsAcceptor, TlsError};
+
 use crate::registry::auth::{split_list, Credentials};
+use crate::upstream::UpstreamTls;
 
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
@@ -36,22 +40,22 @@ pub const DEFAULT_SWEEP_LIMIT: usize = 256;
 pub const DEFAULT_SWEEP_CONCURRENCY: usize = 32;
 /// Default time a client has to send a complete request head, counted from
 /// its first byte (or from accept, for a connection's first request).
-pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = pinned_edge::defaults::HEADER_READ_TIMEOUT_MS;
 /// Default time a keep-alive connection may sit idle between two requests.
-pub const DEFAULT_KEEP_ALIVE_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_KEEP_ALIVE_TIMEOUT_MS: u64 = pinned_edge::defaults::KEEP_ALIVE_TIMEOUT_MS;
 /// Default time a client has to send a body pinboard reads itself (registry
 /// calls, buffered proxy bodies), and the longest pause inside a streamed
 /// proxy body.
 pub const DEFAULT_BODY_TIMEOUT_MS: u64 = 30_000;
 /// Default time open connections get to finish after SIGTERM / SIGINT
 /// before they are dropped.
-pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = pinned_edge::defaults::SHUTDOWN_TIMEOUT_MS;
 /// Default most client connections open at once (per process).
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_MAX_CONNECTIONS: usize = pinned_edge::defaults::MAX_CONNECTIONS;
 /// Default largest request head (request line and headers), in bytes.
-pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+pub const DEFAULT_MAX_HEADER_BYTES: usize = pinned_edge::defaults::MAX_HEADER_BYTES;
 /// Smallest `--max-header-bytes` accepted.
-pub const MIN_MAX_HEADER_BYTES: usize = 1024;
+pub const MIN_MAX_HEADER_BYTES: usize = pinned_edge::defaults::MIN_MAX_HEADER_BYTES;
 /// Default largest `/registry/*` request body, in bytes: a re-registration
 /// listing 10 000 instances with ids of about 150 characters fits.
 pub const DEFAULT_MAX_REGISTRY_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -230,6 +234,23 @@ pub struct Config {
     #[arg(long, env = "PINBOARD_TAKEOVER_WIND_DOWN_MS", default_value_t = DEFAULT_TAKEOVER_WIND_DOWN_MS,
           value_parser = clap::value_parser!(u64).range(0..=MAX_TAKEOVER_WIND_DOWN_MS))]
     pub takeover_wind_down_ms: u64,
+
+    /// PEM certificate chain (leaf first) to serve HTTPS with; needs
+    /// `--tls-key`. Without both, pinboard serves plain HTTP. The TLS
+    /// handshake counts against the connection cap and must finish within
+    /// `--header-read-timeout-ms` of accept (the first request head too).
+    #[arg(long, env = "PINBOARD_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `--tls-cert`.
+    #[arg(long, env = "PINBOARD_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM file of extra CA certificates trusted for `https://` advertise
+    /// URLs (challenge probes, proxied requests, sweeper calls), beside the
+    /// Mozilla roots of `webpki-roots`.
+    #[arg(long, env = "PINBOARD_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
 }
 
 /// Reasons the configuration is refused.
@@ -254,6 +275,18 @@ pub enum ConfigError {
     /// `--max-header-bytes` is below [`MIN_MAX_HEADER_BYTES`].
     #[error("--max-header-bytes must be at least {MIN_MAX_HEADER_BYTES}")]
     SmallHeaderLimit,
+    /// One of `--tls-cert` / `--tls-key` without the other.
+    #[error("--{given} / PINBOARD_{given_env} is set but --{missing} / PINBOARD_{missing_env} is not: HTTPS needs both (or neither, for plain HTTP)")]
+    HalfTls {
+        /// The flag given.
+        given: &'static str,
+        /// Its environment variable's suffix.
+        given_env: &'static str,
+        /// The flag missing.
+        missing: &'static str,
+        /// Its environment variable's suffix.
+        missing_env: &'static str,
+    },
 }
 
 impl Config {
@@ -282,6 +315,29 @@ impl Config {
     /// A list [`validate`](Self::validate) refuses accepts no token at all.
     pub fn credentials(&self) -> Credentials {
         Credentials::new(&self.token, self.operator_token.as_deref())
+    }
+
+    /// The TLS server configuration of `--tls-cert` / `--tls-key`, `None`
+    /// for plain HTTP (a half pair is refused by [`validate`](Self::validate)).
+    ///
+    /// # Errors
+    ///
+    /// A file unreadable or unusable, naming it.
+    pub fn tls_server(&self) -> Result<Option<TlsAcceptor>, TlsError> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(TlsAcceptor::from(tls::server_config(cert, key)?))),
+            _ => Ok(None),
+        }
+    }
+
+    /// The TLS client of `https://` advertise URLs: the Mozilla roots plus
+    /// `--upstream-ca`.
+    ///
+    /// # Errors
+    ///
+    /// The CA file unreadable or unusable, naming it.
+    pub fn upstream_tls(&self) -> Result<UpstreamTls, TlsError> {
+        UpstreamTls::new(self.upstream_ca.as_deref())
     }
 
     /// Every problem at once.
@@ -334,6 +390,21 @@ impl Config {
         if self.max_header_bytes < MIN_MAX_HEADER_BYTES {
             errs.push(ConfigError::SmallHeaderLimit);
         }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => errs.push(ConfigError::HalfTls {
+                given: "tls-cert",
+                given_env: "TLS_CERT",
+                missing: "tls-key",
+                missing_env: "TLS_KEY",
+            }),
+            (None, Some(_)) => errs.push(ConfigError::HalfTls {
+                given: "tls-key",
+                given_env: "TLS_KEY",
+                missing: "tls-cert",
+                missing_env: "TLS_CERT",
+            }),
+            _ => {}
+        }
         errs
     }
 }
@@ -379,6 +450,40 @@ mod tests {
             .expect("parse");
         assert_eq!(c.sweep_interval_ms, DEFAULT_SWEEP_INTERVAL_MS);
         assert_eq!(c.validate(), vec![ConfigError::ZeroSweep("sweep-limit")]);
+    }
+
+    #[test]
+    fn tls_needs_both_files() {
+        let c = Config::try_parse_from(["pinboard", "--token", "t"]).expect("parse");
+        assert!(c.tls_cert.is_none() && c.tls_key.is_none() && c.upstream_ca.is_none());
+        assert!(matches!(c.tls_server(), Ok(None)));
+        let c = Config::try_parse_from(["pinboard", "--token", "t", "--tls-cert", "c.pem"])
+            .expect("parse");
+        let errs = c.validate();
+        assert_eq!(errs.len(), 1);
+        assert_eq!(
+            errs[0].to_string(),
+            "--tls-cert / PINBOARD_TLS_CERT is set but --tls-key / PINBOARD_TLS_KEY is not: \
+             HTTPS needs both (or neither, for plain HTTP)"
+        );
+        let c = Config::try_parse_from(["pinboard", "--token", "t", "--tls-key", "k.pem"])
+            .expect("parse");
+        assert!(c.validate()[0].to_string().starts_with("--tls-key"));
+        let c = Config::try_parse_from([
+            "pinboard",
+            "--token",
+            "t",
+            "--tls-cert",
+            "/nonexistent/c.pem",
+            "--tls-key",
+            "/nonexistent/k.pem",
+        ])
+        .expect("parse");
+        assert!(c.validate().is_empty());
+        let Err(error) = c.tls_server() else {
+            panic!("missing files were accepted")
+        };
+        assert!(error.to_string().contains("/nonexistent/c.pem"), "{error}");
     }
 
     #[test]

@@ -82,6 +82,9 @@ pub enum RunError {
     /// The durable epoch mark (`--database-url`) was refused.
     #[error("{0}")]
     Mark(crate::clock::MarkError),
+    /// A TLS file (`--tls-cert`, `--tls-key`, `--upstream-ca`) was refused.
+    #[error("TLS: {0}")]
+    Tls(#[from] pinned_edge::tls::TlsError),
 }
 
 async fn serve_with<S: PlacementStore>(
@@ -109,7 +112,7 @@ async fn serve_with<S: PlacementStore>(
         config,
         server::AppParts {
             store: Arc::new(store),
-            outbound: outbound::Outbound::http(),
+            outbound: outbound::Outbound::http(config.upstream_tls()?),
             clock: Arc::new(SystemClock::new()),
             entropy: entropy.clone(),
             floor: Arc::new(floor),
@@ -138,7 +141,9 @@ async fn serve_with<S: PlacementStore>(
         shutdown.await;
         let _ = stop.send(true);
     };
-    let served = accept::serve(listener, app, accept::ServeSettings::from(config), shutdown).await;
+    let mut settings = accept::ServeSettings::from(config);
+    settings.tls = config.tls_server()?;
+    let served = accept::serve(listener, app, settings, shutdown).await;
     upkeep.abort();
     if let Some(sweeper) = sweeper {
         // The sender is gone or signalled: the sweeper stops after its

@@ -59,6 +59,9 @@ pub struct Metrics {
     pub connections_header_timeouts: Counter,
     /// Keep-alive connections closed after idling too long.
     pub connections_idle_timeouts: Counter,
+    /// TLS handshakes that failed (a timed-out one counts as a header
+    /// timeout instead).
+    pub tls_handshake_failures: Counter,
     /// Failed accepts (out of file descriptors, say).
     pub accept_errors: Counter,
     /// Reads of the worker list from the placement store.
@@ -106,6 +109,7 @@ impl Metrics {
             connections_refused: Counter::default(),
             connections_header_timeouts: Counter::default(),
             connections_idle_timeouts: Counter::default(),
+            tls_handshake_failures: Counter::default(),
             accept_errors: Counter::default(),
             store_worker_reads: Counter::default(),
             placements_rolled_back: Counter::default(),
@@ -222,6 +226,11 @@ impl Metrics {
             "pinboard_connections_header_timeouts",
             "Connections closed because a request head was not complete in time",
             m.connections_header_timeouts.clone(),
+        );
+        registry.register(
+            "pinboard_tls_handshake_failures",
+            "TLS handshakes that failed (not TLS, no shared cipher, client gone)",
+            m.tls_handshake_failures.clone(),
         );
         registry.register(
             "pinboard_connections_idle_timeouts",

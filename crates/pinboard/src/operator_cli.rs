@@ -64,6 +64,10 @@ pub struct OperatorArgs {
     /// pinboard's base URL.
     #[arg(long, env = "PINBOARD_URL", default_value = DEFAULT_URL, global = true)]
     pub url: String,
+    /// PEM file of extra CA certificates trusted for an `https://` pinboard
+    /// (beside the Mozilla roots).
+    #[arg(long, env = "PINBOARD_CA", global = true)]
+    pub ca: Option<std::path::PathBuf>,
     /// Print pinboard's JSON answer instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
@@ -200,13 +204,13 @@ pub async fn run(args: OperatorArgs) -> Result<String, CliError> {
         Some(s) if s > 0.0 => Duration::from_secs_f64(s),
         _ => return Err(usage("--timeout must be a positive duration")),
     };
-    if !args.url.starts_with("http://") {
+    if !args.url.starts_with("http://") && !args.url.starts_with("https://") {
         return Err(usage(format!(
-            "--url must be http://host:port, got {:?}",
+            "--url must be http(s)://host:port, got {:?}",
             args.url
         )));
     }
-    let client = OperatorClient::new(&args.url, token, timeout)?;
+    let client = OperatorClient::new(&args.url, token, timeout, args.ca.as_deref())?;
     let json = args.json;
     match args.command {
         Command::Workers => {

@@ -27,7 +27,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use crate::proxy::resolve::WorkerConn;
-use crate::upstream::{self, PooledBody, SendError, Upstream, UpstreamBody};
+use crate::upstream::{self, PooledBody, SendError, Upstream, UpstreamBody, UpstreamTls};
 
 /// A boxed future, as [`Exchange`] returns it.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -52,8 +52,9 @@ pub trait Exchange: Send + Sync + 'static {
 #[derive(Clone)]
 pub enum Outbound {
     /// Real sockets: per-worker pools for the proxy, a pooled client for
-    /// the sweeper and challenge probes.
-    Http(Box<Upstream>),
+    /// the sweeper and challenge probes, both speaking TLS to `https://`
+    /// workers.
+    Http(Box<Upstream>, UpstreamTls),
     /// Another transport (a simulation, a test double).
     Exchange(Arc<dyn Exchange>),
 }
@@ -61,16 +62,26 @@ pub enum Outbound {
 impl std::fmt::Debug for Outbound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Http(_) => f.write_str("Outbound::Http"),
+            Self::Http(..) => f.write_str("Outbound::Http"),
             Self::Exchange(_) => f.write_str("Outbound::Exchange"),
         }
     }
 }
 
 impl Outbound {
-    /// Real sockets with the default pool settings.
-    pub fn http() -> Self {
-        Self::Http(Box::new(upstream::client()))
+    /// Real sockets with the default pool settings, trusting `tls`'s roots
+    /// for `https://` workers.
+    pub fn http(tls: UpstreamTls) -> Self {
+        Self::Http(Box::new(upstream::client(&tls)), tls)
+    }
+
+    /// What the per-worker pools handshake with (`None` for a transport
+    /// that is not sockets).
+    pub fn tls(&self) -> Option<&UpstreamTls> {
+        match self {
+            Self::Http(_, tls) => Some(tls),
+            Self::Exchange(_) => None,
+        }
     }
 
     /// The proxy's send: `request` has an origin-form URI and its `Host`
@@ -85,7 +96,7 @@ impl Outbound {
         request: Request<UpstreamBody>,
     ) -> Result<Response<ResBody>, SendError> {
         match self {
-            Self::Http(_) => worker
+            Self::Http(..) => worker
                 .pool
                 .send(request)
                 .await
@@ -106,7 +117,7 @@ impl Outbound {
         request: Request<UpstreamBody>,
     ) -> Result<Response<ResBody>, SendError> {
         match self {
-            Self::Http(client) => client
+            Self::Http(client, _) => client
                 .request(request)
                 .await
                 .map(|res| res.map(|body| ResBody::Incoming { body }))

@@ -618,22 +618,25 @@ mod tests {
     use crate::placement::WorkerRecord;
 
     fn conn(url: &str) -> WorkerConn {
-        WorkerConn::new(WorkerRecord {
-            session_id: "s".into(),
-            client_id: "c".into(),
-            secret: "k".into(),
-            advertise_url: url.into(),
-            namespaces: vec!["/c".into()],
-            headroom: 1,
-            draining: false,
-            server_drain: None,
-            hostname: None,
-            env: None,
-            epoch: 0,
-            takeover: None,
-            envs: Default::default(),
-            retire_at_wall_ms: None,
-        })
+        WorkerConn::new(
+            WorkerRecord {
+                session_id: "s".into(),
+                client_id: "c".into(),
+                secret: "k".into(),
+                advertise_url: url.into(),
+                namespaces: vec!["/c".into()],
+                headroom: 1,
+                draining: false,
+                server_drain: None,
+                hostname: None,
+                env: None,
+                epoch: 0,
+                takeover: None,
+                envs: Default::default(),
+                retire_at_wall_ms: None,
+            },
+            None,
+        )
         .expect("valid advertise URL")
     }
 

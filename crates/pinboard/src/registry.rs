@@ -142,14 +142,19 @@ fn parse_wire_epoch(epoch: Option<&str>) -> Result<Option<u64>, RegistryError> {
         .transpose()
 }
 
-/// Validate an advertise URL: `http://host[:port][/base]`, no query.
+/// Validate an advertise URL: `http://host[:port][/base]` or
+/// `https://host[:port][/base]` (verified against the Mozilla roots and
+/// `--upstream-ca`), no query.
 pub fn validate_advertise_url(url: &str) -> Result<(), RegistryError> {
     let uri: ::http::Uri = url
         .parse()
         .map_err(|_| malformed(format!("advertiseUrl is not a URL: {url:?}")))?;
-    if uri.scheme_str() != Some("http") || uri.authority().is_none() || uri.query().is_some() {
+    if !matches!(uri.scheme_str(), Some("http" | "https"))
+        || uri.authority().is_none()
+        || uri.query().is_some()
+    {
         return Err(malformed(format!(
-            "advertiseUrl must be http://host[:port][/path] (no TLS to workers yet): {url:?}"
+            "advertiseUrl must be http(s)://host[:port][/path]: {url:?}"
         )));
     }
     Ok(())

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use http::{header, HeaderValue, StatusCode};
+use pinned_edge::tls::TlsError;
 
 use crate::challenge::HttpProver;
 use crate::clock::{Clock, Entropy, EpochFloor};
@@ -94,22 +95,26 @@ impl<S> std::fmt::Debug for AppParts<S> {
 impl<S: PlacementStore> App<S> {
     /// Build the app over `store` with real sockets, the given time and
     /// randomness, and a floor kept in this process only.
+    ///
+    /// # Errors
+    ///
+    /// `--upstream-ca` cannot be read or used.
     pub fn new(
         config: &Config,
         store: S,
         clock: Arc<dyn Clock>,
         entropy: Arc<dyn Entropy>,
-    ) -> Self {
-        Self::from_parts(
+    ) -> Result<Self, TlsError> {
+        Ok(Self::from_parts(
             config,
             AppParts {
                 store: Arc::new(store),
-                outbound: Outbound::http(),
+                outbound: Outbound::http(config.upstream_tls()?),
                 clock,
                 entropy,
                 floor: Arc::new(EpochFloor::default()),
             },
-        )
+        ))
     }
 
     /// Build the app from injected parts (see [`AppParts`]).
@@ -152,6 +157,7 @@ impl<S: PlacementStore> App<S> {
                     route_capacity: config.route_cache_capacity,
                     unknown_session_ttl_ms: config.unknown_session_ttl_ms,
                     forced_refresh_interval_ms: config.forced_refresh_interval_ms,
+                    upstream_tls: outbound.tls().cloned(),
                 },
                 DirectoryCounters {
                     placements: metrics.placements.clone(),

@@ -2,8 +2,10 @@
 //! worker, for proxied requests, and the generic pooled [`Upstream`] for
 //! challenge probes and the sweeper's deliveries.
 //!
-//! Owns connection pooling and keep-alive settings; never decides what to
-//! send or how to react (that is `proxy` and `challenge`).
+//! Owns connection pooling, keep-alive settings and TLS to `https://`
+//! advertise URLs ([`UpstreamTls`]: the Mozilla roots plus
+//! `--upstream-ca`); never decides what to send or how to react (that is
+//! `proxy` and `challenge`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,16 +15,54 @@ use http::Request;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use pinned_edge::tls::rustls::pki_types::ServerName;
+use pinned_edge::tls::rustls::ClientConfig;
+use pinned_edge::tls::tokio_rustls::TlsConnector;
+use pinned_edge::tls::{self, TlsError};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 /// Request body sent upstream: buffered (replayable) or streamed through.
 pub type UpstreamBody = Either<Full<Bytes>, axum::body::Body>;
 
-/// The pooled client.
-pub type Upstream = Client<HttpConnector, UpstreamBody>;
+/// The pooled client (`http://` and `https://`).
+pub type Upstream = Client<HttpsConnector<HttpConnector>, UpstreamBody>;
+
+/// How pinboard speaks TLS to `https://` advertise URLs: the roots it
+/// trusts. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct UpstreamTls {
+    config: Arc<ClientConfig>,
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls").finish_non_exhaustive()
+    }
+}
+
+impl UpstreamTls {
+    /// Trusting the Mozilla roots of `webpki-roots`, plus the CA
+    /// certificates in the PEM file `extra_ca` when given.
+    ///
+    /// # Errors
+    ///
+    /// The CA file is unreadable or holds no usable certificate.
+    pub fn new(extra_ca: Option<&std::path::Path>) -> Result<Self, TlsError> {
+        Ok(Self {
+            config: Arc::new(tls::client_config(extra_ca)?),
+        })
+    }
+
+    /// The connector the per-worker [`Pool`] handshakes with.
+    pub fn connector(&self) -> TlsConnector {
+        TlsConnector::from(self.config.clone())
+    }
+}
 
 /// Idle pooled connections kept per worker.
 const POOL_MAX_IDLE_PER_HOST: usize = 1024;
@@ -31,12 +71,19 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Connect timeout to a worker.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A client with keep-alive pooling, `TCP_NODELAY` and a connect timeout.
-pub fn client() -> Upstream {
+/// A client with keep-alive pooling, `TCP_NODELAY`, a connect timeout,
+/// and TLS with `tls`'s roots for `https://` URLs.
+pub fn client(tls: &UpstreamTls) -> Upstream {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-    connector.enforce_http(true);
+    // The TLS layer below takes `https://`; plain `http://` passes through.
+    connector.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config((*tls.config).clone())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
     Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(POOL_MAX_IDLE_PER_HOST)
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
@@ -111,21 +158,51 @@ impl SendError {
 /// taken first. No task is spawned per request (the generic pooled client
 /// spawns one to wait for each connection to become reusable), and no
 /// pool key is hashed: the pool hangs off the worker it serves.
-#[derive(Debug)]
 pub struct Pool {
     authority: http::uri::Authority,
+    /// The handshake and the name it verifies, for an `https://` worker.
+    tls: Option<(TlsConnector, ServerName<'static>)>,
     idle: Box<[parking_lot::Mutex<Vec<SendRequest<UpstreamBody>>>]>,
 }
 
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("authority", &self.authority)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Pool {
-    /// An empty pool for the worker at `authority` (`host:port`).
-    pub fn new(authority: http::uri::Authority) -> Arc<Self> {
-        Arc::new(Self {
+    /// An empty pool for the worker at `authority` (`host:port`), over TLS
+    /// with `tls` when given (an `https://` advertise URL).
+    ///
+    /// # Errors
+    ///
+    /// The host is not a name TLS can verify (never for plain HTTP).
+    pub fn new(
+        authority: http::uri::Authority,
+        tls: Option<TlsConnector>,
+    ) -> Result<Arc<Self>, InvalidServerName> {
+        let tls = match tls {
+            None => None,
+            Some(connector) => {
+                let host = authority.host();
+                // IPv6 literals come bracketed in a URI, bare in a name.
+                let bare = host.trim_start_matches('[').trim_end_matches(']');
+                let name = ServerName::try_from(bare.to_owned())
+                    .map_err(|_| InvalidServerName(host.to_owned()))?;
+                Some((connector, name))
+            }
+        };
+        Ok(Arc::new(Self {
             authority,
+            tls,
             idle: (0..POOL_SLOTS)
                 .map(|_| parking_lot::Mutex::new(Vec::new()))
                 .collect(),
-        })
+        }))
     }
 
     /// Sends `request` (origin-form URI, `Host` set by the caller) on an
@@ -190,7 +267,8 @@ impl Pool {
 
     async fn connect(&self) -> Result<SendRequest<UpstreamBody>, SendError> {
         let host = self.authority.host();
-        let port = self.authority.port_u16().unwrap_or(80);
+        let default_port = if self.tls.is_some() { 443 } else { 80 };
+        let port = self.authority.port_u16().unwrap_or(default_port);
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect((host, port)))
             .await
             .map_err(|_| {
@@ -201,16 +279,45 @@ impl Pool {
             })?
             .map_err(SendError::Connect)?;
         let _ = stream.set_nodelay(true);
-        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(SendError::Unsent)?;
-        tokio::spawn(async move {
-            // Ends when the worker closes the connection or the last
-            // handle to it is dropped; either is routine.
-            let _ = connection.with_upgrades().await;
-        });
-        Ok(sender)
+        match &self.tls {
+            None => handshake(stream).await,
+            Some((connector, name)) => {
+                let stream =
+                    tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name.clone(), stream))
+                        .await
+                        .map_err(|_| {
+                            SendError::Connect(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "TLS handshake timed out",
+                            ))
+                        })?
+                        .map_err(SendError::Connect)?;
+                handshake(stream).await
+            }
+        }
     }
+}
+
+/// The host of an `https://` advertise URL is not a DNS name or IP address
+/// TLS can verify.
+#[derive(Debug, thiserror::Error)]
+#[error("not a TLS server name: {0}")]
+pub struct InvalidServerName(pub String);
+
+/// HTTP/1 over `io`, its connection driven by a task of its own.
+async fn handshake<IO>(io: IO) -> Result<SendRequest<UpstreamBody>, SendError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(SendError::Unsent)?;
+    tokio::spawn(async move {
+        // Ends when the worker closes the connection or the last handle
+        // to it is dropped; either is routine.
+        let _ = connection.with_upgrades().await;
+    });
+    Ok(sender)
 }
 
 pin_project_lite::pin_project! {

@@ -6,10 +6,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use pinned_wire::ids;
 
+use pinned_edge::tls::tokio_rustls::TlsAcceptor;
+
+use crate::edge::EdgeSettings;
 use crate::host::HostOptions;
 use crate::lease::DEFAULT_LEASE_BUFFER;
 use crate::object::{Lifecycle, Object};
@@ -32,6 +36,24 @@ pub const ENV_ADVERTISE_URL: &str = "ADVERTISE_URL";
 pub const ENV_PINNED_HOSTNAME: &str = "PINNED_HOSTNAME";
 /// Environment variable: set to `1` to allow dev mode in production.
 pub const ENV_ALLOW_DEV_IN_PRODUCTION: &str = "PINBOARD_ALLOW_DEV_IN_PRODUCTION";
+/// Environment variable: a PEM file of extra CA certificates trusted for an
+/// `https://` pinboard (beside the Mozilla roots).
+pub const ENV_PINBOARD_CA: &str = "PINNED_PINBOARD_CA";
+/// Environment variable: the PEM certificate chain [`serve`](crate::serve)
+/// answers HTTPS with (with [`ENV_TLS_KEY`]; see [`Options::tls`]).
+pub const ENV_TLS_CERT: &str = "PINNED_TLS_CERT";
+/// Environment variable: the PEM private key of [`ENV_TLS_CERT`].
+pub const ENV_TLS_KEY: &str = "PINNED_TLS_KEY";
+/// Environment variable: [`Options::header_read_timeout`], in milliseconds.
+pub const ENV_HEADER_READ_TIMEOUT_MS: &str = "PINNED_HEADER_READ_TIMEOUT_MS";
+/// Environment variable: [`Options::keep_alive_timeout`], in milliseconds.
+pub const ENV_KEEP_ALIVE_TIMEOUT_MS: &str = "PINNED_KEEP_ALIVE_TIMEOUT_MS";
+/// Environment variable: [`Options::shutdown_timeout`], in milliseconds.
+pub const ENV_SHUTDOWN_TIMEOUT_MS: &str = "PINNED_SHUTDOWN_TIMEOUT_MS";
+/// Environment variable: [`Options::max_connections`].
+pub const ENV_MAX_CONNECTIONS: &str = "PINNED_MAX_CONNECTIONS";
+/// Environment variable: [`Options::max_header_bytes`].
+pub const ENV_MAX_HEADER_BYTES: &str = "PINNED_MAX_HEADER_BYTES";
 /// Variables whose value `production` or `prod` marks a production process.
 pub const PRODUCTION_MARKERS: [&str; 3] = ["NODE_ENV", "ENVIRONMENT", "APP_ENV"];
 
@@ -95,6 +117,32 @@ pub enum ConfigError {
     /// The registry HTTP client could not be built.
     #[error("cannot build the registry HTTP client: {0}")]
     HttpClient(String),
+    /// The pinboard CA file (`PINNED_PINBOARD_CA`) cannot be used.
+    #[error("pinboard_ca / PINNED_PINBOARD_CA: {0}")]
+    PinboardCa(String),
+    /// An edge variable is not a non-negative integer.
+    #[error("{variable} must be an integer, got {value:?}")]
+    EdgeVariable {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// An edge deadline or bound is zero (zero does not mean "off").
+    #[error("{0} must be positive")]
+    ZeroEdge(&'static str),
+    /// One of the TLS certificate and key without the other.
+    #[error("tls needs both a certificate and a key (PINNED_TLS_CERT and PINNED_TLS_KEY): {missing} is missing")]
+    HalfTls {
+        /// What is missing.
+        missing: &'static str,
+    },
+    /// The TLS certificate or key cannot be used (the file is named).
+    #[error("tls: {0}")]
+    Tls(String),
+    /// `max_header_bytes` is below the smallest head hyper can read.
+    #[error("max_header_bytes must be at least {min}", min = pinned_edge::defaults::MIN_MAX_HEADER_BYTES)]
+    SmallHeaderLimit,
 }
 
 /// Every problem found in one [`Options`].
@@ -162,6 +210,12 @@ pub struct Options {
     pub(crate) lease_buffer: Duration,
     pub(crate) headroom: Option<Headroom>,
     pub(crate) store: Option<std::sync::Arc<dyn pinned_store::StateStore>>,
+    pub(crate) pinboard_ca: Option<PathBuf>,
+    pub(crate) edge: EdgeSettings,
+    pub(crate) tls_cert: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
+    /// Edge variables that did not parse, reported by `validate`.
+    edge_variables: Vec<ConfigError>,
     pub(crate) states: crate::state::States,
     pub(crate) domain: crate::domain::Domain,
 }
@@ -205,13 +259,21 @@ impl Options {
             lease_buffer: DEFAULT_LEASE_BUFFER,
             headroom: None,
             store: None,
+            pinboard_ca: None,
+            edge: EdgeSettings::default(),
+            tls_cert: None,
+            tls_key: None,
+            edge_variables: Vec::new(),
             states: crate::state::States::default(),
             domain: crate::domain::Domain::system(),
         }
     }
 
     /// Options from the process environment: `PORT`, `HOST`, `PINBOARD_URL`,
-    /// `PINBOARD_TOKEN`, `ADVERTISE_URL`, `PINNED_HOSTNAME`, and the
+    /// `PINBOARD_TOKEN`, `ADVERTISE_URL`, `PINNED_HOSTNAME`,
+    /// `PINNED_PINBOARD_CA`, the edge's `PINNED_HEADER_READ_TIMEOUT_MS`,
+    /// `PINNED_KEEP_ALIVE_TIMEOUT_MS`, `PINNED_SHUTDOWN_TIMEOUT_MS`,
+    /// `PINNED_MAX_CONNECTIONS`, `PINNED_MAX_HEADER_BYTES`, and the
     /// production markers (`NODE_ENV`, `ENVIRONMENT`, `APP_ENV`).
     pub fn from_env() -> Self {
         Self::new().env_vars(std::env::vars())
@@ -234,7 +296,110 @@ impl Options {
         self.token = vars.get(ENV_PINBOARD_TOKEN).cloned();
         self.advertise_url = vars.get(ENV_ADVERTISE_URL).cloned();
         self.hostname = vars.get(ENV_PINNED_HOSTNAME).cloned();
+        // TLS files and edge settings given in code stay unless a variable
+        // names another.
+        for (variable, field) in [
+            (ENV_PINBOARD_CA, &mut self.pinboard_ca),
+            (ENV_TLS_CERT, &mut self.tls_cert),
+            (ENV_TLS_KEY, &mut self.tls_key),
+        ] {
+            if let Some(path) = vars.get(variable) {
+                *field = Some(PathBuf::from(path));
+            }
+        }
+        self.edge_variables.clear();
+        let mut number = |variable: &'static str| -> Option<u64> {
+            let value = vars.get(variable)?;
+            match value.trim().parse() {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    self.edge_variables.push(ConfigError::EdgeVariable {
+                        variable,
+                        value: value.clone(),
+                    });
+                    None
+                }
+            }
+        };
+        let millis = Duration::from_millis;
+        let header = number(ENV_HEADER_READ_TIMEOUT_MS).map(millis);
+        let keep_alive = number(ENV_KEEP_ALIVE_TIMEOUT_MS).map(millis);
+        let shutdown = number(ENV_SHUTDOWN_TIMEOUT_MS).map(millis);
+        let connections = number(ENV_MAX_CONNECTIONS);
+        let head = number(ENV_MAX_HEADER_BYTES);
+        let edge = &mut self.edge;
+        edge.timeouts.header = header.unwrap_or(edge.timeouts.header);
+        edge.timeouts.keep_alive = keep_alive.unwrap_or(edge.timeouts.keep_alive);
+        edge.shutdown_timeout = shutdown.unwrap_or(edge.shutdown_timeout);
+        if let Some(n) = connections {
+            edge.max_connections = usize::try_from(n).unwrap_or(usize::MAX);
+        }
+        if let Some(n) = head {
+            edge.max_header_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         self.env = Some(vars);
+        self
+    }
+
+    /// Trusts the CA certificates in this PEM file for an `https://`
+    /// pinboard, beside the Mozilla roots (overrides `PINNED_PINBOARD_CA`).
+    pub fn pinboard_ca(mut self, pem_file: impl Into<PathBuf>) -> Self {
+        self.pinboard_ca = Some(pem_file.into());
+        self
+    }
+
+    /// [`serve`](crate::serve) answers HTTPS (rustls, TLS 1.2 and 1.3, ALPN
+    /// `http/1.1`) with this PEM certificate chain (leaf first) and PEM
+    /// private key, instead of plain HTTP (overrides `PINNED_TLS_CERT` /
+    /// `PINNED_TLS_KEY`). The handshake must finish within the header read
+    /// timeout of accept, and counts against the connection cap. Advertise
+    /// an `https://` URL, and give pinboard the CA (`--upstream-ca`) when it
+    /// is a private one.
+    pub fn tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_cert = Some(cert.into());
+        self.tls_key = Some(key.into());
+        self
+    }
+
+    /// Time a client has to send a complete request head to
+    /// [`serve`](crate::serve), counted from the head's first byte (from
+    /// accept for a connection's first request); then the connection is
+    /// closed. Default 10 s (`PINNED_HEADER_READ_TIMEOUT_MS`), as pinboard.
+    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.edge.timeouts.header = timeout;
+        self
+    }
+
+    /// Time a keep-alive connection to [`serve`](crate::serve) may sit idle
+    /// between two requests; then it is closed. Default 60 s
+    /// (`PINNED_KEEP_ALIVE_TIMEOUT_MS`), as pinboard.
+    pub fn keep_alive_timeout(mut self, timeout: Duration) -> Self {
+        self.edge.timeouts.keep_alive = timeout;
+        self
+    }
+
+    /// Time open connections get to finish once [`serve`](crate::serve)'s
+    /// drain is done; then they are dropped. Default 10 s
+    /// (`PINNED_SHUTDOWN_TIMEOUT_MS`), as pinboard.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.edge.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Most client connections [`serve`](crate::serve) keeps open at once;
+    /// one more is accepted and closed at once. Lowered to half the
+    /// open-file limit when that is smaller. Default 10 000
+    /// (`PINNED_MAX_CONNECTIONS`), as pinboard.
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.edge.max_connections = max;
+        self
+    }
+
+    /// Largest request head (request line and headers) in bytes; a larger
+    /// one is answered 431. Default 64 KiB (`PINNED_MAX_HEADER_BYTES`), as
+    /// pinboard.
+    pub fn max_header_bytes(mut self, max: usize) -> Self {
+        self.edge.max_header_bytes = max;
         self
     }
 
@@ -435,6 +600,15 @@ impl Options {
         if self.heartbeat_interval.is_zero() {
             errors.push(ConfigError::HeartbeatInterval);
         }
+        errors.extend(self.edge_variables.iter().cloned());
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) => errors.push(ConfigError::HalfTls { missing: "the key" }),
+            (None, Some(_)) => errors.push(ConfigError::HalfTls {
+                missing: "the certificate",
+            }),
+            _ => {}
+        }
+        errors.extend(self.edge.problems());
         if self.pinboard_url.is_none()
             && self.var(ENV_ALLOW_DEV_IN_PRODUCTION).as_deref() != Some("1")
         {
@@ -474,7 +648,19 @@ impl Options {
                 .headroom
                 .clone()
                 .unwrap_or_else(|| std::sync::Arc::new(crate::headroom::default_headroom)),
+            pinboard_ca: self.pinboard_ca.clone(),
         })
+    }
+
+    /// The TLS acceptor of [`tls`](Self::tls), `None` for plain HTTP
+    /// (validated: both files or neither).
+    pub(crate) fn tls_acceptor(&self) -> Result<Option<TlsAcceptor>, ConfigError> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => pinned_edge::tls::server_config(cert, key)
+                .map(|config| Some(TlsAcceptor::from(config)))
+                .map_err(|e| ConfigError::Tls(e.to_string())),
+            _ => Ok(None),
+        }
     }
 
     pub(crate) fn into_hosts(self) -> Vec<HostSpec> {

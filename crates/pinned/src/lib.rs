@@ -55,6 +55,7 @@ mod directory;
 mod dispatch;
 mod domain;
 mod durable;
+mod edge;
 mod fence;
 mod headroom;
 mod hooks;
@@ -86,8 +87,11 @@ pub use call::Call;
 pub use clock::Clock;
 pub use cluster::{Cluster, ClusterError};
 pub use config::{
-    ConfigError, ConfigErrors, Options, ENV_ADVERTISE_URL, ENV_ALLOW_DEV_IN_PRODUCTION, ENV_HOST,
-    ENV_PINBOARD_TOKEN, ENV_PINBOARD_URL, ENV_PINNED_HOSTNAME, ENV_PORT, PRODUCTION_MARKERS,
+    ConfigError, ConfigErrors, Options, ENV_ADVERTISE_URL, ENV_ALLOW_DEV_IN_PRODUCTION,
+    ENV_HEADER_READ_TIMEOUT_MS, ENV_HOST, ENV_KEEP_ALIVE_TIMEOUT_MS, ENV_MAX_CONNECTIONS,
+    ENV_MAX_HEADER_BYTES, ENV_PINBOARD_CA, ENV_PINBOARD_TOKEN, ENV_PINBOARD_URL,
+    ENV_PINNED_HOSTNAME, ENV_PORT, ENV_SHUTDOWN_TIMEOUT_MS, ENV_TLS_CERT, ENV_TLS_KEY,
+    PRODUCTION_MARKERS,
 };
 pub use context::{Context, TagError};
 pub use domain::Domain;

@@ -18,6 +18,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use crate::config::ConfigError;
 use crate::domain::Domain;
 use crate::lease::Lease;
 use crate::metrics::Metrics;
@@ -52,6 +53,9 @@ pub(crate) struct PlaneConfig {
     pub(crate) cluster_host: ClusterHost,
     pub(crate) heartbeat_interval: Duration,
     pub(crate) headroom: Headroom,
+    /// Extra CA certificates (PEM file) trusted for an `https://` pinboard,
+    /// beside the Mozilla roots.
+    pub(crate) pinboard_ca: Option<std::path::PathBuf>,
 }
 
 /// A placement release waiting to be sent.
@@ -129,10 +133,17 @@ impl Plane {
         lease_buffer: Duration,
         metrics: Arc<Metrics>,
         domain: Domain,
-    ) -> Result<Self, reqwest::Error> {
+    ) -> Result<Self, ConfigError> {
+        // rustls with the roots the whole project uses (pinned-edge): the
+        // Mozilla set plus `PINNED_PINBOARD_CA`; reqwest speaks HTTP/1.1
+        // only here, so no ALPN is offered.
+        let tls = pinned_edge::tls::client_config(config.pinboard_ca.as_deref())
+            .map_err(|e| ConfigError::PinboardCa(e.to_string()))?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(5))
-            .build()?;
+            .use_preconfigured_tls(tls)
+            .build()
+            .map_err(|e| ConfigError::HttpClient(e.to_string()))?;
         Ok(Self {
             config,
             client_id: domain.random_hex(16),

@@ -4,15 +4,14 @@
 //!
 //! The drain-then-close sequence lives here and nowhere else, so an
 //! application that adds routes keeps it: its instances' `on_stop` hooks
-//! run on SIGTERM instead of being cut off.
+//! run on SIGTERM instead of being cut off. The sockets are `edge`'s
+//! (deadlines, the connection cap, accept back-off).
 
 use std::future::{Future, IntoFuture};
 use std::io;
-use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use axum::Router;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -172,8 +171,13 @@ impl Serve {
             None => {
                 let (host, port) = worker.bind_address();
                 let listener = TcpListener::bind((host, port)).await?;
+                let scheme = if worker.tls_acceptor().is_some() {
+                    "https"
+                } else {
+                    "http"
+                };
                 println!(
-                    "pinned worker listening on http://{}",
+                    "pinned worker listening on {scheme}://{}",
                     listener.local_addr()?
                 );
                 listener
@@ -183,22 +187,18 @@ impl Serve {
         let signal = self.signal.unwrap_or_else(|| Box::pin(shutdown_signal()));
         let drain_deadline = self.drain_deadline;
         let draining = worker.clone();
-        // Small request/response exchanges must not wait on Nagle's algorithm.
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
+        // New connections are served while the worker drains (a draining
+        // worker still answers, refusing new activations); the connections
+        // still open after it get the edge's shutdown deadline.
+        let (settings, tls) = (worker.edge_settings(), worker.tls_acceptor());
+        crate::edge::serve(listener, app, settings, tls, async move {
             signal.await;
             tracing::info!(deadline = ?drain_deadline, "shutdown signal: draining");
             draining.drain(Some(drain_deadline)).await;
             draining.close().await;
             tracing::info!("drained; stopping");
         })
-        .await?;
+        .await;
         Ok(())
     }
 }

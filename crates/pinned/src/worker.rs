@@ -24,7 +24,7 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::config::{ConfigError, ConfigErrors, Options};
+use crate::config::{ConfigErrors, Options};
 use crate::control::ControlPlane;
 use crate::directory::{DrainKind, HostParts, HostShared};
 use crate::dispatch::dispatch;
@@ -63,6 +63,10 @@ pub(crate) struct Inner {
     stop: DropGuard,
     /// `HOST` and `PORT` as configured, for [`serve`](crate::serve).
     bind: (String, u16),
+    /// The deadlines and bounds [`serve`](crate::serve) holds clients to.
+    edge: crate::edge::EdgeSettings,
+    /// HTTPS for [`serve`](crate::serve) (`None`: plain HTTP).
+    tls: Option<pinned_edge::tls::tokio_rustls::TlsAcceptor>,
     domain: crate::domain::Domain,
 }
 
@@ -79,6 +83,7 @@ impl Options {
     /// incomplete control-plane configuration, dev mode in production.
     pub fn build(mut self) -> Result<Worker, ConfigErrors> {
         self.validate()?;
+        let tls = self.tls_acceptor().map_err(|e| ConfigErrors(vec![e]))?;
         let metrics = Arc::new(Metrics::new());
         let plane = match self.plane_config() {
             None => {
@@ -91,7 +96,7 @@ impl Options {
             Some(config) => {
                 let lease_buffer = self.lease_buffer;
                 let plane = Plane::new(config, lease_buffer, metrics.clone(), self.domain.clone())
-                    .map_err(|e| ConfigErrors(vec![ConfigError::HttpClient(e.to_string())]))?;
+                    .map_err(|e| ConfigErrors(vec![e]))?;
                 Some(Arc::new(plane))
             }
         };
@@ -103,6 +108,7 @@ impl Options {
         let store = self.store.clone();
         let states = Arc::new(std::mem::take(&mut self.states));
         let domain = self.domain.clone();
+        let edge = self.edge;
         let bind = (
             self.bind.clone().unwrap_or_else(|| "127.0.0.1".to_owned()),
             self.parsed_port().unwrap_or(0),
@@ -144,6 +150,8 @@ impl Options {
                 exchange: Mutex::new(Some(exchange)),
                 stop: stop.drop_guard(),
                 bind,
+                edge,
+                tls,
                 domain,
             }),
         })
@@ -205,6 +213,16 @@ impl Worker {
     /// `127.0.0.1`) and `PORT` (default 0, an ephemeral port).
     pub(crate) fn bind_address(&self) -> (&str, u16) {
         (&self.inner.bind.0, self.inner.bind.1)
+    }
+
+    /// The deadlines and bounds [`serve`](crate::serve) holds clients to.
+    pub(crate) fn edge_settings(&self) -> crate::edge::EdgeSettings {
+        self.inner.edge
+    }
+
+    /// The TLS acceptor [`serve`](crate::serve) answers HTTPS with.
+    pub(crate) fn tls_acceptor(&self) -> Option<pinned_edge::tls::tokio_rustls::TlsAcceptor> {
+        self.inner.tls.clone()
     }
 
     /// `GET /metrics` in Prometheus text format, to merge where wanted.

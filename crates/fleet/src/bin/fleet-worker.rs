@@ -11,12 +11,15 @@
 //! `FLEET_HEARTBEAT_MS`, `FLEET_LEASE_BUFFER_MS`, `FLEET_DRAIN_MS` (the
 //! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
 //! `FLEET_NS` (the namespace, default `/counter`), `FLEET_MAX_INSTANCES`,
-//! `FLEET_PG_IDLE_TXN_MS` (the store's idle-in-transaction timeout), and
+//! `FLEET_PG_IDLE_TXN_MS` (the store's idle-in-transaction timeout),
+//! `PINNED_TLS_CERT` / `PINNED_TLS_KEY` and `PINNED_PINBOARD_CA` (read by
+//! `Options::from_env`: serve HTTPS, advertised as `https://`, and trust
+//! an `https://` pinboard's CA), and
 //! `FLEET_DATABASE_URL` (a Postgres state store: enables `alarm`, `fired`,
 //! `write`, `state`, `bump` and the process log `GET /fleet/writes`);
 //! `GET /fleet/lease-events` lists the lease hooks heard, `GET
 //! /fleet/process` answers the process token every counter answer carries. Prints
-//! `secret <hex>` and then `pinned worker listening on http://<addr>`.
+//! `secret <hex>` and then `pinned worker listening on http(s)://<addr>`.
 
 use std::time::Duration;
 
@@ -42,6 +45,11 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
+    let scheme = if std::env::var_os("PINNED_TLS_CERT").is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let mut host = HostOptions::default();
     if let Some(idle) = ms("FLEET_IDLE_MS") {
         host = host.idle_timeout(idle);
@@ -61,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
         .pinboard(
             std::env::var("PINBOARD_URL")?,
             std::env::var("PINBOARD_TOKEN")?,
-            format!("http://{addr}"),
+            format!("{scheme}://{addr}"),
         );
     if let Ok(env) = std::env::var("FLEET_ENV") {
         options = options.placement_env(env);
@@ -94,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
     let drain = ms("FLEET_DRAIN_MS").unwrap_or(pinned::SHUTDOWN_DRAIN_DEADLINE);
     let worker = options.build()?;
     println!("secret {}", worker.secret());
-    println!("pinned worker listening on http://{addr}");
+    println!("pinned worker listening on {scheme}://{addr}");
     pinned::serve(worker)
         .listener(listener)
         .routes(

@@ -33,7 +33,8 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// Reads stdout until the `… http://addr` line; keeps `secret <hex>`.
+    /// Reads stdout until the `… http://addr` (or `https://`) line; keeps
+    /// `secret <hex>`.
     fn spawn(mut command: Command, name: &str) -> Self {
         let mut child = command
             .stdout(Stdio::piped())
@@ -51,7 +52,7 @@ impl Proc {
             if let Some(hex) = line.strip_prefix("secret ") {
                 secret = Some(hex.trim().to_owned());
             }
-            if let Some(at) = line.find("http://") {
+            if let Some(at) = line.find("https://").or_else(|| line.find("http://")) {
                 break line[at..].trim().to_owned();
             }
         };

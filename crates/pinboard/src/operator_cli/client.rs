@@ -28,16 +28,26 @@ fn detail(body: &str) -> String {
 }
 
 impl OperatorClient {
-    /// A client of the pinboard at `base` (`http://host:port`), each call
-    /// bounded by `timeout`.
+    /// A client of the pinboard at `base` (`http(s)://host:port`), each
+    /// call bounded by `timeout`, trusting the Mozilla roots plus the CA
+    /// certificates in the PEM file `ca` for an `https://` pinboard.
     ///
     /// # Errors
     ///
-    /// [`CliError::Usage`] when the client cannot be built.
-    pub fn new(base: &str, token: String, timeout: Duration) -> Result<Self, CliError> {
+    /// [`CliError::Usage`] when the client cannot be built (the CA file
+    /// unreadable, say).
+    pub fn new(
+        base: &str,
+        token: String,
+        timeout: Duration,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Self, CliError> {
+        let tls = pinned_edge::tls::client_config(ca)
+            .map_err(|e| CliError::Usage(format!("--ca / PINBOARD_CA: {e}")))?;
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout)
+            .use_preconfigured_tls(tls)
             .build()
             .map_err(|e| CliError::Usage(format!("cannot build the HTTP client: {e}")))?;
         Ok(Self {

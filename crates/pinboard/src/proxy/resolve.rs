@@ -87,7 +87,7 @@ use crate::operator::moves::{Claim, MoveLog, MoveReason};
 use crate::placement::{
     choose_candidate, ClaimOutcome, Generation, Placement, PlacementStore, StoreError, WorkerRecord,
 };
-use crate::upstream::Pool;
+use crate::upstream::{Pool, UpstreamTls};
 use crate::world::Scope;
 
 /// A live worker as the proxy uses it.
@@ -122,13 +122,21 @@ impl std::fmt::Debug for WorkerConn {
 }
 
 impl WorkerConn {
-    pub(crate) fn new(record: WorkerRecord) -> Option<Self> {
-        Self::with_pool(record, None)
+    /// `None` when the advertise URL cannot be reached (not a URL, or an
+    /// `https://` host TLS cannot verify); `tls` handshakes with an
+    /// `https://` worker (without it, a non-socket transport, the pool is
+    /// never used).
+    pub(crate) fn new(record: WorkerRecord, tls: Option<&UpstreamTls>) -> Option<Self> {
+        Self::with_pool(record, None, tls)
     }
 
     /// As [`new`](Self::new), reusing `pool` when given (the same session
     /// with a changed record).
-    fn with_pool(record: WorkerRecord, pool: Option<Arc<Pool>>) -> Option<Self> {
+    fn with_pool(
+        record: WorkerRecord,
+        pool: Option<Arc<Pool>>,
+        tls: Option<&UpstreamTls>,
+    ) -> Option<Self> {
         let uri: http::Uri = record.advertise_url.parse().ok()?;
         let authority = uri.authority()?.clone();
         let host = HeaderValue::from_str(authority.as_str()).ok()?;
@@ -137,8 +145,27 @@ impl WorkerConn {
             _ => None,
         };
         let base_path = uri.path().trim_end_matches('/').into();
+        let pool = match pool {
+            Some(pool) => pool,
+            None => {
+                let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+                let connector = tls.filter(|_| https).map(UpstreamTls::connector);
+                match Pool::new(authority, connector) {
+                    Ok(pool) => pool,
+                    Err(error) => {
+                        tracing::warn!(
+                            target: "pinboard::proxy",
+                            advertise_url = %record.advertise_url,
+                            %error,
+                            "worker skipped: its advertise URL cannot be reached over TLS"
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
         Some(Self {
-            pool: pool.unwrap_or_else(|| Pool::new(authority)),
+            pool,
             origin,
             base_path,
             key: attestation::Key::new(&record.secret),
@@ -238,7 +265,7 @@ struct Snapshot {
 type RouteCache = quick_cache::sync::Cache<String, Arc<Route>>;
 
 /// How a [`Directory`] caches and refreshes.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct DirectorySettings {
     /// Re-read the worker list at most this often, milliseconds.
     pub refresh_ms: u64,
@@ -251,6 +278,8 @@ pub struct DirectorySettings {
     pub unknown_session_ttl_ms: u64,
     /// Least time between two forced re-reads of the worker list, milliseconds.
     pub forced_refresh_interval_ms: u64,
+    /// TLS to `https://` workers (`None`: a transport that is not sockets).
+    pub upstream_tls: Option<UpstreamTls>,
 }
 
 /// The counters a [`Directory`] keeps.
@@ -307,6 +336,7 @@ pub struct Directory<S> {
     next_forced_mono_ms: AtomicU64,
     forced_interval_ms: u64,
     counters: DirectoryCounters,
+    upstream_tls: Option<UpstreamTls>,
 }
 
 impl<S> std::fmt::Debug for Directory<S> {
@@ -364,6 +394,7 @@ impl<S: PlacementStore> Directory<S> {
             next_forced_mono_ms: AtomicU64::new(0),
             forced_interval_ms: settings.forced_refresh_interval_ms,
             counters,
+            upstream_tls: settings.upstream_tls,
         }
     }
 
@@ -535,7 +566,7 @@ impl<S: PlacementStore> Directory<S> {
                     let pool = known
                         .filter(|c| c.record.advertise_url == w.record.advertise_url)
                         .map(|c| c.pool.clone());
-                    match WorkerConn::with_pool(w.record, pool) {
+                    match WorkerConn::with_pool(w.record, pool, self.upstream_tls.as_ref()) {
                         Some(c) => Arc::new(c),
                         None => continue,
                     }
@@ -889,7 +920,7 @@ impl<S: PlacementStore> Directory<S> {
             let worker = match snap.by_session.get(&placement.session_id) {
                 Some(w) => w.clone(),
                 None => match self.store.get_worker(&placement.session_id, now).await? {
-                    Some(live) => match WorkerConn::new(live.record) {
+                    Some(live) => match WorkerConn::new(live.record, self.upstream_tls.as_ref()) {
                         Some(c) => Arc::new(c),
                         None => continue,
                     },
@@ -985,6 +1016,7 @@ mod tests {
                 route_capacity: 1000,
                 unknown_session_ttl_ms: 1000,
                 forced_refresh_interval_ms: 100,
+                upstream_tls: None,
             },
             DirectoryCounters::default(),
         );

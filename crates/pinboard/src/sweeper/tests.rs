@@ -104,12 +104,15 @@ async fn setup() -> (
 ) {
     let config = Config::try_parse_from(["pinboard", "--token", "t", "--quarantine-ms", "0"])
         .expect("config");
-    let app = Arc::new(App::new(
-        &config,
-        MemoryStore::new(),
-        Arc::new(SystemClock::new()),
-        Arc::new(SeededEntropy::seeded(1)),
-    ));
+    let app = Arc::new(
+        App::new(
+            &config,
+            MemoryStore::new(),
+            Arc::new(SystemClock::new()),
+            Arc::new(SeededEntropy::seeded(1)),
+        )
+        .expect("app"),
+    );
     app.directory.open_generation().await.expect("generation");
     let state = Arc::new(StateMemory::new());
     let settings = SweepSettings {

@@ -40,7 +40,7 @@ fn log_file(name: &str) -> std::fs::File {
 /// A running `pinboard` process.
 pub struct Pinboard {
     child: Child,
-    /// `http://127.0.0.1:<port>`.
+    /// `http://127.0.0.1:<port>` (`https://` with `--tls-cert`).
     pub url: String,
     /// Its stderr (the log).
     pub log: PathBuf,
@@ -108,7 +108,8 @@ impl Pinboard {
     pub fn addr(&self) -> std::net::SocketAddr {
         self.url
             .strip_prefix("http://")
-            .expect("http url")
+            .or_else(|| self.url.strip_prefix("https://"))
+            .expect("http(s) url")
             .parse()
             .expect("socket address")
     }

@@ -5,14 +5,15 @@
 //! Owns the per-connection [`Phase`], the socket wrapper that notices a
 //! request head's first byte ([`Watched`]), the response body wrapper that
 //! notices a request's end ([`Tracked`]) and the deadline arithmetic
-//! ([`Phase::check`]). Never closes anything itself: the connection task in
-//! `accept` asks [`Phase::check`] and drops the connection when it says so.
+//! ([`Phase::check`]). Never closes anything itself: the connection task
+//! ([`drive`](crate::drive::drive)) asks [`Phase::check`] and drops the
+//! connection when it says so.
 //!
 //! | phase | from | deadline |
 //! | --- | --- | --- |
-//! | waiting for the first request | accept | `--header-read-timeout-ms` (a client that connects and sends nothing is a slow client too) |
-//! | idle between requests | the end of the previous response | `--keep-alive-timeout-ms` |
-//! | reading a head | the head's first byte | `--header-read-timeout-ms` |
+//! | waiting for the first request | accept (a TLS handshake included: it runs under the same deadline) | header read timeout (a client that connects and sends nothing is a slow client too) |
+//! | idle between requests | the end of the previous response | keep-alive timeout |
+//! | reading a head | the head's first byte | header read timeout |
 //! | busy | the complete head, until the response body ended | none here (request bodies and workers have their own deadlines) |
 //!
 //! Why not hyper's own `header_read_timeout`: hyper arms it whenever it

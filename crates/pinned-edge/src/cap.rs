@@ -7,7 +7,7 @@
 //!
 //! Every client connection may need a second descriptor for the worker
 //! connection its request goes out on (a WebSocket holds both for its
-//! whole life), and pinboard needs a few more for its listener, Redis,
+//! whole life), and a process needs a few more for its listener, Redis,
 //! Postgres and the challenge probes. A cap above half the soft
 //! `RLIMIT_NOFILE` would let clients exhaust descriptors, and then accept
 //! fails for everyone (`/healthz` included), so the cap is lowered to half

@@ -1,0 +1,80 @@
+//! Running one HTTP connection to its end under the deadlines of
+//! [`phase`](crate::phase), and finishing it gracefully on a stop signal.
+//!
+//! Owns the connection task's loop; never accepts, counts or routes (the
+//! binary's accept loop does). Dropping the connection future closes the
+//! socket, which is how a lapsed deadline ends a connection.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use tokio::sync::watch;
+
+use crate::phase::{Check, ConnTimeouts, Lapse, Phase};
+
+/// A connection future that can be asked to finish gracefully (stop
+/// reading new requests, finish the one in flight).
+pub trait GracefulShutdown {
+    /// Ask the connection to finish after the request in flight.
+    fn shutdown_gracefully(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> GracefulShutdown for http1::UpgradeableConnection<I, S>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn shutdown_gracefully(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// Runs `connection` to its end: served out (`None`), closed by a lapsed
+/// deadline (`Some`, the connection dropped), or finished gracefully after
+/// `stopping` changed or its sender dropped. A client that goes away
+/// mid-exchange is routine, not an error, so the connection's own result
+/// is not reported.
+///
+/// # Cancel safety
+///
+/// Dropping the future drops the connection (the socket closes).
+pub async fn drive<C>(
+    connection: C,
+    phase: &Phase,
+    timeouts: ConnTimeouts,
+    mut stopping: watch::Receiver<()>,
+) -> Option<Lapse>
+where
+    C: Future + GracefulShutdown,
+{
+    tokio::pin!(connection);
+    let start = tokio::time::Instant::now();
+    let first = match phase.check(start, timeouts) {
+        Check::Wait(at) => at,
+        Check::Close(lapse) => return Some(lapse),
+    };
+    let deadline = tokio::time::sleep_until(first);
+    tokio::pin!(deadline);
+    let mut stopped = false;
+    loop {
+        tokio::select! {
+            biased;
+            _ = connection.as_mut() => return None,
+            changed = stopping.changed(), if !stopped => {
+                // A send or the sender's drop: finish either way.
+                let _ = changed;
+                stopped = true;
+                connection.as_mut().shutdown_gracefully();
+            }
+            () = deadline.as_mut() => match phase.check(tokio::time::Instant::now(), timeouts) {
+                Check::Wait(at) => deadline.as_mut().reset(at),
+                Check::Close(lapse) => return Some(lapse),
+            },
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! The HTTP edge that `pinboard` and the `pinned` worker share: what every
+//! accepted client connection is held to, whichever binary accepts it.
+//!
+//! - [`defaults`]: the deadlines and bounds both binaries start from.
+//! - [`phase`]: where a connection is in its life (waiting for a head,
+//!   reading one, busy, idle) and the deadline of each phase.
+//! - [`drive`]: runs one connection to its end under those deadlines, and
+//!   finishes it gracefully on a stop signal.
+//! - [`cap`]: the connection cap, lowered to what the open-file limit
+//!   carries.
+//! - [`backoff`]: what a failing `accept` does (pause, never a hot loop)
+//!   and the log throttle.
+//! - [`tls`]: rustls server and client configurations from PEM files, and
+//!   the server handshake under a deadline.
+//!
+//! This crate owns no accept loop and no router: each binary keeps its own
+//! loop (pinboard's spreads connections over single-threaded I/O threads,
+//! the worker's runs on the application's runtime) and decides what a
+//! request is. It never depends on `pinboard` or `pinned`.
+#![forbid(unsafe_code)]
+
+pub mod backoff;
+pub mod cap;
+pub mod defaults;
+pub mod drive;
+pub mod phase;
+pub mod tls;

@@ -1,0 +1,270 @@
+//! The worker's own HTTP server: the accept loop [`serve`](crate::serve)
+//! runs, with the same edge pinboard has (from `pinned-edge`): a header
+//! read deadline, an idle keep-alive deadline, a head size limit, a
+//! connection cap with accept back-off (never a hot loop on `EMFILE`), and
+//! a deadline for open connections after the drain.
+//!
+//! Owns sockets and connection tasks only; never looks at a request (the
+//! application's [`Router`] does). The per-request cost is what
+//! `axum::serve` paid (the `ConnectInfo` extension and the body box) plus
+//! a few atomic operations for the phase: nothing allocates per request.
+//!
+//! With [`Options::tls`](crate::Options::tls) the handshake runs in the
+//! connection's task: the connection already counts against the cap, and
+//! the handshake must finish within the header deadline of accept.
+//!
+//! Upgraded connections (WebSockets) leave the cap when hyper hands them
+//! over: the instance they reach keeps them in flight, not this loop.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use pinned_edge::backoff::{AcceptBackoff, Throttle};
+use pinned_edge::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
+use pinned_edge::tls::tokio_rustls::TlsAcceptor;
+use pinned_edge::tls::{self, HandshakeError};
+use pinned_edge::{cap, defaults, drive};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::config::ConfigError;
+
+/// The edge's deadlines and bounds (see the [`Options`](crate::Options)
+/// setters for each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EdgeSettings {
+    pub(crate) timeouts: ConnTimeouts,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) max_connections: usize,
+    pub(crate) max_header_bytes: usize,
+}
+
+impl Default for EdgeSettings {
+    fn default() -> Self {
+        Self {
+            timeouts: ConnTimeouts {
+                header: Duration::from_millis(defaults::HEADER_READ_TIMEOUT_MS),
+                keep_alive: Duration::from_millis(defaults::KEEP_ALIVE_TIMEOUT_MS),
+            },
+            shutdown_timeout: Duration::from_millis(defaults::SHUTDOWN_TIMEOUT_MS),
+            max_connections: defaults::MAX_CONNECTIONS,
+            max_header_bytes: defaults::MAX_HEADER_BYTES,
+        }
+    }
+}
+
+impl EdgeSettings {
+    /// Every setting that cannot be served with.
+    pub(crate) fn problems(&self) -> Vec<ConfigError> {
+        let mut problems = Vec::new();
+        for (name, zero) in [
+            ("header_read_timeout", self.timeouts.header.is_zero()),
+            ("keep_alive_timeout", self.timeouts.keep_alive.is_zero()),
+            ("shutdown_timeout", self.shutdown_timeout.is_zero()),
+            ("max_connections", self.max_connections == 0),
+        ] {
+            if zero {
+                problems.push(ConfigError::ZeroEdge(name));
+            }
+        }
+        if self.max_header_bytes < defaults::MIN_MAX_HEADER_BYTES {
+            problems.push(ConfigError::SmallHeaderLimit);
+        }
+        problems
+    }
+}
+
+/// One connection's place under the cap, released on drop.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
+/// resolves (for [`serve`](crate::serve): the signal, then the drain),
+/// then lets open connections finish for up to `settings.shutdown_timeout`
+/// and drops the rest.
+///
+/// A connection beyond the cap is accepted and closed at once; a failing
+/// accept pauses the loop as [`pinned_edge::backoff`] says.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    settings: EdgeSettings,
+    tls: Option<TlsAcceptor>,
+    shutdown: impl Future<Output = ()> + Send,
+) {
+    let fd_limit = cap::open_file_limit();
+    let max_connections = cap::effective(settings.max_connections, fd_limit);
+    if max_connections < settings.max_connections {
+        tracing::warn!(
+            configured = settings.max_connections,
+            open_file_limit = fd_limit,
+            max_connections,
+            "max_connections lowered to what the open-file limit carries (raise `ulimit -n` for more)"
+        );
+    }
+    let mut http = http1::Builder::new();
+    http.keep_alive(true)
+        // Deadlines are the phase's (see `pinned_edge::phase` for why not
+        // hyper's own header timeout).
+        .header_read_timeout(None)
+        .max_header_size(settings.max_header_bytes)
+        .max_buf_size(settings.max_header_bytes.max(defaults::MIN_READ_BUFFER));
+    let http = Arc::new(http);
+    let open = Arc::new(AtomicUsize::new(0));
+    // Every connection holds a receiver: a send asks them to finish, and
+    // `closed` resolves once the last one dropped its receiver.
+    let (stop, stopping) = watch::channel(());
+    // Cancels the connections still open at the shutdown deadline.
+    let abort = CancellationToken::new();
+    let mut backoff = AcceptBackoff::default();
+    let mut refusals = Throttle::default();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => {
+                    if let Some(failures) = backoff.succeeded() {
+                        tracing::info!(failures, "accepting again");
+                    }
+                    accepted
+                }
+                Err(error) => {
+                    let reaction = backoff.failed(&error, tokio::time::Instant::now());
+                    if let Some(held) = reaction.log {
+                        tracing::warn!(
+                            %error,
+                            pause_ms = reaction.pause.as_millis() as u64,
+                            failures_since_last_line = held,
+                            "accept failed; pausing accepts"
+                        );
+                    }
+                    if !reaction.pause.is_zero() {
+                        tokio::select! {
+                            biased;
+                            () = &mut shutdown => break,
+                            () = tokio::time::sleep(reaction.pause) => {}
+                        }
+                    }
+                    continue;
+                }
+            },
+        };
+        if open.load(Ordering::Relaxed) >= max_connections {
+            // Closed before any byte: the client sees the connection end.
+            drop(tcp);
+            if let Some(held) = refusals.hit(tokio::time::Instant::now()) {
+                tracing::warn!(
+                    max_connections,
+                    refused_since_last_line = held,
+                    "connection cap reached; closing new connections"
+                );
+            }
+            continue;
+        }
+        open.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot(open.clone());
+        // Small request/response exchanges must not wait on Nagle's algorithm.
+        let _ = tcp.set_nodelay(true);
+        let phase = Phase::new();
+        let (requests, app) = (phase.clone(), app.clone());
+        let service = service_fn(move |mut request: hyper::Request<Incoming>| {
+            let busy = requests.begin_request();
+            request.extensions_mut().insert(ConnectInfo(peer));
+            let app = app.clone();
+            async move {
+                let response = match app.oneshot(request.map(Body::new)).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                };
+                Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
+            }
+        });
+        let (stopping, abort, timeouts) = (stopping.clone(), abort.clone(), settings.timeouts);
+        let (http, tls) = (http.clone(), tls.clone());
+        tokio::spawn(async move {
+            let served = async {
+                match tls {
+                    None => serve_one(&http, tcp, service, &phase, timeouts, stopping).await,
+                    // The header deadline counts from accept, handshake included.
+                    Some(acceptor) => match tls::accept(&acceptor, tcp, timeouts.header).await {
+                        Ok(tls) => serve_one(&http, tls, service, &phase, timeouts, stopping).await,
+                        Err(HandshakeError::TimedOut(_)) => Some(Lapse::Header),
+                        Err(HandshakeError::Failed(error)) => {
+                            tracing::debug!(%peer, %error, "TLS handshake failed");
+                            None
+                        }
+                    },
+                }
+            };
+            tokio::select! {
+                lapse = served => {
+                    if let Some(lapse) = lapse {
+                        let deadline = match lapse {
+                            Lapse::Header => "header read",
+                            Lapse::Idle => "keep-alive",
+                        };
+                        tracing::debug!(%peer, deadline, "connection closed at its deadline");
+                    }
+                }
+                () = abort.cancelled() => {}
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    drop(stopping);
+    let _ = stop.send(());
+    if tokio::time::timeout(settings.shutdown_timeout, stop.closed())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            connections = open.load(Ordering::Relaxed),
+            "shutdown deadline passed; dropping the connections still open"
+        );
+        abort.cancel();
+    }
+}
+
+/// Serves one connection over `io` (plain TCP or TLS) to its end under the
+/// phase deadlines; `Some` when a deadline closed it.
+async fn serve_one<IO, Svc>(
+    http: &http1::Builder,
+    io: IO,
+    service: Svc,
+    phase: &Phase,
+    timeouts: ConnTimeouts,
+    stopping: watch::Receiver<()>,
+) -> Option<Lapse>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    Svc: hyper::service::HttpService<Incoming>,
+    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    Svc::ResBody: 'static,
+    <Svc::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let connection = http
+        .serve_connection(TokioIo::new(Watched::new(io, phase.clone())), service)
+        .with_upgrades();
+    drive::drive(connection, phase, timeouts, stopping).await
+}

@@ -1,0 +1,370 @@
+//! The worker's own edge, against real sockets with short configured
+//! deadlines: a head sent a byte at a time (slowloris) and a silent
+//! connection are closed at the header deadline, an idle keep-alive
+//! connection at its own longer deadline while a busy request is never cut,
+//! the connection cap closes one connection too many and frees its place
+//! when one ends, a shutdown does not wait on a half-sent request beyond the
+//! shutdown deadline, bad edge settings are configuration errors, and with
+//! `Options::tls` the worker answers HTTPS (a self-signed certificate made
+//! in the test), closing a connection that never handshakes at the header
+//! deadline.
+
+mod support;
+
+use std::future::IntoFuture;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use pinned::{ConfigError, Options};
+use support::Counter;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+type Served = tokio::task::JoinHandle<Result<(), pinned::ServeError>>;
+
+/// Serves `options` (a counter, empty environment) on 127.0.0.1:0 until
+/// the returned sender fires.
+async fn serving(options: Options) -> (SocketAddr, tokio::sync::oneshot::Sender<()>, Served) {
+    let worker = options
+        .host::<Counter>("/counter")
+        .env_vars(Vec::<(String, String)>::new())
+        .build()
+        .expect("worker");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, signal) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        pinned::serve(worker)
+            .listener(listener)
+            .with_graceful_shutdown(async move {
+                let _ = signal.await;
+            })
+            .into_future(),
+    );
+    (addr, stop, server)
+}
+
+/// Reads until the peer closes (EOF or reset) or `patience` passes; true
+/// when it closed.
+async fn closed_within(s: &mut TcpStream, patience: Duration) -> bool {
+    let deadline = Instant::now() + patience;
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// Sends one `GET` and reads its answer's status, leaving the connection
+/// open (keep-alive).
+async fn exchange(s: &mut TcpStream, path: &str) -> u16 {
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: w\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
+            .await
+            .expect("an answer in time")
+            .expect("read");
+        assert!(n > 0, "closed before answering");
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got);
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .unwrap_or(0);
+            if got.len() >= end + 4 + length {
+                return text[9..12].parse().expect("status");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_sent_a_byte_at_a_time_is_closed_at_the_header_deadline() {
+    let (addr, _stop, _server) = serving(
+        Options::new()
+            .header_read_timeout(Duration::from_millis(400))
+            .keep_alive_timeout(Duration::from_secs(60)),
+    )
+    .await;
+
+    // Slowloris: one byte every 50 ms never completes the head in time.
+    let slow = TcpStream::connect(addr).await.expect("connect");
+    let (mut read, mut write) = slow.into_split();
+    let started = Instant::now();
+    let dribble = tokio::spawn(async move {
+        for byte in b"GET /counter/a/value HTTP/1.1\r\nHost: w\r\nX-Slow: 1234567890\r\n\r\n" {
+            if write.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut buf = [0u8; 256];
+    let (closed, answered) = match tokio::time::timeout_at(deadline, read.read(&mut buf)).await {
+        Err(_) => (false, false),
+        Ok(Ok(0)) | Ok(Err(_)) => (true, false),
+        Ok(Ok(_)) => (false, true),
+    };
+    let took = started.elapsed();
+    dribble.abort();
+    assert!(!answered, "a dribbled head was served");
+    assert!(closed, "a dribbling head kept its connection open");
+    assert!(
+        took >= Duration::from_millis(350) && took < Duration::from_secs(3),
+        "closed after {took:?}"
+    );
+
+    // A connection that never sends a byte is a slow client too.
+    let mut silent = TcpStream::connect(addr).await.expect("connect");
+    let started = Instant::now();
+    assert!(closed_within(&mut silent, Duration::from_secs(5)).await);
+    assert!(started.elapsed() >= Duration::from_millis(350));
+
+    // A head sent at once is served.
+    let mut ok = TcpStream::connect(addr).await.expect("connect");
+    assert_eq!(exchange(&mut ok, "/counter/a/value").await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_has_its_own_deadline_and_busy_requests_are_never_cut() {
+    let (addr, _stop, _server) = serving(
+        Options::new()
+            .header_read_timeout(Duration::from_millis(300))
+            .keep_alive_timeout(Duration::from_millis(1200)),
+    )
+    .await;
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    // Busy longer than both deadlines: answered.
+    s.write_all(b"POST /counter/k/sleep/1500 HTTP/1.1\r\nHost: w\r\nContent-Length: 0\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("answered")
+        .expect("read");
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // Idle after it: open past the header deadline, closed at keep-alive.
+    let answered = Instant::now();
+    assert!(closed_within(&mut s, Duration::from_secs(5)).await);
+    let idle = answered.elapsed();
+    assert!(
+        idle >= Duration::from_millis(1100) && idle < Duration::from_secs(3),
+        "idle connection closed after {idle:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_cap_closes_one_too_many_and_frees_on_close() {
+    let (addr, _stop, _server) = serving(
+        Options::new()
+            .max_connections(3)
+            .keep_alive_timeout(Duration::from_secs(60)),
+    )
+    .await;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        assert_eq!(exchange(&mut s, &format!("/counter/c{i}/value")).await, 200);
+        held.push(s);
+    }
+    // The fourth is accepted and closed before any byte.
+    let mut extra = TcpStream::connect(addr).await.expect("connect");
+    let _ = extra
+        .write_all(b"GET /counter/x/value HTTP/1.1\r\nHost: w\r\n\r\n")
+        .await;
+    assert!(
+        closed_within(&mut extra, Duration::from_secs(5)).await,
+        "a connection over the cap was kept"
+    );
+    // The held ones still work; closing one makes room.
+    assert_eq!(exchange(&mut held[0], "/counter/c0/value").await, 200);
+    drop(held.pop());
+    support::eventually("a place under the cap", || async {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(b"GET /counter/y/value HTTP/1.1\r\nHost: w\r\n\r\n")
+            .await
+            .ok()?;
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_millis(500), s.read(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        buf[..n].starts_with(b"HTTP/1.1 200").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_on_a_half_sent_request_past_its_deadline() {
+    let (addr, stop, server) = serving(
+        Options::new()
+            .header_read_timeout(Duration::from_secs(60))
+            .shutdown_timeout(Duration::from_millis(300)),
+    )
+    .await;
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    assert_eq!(exchange(&mut s, "/counter/h/value").await, 200);
+    s.write_all(b"GET /counter/h/value HTTP/1.1\r\nHost:")
+        .await
+        .expect("half a head");
+    let signalled = Instant::now();
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("serve returns")
+        .expect("join")
+        .expect("serve");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        signalled.elapsed()
+    );
+    assert!(closed_within(&mut s, Duration::from_secs(2)).await);
+}
+
+#[test]
+fn edge_settings_are_validated_and_read_from_the_environment() {
+    let errors = Options::new()
+        .host::<Counter>("/counter")
+        .env_vars([
+            ("PINNED_HEADER_READ_TIMEOUT_MS", "soon"),
+            ("PINNED_MAX_CONNECTIONS", "0"),
+            ("PINNED_MAX_HEADER_BYTES", "10"),
+        ])
+        .build()
+        .err()
+        .expect("refused");
+    assert!(errors.contains(&ConfigError::EdgeVariable {
+        variable: "PINNED_HEADER_READ_TIMEOUT_MS",
+        value: "soon".into(),
+    }));
+    assert!(errors.contains(&ConfigError::ZeroEdge("max_connections")));
+    assert!(errors.contains(&ConfigError::SmallHeaderLimit));
+    let errors = Options::new()
+        .host::<Counter>("/counter")
+        .env_vars(Vec::<(String, String)>::new())
+        .shutdown_timeout(Duration::ZERO)
+        .build()
+        .err()
+        .expect("refused");
+    assert_eq!(errors.0, vec![ConfigError::ZeroEdge("shutdown_timeout")]);
+    Options::new()
+        .host::<Counter>("/counter")
+        .env_vars([
+            ("PINNED_HEADER_READ_TIMEOUT_MS", "500"),
+            ("PINNED_KEEP_ALIVE_TIMEOUT_MS", "900"),
+            ("PINNED_SHUTDOWN_TIMEOUT_MS", "100"),
+            ("PINNED_MAX_CONNECTIONS", "7"),
+            ("PINNED_MAX_HEADER_BYTES", "4096"),
+        ])
+        .build()
+        .expect("valid edge variables");
+}
+
+/// A self-signed certificate for `127.0.0.1`, in PEM files.
+fn certs() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    String,
+) {
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).expect("rcgen");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    let pem = made.cert.pem();
+    std::fs::write(&cert, &pem).expect("cert");
+    std::fs::write(&key, made.key_pair.serialize_pem()).expect("key");
+    (dir, cert, key, pem)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tls_the_worker_answers_https_and_holds_handshakes_to_the_header_deadline() {
+    let (_dir, cert, key, pem) = certs();
+    let (addr, _stop, _server) = serving(
+        Options::new()
+            .tls(&cert, &key)
+            .header_read_timeout(Duration::from_millis(400)),
+    )
+    .await;
+    let c = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(pem.as_bytes()).expect("pem"))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("client");
+    let res = c
+        .post(format!("https://{addr}/counter/t/increment"))
+        .send()
+        .await
+        .expect("https");
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.json::<serde_json::Value>().await.expect("json")["value"],
+        1
+    );
+    // Plain HTTP on the TLS port gets no HTTP answer.
+    let mut plain = TcpStream::connect(addr).await.expect("connect");
+    plain
+        .write_all(b"GET /counter/t/value HTTP/1.1\r\nHost: w\r\n\r\n")
+        .await
+        .expect("write");
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), plain.read(&mut buf))
+        .await
+        .expect("an end in time")
+        .unwrap_or(0);
+    assert!(!buf[..n].starts_with(b"HTTP/"), "answered in clear text");
+    // A connection that never handshakes is closed at the header deadline.
+    let mut silent = TcpStream::connect(addr).await.expect("connect");
+    let started = Instant::now();
+    assert!(closed_within(&mut silent, Duration::from_secs(5)).await);
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(350), "{took:?}");
+}
+
+#[test]
+fn tls_needs_both_files_and_names_a_bad_one() {
+    let (_dir, cert, key, _) = certs();
+    let errors = Options::new()
+        .host::<Counter>("/counter")
+        .env_vars([("PINNED_TLS_CERT", cert.to_str().expect("utf-8 path"))])
+        .build()
+        .err()
+        .expect("refused");
+    assert_eq!(errors.0, vec![ConfigError::HalfTls { missing: "the key" }]);
+    // The key given as certificate: the file is named.
+    let errors = Options::new()
+        .host::<Counter>("/counter")
+        .env_vars(Vec::<(String, String)>::new())
+        .tls(&key, &key)
+        .build()
+        .err()
+        .expect("refused");
+    let text = errors.to_string();
+    assert!(
+        text.contains("key.pem") && text.contains("no CERTIFICATE"),
+        "{text}"
+    );
+}
