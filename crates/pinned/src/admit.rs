@@ -8,9 +8,8 @@
 //! 404/405 without creating, activating or placing anything. Then come the
 //! reference's checks in its order ([`gate`]: attestation 403, id 400,
 //! `Pinboard-Epoch` 400), then the directory's admission.
-//! [`dispatch`](crate::dispatch) only split the path and handed a
-//! [`Pending`] down through [`PENDING`], a task-local scoped to its call of
-//! the object's router, so the request's extensions stay the client's.
+//! [`dispatch`](crate::dispatch) only split the path and left a [`Pending`]
+//! in the request's extensions.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -59,18 +58,9 @@ fn admission_refused(refused: Admission) -> Response {
     }
 }
 
-tokio::task_local! {
-    /// The [`Pending`] of the request dispatch is routing through an
-    /// object's router: set for exactly that call (a scope per request, so
-    /// a handler calling another instance in process nests its own), taken
-    /// by the first [`Admit`] the router reaches. A task-local rather than
-    /// a request extension: it costs no allocation and no map insert per
-    /// request, and a handler can never see or forge it.
-    pub(crate) static PENDING: std::cell::Cell<Option<Pending>>;
-}
-
 /// What dispatch established about a request before routing it: which
 /// namespace and which (still unchecked) id segment it is for.
+#[derive(Clone)]
 pub(crate) struct Pending {
     pub(crate) host: Arc<HostShared>,
     /// The request's original URI (a cheap clone: its bytes are shared)
@@ -208,21 +198,18 @@ where
 
     fn call(&mut self, request: Request) -> Self::Future {
         let inner = self.inner.clone();
-        // Taken here, while dispatch's scope is current (the router calls
-        // its routes from inside the poll dispatch scoped).
-        let pending = PENDING.try_with(std::cell::Cell::take).ok().flatten();
-        admit::<T, S>(inner, request, pending).map(Ok).boxed()
+        admit::<T, S>(inner, request).map(Ok).boxed()
     }
 }
 
-async fn admit<T, S>(inner: S, request: Request, pending: Option<Pending>) -> Response
+async fn admit<T, S>(inner: S, mut request: Request) -> Response
 where
     T: Object,
     S: Service<Request, Error = Infallible> + Send + 'static,
     S::Response: IntoResponse,
     S::Future: Send + 'static,
 {
-    let Some(pending) = pending else {
+    let Some(pending) = request.extensions_mut().remove::<Pending>() else {
         return NotAnInstanceRoute("an object's routes").into_response();
     };
     let Pending {

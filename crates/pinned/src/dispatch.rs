@@ -8,7 +8,6 @@
 //! layer around the object's matched routes ([`admit`](crate::admit)) does,
 //! so an unknown path or method is answered before any instance exists.
 
-use std::cell::Cell;
 use std::sync::Arc;
 
 use axum::extract::Request;
@@ -17,7 +16,7 @@ use http::{HeaderValue, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
-use crate::admit::{gate, Pending, PENDING};
+use crate::admit::{gate, Pending};
 use crate::directory::HostShared;
 use crate::{durable, response};
 
@@ -112,15 +111,14 @@ async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
     let id_start = host.ns.len() + 1;
     let id_at = id_start..id_start + target.raw_id.len();
     let original = std::mem::replace(&mut parts.uri, uri);
-    let pending = Pending {
+    parts.extensions.insert(Pending {
         host: host.clone(),
         original,
         id_at,
         started,
-    };
+    });
     let request = Request::from_parts(parts, body);
-    let routed = host.router.clone().oneshot(request);
-    match PENDING.scope(Cell::new(Some(pending)), routed).await {
+    match host.router.clone().oneshot(request).await {
         Ok(response) => response,
         Err(infallible) => match infallible {},
     }
