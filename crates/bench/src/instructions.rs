@@ -8,13 +8,20 @@
 //! keep-alive connection, so the generator never competes with the server
 //! for a core it is measured on. Counts are user-space instructions of the
 //! whole server process (all its threads), as callgrind totals them.
+//!
+//! [`per_request`] starts a self-contained server; [`per_request_with`]
+//! leaves starting to the caller, for servers that need company and set-up
+//! before they can answer (pinboard with a registered worker, nginx with
+//! its upstream).
 
-use std::path::Path;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use http::Method;
 
-use crate::child::Spawn;
+use crate::child::{Server, Spawn};
 
 /// The two run lengths.
 #[derive(Clone, Copy, Debug)]
@@ -71,19 +78,101 @@ async fn total(
     out: &Path,
 ) -> anyhow::Result<u64> {
     let _ = std::fs::remove_file(out);
-    let mut server = Spawn::new("valgrind")
+    let server = under_callgrind(out).arg_os(exe).args(args).start().await?;
+    let run = Run {
+        server,
+        company: Vec::new(),
+    };
+    let probe = |i| Probe {
+        method: Method::POST,
+        path: path(i),
+        headers: Vec::new(),
+    };
+    measured(run, &probe, requests, out).await
+}
+
+/// `valgrind --tool=callgrind` writing its counts to `out`; the caller adds
+/// the program and its arguments.
+pub fn under_callgrind(out: &Path) -> Spawn {
+    Spawn::new("valgrind")
         .args(["--tool=callgrind", "--quiet"])
         .arg_os(format!("--callgrind-out-file={}", out.display()))
-        .arg_os(exe)
-        .args(args)
-        .start()
-        .await?;
+}
+
+/// One request of a measured run.
+#[derive(Clone, Debug)]
+pub struct Probe {
+    /// Its method.
+    pub method: Method,
+    /// Its path (and query).
+    pub path: String,
+    /// Headers it carries.
+    pub headers: Vec<(String, String)>,
+}
+
+/// A server started under callgrind (by [`under_callgrind`]) and ready to
+/// answer, with the processes it needs (stopped after it).
+#[derive(Debug)]
+pub struct Run {
+    /// The measured server.
+    pub server: Server,
+    /// Processes that keep it company (not measured).
+    pub company: Vec<Server>,
+}
+
+/// Instructions per request for `probe(i)` (i = 0, 1, …) of the server
+/// `start(out)` starts under callgrind with its counts going to `out`: the
+/// Δ between a short and a long run, as [`per_request`]. The first request
+/// of each run comes before the count (`start` may make it to warm up).
+///
+/// # Errors
+///
+/// `start` fails, a request fails, or callgrind writes no total.
+pub async fn per_request_with<F, Fut>(
+    start: F,
+    probe: impl Fn(usize) -> Probe,
+    lengths: Lengths,
+    scratch: &Path,
+) -> anyhow::Result<f64>
+where
+    F: Fn(PathBuf) -> Fut,
+    Fut: Future<Output = anyhow::Result<Run>>,
+{
+    anyhow::ensure!(lengths.long > lengths.short, "the long run must be longer");
+    let mut totals = Vec::with_capacity(2);
+    for (requests, name) in [(lengths.short, "short.out"), (lengths.long, "long.out")] {
+        let out = scratch.join(name);
+        let _ = std::fs::remove_file(&out);
+        let run = start(out.clone()).await?;
+        totals.push(measured(run, &probe, requests, &out).await?);
+    }
+    Ok((totals[1] as f64 - totals[0] as f64) / (lengths.long - lengths.short) as f64)
+}
+
+/// Sends `requests` probes one at a time on one connection, stops the
+/// server (callgrind writes its counts at exit), then its company, and
+/// answers the total.
+async fn measured(
+    mut run: Run,
+    probe: &impl Fn(usize) -> Probe,
+    requests: usize,
+    out: &Path,
+) -> anyhow::Result<u64> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1)
         .build()?;
-    let base = server.url();
+    let base = run.server.url();
     for i in 0..requests {
-        let answer = client.post(format!("{base}{}", path(i))).send().await?;
+        let Probe {
+            method,
+            path,
+            headers,
+        } = probe(i);
+        let mut request = client.request(method, format!("{base}{path}"));
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let answer = request.send().await?;
         anyhow::ensure!(
             answer.status().is_success(),
             "request {i}: {}",
@@ -91,7 +180,10 @@ async fn total(
         );
         answer.bytes().await?;
     }
-    server.terminate(Duration::from_secs(120)).await?;
+    run.server.terminate(Duration::from_secs(120)).await?;
+    for mut helper in run.company {
+        let _ = helper.kill().await;
+    }
     let text = std::fs::read_to_string(out)
         .with_context(|| format!("callgrind wrote no {}", out.display()))?;
     text.lines()

@@ -18,13 +18,16 @@ pub const DEFAULT_NGINX: &str = "/usr/sbin/nginx";
 const UPSTREAM_KEEPALIVE: usize = 256;
 
 /// The configuration text: one worker, upstream keep-alive, `headers` set
-/// on every proxied request, access log off.
+/// on every proxied request, access log off. With `master` false nginx runs
+/// as one process (master and worker in one), as callgrind needs.
 pub fn config(
     dir: &Path,
     listen: SocketAddr,
     upstream: SocketAddr,
     headers: &[(String, String)],
+    master: bool,
 ) -> String {
+    let master = if master { "on" } else { "off" };
     let dir = dir.display();
     let mut set_headers = String::new();
     for (name, value) in headers {
@@ -36,7 +39,7 @@ pub fn config(
     format!(
         r#"# Written by pinned-bench: nginx as the reference proxy.
 daemon off;
-master_process on;
+master_process {master};
 worker_processes 1;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log warn;
@@ -83,12 +86,39 @@ pub async fn start(
     upstream: SocketAddr,
     headers: &[(String, String)],
 ) -> anyhow::Result<Server> {
+    launch(Spawn::new(nginx), true, dir, upstream, headers).await
+}
+
+/// [`start`], but nginx as one process under callgrind, its counts going to
+/// `out` (for [`instructions`](crate::instructions)).
+///
+/// # Errors
+///
+/// As [`start`].
+pub async fn start_measured(
+    nginx: &Path,
+    dir: &Path,
+    upstream: SocketAddr,
+    headers: &[(String, String)],
+    out: &Path,
+) -> anyhow::Result<Server> {
+    let spawn = crate::instructions::under_callgrind(out).arg_os(nginx);
+    launch(spawn, false, dir, upstream, headers).await
+}
+
+async fn launch(
+    spawn: Spawn,
+    master: bool,
+    dir: &Path,
+    upstream: SocketAddr,
+    headers: &[(String, String)],
+) -> anyhow::Result<Server> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let listen = child::free_addr()?;
     let conf = dir.join("nginx.conf");
-    std::fs::write(&conf, config(dir, listen, upstream, headers))
+    std::fs::write(&conf, config(dir, listen, upstream, headers, master))
         .with_context(|| format!("write {}", conf.display()))?;
-    Spawn::new(nginx)
+    spawn
         .args([std::ffi::OsStr::new("-p"), dir.as_os_str()])
         .args([std::ffi::OsStr::new("-c"), conf.as_os_str()])
         .args([

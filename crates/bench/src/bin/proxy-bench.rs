@@ -16,7 +16,11 @@
 //! cargo build --release -p pinned-bench
 //! target/release/proxy-bench                          # about 1.5 minutes
 //! target/release/proxy-bench --rounds 1 --seconds 3   # quicker
+//! target/release/proxy-bench --no-instructions        # skip callgrind
 //! ```
+//!
+//! It ends with instructions per proxied request of nginx and of pinboard
+//! under callgrind (the same figure whatever else the machine does).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -26,6 +30,7 @@ use clap::{Parser, Subcommand};
 use http::Method;
 use pinned_bench::child::Server;
 use pinned_bench::deploy::{self, Operator, Serve};
+use pinned_bench::instructions::{self, Lengths, Probe, Run};
 use pinned_bench::load::{self, load_average, Load, Paths, Report};
 use pinned_bench::nginx;
 
@@ -74,6 +79,10 @@ struct Cli {
     /// The nginx binary.
     #[arg(long, default_value = nginx::DEFAULT_NGINX)]
     nginx: PathBuf,
+    /// Skip the instructions-per-request figures (callgrind; they take a
+    /// few minutes and need valgrind).
+    #[arg(long)]
+    no_instructions: bool,
 }
 
 #[derive(Subcommand)]
@@ -357,6 +366,9 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
             ms(d.0.p50_us as i64 - a.0.p50_us as i64),
         );
     }
+    if !cli.no_instructions {
+        instructions_per_request(&warm).await?;
+    }
     for server in [
         &mut worker_mem,
         &mut worker_redis,
@@ -365,6 +377,89 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
     ] {
         stop(server).await;
     }
+    Ok(())
+}
+
+/// Instructions per proxied request of nginx and of pinboard (memory
+/// store) in front of the same kind of warm counter worker, each proxy under
+/// callgrind (the worker is not measured); see [`instructions`].
+async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<()> {
+    let lengths = Lengths::default();
+    println!(
+        "\ninstructions per proxied request (callgrind; Δ between {} and {} sequential requests on one connection, the load from this process; the worker not measured)",
+        lengths.short, lengths.long
+    );
+    if !instructions::available() {
+        println!("  skipped: valgrind not found");
+        return Ok(());
+    }
+    let bench = warm.bench;
+    let scratch = bench.dir.join("callgrind");
+    std::fs::create_dir_all(&scratch)?;
+    let probe = |_| Probe {
+        method: Method::GET,
+        path: warm.path.clone(),
+        headers: Vec::new(),
+    };
+    // nginx as one process, to the bench's worker, adding the headers
+    // pinboard would (a fresh attestation per run).
+    let nginx = instructions::per_request_with(
+        |out| async move {
+            let server = nginx::start_measured(
+                &bench.cli.nginx,
+                &bench.dir.join("nginx-callgrind"),
+                warm.worker_mem.addr,
+                &warm.stamped(),
+                &out,
+            )
+            .await?;
+            Ok(Run {
+                server,
+                company: Vec::new(),
+            })
+        },
+        probe,
+        lengths,
+        &scratch,
+    )
+    .await?;
+    // A fresh pinboard under callgrind with a worker of its own. Leases and
+    // refreshes far apart, so no background work lands in the window.
+    let pinboard = instructions::per_request_with(
+        |out| async move {
+            let server = instructions::under_callgrind(&out)
+                .arg_os(&bench.exe)
+                .args(["serve-pinboard", "--", "--listen", "127.0.0.1:0"])
+                .args(["--token", deploy::TOKEN, "--quarantine-ms", "0"])
+                .args(["--lease-ttl-ms", "120000", "--worker-refresh-ms", "60000"])
+                .log(bench.log("pinboard-callgrind"))
+                .start()
+                .await?;
+            let worker = deploy::start_rust_worker(
+                &bench.exe,
+                &server.url(),
+                Duration::from_secs(30),
+                Duration::from_secs(10),
+                &bench.log("worker-callgrind"),
+            )
+            .await?;
+            Operator::new(server.url())?
+                .get_ok(&warm.path, Duration::from_secs(60))
+                .await?;
+            Ok(Run {
+                server,
+                company: vec![worker],
+            })
+        },
+        probe,
+        lengths,
+        &scratch,
+    )
+    .await?;
+    println!(
+        "  nginx {nginx:>7.0}   pinboard {pinboard:>7.0}   ratio {:.2}  (target <= 1.20)",
+        pinboard / nginx
+    );
     Ok(())
 }
 
