@@ -221,7 +221,10 @@ impl Pool {
         loop {
             let (mut sender, reused) = match self.take() {
                 Some(sender) => (sender, true),
-                None => (self.connect().await?, false),
+                // Boxed: dialling (TCP, TLS, the HTTP handshake) is a
+                // large future on a cold path; inline, its size would be
+                // moved with every request's future.
+                None => (Box::pin(self.connect()).await?, false),
             };
             if let Err(error) = sender.ready().await {
                 if reused {
