@@ -117,9 +117,7 @@ pub fn sanitize_request(headers: &mut HeaderMap, upgrade: bool) {
     } else {
         None
     };
-    for h in &HOP_BY_HOP {
-        headers.remove(h);
-    }
+    remove_hop_by_hop(headers);
     headers.remove(header::TRAILER);
     headers.remove(header::HOST);
     if let Some(value) = upgrade_value {
@@ -138,6 +136,16 @@ pub fn sanitize_response(headers: &mut HeaderMap) {
                 headers.remove(name);
             }
         }
+    }
+    remove_hop_by_hop(headers);
+}
+
+/// Removes the [`HOP_BY_HOP`] headers. Most messages carry none: one pass
+/// over the few names present (cheap comparisons of standard names) finds
+/// that, where a removal per name would hash each of the eight.
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
     }
     for h in &HOP_BY_HOP {
         headers.remove(h);
