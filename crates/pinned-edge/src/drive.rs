@@ -60,12 +60,17 @@ where
     };
     let deadline = tokio::time::sleep_until(first);
     tokio::pin!(deadline);
+    // One wait for the stop, kept across wake-ups: a fresh `changed()` per
+    // loop would join and leave the channel's waiter list on every poll of
+    // the connection, several times a request.
+    let stop = stopping.changed();
+    tokio::pin!(stop);
     let mut stopped = false;
     loop {
         tokio::select! {
             biased;
             _ = connection.as_mut() => return None,
-            changed = stopping.changed(), if !stopped => {
+            changed = stop.as_mut(), if !stopped => {
                 // A send or the sender's drop: finish either way.
                 let _ = changed;
                 stopped = true;
