@@ -188,7 +188,14 @@ async fn a_pinned_refusal_moves_the_id_to_another_worker_next_lap() {
         .expect("generation")
         .expect("opened");
     app.store
-        .resolve_or_claim(NS, "a", Some("sick"), None, 1, &generation, now)
+        .resolve_or_claim(
+            InstanceKey::new(NS, "a"),
+            Some("sick"),
+            None,
+            1,
+            &generation,
+            now,
+        )
         .await
         .expect("claim");
     due(&state, "a").await;
