@@ -12,7 +12,7 @@ mod support;
 use std::path::PathBuf;
 use std::process::Stdio;
 
-use pinned::pinned_store::{PostgresOptions, PostgresStore, StateStore};
+use pinned::pinned_store::{InstanceKey, PostgresOptions, PostgresStore, StateStore};
 use support::jobs::{done, enqueue, wait};
 use support::start_example;
 use tokio::process::{Child, Command};
@@ -108,7 +108,9 @@ async fn a_rust_worker_finishes_the_jobs_a_python_worker_admitted_and_died_on() 
         || async {
             // Local mode on both sides: every epoch is 0, so a read at 0 is
             // no fence to anyone.
-            let marked = store.list("/runners", &id, 0, None, Some(true)).await?;
+            let marked = store
+                .list(InstanceKey::new("/runners", &id), 0, None, Some(true))
+                .await?;
             Ok(marked.is_empty().then_some(()))
         },
     )

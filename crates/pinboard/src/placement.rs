@@ -59,6 +59,10 @@ pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 use crate::clock::Now;
 
+/// The `(ns, id)` every per-instance placement operation takes; the state store's key type,
+/// so one name means one instance on both sides.
+pub use pinned_store::InstanceKey;
+
 /// A registered worker session as the store keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -302,17 +306,15 @@ pub trait PlacementStore: Send + Sync + 'static {
         acks: &[String],
     ) -> impl Future<Output = Result<Vec<ControlMessage>, StoreError>> + Send;
 
-    /// Resolve the live owner of `(ns, id)`, or, when vacant and a candidate
+    /// Resolve the live owner of `instance`, or, when vacant and a candidate
     /// is offered, claim it for the candidate at `max(previous + 1, floor)`
     /// provided the store's generation is `generation` (else
     /// [`ClaimOutcome::GenerationLost`], nothing written).
     /// With `stale = Some((session, epoch))`, an owner equal to that pair is
     /// treated as vacant (it refused the id, so it never activated it).
-    #[allow(clippy::too_many_arguments)]
     fn resolve_or_claim(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         candidate: Option<&str>,
         stale: Option<(&str, u64)>,
         floor: u64,
@@ -344,20 +346,18 @@ pub trait PlacementStore: Send + Sync + 'static {
     /// `Duplicate` when another live session owns it.
     fn reclaim(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         prev_session: Option<&str>,
         floor: u64,
         now: Now,
     ) -> impl Future<Output = Result<ReclaimOutcome, StoreError>> + Send;
 
-    /// Free `(ns, id)` if `session_id` owns it (and at `epoch`, when given);
+    /// Free `instance` if `session_id` owns it (and at `epoch`, when given);
     /// the row keeps its epoch for the row grace, then goes.
     fn release(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         epoch: Option<u64>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -365,21 +365,19 @@ pub trait PlacementStore: Send + Sync + 'static {
     /// Stamp an owner tag on a placement `session_id` owns.
     fn tag(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         epoch: Option<u64>,
         tag: &str,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Record that the owner `session_id` answered for `(ns, id)` at
+    /// Record that the owner `session_id` answered for `instance` at
     /// `epoch` (a forwarded request or a `_wake` answered 2xx), so its
     /// state store holds that epoch: the placement is *settled*. A row that
     /// moved on since (another owner or epoch) is left alone (`false`).
     fn settle(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         epoch: u64,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -399,8 +397,7 @@ pub trait PlacementStore: Send + Sync + 'static {
     /// One owned placement row, if any (operator views, the simulation).
     fn placement(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         now: Now,
     ) -> impl Future<Output = Result<Option<PlacementEntry>, StoreError>> + Send;
 

@@ -69,6 +69,7 @@ use pinned_wire::registry::{
 pub use self::error::RegistryError;
 use crate::challenge::{ChallengeError, ChallengeProver};
 use crate::clock::{Clock, Entropy, EpochFloor, Now};
+use crate::placement::InstanceKey;
 use crate::placement::{LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
 use crate::world::{validate_env, validate_hostname};
 
@@ -311,8 +312,7 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
                 match self
                     .store
                     .reclaim(
-                        ns,
-                        id,
+                        InstanceKey::new(ns, id),
                         &session_id,
                         req.prev_session_id.as_deref(),
                         floor,
@@ -515,7 +515,11 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         for (item, epoch) in items.iter().zip(parsed) {
             if self
                 .store
-                .release(&item.namespace, &item.id, &item.session_id, epoch)
+                .release(
+                    InstanceKey::new(&item.namespace, &item.id),
+                    &item.session_id,
+                    epoch,
+                )
                 .await?
             {
                 freed += 1;
@@ -545,7 +549,12 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         let epoch = parse_wire_epoch(req.epoch.as_deref())?;
         Ok(self
             .store
-            .tag(&req.namespace, &req.id, &req.session_id, epoch, &req.tag)
+            .tag(
+                InstanceKey::new(&req.namespace, &req.id),
+                &req.session_id,
+                epoch,
+                &req.tag,
+            )
             .await?)
     }
 
@@ -907,8 +916,7 @@ mod tests {
             .expect("generation");
         store
             .resolve_or_claim(
-                "/counter",
-                "mine",
+                InstanceKey::new("/counter", "mine"),
                 Some(&a.session_id),
                 None,
                 1,
@@ -919,8 +927,7 @@ mod tests {
             .expect("claim");
         store
             .resolve_or_claim(
-                "/counter",
-                "theirs",
+                InstanceKey::new("/counter", "theirs"),
                 Some(&b.session_id),
                 None,
                 1,

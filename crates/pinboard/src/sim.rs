@@ -34,7 +34,7 @@ use self::net::{EffectResult, SimClock, SimDurable, SimEntropy, SimNet};
 use crate::clock::{Entropy, EpochFloor};
 use crate::config::Config;
 use crate::outbound::Outbound;
-use crate::placement::{MemoryStore, PlacementStore};
+use crate::placement::{InstanceKey, MemoryStore, PlacementStore};
 use crate::server::{self, App, AppParts};
 use crate::sweeper::{SweepSettings, Sweeper};
 
@@ -291,7 +291,10 @@ impl Sim {
                 let world = self.world()?;
                 let ns = str_param(params, "ns")?;
                 let id = str_param(params, "id")?;
-                let row = world.store.placement(ns, id, self.clock_now()).await?;
+                let row = world
+                    .store
+                    .placement(InstanceKey::new(ns, id), self.clock_now())
+                    .await?;
                 Ok(Reply::Now(json!({
                     "row": row.map(|r| json!({
                         "sessionId": r.placement.session_id,

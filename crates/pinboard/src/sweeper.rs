@@ -104,7 +104,7 @@ use self::decide::{
 };
 use crate::config::Config;
 use crate::outbound::BoxFuture;
-use crate::placement::PlacementStore;
+use crate::placement::{InstanceKey, PlacementStore};
 use crate::proxy::classify::RetryAction;
 use crate::proxy::resolve::{Avoid, ResolveError};
 use crate::proxy::{upstream_uri, MAX_REFUSAL_BODY};
@@ -610,7 +610,12 @@ async fn deliver<S: PlacementStore>(mut guard: InFlight<S>, replan: Option<Repla
             outcome,
         } => match outcome {
             Outcome::Done { fired } => {
-                match shared.app.store.settle(ns, id, &session, epoch).await {
+                match shared
+                    .app
+                    .store
+                    .settle(InstanceKey::new(ns, id), &session, epoch)
+                    .await
+                {
                     Ok(_) => {}
                     Err(error) => {
                         tracing::debug!(target: "pinboard::sweeper", ns, id, %error, "could not record the placement as settled");

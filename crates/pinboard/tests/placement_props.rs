@@ -20,7 +20,8 @@ use std::collections::HashMap;
 
 use pinboard::clock::Now;
 use pinboard::placement::{
-    ClaimOutcome, Generation, MemoryStore, Placement, PlacementStore, ReclaimOutcome, WorkerRecord,
+    ClaimOutcome, Generation, InstanceKey, MemoryStore, Placement, PlacementStore, ReclaimOutcome,
+    WorkerRecord,
 };
 use proptest::prelude::*;
 
@@ -216,7 +217,14 @@ async fn step(
             };
             let stale_ref = stale.as_ref().map(|(s, e)| (s.as_str(), *e));
             let outcome = store
-                .resolve_or_claim(NS, &id, Some(&s), stale_ref, model.floor(), generation, now)
+                .resolve_or_claim(
+                    InstanceKey::new(NS, &id),
+                    Some(&s),
+                    stale_ref,
+                    model.floor(),
+                    generation,
+                    now,
+                )
                 .await
                 .expect("claim");
             let expected_owner = model
@@ -242,7 +250,14 @@ async fn step(
         Op::Resolve(i) => {
             let id = id_name(i);
             let outcome = store
-                .resolve_or_claim(NS, &id, None, None, model.floor(), generation, now)
+                .resolve_or_claim(
+                    InstanceKey::new(NS, &id),
+                    None,
+                    None,
+                    model.floor(),
+                    generation,
+                    now,
+                )
                 .await
                 .expect("resolve");
             match (outcome, model.owner(&id)) {
@@ -261,7 +276,10 @@ async fn step(
                 return Ok(());
             };
             let id = id_name(i);
-            let released = store.release(NS, &id, &s, None).await.expect("release");
+            let released = store
+                .release(InstanceKey::new(NS, &id), &s, None)
+                .await
+                .expect("release");
             let owns = model.rows.get(&id).is_some_and(|r| r.owner == s);
             prop_assert_eq!(released, owns, "{} releasing {}", s, id);
             if let Some(row) = model.rows.get_mut(&id).filter(|_| owns) {
@@ -275,7 +293,13 @@ async fn step(
             let prev = prev.and_then(|p| model.session(p));
             let id = id_name(i);
             let outcome = store
-                .reclaim(NS, &id, &s, prev.as_deref(), model.floor(), now)
+                .reclaim(
+                    InstanceKey::new(NS, &id),
+                    &s,
+                    prev.as_deref(),
+                    model.floor(),
+                    now,
+                )
                 .await
                 .expect("reclaim");
             let row = model.rows.get(&id).cloned();
@@ -332,7 +356,10 @@ async fn step(
     let now = model.now();
     for i in 0..IDS {
         let id = id_name(i);
-        let entry = store.placement(NS, &id, now).await.expect("placement");
+        let entry = store
+            .placement(InstanceKey::new(NS, &id), now)
+            .await
+            .expect("placement");
         let expected = model.rows.get(&id).filter(|r| !r.owner.is_empty());
         match (entry, expected) {
             (None, None) => {}

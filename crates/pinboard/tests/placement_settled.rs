@@ -8,7 +8,7 @@ mod support;
 
 use pinboard::clock::Now;
 use pinboard::placement::{
-    ClaimOutcome, Generation, MemoryStore, PlacementStore, RedisStore, WorkerRecord,
+    ClaimOutcome, Generation, InstanceKey, MemoryStore, PlacementStore, RedisStore, WorkerRecord,
 };
 
 fn rec(sid: &str) -> WorkerRecord {
@@ -39,7 +39,14 @@ fn at(mono_ms: u64) -> Now {
 
 async fn claim<S: PlacementStore>(store: &S, gen: &Generation, sid: &str, floor: u64) -> u64 {
     match store
-        .resolve_or_claim("/c", "a", Some(sid), None, floor, gen, at(0))
+        .resolve_or_claim(
+            InstanceKey::new("/c", "a"),
+            Some(sid),
+            None,
+            floor,
+            gen,
+            at(0),
+        )
         .await
         .expect("claim")
     {
@@ -62,14 +69,14 @@ async fn settled_contract<S: PlacementStore>(store: S) {
         .await
         .expect("put");
     assert!(store
-        .placement("/c", "a", at(0))
+        .placement(InstanceKey::new("/c", "a"), at(0))
         .await
         .expect("read")
         .is_none());
 
     let e1 = claim(&store, &gen, "s1", 1000).await;
     let row = store
-        .placement("/c", "a", at(0))
+        .placement(InstanceKey::new("/c", "a"), at(0))
         .await
         .expect("read")
         .expect("row");
@@ -79,20 +86,29 @@ async fn settled_contract<S: PlacementStore>(store: S) {
     assert!(!row.settled, "a fresh claim is not settled");
     assert_eq!(wake(&store).await, ["a"], "an unsettled row needs a wake");
 
-    assert!(!store.settle("/c", "a", "s2", e1).await.expect("settle"));
-    assert!(!store.settle("/c", "a", "s1", e1 + 1).await.expect("settle"));
+    assert!(!store
+        .settle(InstanceKey::new("/c", "a"), "s2", e1)
+        .await
+        .expect("settle"));
+    assert!(!store
+        .settle(InstanceKey::new("/c", "a"), "s1", e1 + 1)
+        .await
+        .expect("settle"));
     assert!(
         !store
-            .placement("/c", "a", at(0))
+            .placement(InstanceKey::new("/c", "a"), at(0))
             .await
             .expect("read")
             .expect("row")
             .settled
     );
-    assert!(store.settle("/c", "a", "s1", e1).await.expect("settle"));
+    assert!(store
+        .settle(InstanceKey::new("/c", "a"), "s1", e1)
+        .await
+        .expect("settle"));
     assert!(
         store
-            .placement("/c", "a", at(0))
+            .placement(InstanceKey::new("/c", "a"), at(0))
             .await
             .expect("read")
             .expect("row")
@@ -120,18 +136,24 @@ async fn settled_contract<S: PlacementStore>(store: S) {
     let e2 = claim(&store, &gen, "s2", 1000).await;
     assert!(e2 > e1);
     let row = store
-        .placement("/c", "a", at(0))
+        .placement(InstanceKey::new("/c", "a"), at(0))
         .await
         .expect("read")
         .expect("row");
     assert_eq!(row.placement.session_id, "s2");
     assert!(!row.settled, "a re-placement is not settled");
-    assert!(!store.settle("/c", "a", "s1", e1).await.expect("settle"));
+    assert!(!store
+        .settle(InstanceKey::new("/c", "a"), "s1", e1)
+        .await
+        .expect("settle"));
     assert_eq!(wake(&store).await, ["a"]);
-    assert!(store.settle("/c", "a", "s2", e2).await.expect("settle"));
+    assert!(store
+        .settle(InstanceKey::new("/c", "a"), "s2", e2)
+        .await
+        .expect("settle"));
     assert!(
         store
-            .placement("/c", "a", at(0))
+            .placement(InstanceKey::new("/c", "a"), at(0))
             .await
             .expect("read")
             .expect("row")

@@ -13,7 +13,7 @@ use http::{Request, Response, StatusCode};
 use parking_lot::Mutex;
 use pinboard::clock::{EpochFloor, SeededEntropy, SystemClock};
 use pinboard::outbound::{BoxFuture, Exchange, Outbound};
-use pinboard::placement::{MemoryStore, PlacementStore, WorkerRecord};
+use pinboard::placement::{InstanceKey, MemoryStore, PlacementStore, WorkerRecord};
 use pinboard::server::{App, AppParts};
 use pinboard::sweeper::{Activities, SweepSettings, Sweeper};
 use pinboard::upstream::SendError;
@@ -163,7 +163,7 @@ async fn orphans_are_re_placed_and_woken_until_the_wake_answers_200() {
     assert_eq!(path, "/threads/a/_wake");
     assert!(*epoch > first, "re-placed above {first}: {epoch}");
     let row = store
-        .placement("/threads", "a", app.clock.now())
+        .placement(InstanceKey::new("/threads", "a"), app.clock.now())
         .await
         .expect("read")
         .expect("row");
@@ -173,7 +173,7 @@ async fn orphans_are_re_placed_and_woken_until_the_wake_answers_200() {
     sweeper.lap_to_completion().await;
     assert_eq!(script.calls.lock().len(), 2, "woken again after 202");
     let row = store
-        .placement("/threads", "a", app.clock.now())
+        .placement(InstanceKey::new("/threads", "a"), app.clock.now())
         .await
         .expect("read")
         .expect("row");

@@ -9,7 +9,7 @@ mod support;
 
 use std::time::Duration;
 
-use pinned_store::StateStore;
+use pinned_store::{InstanceKey, StateStore, TrayKey};
 use serde_json::{json, Value};
 use support::durable::{durable, store, unique_ns, Durable, DATABASE_URL};
 use support::{client, redis_prefix, redis_wipe, Pinboard};
@@ -48,10 +48,8 @@ fn wall_ms() -> i64 {
 async fn set_due_alarm(store: &impl StateStore, ns: &str, id: &str) {
     store
         .set_tray(
-            ns,
-            id,
-            "pinned",
-            "alarm",
+            InstanceKey::new(ns, id),
+            TrayKey::new("pinned", "alarm"),
             false,
             doc(json!({"at": wall_ms() - 1000, "nonce": "n1"})),
             0,
@@ -153,10 +151,8 @@ async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() 
     let (f, session) = durable(&pb.url, &ns, pg.clone()).await;
 
     pg.set_tray(
-        &ns,
-        "m1",
-        "inbox",
-        "~",
+        InstanceKey::new(&ns, "m1"),
+        TrayKey::singleton("inbox"),
         true,
         doc(json!({"~inbox": [1]})),
         0,
@@ -164,9 +160,15 @@ async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() 
     .await
     .expect("set marked");
     // An unmarked row of another id is not woken.
-    pg.set_tray(&ns, "quiet", "inbox", "~", false, doc(json!({})), 0)
-        .await
-        .expect("set unmarked");
+    pg.set_tray(
+        InstanceKey::new(&ns, "quiet"),
+        TrayKey::singleton("inbox"),
+        false,
+        doc(json!({})),
+        0,
+    )
+    .await
+    .expect("set unmarked");
     // A still-marked id is woken every lap until its row is unmarked.
     let calls = wait_calls(&f, "/_wake", 2, Duration::from_secs(5)).await;
     for c in &calls {
@@ -175,9 +177,15 @@ async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() 
         assert_attested(c, &f.secret, &session);
     }
     // Unmarked: the sweeper stops waking it.
-    pg.set_tray(&ns, "m1", "inbox", "~", false, doc(json!({})), 0)
-        .await
-        .expect("unmark");
+    pg.set_tray(
+        InstanceKey::new(&ns, "m1"),
+        TrayKey::singleton("inbox"),
+        false,
+        doc(json!({})),
+        0,
+    )
+    .await
+    .expect("unmark");
     tokio::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
     let settled = f.calls_to("/_wake").len();
     tokio::time::sleep(Duration::from_millis(4 * INTERVAL_MS)).await;

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use pinned_store::conformance::{database_url, doc, unique_ns};
 use pinned_store::{
-    PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, StateStore, SyncMode,
+    InstanceKey, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore, StateStore, SyncMode,
+    TrayKey,
 };
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -97,10 +98,8 @@ async fn run_rust(store: Arc<dyn StateStore>, ns: &str, args: &Args) -> anyhow::
             tokio::spawn(async move {
                 store
                     .set_tray(
-                        &ns,
-                        &format!("warm{i}"),
-                        "bench",
-                        "~",
+                        InstanceKey::new(&ns, &format!("warm{i}")),
+                        TrayKey::singleton("bench"),
                         false,
                         doc(json!({})),
                         1,
@@ -125,7 +124,13 @@ async fn run_rust(store: Arc<dyn StateStore>, ns: &str, args: &Args) -> anyhow::
                     let d = doc(json!({"n": n, "i": i, "pad": "x".repeat(64)}));
                     let t0 = Instant::now();
                     store
-                        .set_tray(&ns, &id, "bench", "~", n + 1 < ops, d, 1)
+                        .set_tray(
+                            InstanceKey::new(&ns, &id),
+                            TrayKey::singleton("bench"),
+                            n + 1 < ops,
+                            d,
+                            1,
+                        )
                         .await?;
                     latencies.push(t0.elapsed().as_secs_f64() * 1000.0);
                 }

@@ -25,7 +25,8 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::{
-    BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow, ALARM_TRAY_ID, ALARM_TRAY_NS,
+    BatchOp, Doc, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow,
+    ALARM_TRAY, ALARM_TRAY_ID, ALARM_TRAY_NS,
 };
 
 /// A store under test, the namespace a case may use, and anything that must live as
@@ -177,42 +178,94 @@ fn assert_fence_lost(result: Result<impl std::fmt::Debug, StoreError>, key: &str
 /// set / get / overwrite / delete, idempotence, absent rows.
 pub async fn crud_round_trip(store: Arc<dyn StateStore>, ns: &str) {
     let s = store.as_ref();
-    assert_eq!(s.get_tray(ns, "a", "t", "~", 1).await.unwrap(), None);
-    s.set_tray(ns, "a", "t", "~", false, doc(json!({"n": 1})), 1)
-        .await
-        .unwrap();
+    assert_eq!(
+        s.get_tray(InstanceKey::new(ns, "a"), TrayKey::singleton("t"), 1)
+            .await
+            .unwrap(),
+        None
+    );
+    s.set_tray(
+        InstanceKey::new(ns, "a"),
+        TrayKey::singleton("t"),
+        false,
+        doc(json!({"n": 1})),
+        1,
+    )
+    .await
+    .unwrap();
     let want = Tray {
         marked: false,
         doc: doc(json!({"n": 1})),
     };
     assert_eq!(
-        s.get_tray(ns, "a", "t", "~", 1).await.unwrap(),
+        s.get_tray(InstanceKey::new(ns, "a"), TrayKey::singleton("t"), 1)
+            .await
+            .unwrap(),
         Some(want.clone())
     );
     // Idempotent upsert.
-    s.set_tray(ns, "a", "t", "~", false, doc(json!({"n": 1})), 1)
-        .await
-        .unwrap();
-    assert_eq!(s.get_tray(ns, "a", "t", "~", 1).await.unwrap(), Some(want));
-    // Whole-row overwrite: the old doc's keys do not survive.
-    s.set_tray(ns, "a", "t", "~", true, doc(json!({"m": [1, 2]})), 1)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "a"),
+        TrayKey::singleton("t"),
+        false,
+        doc(json!({"n": 1})),
+        1,
+    )
+    .await
+    .unwrap();
     assert_eq!(
-        s.get_tray(ns, "a", "t", "~", 1).await.unwrap(),
+        s.get_tray(InstanceKey::new(ns, "a"), TrayKey::singleton("t"), 1)
+            .await
+            .unwrap(),
+        Some(want)
+    );
+    // Whole-row overwrite: the old doc's keys do not survive.
+    s.set_tray(
+        InstanceKey::new(ns, "a"),
+        TrayKey::singleton("t"),
+        true,
+        doc(json!({"m": [1, 2]})),
+        1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.get_tray(InstanceKey::new(ns, "a"), TrayKey::singleton("t"), 1)
+            .await
+            .unwrap(),
         Some(Tray {
             marked: true,
             doc: doc(json!({"m": [1, 2]}))
         })
     );
     // Another tray of the same instance is untouched and separate.
-    assert_eq!(s.get_tray(ns, "a", "t", "k", 1).await.unwrap(), None);
-    s.delete_tray(ns, "a", "t", "~", 1).await.unwrap();
-    assert_eq!(s.get_tray(ns, "a", "t", "~", 1).await.unwrap(), None);
+    assert_eq!(
+        s.get_tray(InstanceKey::new(ns, "a"), TrayKey::new("t", "k"), 1)
+            .await
+            .unwrap(),
+        None
+    );
+    s.delete_tray(InstanceKey::new(ns, "a"), TrayKey::singleton("t"), 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.get_tray(InstanceKey::new(ns, "a"), TrayKey::singleton("t"), 1)
+            .await
+            .unwrap(),
+        None
+    );
     // Idempotent delete, also of a row that never existed.
-    s.delete_tray(ns, "a", "t", "~", 1).await.unwrap();
-    s.delete_tray(ns, "a", "never", "x", 1).await.unwrap();
-    assert!(s.list(ns, "a", 1, None, None).await.unwrap().is_empty());
+    s.delete_tray(InstanceKey::new(ns, "a"), TrayKey::singleton("t"), 1)
+        .await
+        .unwrap();
+    s.delete_tray(InstanceKey::new(ns, "a"), TrayKey::new("never", "x"), 1)
+        .await
+        .unwrap();
+    assert!(s
+        .list(InstanceKey::new(ns, "a"), 1, None, None)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// Nested, unicode, numeric-edge and empty docs come back equal.
@@ -227,7 +280,10 @@ pub async fn docs_round_trip_exactly(store: Arc<dyn StateStore>, ns: &str) {
     for (i, value) in docs.iter().enumerate() {
         let tray_id = format!("d{i}");
         s_set(&store, ns, "docs", &tray_id, i % 2 == 0, doc(value.clone())).await;
-        let got = store.get_tray(ns, "d", "docs", &tray_id, 1).await.unwrap();
+        let got = store
+            .get_tray(InstanceKey::new(ns, "d"), TrayKey::new("docs", &tray_id), 1)
+            .await
+            .unwrap();
         assert_eq!(
             got,
             Some(Tray {
@@ -238,7 +294,10 @@ pub async fn docs_round_trip_exactly(store: Arc<dyn StateStore>, ns: &str) {
         );
     }
     async fn s_set(store: &Arc<dyn StateStore>, ns: &str, t_ns: &str, t_id: &str, m: bool, d: Doc) {
-        store.set_tray(ns, "d", t_ns, t_id, m, d, 1).await.unwrap();
+        store
+            .set_tray(InstanceKey::new(ns, "d"), TrayKey::new(t_ns, t_id), m, d, 1)
+            .await
+            .unwrap();
     }
 }
 
@@ -259,10 +318,8 @@ pub async fn list_filters_and_order(store: Arc<dyn StateStore>, ns: &str) {
     ];
     for (t_ns, t_id, marked) in rows {
         s.set_tray(
-            ns,
-            "i",
-            t_ns,
-            t_id,
+            InstanceKey::new(ns, "i"),
+            TrayKey::new(t_ns, t_id),
             marked,
             doc(json!({"k": format!("{t_ns}/{t_id}")})),
             3,
@@ -271,9 +328,15 @@ pub async fn list_filters_and_order(store: Arc<dyn StateStore>, ns: &str) {
         .unwrap();
     }
     // A row of another instance in the same namespace must not show up.
-    s.set_tray(ns, "other", "a", "1", true, doc(json!({})), 3)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "other"),
+        TrayKey::new("a", "1"),
+        true,
+        doc(json!({})),
+        3,
+    )
+    .await
+    .unwrap();
 
     let mut want: Vec<(&str, &str, bool)> = rows.to_vec();
     want.sort_by(|x, y| (x.0.as_bytes(), x.1.as_bytes()).cmp(&(y.0.as_bytes(), y.1.as_bytes())));
@@ -291,54 +354,84 @@ pub async fn list_filters_and_order(store: Arc<dyn StateStore>, ns: &str) {
             .collect()
     };
 
-    let all = keys(s.list(ns, "i", 3, None, None).await.unwrap());
+    let all = keys(
+        s.list(InstanceKey::new(ns, "i"), 3, None, None)
+            .await
+            .unwrap(),
+    );
     assert_eq!(all, owned(want.clone()), "all rows in byte order");
 
-    let only_a = keys(s.list(ns, "i", 3, Some("a"), None).await.unwrap());
+    let only_a = keys(
+        s.list(InstanceKey::new(ns, "i"), 3, Some("a"), None)
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         only_a,
         owned(want.iter().copied().filter(|r| r.0 == "a").collect())
     );
 
-    let marked = keys(s.list(ns, "i", 3, None, Some(true)).await.unwrap());
+    let marked = keys(
+        s.list(InstanceKey::new(ns, "i"), 3, None, Some(true))
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         marked,
         owned(want.iter().copied().filter(|r| r.2).collect())
     );
 
-    let unmarked = keys(s.list(ns, "i", 3, None, Some(false)).await.unwrap());
+    let unmarked = keys(
+        s.list(InstanceKey::new(ns, "i"), 3, None, Some(false))
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         unmarked,
         owned(want.iter().copied().filter(|r| !r.2).collect())
     );
 
-    let both = keys(s.list(ns, "i", 3, Some("a"), Some(true)).await.unwrap());
+    let both = keys(
+        s.list(InstanceKey::new(ns, "i"), 3, Some("a"), Some(true))
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         both,
         owned(vec![("a", "1", true), ("a", "2", true)]),
         "filters AND together"
     );
     assert!(
-        s.list(ns, "i", 3, Some("b"), Some(true))
+        s.list(InstanceKey::new(ns, "i"), 3, Some("b"), Some(true))
             .await
             .unwrap()
             .len()
             == 1
     );
     assert!(s
-        .list(ns, "i", 3, Some("none"), None)
+        .list(InstanceKey::new(ns, "i"), 3, Some("none"), None)
         .await
         .unwrap()
         .is_empty());
-    assert!(s.list(ns, "fresh", 3, None, None).await.unwrap().is_empty());
+    assert!(s
+        .list(InstanceKey::new(ns, "fresh"), 3, None, None)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// A batch applies its ops in order: later ops see earlier ones, deletes included.
 pub async fn batch_applies_in_order(store: Arc<dyn StateStore>, ns: &str) {
     let s = store.as_ref();
-    s.set_tray(ns, "b", "pre", "x", true, doc(json!({"old": true})), 1)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "b"),
+        TrayKey::new("pre", "x"),
+        true,
+        doc(json!({"old": true})),
+        1,
+    )
+    .await
+    .unwrap();
     let ops = vec![
         BatchOp::set("t", "1", false, doc(json!({"v": 1}))),
         BatchOp::set("t", "2", true, doc(json!({"v": 1}))),
@@ -351,8 +444,13 @@ pub async fn batch_applies_in_order(store: Arc<dyn StateStore>, ns: &str) {
         BatchOp::tray("pre", "x", None, Doc::new()),
         BatchOp::set("t", "4", true, doc(json!({"v": 4}))),
     ];
-    s.apply_batch(ns, "b", ops, 2).await.unwrap();
-    let rows = s.list(ns, "b", 2, None, None).await.unwrap();
+    s.apply_batch(InstanceKey::new(ns, "b"), ops, 2)
+        .await
+        .unwrap();
+    let rows = s
+        .list(InstanceKey::new(ns, "b"), 2, None, None)
+        .await
+        .unwrap();
     assert_eq!(
         rows,
         vec![
@@ -371,13 +469,28 @@ pub async fn batch_applies_in_order(store: Arc<dyn StateStore>, ns: &str) {
         ]
     );
     // An empty batch only fences, and does advance the epoch.
-    s.apply_batch(ns, "b", Vec::new(), 5).await.unwrap();
+    s.apply_batch(InstanceKey::new(ns, "b"), Vec::new(), 5)
+        .await
+        .unwrap();
     assert_fence_lost(
-        s.set_tray(ns, "b", "t", "5", false, Doc::new(), 4).await,
+        s.set_tray(
+            InstanceKey::new(ns, "b"),
+            TrayKey::new("t", "5"),
+            false,
+            Doc::new(),
+            4,
+        )
+        .await,
         &format!("{ns}/b"),
         4,
     );
-    assert_eq!(s.list(ns, "b", 5, None, None).await.unwrap().len(), 2);
+    assert_eq!(
+        s.list(InstanceKey::new(ns, "b"), 5, None, None)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
     // At the epoch already stored (a store's fast path, when it has one), rows
     // written twice still end as the last op left them.
     let ops = vec![
@@ -388,8 +501,13 @@ pub async fn batch_applies_in_order(store: Arc<dyn StateStore>, ns: &str) {
         BatchOp::set("t", "2", true, doc(json!({"v": 3}))),
         BatchOp::set("t", "2", false, doc(json!({"v": 4}))),
     ];
-    s.apply_batch(ns, "b", ops, 5).await.unwrap();
-    let rows = s.list(ns, "b", 5, None, None).await.unwrap();
+    s.apply_batch(InstanceKey::new(ns, "b"), ops, 5)
+        .await
+        .unwrap();
+    let rows = s
+        .list(InstanceKey::new(ns, "b"), 5, None, None)
+        .await
+        .unwrap();
     let images: Vec<_> = rows
         .iter()
         .map(|r| (r.tray_id.as_str(), r.marked, r.doc.clone()))
@@ -406,15 +524,28 @@ pub async fn batch_applies_in_order(store: Arc<dyn StateStore>, ns: &str) {
 /// A batch at a superseded epoch fails as a whole and changes nothing.
 pub async fn fenced_batch_applies_nothing(store: Arc<dyn StateStore>, ns: &str) {
     let s = store.as_ref();
-    s.set_tray(ns, "f", "t", "keep", false, doc(json!({"v": "kept"})), 3)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "f"),
+        TrayKey::new("t", "keep"),
+        false,
+        doc(json!({"v": "kept"})),
+        3,
+    )
+    .await
+    .unwrap();
     let ops = vec![
         BatchOp::set("t", "new", true, doc(json!({}))),
         BatchOp::delete("t", "keep"),
     ];
-    assert_fence_lost(s.apply_batch(ns, "f", ops, 2).await, &format!("{ns}/f"), 2);
-    let rows = s.list(ns, "f", 3, None, None).await.unwrap();
+    assert_fence_lost(
+        s.apply_batch(InstanceKey::new(ns, "f"), ops, 2).await,
+        &format!("{ns}/f"),
+        2,
+    );
+    let rows = s
+        .list(InstanceKey::new(ns, "f"), 3, None, None)
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].tray_id, "keep");
     assert_eq!(rows[0].doc, doc(json!({"v": "kept"})));
@@ -425,11 +556,23 @@ pub async fn fenced_batch_applies_nothing(store: Arc<dyn StateStore>, ns: &str) 
 pub async fn fence_lost_on_old_epoch(store: Arc<dyn StateStore>, ns: &str) {
     let s = store.as_ref();
     let key = format!("{ns}/x");
-    s.set_tray(ns, "x", "t", "~", false, doc(json!({"owner": 2})), 2)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "x"),
+        TrayKey::singleton("t"),
+        false,
+        doc(json!({"owner": 2})),
+        2,
+    )
+    .await
+    .unwrap();
     let err = s
-        .set_tray(ns, "x", "t", "~", true, doc(json!({"owner": 1})), 1)
+        .set_tray(
+            InstanceKey::new(ns, "x"),
+            TrayKey::singleton("t"),
+            true,
+            doc(json!({"owner": 1})),
+            1,
+        )
         .await
         .unwrap_err();
     assert_eq!(
@@ -437,12 +580,32 @@ pub async fn fence_lost_on_old_epoch(store: Arc<dyn StateStore>, ns: &str) {
         format!("fence lost for '{key}': epoch 1 was superseded by a newer activation")
     );
     assert!(err.is_fence_lost() && !err.retryable());
-    assert_fence_lost(s.delete_tray(ns, "x", "t", "~", 1).await, &key, 1);
-    assert_fence_lost(s.get_tray(ns, "x", "t", "~", 1).await, &key, 1);
-    assert_fence_lost(s.list(ns, "x", 1, None, None).await, &key, 1);
-    assert_fence_lost(s.apply_batch(ns, "x", vec![], 0).await, &key, 0);
+    assert_fence_lost(
+        s.delete_tray(InstanceKey::new(ns, "x"), TrayKey::singleton("t"), 1)
+            .await,
+        &key,
+        1,
+    );
+    assert_fence_lost(
+        s.get_tray(InstanceKey::new(ns, "x"), TrayKey::singleton("t"), 1)
+            .await,
+        &key,
+        1,
+    );
+    assert_fence_lost(
+        s.list(InstanceKey::new(ns, "x"), 1, None, None).await,
+        &key,
+        1,
+    );
+    assert_fence_lost(
+        s.apply_batch(InstanceKey::new(ns, "x"), vec![], 0).await,
+        &key,
+        0,
+    );
     assert_eq!(
-        s.get_tray(ns, "x", "t", "~", 2).await.unwrap(),
+        s.get_tray(InstanceKey::new(ns, "x"), TrayKey::singleton("t"), 2)
+            .await
+            .unwrap(),
         Some(Tray {
             marked: false,
             doc: doc(json!({"owner": 2}))
@@ -450,32 +613,69 @@ pub async fn fence_lost_on_old_epoch(store: Arc<dyn StateStore>, ns: &str) {
         "fenced ops changed nothing"
     );
     // Equal epoch keeps working.
-    s.delete_tray(ns, "x", "t", "~", 2).await.unwrap();
+    s.delete_tray(InstanceKey::new(ns, "x"), TrayKey::singleton("t"), 2)
+        .await
+        .unwrap();
 }
 
 /// Reads acquire the instance too: a read at a newer epoch fences older writers.
 pub async fn reads_fence_and_advance(store: Arc<dyn StateStore>, ns: &str) {
     let s = store.as_ref();
-    assert_eq!(s.get_tray(ns, "r", "t", "~", 5).await.unwrap(), None);
+    assert_eq!(
+        s.get_tray(InstanceKey::new(ns, "r"), TrayKey::singleton("t"), 5)
+            .await
+            .unwrap(),
+        None
+    );
     assert_fence_lost(
-        s.set_tray(ns, "r", "t", "~", false, Doc::new(), 4).await,
+        s.set_tray(
+            InstanceKey::new(ns, "r"),
+            TrayKey::singleton("t"),
+            false,
+            Doc::new(),
+            4,
+        )
+        .await,
         &format!("{ns}/r"),
         4,
     );
-    assert!(s.list(ns, "r", 7, None, None).await.unwrap().is_empty());
+    assert!(s
+        .list(InstanceKey::new(ns, "r"), 7, None, None)
+        .await
+        .unwrap()
+        .is_empty());
     assert_fence_lost(
-        s.get_tray(ns, "r", "t", "~", 6).await,
+        s.get_tray(InstanceKey::new(ns, "r"), TrayKey::singleton("t"), 6)
+            .await,
         &format!("{ns}/r"),
         6,
     );
-    s.set_tray(ns, "r", "t", "~", false, Doc::new(), 7)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "r"),
+        TrayKey::singleton("t"),
+        false,
+        Doc::new(),
+        7,
+    )
+    .await
+    .unwrap();
     // A never-seen instance starts at 0.
-    s.set_tray(ns, "zero", "t", "~", false, Doc::new(), 0)
-        .await
-        .unwrap();
-    assert_eq!(s.list(ns, "zero", 0, None, None).await.unwrap().len(), 1);
+    s.set_tray(
+        InstanceKey::new(ns, "zero"),
+        TrayKey::singleton("t"),
+        false,
+        Doc::new(),
+        0,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.list(InstanceKey::new(ns, "zero"), 0, None, None)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 /// The stored epoch only moves up, to any value up to `i64::MAX`; larger epochs are
@@ -483,55 +683,95 @@ pub async fn reads_fence_and_advance(store: Arc<dyn StateStore>, ns: &str) {
 pub async fn epoch_advances_and_is_bounded(store: Arc<dyn StateStore>, ns: &str) {
     let s = store.as_ref();
     for epoch in [0, 1, 1, 10, 1 << 40, i64::MAX as u64] {
-        s.set_tray(ns, "e", "t", "~", false, doc(json!({"e": epoch})), epoch)
-            .await
-            .unwrap();
+        s.set_tray(
+            InstanceKey::new(ns, "e"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({"e": epoch})),
+            epoch,
+        )
+        .await
+        .unwrap();
     }
     assert_fence_lost(
-        s.get_tray(ns, "e", "t", "~", (1 << 40) + 1).await,
+        s.get_tray(
+            InstanceKey::new(ns, "e"),
+            TrayKey::singleton("t"),
+            (1 << 40) + 1,
+        )
+        .await,
         &format!("{ns}/e"),
         (1 << 40) + 1,
     );
     let too_big = i64::MAX as u64 + 1;
     match s
-        .set_tray(ns, "e2", "t", "~", false, Doc::new(), too_big)
+        .set_tray(
+            InstanceKey::new(ns, "e2"),
+            TrayKey::singleton("t"),
+            false,
+            Doc::new(),
+            too_big,
+        )
         .await
     {
         Err(StoreError::EpochOutOfRange { epoch }) => assert_eq!(epoch, too_big),
         other => panic!("expected EpochOutOfRange, got {other:?}"),
     }
     // The refused epoch left no trace: epoch 0 still works on that instance.
-    s.set_tray(ns, "e2", "t", "~", false, Doc::new(), 0)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "e2"),
+        TrayKey::singleton("t"),
+        false,
+        Doc::new(),
+        0,
+    )
+    .await
+    .unwrap();
 }
 
 /// Fences are per `(ns, id)`, even where `"<ns>/<id>"` strings coincide.
 pub async fn instances_are_isolated(store: Arc<dyn StateStore>, ns: &str) {
     let s = store.as_ref();
     let ns2 = format!("{ns}/a");
-    s.set_tray(ns, "a/b", "t", "~", false, doc(json!({"who": 1})), 9)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "a/b"),
+        TrayKey::singleton("t"),
+        false,
+        doc(json!({"who": 1})),
+        9,
+    )
+    .await
+    .unwrap();
     // Same key text "<ns>/a/b", different instance: starts at epoch 0.
-    s.set_tray(&ns2, "b", "t", "~", false, doc(json!({"who": 2})), 1)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(&ns2, "b"),
+        TrayKey::singleton("t"),
+        false,
+        doc(json!({"who": 2})),
+        1,
+    )
+    .await
+    .unwrap();
     assert_eq!(
-        s.get_tray(ns, "a/b", "t", "~", 9)
+        s.get_tray(InstanceKey::new(ns, "a/b"), TrayKey::singleton("t"), 9)
             .await
             .unwrap()
             .map(|t| t.doc),
         Some(doc(json!({"who": 1})))
     );
     assert_eq!(
-        s.get_tray(&ns2, "b", "t", "~", 1)
+        s.get_tray(InstanceKey::new(&ns2, "b"), TrayKey::singleton("t"), 1)
             .await
             .unwrap()
             .map(|t| t.doc),
         Some(doc(json!({"who": 2})))
     );
-    assert_eq!(s.list(ns, "a", 0, None, None).await.unwrap(), vec![]);
+    assert_eq!(
+        s.list(InstanceKey::new(ns, "a"), 0, None, None)
+            .await
+            .unwrap(),
+        vec![]
+    );
 }
 
 /// Many tasks write one instance at interleaved epochs. The highest epoch wins: none of
@@ -556,10 +796,22 @@ pub async fn concurrent_writers_one_instance(store: Arc<dyn StateStore>, ns: &st
                 let d = doc(json!({"task": task, "n": n, "epoch": epoch}));
                 let tray_id = format!("{task}-{n}");
                 let own = store
-                    .set_tray(&ns, "hot", "own", &tray_id, n % 2 == 0, d.clone(), epoch)
+                    .set_tray(
+                        InstanceKey::new(&ns, "hot"),
+                        TrayKey::new("own", &tray_id),
+                        n % 2 == 0,
+                        d.clone(),
+                        epoch,
+                    )
                     .await;
                 let shared = store
-                    .set_tray(&ns, "hot", "shared", "~", false, d, epoch)
+                    .set_tray(
+                        InstanceKey::new(&ns, "hot"),
+                        TrayKey::singleton("shared"),
+                        false,
+                        d,
+                        epoch,
+                    )
                     .await;
                 for result in [&own, &shared] {
                     if let Err(err) = result {
@@ -581,7 +833,10 @@ pub async fn concurrent_writers_one_instance(store: Arc<dyn StateStore>, ns: &st
         results.push(handle.await.expect("writer task panicked"));
     }
     let winner = EPOCHS;
-    let rows = store.list(ns, "hot", winner, None, None).await.unwrap();
+    let rows = store
+        .list(InstanceKey::new(ns, "hot"), winner, None, None)
+        .await
+        .unwrap();
     let present: BTreeMap<String, TrayRow> = rows
         .iter()
         .filter(|r| r.tray_ns == "own")
@@ -618,7 +873,11 @@ pub async fn concurrent_writers_one_instance(store: Arc<dyn StateStore>, ns: &st
         }
     }
     let shared = store
-        .get_tray(ns, "hot", "shared", "~", winner)
+        .get_tray(
+            InstanceKey::new(ns, "hot"),
+            TrayKey::singleton("shared"),
+            winner,
+        )
         .await
         .unwrap()
         .expect("shared row");
@@ -628,7 +887,13 @@ pub async fn concurrent_writers_one_instance(store: Arc<dyn StateStore>, ns: &st
         "last shared write came from a winner"
     );
     assert_fence_lost(
-        store.get_tray(ns, "hot", "shared", "~", winner - 1).await,
+        store
+            .get_tray(
+                InstanceKey::new(ns, "hot"),
+                TrayKey::singleton("shared"),
+                winner - 1,
+            )
+            .await,
         &key,
         winner - 1,
     );
@@ -648,10 +913,8 @@ pub async fn many_instances_in_parallel(store: Arc<dyn StateStore>, ns: &str) {
             for n in 0..WRITES {
                 store
                     .set_tray(
-                        &ns,
-                        &id,
-                        "count",
-                        "~",
+                        InstanceKey::new(&ns, &id),
+                        TrayKey::singleton("count"),
                         n + 1 < WRITES,
                         doc(json!({"n": n, "i": i})),
                         epoch,
@@ -660,8 +923,7 @@ pub async fn many_instances_in_parallel(store: Arc<dyn StateStore>, ns: &str) {
                     .unwrap();
                 store
                     .apply_batch(
-                        &ns,
-                        &id,
+                        InstanceKey::new(&ns, &id),
                         vec![
                             BatchOp::set("log", format!("{n}"), false, doc(json!({"n": n}))),
                             BatchOp::delete("log", format!("{}", n.wrapping_sub(2))),
@@ -671,7 +933,10 @@ pub async fn many_instances_in_parallel(store: Arc<dyn StateStore>, ns: &str) {
                     .await
                     .unwrap();
             }
-            let rows = store.list(&ns, &id, epoch, None, None).await.unwrap();
+            let rows = store
+                .list(InstanceKey::new(&ns, &id), epoch, None, None)
+                .await
+                .unwrap();
             assert_eq!(rows.len(), 3, "count + two newest log rows for {id}");
             assert_eq!(rows[0].tray_ns, "count");
             assert_eq!(rows[0].doc, doc(json!({"n": WRITES - 1, "i": i})));
@@ -752,7 +1017,7 @@ fn due(ns: &str, id: &str, at: i64, nonce: Option<&str>) -> DueAlarm {
 
 async fn set_alarm(store: &dyn StateStore, ns: &str, id: &str, marked: bool, alarm: Value) {
     store
-        .set_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, marked, doc(alarm), 3)
+        .set_tray(InstanceKey::new(ns, id), ALARM_TRAY, marked, doc(alarm), 3)
         .await
         .unwrap();
 }
@@ -806,10 +1071,8 @@ pub async fn due_alarms_filter_and_order(store: Arc<dyn StateStore>, ns: &str) {
     set_alarm(s, ns, "missing", false, json!({"nonce": "m"})).await;
     // Same `at` in rows that are not the alarm tray.
     s.set_tray(
-        ns,
-        "other",
-        ALARM_TRAY_NS,
-        "not-alarm",
+        InstanceKey::new(ns, "other"),
+        TrayKey::new(ALARM_TRAY_NS, "not-alarm"),
         false,
         doc(json!({"at": b})),
         3,
@@ -817,10 +1080,8 @@ pub async fn due_alarms_filter_and_order(store: Arc<dyn StateStore>, ns: &str) {
     .await
     .unwrap();
     s.set_tray(
-        ns,
-        "other",
-        "not-pinned",
-        ALARM_TRAY_ID,
+        InstanceKey::new(ns, "other"),
+        TrayKey::new("not-pinned", ALARM_TRAY_ID),
         true,
         doc(json!({"at": b})),
         3,
@@ -849,9 +1110,15 @@ pub async fn due_alarms_filter_and_order(store: Arc<dyn StateStore>, ns: &str) {
     check_due(s, ns, due_by + 1, 1000, &with_late).await;
 
     // The scans take no fence: an older epoch still writes afterwards.
-    s.set_tray(ns, "a1", "t", "~", false, Doc::new(), 3)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "a1"),
+        TrayKey::singleton("t"),
+        false,
+        Doc::new(),
+        3,
+    )
+    .await
+    .unwrap();
 }
 
 /// `limit` cuts the ordered result; deleted, replaced and unparseable-after-rewrite
@@ -874,12 +1141,11 @@ pub async fn due_alarms_limit_and_changes(store: Arc<dyn StateStore>, ns: &str) 
     }
 
     // Deleted (directly and by batch) alarms disappear.
-    s.delete_tray(ns, "i5", ALARM_TRAY_NS, ALARM_TRAY_ID, 3)
+    s.delete_tray(InstanceKey::new(ns, "i5"), ALARM_TRAY, 3)
         .await
         .unwrap();
     s.apply_batch(
-        ns,
-        "i4",
+        InstanceKey::new(ns, "i4"),
         vec![BatchOp::delete(ALARM_TRAY_NS, ALARM_TRAY_ID)],
         3,
     )
@@ -939,7 +1205,13 @@ pub async fn marked_instances_paginate(store: Arc<dyn StateStore>, ns: &str) {
         let store = store.clone();
         async move {
             store
-                .set_tray(&n, &id, "t", &t_id, marked, doc(json!({"m": marked})), 2)
+                .set_tray(
+                    InstanceKey::new(&n, &id),
+                    TrayKey::new("t", &t_id),
+                    marked,
+                    doc(json!({"m": marked})),
+                    2,
+                )
                 .await
                 .unwrap();
         }
@@ -962,7 +1234,9 @@ pub async fn marked_instances_paginate(store: Arc<dyn StateStore>, ns: &str) {
     set(ns, "was", "1", true).await;
     set(ns, "was", "1", false).await;
     set(ns, "gone", "1", true).await;
-    s.delete_tray(ns, "gone", "t", "1", 2).await.unwrap();
+    s.delete_tray(InstanceKey::new(ns, "gone"), TrayKey::new("t", "1"), 2)
+        .await
+        .unwrap();
 
     let pair = |n: &str, id: &str| (n.to_owned(), id.to_owned());
     let want = vec![
@@ -1003,7 +1277,9 @@ pub async fn marked_instances_paginate(store: Arc<dyn StateStore>, ns: &str) {
     set(ns, "a", "1", false).await;
     assert_eq!(page_through(s, ns, 2).await, want);
     set(ns, "a", "2", false).await;
-    s.delete_tray(&sub, "b", "t", "y", 2).await.unwrap();
+    s.delete_tray(InstanceKey::new(&sub, "b"), TrayKey::new("t", "y"), 2)
+        .await
+        .unwrap();
     set(ns, "unmarked", "2", true).await;
     let want = vec![
         pair(ns, "B"),
@@ -1051,10 +1327,8 @@ pub async fn delete_instance_empties_one_instance(store: Arc<dyn StateStore>, ns
     set_alarm(s, ns, "gone", false, json!({"at": 1, "nonce": "n"})).await;
     for (tray_ns, tray_id, marked) in [("a", "~", false), ("b", "1", true), ("b", "2", false)] {
         s.set_tray(
-            ns,
-            "gone",
-            tray_ns,
-            tray_id,
+            InstanceKey::new(ns, "gone"),
+            TrayKey::new(tray_ns, tray_id),
             marked,
             doc(json!({"v": 1})),
             4,
@@ -1062,25 +1336,57 @@ pub async fn delete_instance_empties_one_instance(store: Arc<dyn StateStore>, ns
         .await
         .unwrap();
     }
-    s.set_tray(ns, "kept", "a", "~", true, doc(json!({"v": 2})), 1)
-        .await
-        .unwrap();
+    s.set_tray(
+        InstanceKey::new(ns, "kept"),
+        TrayKey::singleton("a"),
+        true,
+        doc(json!({"v": 2})),
+        1,
+    )
+    .await
+    .unwrap();
     // An older epoch may not delete.
     assert_fence_lost(
-        s.delete_instance(ns, "gone", 3).await,
+        s.delete_instance(InstanceKey::new(ns, "gone"), 3).await,
         &format!("{ns}/gone"),
         3,
     );
-    assert_eq!(s.list(ns, "gone", 4, None, None).await.unwrap().len(), 4);
-    s.delete_instance(ns, "gone", 4).await.unwrap();
-    assert!(s.list(ns, "gone", 4, None, None).await.unwrap().is_empty());
+    assert_eq!(
+        s.list(InstanceKey::new(ns, "gone"), 4, None, None)
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+    s.delete_instance(InstanceKey::new(ns, "gone"), 4)
+        .await
+        .unwrap();
+    assert!(s
+        .list(InstanceKey::new(ns, "gone"), 4, None, None)
+        .await
+        .unwrap()
+        .is_empty());
     // Idempotent.
-    s.delete_instance(ns, "gone", 4).await.unwrap();
+    s.delete_instance(InstanceKey::new(ns, "gone"), 4)
+        .await
+        .unwrap();
     // The other instance is untouched, and the fence outlives the rows.
-    assert_eq!(s.list(ns, "kept", 1, None, None).await.unwrap().len(), 1);
+    assert_eq!(
+        s.list(InstanceKey::new(ns, "kept"), 1, None, None)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     assert_fence_lost(
-        s.set_tray(ns, "gone", "a", "~", false, doc(json!({})), 3)
-            .await,
+        s.set_tray(
+            InstanceKey::new(ns, "gone"),
+            TrayKey::singleton("a"),
+            false,
+            doc(json!({})),
+            3,
+        )
+        .await,
         &format!("{ns}/gone"),
         3,
     );

@@ -9,6 +9,8 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
+use crate::InstanceKey;
+
 /// A boxed error from a backend, kept as the `source` of a [`StoreError`].
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -124,10 +126,10 @@ pub enum StoreError {
 // === impl StoreError ===
 
 impl StoreError {
-    /// Builds the fence error for instance `(ns, id)` at the caller's `epoch`.
-    pub fn fence_lost(ns: &str, id: &str, epoch: u64) -> Self {
+    /// Builds the fence error for `instance` at the caller's `epoch`.
+    pub fn fence_lost(instance: InstanceKey<'_>, epoch: u64) -> Self {
         StoreError::FenceLost {
-            key: format!("{ns}/{id}"),
+            key: instance.to_string(),
             epoch,
         }
     }
@@ -239,7 +241,7 @@ mod tests {
 
     #[test]
     fn fence_lost_text_matches_the_reference() {
-        let err = StoreError::fence_lost("/threads", "a", 3);
+        let err = StoreError::fence_lost(InstanceKey::new("/threads", "a"), 3);
         assert_eq!(
             err.to_string(),
             "fence lost for '/threads/a': epoch 3 was superseded by a newer activation"

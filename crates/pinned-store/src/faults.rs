@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow};
+use crate::{BatchOp, Doc, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow};
 
 /// Wraps a store and fails its `fail_at`-th write (`set_tray`,
 /// `delete_tray`, `apply_batch` and `delete_instance` count; the first
@@ -72,67 +72,62 @@ impl<S: StateStore> FailingStore<S> {
 impl<S: StateStore> StateStore for FailingStore<S> {
     async fn set_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         marked: bool,
         doc: Doc,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        self.write(
-            self.inner
-                .set_tray(ns, id, tray_ns, tray_id, marked, doc, epoch),
-        )
-        .await
+        self.write(self.inner.set_tray(instance, tray, marked, doc, epoch))
+            .await
     }
 
     async fn delete_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        self.write(self.inner.delete_tray(ns, id, tray_ns, tray_id, epoch))
+        self.write(self.inner.delete_tray(instance, tray, epoch))
             .await
     }
 
     async fn get_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<Option<Tray>, StoreError> {
-        self.inner.get_tray(ns, id, tray_ns, tray_id, epoch).await
+        self.inner.get_tray(instance, tray, epoch).await
     }
 
     async fn list(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         epoch: u64,
         tray_ns: Option<&str>,
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, StoreError> {
-        self.inner.list(ns, id, epoch, tray_ns, marked).await
+        self.inner.list(instance, epoch, tray_ns, marked).await
     }
 
     async fn apply_batch(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         ops: Vec<BatchOp>,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        self.write(self.inner.apply_batch(ns, id, ops, epoch)).await
+        self.write(self.inner.apply_batch(instance, ops, epoch))
+            .await
     }
 
-    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
-        self.write(self.inner.delete_instance(ns, id, epoch)).await
+    async fn delete_instance(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.write(self.inner.delete_instance(instance, epoch))
+            .await
     }
 
     async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {

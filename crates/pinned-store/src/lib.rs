@@ -32,20 +32,22 @@
 //! [`StoreConfig::from_location`] with [`StoreError::BackendNotBuilt`].
 //!
 //! ```
-//! use pinned_store::{MemoryStore, StateStore, StoreError};
+//! use pinned_store::{InstanceKey, MemoryStore, StateStore, StoreError, TrayKey};
 //! use serde_json::json;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), StoreError> {
 //! let store = MemoryStore::new();
 //! let doc = json!({"count": 1}).as_object().cloned().unwrap_or_default();
-//! store.set_tray("/counters", "a", "count", "~", false, doc, 1).await?;
-//! let tray = store.get_tray("/counters", "a", "count", "~", 1).await?;
+//! let a = InstanceKey::new("/counters", "a");
+//! let count = TrayKey::singleton("count");
+//! store.set_tray(a, count, false, doc, 1).await?;
+//! let tray = store.get_tray(a, count, 1).await?;
 //! assert_eq!(tray.map(|t| t.doc["count"].clone()), Some(json!(1)));
 //!
 //! // A newer activation (epoch 2) reads; the old one (epoch 1) is fenced out.
-//! store.list("/counters", "a", 2, None, None).await?;
-//! let err = store.delete_tray("/counters", "a", "count", "~", 1).await.unwrap_err();
+//! store.list(a, 2, None, None).await?;
+//! let err = store.delete_tray(a, count, 1).await.unwrap_err();
 //! assert_eq!(
 //!     err.to_string(),
 //!     "fence lost for '/counters/a': epoch 1 was superseded by a newer activation"
@@ -57,6 +59,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod key;
 #[cfg(feature = "postgres")]
 mod locks;
 mod memory;
@@ -75,6 +78,7 @@ mod faults;
 pub use faults::FailingStore;
 
 pub use error::{BoxError, StoreError};
+pub use key::{InstanceKey, TrayKey, SINGLETON_TRAY_ID};
 pub use memory::MemoryStore;
 pub use open::StoreConfig;
 #[cfg(feature = "postgres")]
@@ -84,4 +88,6 @@ pub use postgres::{
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, SyncMode};
-pub use store::{BatchOp, Doc, DueAlarm, StateStore, Tray, TrayRow, ALARM_TRAY_ID, ALARM_TRAY_NS};
+pub use store::{
+    BatchOp, Doc, DueAlarm, StateStore, Tray, TrayRow, ALARM_TRAY, ALARM_TRAY_ID, ALARM_TRAY_NS,
+};

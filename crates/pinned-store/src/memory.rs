@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 
 use crate::store::{alarm_at, alarm_nonce, check_epoch};
 use crate::{
-    BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow, ALARM_TRAY_ID, ALARM_TRAY_NS,
+    BatchOp, Doc, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow, ALARM_TRAY,
 };
 
 /// A `StateStore` held in memory. Cheap to create; every operation completes without
@@ -34,20 +34,19 @@ impl MemoryStore {
         Self::default()
     }
 
-    /// Fences `(ns, id)` at `epoch` and runs `f` on the instance under the lock.
+    /// Fences `instance` at `epoch` and runs `f` on it under the lock.
     fn with_instance<R>(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         epoch: u64,
         f: impl FnOnce(&mut Instance) -> R,
     ) -> Result<R, StoreError> {
         check_epoch(epoch)?;
         let mut instances = self.instances.lock();
-        let key = (ns.to_owned(), id.to_owned());
+        let key = (instance.ns.to_owned(), instance.id.to_owned());
         let stored = instances.get(&key).map_or(0, |i| i.epoch);
         if epoch < stored {
-            return Err(StoreError::fence_lost(ns, id, epoch));
+            return Err(StoreError::fence_lost(instance, epoch));
         }
         let instance = instances.entry(key).or_default();
         instance.epoch = epoch;
@@ -55,67 +54,58 @@ impl MemoryStore {
     }
 }
 
-fn tray_key(tray_ns: &str, tray_id: &str) -> (String, String) {
-    (tray_ns.to_owned(), tray_id.to_owned())
+fn tray_key(tray: TrayKey<'_>) -> (String, String) {
+    (tray.tray_ns.to_owned(), tray.tray_id.to_owned())
 }
 
 #[async_trait]
 impl StateStore for MemoryStore {
     async fn set_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         marked: bool,
         doc: Doc,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        self.with_instance(ns, id, epoch, |i| {
-            i.trays.insert(tray_key(tray_ns, tray_id), (marked, doc));
+        self.with_instance(instance, epoch, |i| {
+            i.trays.insert(tray_key(tray), (marked, doc));
         })
     }
 
     async fn delete_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        self.with_instance(ns, id, epoch, |i| {
-            i.trays.remove(&tray_key(tray_ns, tray_id));
+        self.with_instance(instance, epoch, |i| {
+            i.trays.remove(&tray_key(tray));
         })
     }
 
     async fn get_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<Option<Tray>, StoreError> {
-        self.with_instance(ns, id, epoch, |i| {
-            i.trays
-                .get(&tray_key(tray_ns, tray_id))
-                .map(|(marked, doc)| Tray {
-                    marked: *marked,
-                    doc: doc.clone(),
-                })
+        self.with_instance(instance, epoch, |i| {
+            i.trays.get(&tray_key(tray)).map(|(marked, doc)| Tray {
+                marked: *marked,
+                doc: doc.clone(),
+            })
         })
     }
 
     async fn list(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         epoch: u64,
         tray_ns: Option<&str>,
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, StoreError> {
-        self.with_instance(ns, id, epoch, |i| {
+        self.with_instance(instance, epoch, |i| {
             i.trays
                 .iter()
                 .filter(|((t_ns, _), (m, _))| {
@@ -131,19 +121,22 @@ impl StateStore for MemoryStore {
         })
     }
 
-    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
-        self.with_instance(ns, id, epoch, |i| i.trays.clear())
+    async fn delete_instance(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        self.with_instance(instance, epoch, |i| i.trays.clear())
     }
 
     async fn apply_batch(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         ops: Vec<BatchOp>,
         epoch: u64,
     ) -> Result<(), StoreError> {
         // Nothing below can fail once fenced, so applying in place is all-or-nothing.
-        self.with_instance(ns, id, epoch, |i| {
+        self.with_instance(instance, epoch, |i| {
             for op in ops {
                 match op {
                     BatchOp::Set {
@@ -163,7 +156,7 @@ impl StateStore for MemoryStore {
     }
 
     async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
-        let alarm = tray_key(ALARM_TRAY_NS, ALARM_TRAY_ID);
+        let alarm = tray_key(ALARM_TRAY);
         let mut due: Vec<DueAlarm> = {
             let instances = self.instances.lock();
             instances

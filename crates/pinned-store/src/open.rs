@@ -219,7 +219,7 @@ mod tests {
     async fn memory_opens() {
         let store = StoreConfig::Memory.open().await.expect("memory store");
         assert!(store
-            .list("/n", "a", 0, None, None)
+            .list(crate::InstanceKey::new("/n", "a"), 0, None, None)
             .await
             .expect("list")
             .is_empty());

@@ -25,7 +25,7 @@ use self::group_commit::{GroupCommit, Landed, Write};
 use crate::error::postgres_transient;
 use crate::locks::InstanceLocks;
 use crate::store::{check_epoch, sql_limit};
-use crate::{BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow};
+use crate::{BatchOp, Doc, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow};
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: usize = 8;
@@ -697,7 +697,7 @@ async fn acquire(
         });
     };
     if stored_epoch < stored {
-        return Err(StoreError::fence_lost(ns, id, epoch));
+        return Err(StoreError::fence_lost(InstanceKey::new(ns, id), epoch));
     }
     if stored_epoch > stored {
         let update = conn.prepare_cached(UPDATE_EPOCH).await?;
@@ -808,14 +808,14 @@ impl Drop for Checkout {
 impl StateStore for PostgresStore {
     async fn set_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         marked: bool,
         doc: Doc,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        let InstanceKey { ns, id } = instance;
+        let TrayKey { tray_ns, tray_id } = tray;
         let body = Body::Set {
             tray_ns,
             tray_id,
@@ -827,24 +827,24 @@ impl StateStore for PostgresStore {
 
     async fn delete_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        let InstanceKey { ns, id } = instance;
+        let TrayKey { tray_ns, tray_id } = tray;
         let body = Body::Delete { tray_ns, tray_id };
         self.run(ns, id, epoch, body).await.map(|_| ())
     }
 
     async fn get_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<Option<Tray>, StoreError> {
+        let InstanceKey { ns, id } = instance;
+        let TrayKey { tray_ns, tray_id } = tray;
         match self
             .run(ns, id, epoch, Body::Get { tray_ns, tray_id })
             .await?
@@ -856,12 +856,12 @@ impl StateStore for PostgresStore {
 
     async fn list(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         epoch: u64,
         tray_ns: Option<&str>,
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, StoreError> {
+        let InstanceKey { ns, id } = instance;
         match self
             .run(ns, id, epoch, Body::List { tray_ns, marked })
             .await?
@@ -873,15 +873,20 @@ impl StateStore for PostgresStore {
 
     async fn apply_batch(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         ops: Vec<BatchOp>,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        let InstanceKey { ns, id } = instance;
         self.run(ns, id, epoch, Body::Batch(&ops)).await.map(|_| ())
     }
 
-    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
+    async fn delete_instance(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        let InstanceKey { ns, id } = instance;
         self.run(ns, id, epoch, Body::DeleteInstance)
             .await
             .map(|_| ())

@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::store::{check_epoch, sql_limit};
-use crate::{BatchOp, Doc, DueAlarm, StateStore, StoreError, Tray, TrayRow};
+use crate::{BatchOp, Doc, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow};
 
 /// Most operations committed together in one group transaction.
 const MAX_GROUP: usize = 512;
@@ -335,7 +335,9 @@ fn acquire(conn: &Connection, ns: &str, id: &str, epoch: u64) -> Result<(), Stor
             conn.prepare_cached("INSERT INTO pinned_epoch (ns, id, epoch) VALUES (?1, ?2, ?3)")?
                 .execute(params![ns, id, want])?;
         }
-        Some(stored) if want < stored => return Err(StoreError::fence_lost(ns, id, epoch)),
+        Some(stored) if want < stored => {
+            return Err(StoreError::fence_lost(InstanceKey::new(ns, id), epoch))
+        }
         Some(stored) if want > stored => {
             conn.prepare_cached("UPDATE pinned_epoch SET epoch = ?3 WHERE ns = ?1 AND id = ?2")?
                 .execute(params![ns, id, want])?;
@@ -407,14 +409,14 @@ fn parse_doc(text: &str, key: impl FnOnce() -> String) -> Result<Doc, StoreError
 impl StateStore for SqliteStore {
     async fn set_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         marked: bool,
         doc: Doc,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        let InstanceKey { ns, id } = instance;
+        let TrayKey { tray_ns, tray_id } = tray;
         check_epoch(epoch)?;
         let (ns, id, tray_ns, tray_id) = owned4(ns, id, tray_ns, tray_id);
         self.run(move |conn, options| {
@@ -433,12 +435,12 @@ impl StateStore for SqliteStore {
 
     async fn delete_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        let InstanceKey { ns, id } = instance;
+        let TrayKey { tray_ns, tray_id } = tray;
         check_epoch(epoch)?;
         let (ns, id, tray_ns, tray_id) = owned4(ns, id, tray_ns, tray_id);
         self.run(move |conn, _| {
@@ -450,12 +452,12 @@ impl StateStore for SqliteStore {
 
     async fn get_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<Option<Tray>, StoreError> {
+        let InstanceKey { ns, id } = instance;
+        let TrayKey { tray_ns, tray_id } = tray;
         check_epoch(epoch)?;
         let (ns, id, tray_ns, tray_id) = owned4(ns, id, tray_ns, tray_id);
         self.run(move |conn, _| {
@@ -480,12 +482,12 @@ impl StateStore for SqliteStore {
 
     async fn list(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         epoch: u64,
         tray_ns: Option<&str>,
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, StoreError> {
+        let InstanceKey { ns, id } = instance;
         check_epoch(epoch)?;
         let (ns, id) = (ns.to_owned(), id.to_owned());
         let filter_ns = tray_ns.map(str::to_owned);
@@ -522,11 +524,11 @@ impl StateStore for SqliteStore {
 
     async fn apply_batch(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         ops: Vec<BatchOp>,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        let InstanceKey { ns, id } = instance;
         check_epoch(epoch)?;
         let (ns, id) = (ns.to_owned(), id.to_owned());
         self.run(move |conn, options| {
@@ -549,7 +551,12 @@ impl StateStore for SqliteStore {
         .await
     }
 
-    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
+    async fn delete_instance(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        let InstanceKey { ns, id } = instance;
         check_epoch(epoch)?;
         let (ns, id) = (ns.to_owned(), id.to_owned());
         self.run(move |conn, _| {

@@ -8,7 +8,7 @@
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
-use crate::StoreError;
+use crate::{InstanceKey, StoreError, TrayKey};
 
 /// A tray's whole durable payload: always a JSON object.
 ///
@@ -45,6 +45,8 @@ pub struct TrayRow {
 pub const ALARM_TRAY_NS: &str = "pinned";
 /// The alarm row's tray id; see [`ALARM_TRAY_NS`].
 pub const ALARM_TRAY_ID: &str = "alarm";
+/// The alarm row's key within its instance: ([`ALARM_TRAY_NS`], [`ALARM_TRAY_ID`]).
+pub const ALARM_TRAY: TrayKey<'static> = TrayKey::new(ALARM_TRAY_NS, ALARM_TRAY_ID);
 
 /// An alarm row `(ns, id, "pinned", "alarm")` whose `at` is due, as returned by
 /// [`StateStore::due_alarms`].
@@ -58,6 +60,15 @@ pub struct DueAlarm {
     pub at: i64,
     /// `doc.nonce` when it is a string, else `None`.
     pub nonce: Option<String>,
+}
+
+// === impl DueAlarm ===
+
+impl DueAlarm {
+    /// The instance whose alarm is due, borrowed from this row.
+    pub fn instance(&self) -> InstanceKey<'_> {
+        InstanceKey::new(&self.ns, &self.id)
+    }
 }
 
 /// One step of [`StateStore::apply_batch`]: the reference's `("tray", tray_ns, tray_id,
@@ -124,13 +135,13 @@ impl BatchOp {
         }
     }
 
-    /// The `(tray_ns, tray_id)` this op touches.
-    pub fn key(&self) -> (&str, &str) {
+    /// The tray row this op touches.
+    pub fn key(&self) -> TrayKey<'_> {
         match self {
             BatchOp::Set {
                 tray_ns, tray_id, ..
             }
-            | BatchOp::Delete { tray_ns, tray_id } => (tray_ns, tray_id),
+            | BatchOp::Delete { tray_ns, tray_id } => TrayKey::new(tray_ns, tray_id),
         }
     }
 }
@@ -161,72 +172,67 @@ impl BatchOp {
 /// Dropping a returned future before it completes leaves the operation either fully
 /// applied or not applied at all; which one is unknown to the caller.
 #[async_trait]
-#[allow(clippy::too_many_arguments)] // mirrors the op signatures of wire.md §12.1
 pub trait StateStore: Send + Sync + std::fmt::Debug {
-    /// Fences, then upserts the whole row `(tray_ns, tray_id)` of instance `(ns, id)`
-    /// with `(marked, doc)`. Idempotent.
+    /// Fences, then upserts the whole row `tray` of `instance` with `(marked, doc)`.
+    /// Idempotent.
     async fn set_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         marked: bool,
         doc: Doc,
         epoch: u64,
     ) -> Result<(), StoreError>;
 
-    /// Fences, then deletes the row if present. Idempotent.
+    /// Fences, then deletes the row `tray` of `instance` if present. Idempotent.
     async fn delete_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<(), StoreError>;
 
-    /// Fences, then reads one row: `None` when absent.
+    /// Fences, then reads the row `tray` of `instance`: `None` when absent.
     async fn get_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<Option<Tray>, StoreError>;
 
-    /// Fences, then returns every row of the instance, ordered by `(tray_ns, tray_id)`
+    /// Fences, then returns every row of `instance`, ordered by `(tray_ns, tray_id)`
     /// (byte order), keeping only rows whose `tray_ns` equals the `tray_ns` filter and
     /// whose `marked` equals the `marked` filter, when given (filters AND together).
     async fn list(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         epoch: u64,
         tray_ns: Option<&str>,
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, StoreError>;
 
-    /// Fences once, then applies `ops` in order, all or nothing. An empty batch only
-    /// fences (and may advance the stored epoch).
+    /// Fences `instance` once, then applies `ops` in order, all or nothing. An empty
+    /// batch only fences (and may advance the stored epoch).
     async fn apply_batch(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         ops: Vec<BatchOp>,
         epoch: u64,
     ) -> Result<(), StoreError>;
 
-    /// Fences, then deletes every row of instance `(ns, id)` at once (its
-    /// trays, its alarm): what is left is an instance never written, except
-    /// that its epoch stays, so an older owner still cannot write. Atomic.
+    /// Fences, then deletes every row of `instance` at once (its trays, its
+    /// alarm): what is left is an instance never written, except that its
+    /// epoch stays, so an older owner still cannot write. Atomic.
     ///
     /// The default lists the rows and deletes them in one
     /// [`apply_batch`](Self::apply_batch); a row written between the two
     /// stays, so backends override it with one statement.
-    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
-        let rows = self.list(ns, id, epoch, None, None).await?;
+    async fn delete_instance(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        let rows = self.list(instance, epoch, None, None).await?;
         let ops = rows
             .into_iter()
             .map(|row| BatchOp::Delete {
@@ -234,7 +240,7 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
                 tray_id: row.tray_id,
             })
             .collect();
-        self.apply_batch(ns, id, ops, epoch).await
+        self.apply_batch(instance, ops, epoch).await
     }
 
     /// Scans every instance's alarm row ([`ALARM_TRAY_NS`], [`ALARM_TRAY_ID`]) for those
@@ -271,64 +277,58 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
 impl<S: StateStore + ?Sized> StateStore for std::sync::Arc<S> {
     async fn set_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         marked: bool,
         doc: Doc,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        (**self)
-            .set_tray(ns, id, tray_ns, tray_id, marked, doc, epoch)
-            .await
+        (**self).set_tray(instance, tray, marked, doc, epoch).await
     }
 
     async fn delete_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        (**self).delete_tray(ns, id, tray_ns, tray_id, epoch).await
+        (**self).delete_tray(instance, tray, epoch).await
     }
 
     async fn get_tray(
         &self,
-        ns: &str,
-        id: &str,
-        tray_ns: &str,
-        tray_id: &str,
+        instance: InstanceKey<'_>,
+        tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<Option<Tray>, StoreError> {
-        (**self).get_tray(ns, id, tray_ns, tray_id, epoch).await
+        (**self).get_tray(instance, tray, epoch).await
     }
 
     async fn list(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         epoch: u64,
         tray_ns: Option<&str>,
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, StoreError> {
-        (**self).list(ns, id, epoch, tray_ns, marked).await
+        (**self).list(instance, epoch, tray_ns, marked).await
     }
 
     async fn apply_batch(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         ops: Vec<BatchOp>,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        (**self).apply_batch(ns, id, ops, epoch).await
+        (**self).apply_batch(instance, ops, epoch).await
     }
 
-    async fn delete_instance(&self, ns: &str, id: &str, epoch: u64) -> Result<(), StoreError> {
-        (**self).delete_instance(ns, id, epoch).await
+    async fn delete_instance(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+    ) -> Result<(), StoreError> {
+        (**self).delete_instance(instance, epoch).await
     }
 
     async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
@@ -391,20 +391,18 @@ mod tests {
     /// Writes, scans and reads back at `epoch` through any store, as generic code would.
     async fn round_trip(store: impl StateStore, epoch: u64) -> Result<Option<Tray>, StoreError> {
         let doc = json!({"v": 1}).as_object().cloned().unwrap_or_default();
+        let a = InstanceKey::new("/n", "a");
         store
-            .set_tray("/n", "a", "t", "~", true, doc, epoch)
+            .set_tray(a, TrayKey::singleton("t"), true, doc, epoch)
             .await?;
         let extra = vec![BatchOp::set("t", "k", false, Doc::new())];
-        store.apply_batch("/n", "a", extra, epoch).await?;
-        assert_eq!(
-            store.list("/n", "a", epoch, Some("t"), None).await?.len(),
-            2
-        );
+        store.apply_batch(a, extra, epoch).await?;
+        assert_eq!(store.list(a, epoch, Some("t"), None).await?.len(), 2);
         assert!(store.due_alarms(i64::MAX, 10).await?.is_empty());
         let marked = store.marked_instances(None, 10).await?;
         assert_eq!(marked, vec![("/n".to_owned(), "a".to_owned())]);
-        store.delete_tray("/n", "a", "t", "k", epoch).await?;
-        store.get_tray("/n", "a", "t", "~", epoch).await
+        store.delete_tray(a, TrayKey::new("t", "k"), epoch).await?;
+        store.get_tray(a, TrayKey::singleton("t"), epoch).await
     }
 
     #[tokio::test]
@@ -418,7 +416,10 @@ mod tests {
 
         // The clone forwarded to the one store underneath: it holds the rows the generic
         // code left, and a newer epoch there fences the generic code out.
-        let rows = store.list("/n", "a", 3, None, None).await.expect("list");
+        let rows = store
+            .list(InstanceKey::new("/n", "a"), 3, None, None)
+            .await
+            .expect("list");
         assert_eq!(rows.len(), 1);
         let err = round_trip(store, 2)
             .await

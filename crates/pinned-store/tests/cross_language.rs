@@ -11,7 +11,8 @@ use std::process::Command;
 
 use pinned_store::conformance::{database_url, doc, unique_ns, PostgresCleanup};
 use pinned_store::{
-    BatchOp, PostgresOptions, PostgresStore, StateStore, StoreError, Tray, TrayRow,
+    BatchOp, InstanceKey, PostgresOptions, PostgresStore, StateStore, StoreError, Tray, TrayKey,
+    TrayRow,
 };
 use serde_json::{json, Value};
 
@@ -132,7 +133,9 @@ async fn rows_written_by_python_read_back_in_rust() -> anyhow::Result<()> {
     for r in &results {
         ok(r);
     }
-    let rows = store.list(&ns, "a", 3, None, None).await?;
+    let rows = store
+        .list(InstanceKey::new(&ns, "a"), 3, None, None)
+        .await?;
     let want = vec![
         TrayRow {
             tray_ns: "Kv".into(),
@@ -163,7 +166,9 @@ async fn rows_written_by_python_read_back_in_rust() -> anyhow::Result<()> {
     // Python lists in the same order with the same values.
     assert_eq!(ok(&results[3]), &rows_to_json(&rows));
     assert_eq!(
-        store.get_tray(&ns, "a", "inbox", "~", 3).await?,
+        store
+            .get_tray(InstanceKey::new(&ns, "a"), TrayKey::singleton("inbox"), 3)
+            .await?,
         Some(Tray {
             marked: true,
             doc: doc(rich_doc())
@@ -171,13 +176,16 @@ async fn rows_written_by_python_read_back_in_rust() -> anyhow::Result<()> {
     );
     assert_eq!(
         store
-            .list(&ns, "a", 3, Some("kv"), Some(false))
+            .list(InstanceKey::new(&ns, "a"), 3, Some("kv"), Some(false))
             .await?
             .len(),
         2
     );
     // Python's epoch 3 is stored: Rust at 2 is fenced, with the same text.
-    let err = store.list(&ns, "a", 2, None, None).await.unwrap_err();
+    let err = store
+        .list(InstanceKey::new(&ns, "a"), 2, None, None)
+        .await
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         format!("fence lost for '{ns}/a': epoch 2 was superseded by a newer activation")
@@ -195,12 +203,17 @@ async fn rows_written_by_rust_read_back_in_python() -> anyhow::Result<()> {
     let _cleanup = PostgresCleanup::new(&ns);
     let store = rust_store("rs-env", "rs-host").await;
     store
-        .set_tray(&ns, "b", "inbox", "~", true, doc(rich_doc()), 5)
+        .set_tray(
+            InstanceKey::new(&ns, "b"),
+            TrayKey::singleton("inbox"),
+            true,
+            doc(rich_doc()),
+            5,
+        )
         .await?;
     store
         .apply_batch(
-            &ns,
-            "b",
+            InstanceKey::new(&ns, "b"),
             vec![
                 BatchOp::set("kv", "k1", false, doc(json!({"v": 1}))),
                 BatchOp::set("kv", "gone", false, doc(json!({}))),
@@ -211,10 +224,20 @@ async fn rows_written_by_rust_read_back_in_python() -> anyhow::Result<()> {
         )
         .await?;
     store
-        .set_tray(&ns, "b", "kv", "dead", false, doc(json!({})), 5)
+        .set_tray(
+            InstanceKey::new(&ns, "b"),
+            TrayKey::new("kv", "dead"),
+            false,
+            doc(json!({})),
+            5,
+        )
         .await?;
-    store.delete_tray(&ns, "b", "kv", "dead", 5).await?;
-    let rust_rows = store.list(&ns, "b", 5, None, None).await?;
+    store
+        .delete_tray(InstanceKey::new(&ns, "b"), TrayKey::new("kv", "dead"), 5)
+        .await?;
+    let rust_rows = store
+        .list(InstanceKey::new(&ns, "b"), 5, None, None)
+        .await?;
 
     let results = py(
         "*",
@@ -241,7 +264,7 @@ async fn rows_written_by_rust_read_back_in_python() -> anyhow::Result<()> {
     assert_eq!(fence["epoch"], json!(4));
     assert_eq!(
         fence["message"],
-        json!(StoreError::fence_lost(&ns, "b", 4).to_string())
+        json!(StoreError::fence_lost(InstanceKey::new(&ns, "b"), 4).to_string())
     );
     let stamped = stamps(&ns, "b").await;
     assert_eq!(stamped.len(), 3);
@@ -267,7 +290,9 @@ async fn python_is_fenced_after_rust_advances_the_epoch() -> anyhow::Result<()> 
     );
     ok(&first[0]);
     // A newer Rust activation only *reads* at epoch 9: that alone fences Python out.
-    let seen = store.get_tray(&ns, "c", "t", "~", 9).await?;
+    let seen = store
+        .get_tray(InstanceKey::new(&ns, "c"), TrayKey::singleton("t"), 9)
+        .await?;
     assert_eq!(seen.map(|t| t.doc), Some(doc(json!({"owner": "python"}))));
     let results = py(
         "*",
@@ -286,7 +311,9 @@ async fn python_is_fenced_after_rust_advances_the_epoch() -> anyhow::Result<()> 
         assert_eq!(results[i]["epoch"], json!(epoch));
     }
     ok(&results[3]);
-    let rows = store.list(&ns, "c", 9, None, None).await?;
+    let rows = store
+        .list(InstanceKey::new(&ns, "c"), 9, None, None)
+        .await?;
     assert_eq!(
         rows.iter()
             .map(|r| (r.tray_id.as_str(), r.doc["owner"].clone()))
@@ -300,7 +327,7 @@ async fn python_is_fenced_after_rust_advances_the_epoch() -> anyhow::Result<()> 
         json!([{"op": "list", "ns": ns, "id": "c", "epoch": 10}]),
     )[0]);
     assert!(store
-        .list(&ns, "c", 9, None, None)
+        .list(InstanceKey::new(&ns, "c"), 9, None, None)
         .await
         .unwrap_err()
         .is_fence_lost());

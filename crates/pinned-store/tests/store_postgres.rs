@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pinned_store::conformance::{database_url, doc, unique_ns, Fixture, PostgresCleanup};
-use pinned_store::{BatchOp, PostgresOptions, PostgresStore, StateStore, StoreError};
+use pinned_store::{
+    BatchOp, InstanceKey, PostgresOptions, PostgresStore, StateStore, StoreError, TrayKey,
+};
 use serde_json::json;
 use tokio::time::Instant;
 use tokio_postgres::NoTls;
@@ -139,10 +141,22 @@ async fn rows_are_stamped_with_env_and_hostname() -> anyhow::Result<()> {
     })
     .await;
     plain
-        .set_tray(&ns, "a", "t", "1", false, doc(json!({})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::new("t", "1"),
+            false,
+            doc(json!({})),
+            1,
+        )
         .await?;
     stamped
-        .set_tray(&ns, "a", "t", "2", true, doc(json!({})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::new("t", "2"),
+            true,
+            doc(json!({})),
+            1,
+        )
         .await?;
     let client = raw().await;
     let stamps = |client: tokio_postgres::Client, ns: String| async move {
@@ -169,7 +183,13 @@ async fn rows_are_stamped_with_env_and_hostname() -> anyhow::Result<()> {
     );
     // An upsert overwrites the stamps.
     stamped
-        .set_tray(&ns, "a", "t", "1", false, doc(json!({})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::new("t", "1"),
+            false,
+            doc(json!({})),
+            1,
+        )
         .await?;
     let (_client, got) = stamps(client, ns.clone()).await;
     assert_eq!(
@@ -185,13 +205,18 @@ async fn a_failing_batch_applies_nothing_and_keeps_the_epoch() -> anyhow::Result
     let _cleanup = PostgresCleanup::new(&ns);
     let store = store_with(PostgresOptions::default()).await;
     store
-        .set_tray(&ns, "a", "t", "keep", false, doc(json!({"v": 1})), 2)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::new("t", "keep"),
+            false,
+            doc(json!({"v": 1})),
+            2,
+        )
         .await?;
     // Postgres TEXT cannot hold NUL: the second op fails after the first ran.
     let err = store
         .apply_batch(
-            &ns,
-            "a",
+            InstanceKey::new(&ns, "a"),
             vec![
                 BatchOp::set("t", "first", true, doc(json!({}))),
                 BatchOp::set("t", "bad\0id", true, doc(json!({}))),
@@ -211,7 +236,9 @@ async fn a_failing_batch_applies_nothing_and_keeps_the_epoch() -> anyhow::Result
         .await?
         .get(0);
     assert_eq!(epoch, 2, "the epoch advance was rolled back with the batch");
-    let rows = store.list(&ns, "a", 2, None, None).await?;
+    let rows = store
+        .list(InstanceKey::new(&ns, "a"), 2, None, None)
+        .await?;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].tray_id, "keep");
     Ok(())
@@ -231,7 +258,13 @@ async fn killed_idle_connections_are_replaced_on_checkout() -> anyhow::Result<()
     )
     .await?;
     store
-        .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": 1})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({"v": 1})),
+            1,
+        )
         .await?;
     // Kill every backend of this store behind its back: the pool still holds them.
     let client = raw().await;
@@ -246,9 +279,17 @@ async fn killed_idle_connections_are_replaced_on_checkout() -> anyhow::Result<()
     tokio::time::sleep(Duration::from_millis(100)).await;
     // The pool's liveness check notices the dead connections and dials anew.
     store
-        .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": 2})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({"v": 2})),
+            1,
+        )
         .await?;
-    let tray = store.get_tray(&ns, "a", "t", "~", 1).await?;
+    let tray = store
+        .get_tray(InstanceKey::new(&ns, "a"), TrayKey::singleton("t"), 1)
+        .await?;
     assert_eq!(tray.map(|t| t.doc), Some(doc(json!({"v": 2}))));
     Ok(())
 }
@@ -276,7 +317,13 @@ async fn a_pooled_connection_dying_mid_transaction_is_retried() -> anyhow::Resul
         let ns = ns.clone();
         tokio::spawn(async move {
             store
-                .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": "survived"})), 1)
+                .set_tray(
+                    InstanceKey::new(&ns, "a"),
+                    TrayKey::singleton("t"),
+                    false,
+                    doc(json!({"v": "survived"})),
+                    1,
+                )
                 .await
         })
     };
@@ -306,7 +353,10 @@ async fn a_pooled_connection_dying_mid_transaction_is_retried() -> anyhow::Resul
     tx.rollback().await?;
     op.await??;
     assert_eq!(
-        store.get_tray(&ns, "a", "t", "~", 1).await?.map(|t| t.doc),
+        store
+            .get_tray(InstanceKey::new(&ns, "a"), TrayKey::singleton("t"), 1)
+            .await?
+            .map(|t| t.doc),
         Some(doc(json!({"v": "survived"})))
     );
     Ok(())
@@ -320,7 +370,13 @@ async fn a_fresh_connection_failing_is_raised() {
     )
     .expect("config");
     let err = store
-        .set_tray("/n", "a", "t", "~", false, doc(json!({})), 1)
+        .set_tray(
+            InstanceKey::new("/n", "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({})),
+            1,
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Unavailable { .. }), "{err:?}");
@@ -375,7 +431,13 @@ async fn lock_timeouts_retry_only_on_pooled_connections() -> anyhow::Result<()> 
 
     let started = Instant::now();
     let err = fresh
-        .set_tray(&ns, "a", "t", "~", false, doc(json!({})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({})),
+            1,
+        )
         .await
         .unwrap_err();
     let fresh_took = started.elapsed();
@@ -394,14 +456,32 @@ async fn lock_timeouts_retry_only_on_pooled_connections() -> anyhow::Result<()> 
     // Warm both pool slots on another instance, then meet the lock on pooled ones:
     // one attempt plus `pool_size` retries.
     let (a, b) = tokio::join!(
-        store.set_tray(&ns, "warm1", "t", "~", false, doc(json!({})), 1),
-        store.set_tray(&ns, "warm2", "t", "~", false, doc(json!({})), 1)
+        store.set_tray(
+            InstanceKey::new(&ns, "warm1"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({})),
+            1
+        ),
+        store.set_tray(
+            InstanceKey::new(&ns, "warm2"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({})),
+            1
+        )
     );
     a?;
     b?;
     let started = Instant::now();
     let err = store
-        .set_tray(&ns, "a", "t", "~", false, doc(json!({})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({})),
+            1,
+        )
         .await
         .unwrap_err();
     let pooled_took = started.elapsed();
@@ -414,7 +494,13 @@ async fn lock_timeouts_retry_only_on_pooled_connections() -> anyhow::Result<()> 
 
     // Once the lock is gone the instance works again.
     store
-        .set_tray(&ns, "a", "t", "~", false, doc(json!({"ok": true})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({"ok": true})),
+            1,
+        )
         .await?;
     Ok(())
 }
@@ -434,14 +520,23 @@ async fn the_deadline_bounds_a_transaction() -> anyhow::Result<()> {
     )?;
     let tx = hold_instance_lock(&mut holder, &ns, "a").await;
     let started = Instant::now();
-    let err = fresh.get_tray(&ns, "a", "t", "~", 1).await.unwrap_err();
+    let err = fresh
+        .get_tray(InstanceKey::new(&ns, "a"), TrayKey::singleton("t"), 1)
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::Deadline { .. }), "{err:?}");
     assert!(err.retryable());
     assert!(started.elapsed() < Duration::from_secs(2));
     tx.rollback().await?;
     // The killed connection was not returned to the pool; a new one serves the next op.
     fresh
-        .set_tray(&ns, "a", "t", "~", false, doc(json!({})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({})),
+            1,
+        )
         .await?;
     Ok(())
 }
@@ -460,7 +555,13 @@ async fn a_cancelled_operation_does_not_leak_its_transaction() -> anyhow::Result
     // The caller gives up while the op waits for the row lock inside its transaction.
     let cancelled = tokio::time::timeout(
         Duration::from_millis(200),
-        store.set_tray(&ns, "a", "t", "~", false, doc(json!({"v": "cancelled"})), 3),
+        store.set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({"v": "cancelled"})),
+            3,
+        ),
     )
     .await;
     assert!(cancelled.is_err());
@@ -468,14 +569,29 @@ async fn a_cancelled_operation_does_not_leak_its_transaction() -> anyhow::Result
     // The only pool slot must come back clean: this op runs in a fresh transaction.
     let started = Instant::now();
     store
-        .set_tray(&ns, "b", "t", "~", false, doc(json!({})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "b"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({})),
+            1,
+        )
         .await?;
     store
-        .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": 1})), 1)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({"v": 1})),
+            1,
+        )
         .await?;
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(
-        store.get_tray(&ns, "a", "t", "~", 1).await?.map(|t| t.doc),
+        store
+            .get_tray(InstanceKey::new(&ns, "a"), TrayKey::singleton("t"), 1)
+            .await?
+            .map(|t| t.doc),
         Some(doc(json!({"v": 1}))),
         "the cancelled write (epoch 3) never committed"
     );
@@ -498,7 +614,13 @@ async fn transaction_sql_runs_in_every_transaction() -> anyhow::Result<()> {
     })
     .await;
     store
-        .set_tray("/hook", "a", "t", "~", true, doc(json!({"v": 1})), 2)
+        .set_tray(
+            InstanceKey::new("/hook", "a"),
+            TrayKey::singleton("t"),
+            true,
+            doc(json!({"v": 1})),
+            2,
+        )
         .await?;
     let count: i64 = client
         .query_one(
@@ -509,7 +631,7 @@ async fn transaction_sql_runs_in_every_transaction() -> anyhow::Result<()> {
         .get(0);
     assert_eq!(count, 1);
     assert!(store
-        .get_tray("/hook", "a", "t", "~", 1)
+        .get_tray(InstanceKey::new("/hook", "a"), TrayKey::singleton("t"), 1)
         .await
         .unwrap_err()
         .is_fence_lost());
@@ -528,7 +650,13 @@ async fn a_write_racing_an_acquirer_is_refused_after_it_commits() -> anyhow::Res
     let app = format!("pst-race-{}", std::process::id());
     let store = Arc::new(PostgresStore::open(&url_named(&app), PostgresOptions::default()).await?);
     store
-        .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": "epoch 4"})), 4)
+        .set_tray(
+            InstanceKey::new(&ns, "a"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({"v": "epoch 4"})),
+            4,
+        )
         .await?;
     // An acquirer (another worker taking the id over) locks the row and raises it.
     let mut holder = raw().await;
@@ -547,7 +675,13 @@ async fn a_write_racing_an_acquirer_is_refused_after_it_commits() -> anyhow::Res
         let (store, ns) = (store.clone(), ns.clone());
         tokio::spawn(async move {
             store
-                .set_tray(&ns, "a", "t", "~", false, doc(json!({"v": "late"})), 4)
+                .set_tray(
+                    InstanceKey::new(&ns, "a"),
+                    TrayKey::singleton("t"),
+                    false,
+                    doc(json!({"v": "late"})),
+                    4,
+                )
                 .await
         })
     };
@@ -576,7 +710,10 @@ async fn a_write_racing_an_acquirer_is_refused_after_it_commits() -> anyhow::Res
     let err = write.await?.unwrap_err();
     assert!(matches!(err, StoreError::FenceLost { .. }), "{err:?}");
     assert_eq!(
-        store.get_tray(&ns, "a", "t", "~", 9).await?.map(|t| t.doc),
+        store
+            .get_tray(InstanceKey::new(&ns, "a"), TrayKey::singleton("t"), 9)
+            .await?
+            .map(|t| t.doc),
         Some(doc(json!({"v": "epoch 4"}))),
         "the refused write left no trace"
     );
@@ -601,12 +738,24 @@ async fn a_group_write_fails_only_for_its_own_fault() -> anyhow::Result<()> {
     let ids: Vec<String> = (0..40).map(|i| format!("g{i}")).collect();
     for id in ids.iter().chain([&"bad".to_owned(), &"stale".to_owned()]) {
         store
-            .set_tray(&ns, id, "t", "~", true, doc(json!({"v": 0})), 1)
+            .set_tray(
+                InstanceKey::new(&ns, id),
+                TrayKey::singleton("t"),
+                true,
+                doc(json!({"v": 0})),
+                1,
+            )
             .await?;
     }
     // A newer owner took "stale": its writer at epoch 1 is fenced out.
     store
-        .set_tray(&ns, "stale", "t", "~", true, doc(json!({"v": "new"})), 2)
+        .set_tray(
+            InstanceKey::new(&ns, "stale"),
+            TrayKey::singleton("t"),
+            true,
+            doc(json!({"v": "new"})),
+            2,
+        )
         .await?;
 
     let mut writes = Vec::new();
@@ -614,20 +763,38 @@ async fn a_group_write_fails_only_for_its_own_fault() -> anyhow::Result<()> {
         let (store, ns, id) = (store.clone(), ns.clone(), id.clone());
         writes.push(tokio::spawn(async move {
             store
-                .set_tray(&ns, &id, "t", "~", false, doc(json!({ "v": n })), 1)
+                .set_tray(
+                    InstanceKey::new(&ns, &id),
+                    TrayKey::singleton("t"),
+                    false,
+                    doc(json!({ "v": n })),
+                    1,
+                )
                 .await
         }));
     }
     let (s, n) = (store.clone(), ns.clone());
     // jsonb holds no NUL character: the server refuses this document.
     let bad = tokio::spawn(async move {
-        s.set_tray(&n, "bad", "t", "~", true, doc(json!({"v": "\u{0}"})), 1)
-            .await
+        s.set_tray(
+            InstanceKey::new(&n, "bad"),
+            TrayKey::singleton("t"),
+            true,
+            doc(json!({"v": "\u{0}"})),
+            1,
+        )
+        .await
     });
     let (s, n) = (store.clone(), ns.clone());
     let stale = tokio::spawn(async move {
-        s.set_tray(&n, "stale", "t", "~", true, doc(json!({"v": "old"})), 1)
-            .await
+        s.set_tray(
+            InstanceKey::new(&n, "stale"),
+            TrayKey::singleton("t"),
+            true,
+            doc(json!({"v": "old"})),
+            1,
+        )
+        .await
     });
     for write in writes {
         write.await??;
@@ -638,20 +805,29 @@ async fn a_group_write_fails_only_for_its_own_fault() -> anyhow::Result<()> {
     assert!(stale.is_fence_lost(), "{stale:?}");
 
     for (n, id) in ids.iter().enumerate() {
-        let tray = store.get_tray(&ns, id, "t", "~", 1).await?.unwrap();
+        let tray = store
+            .get_tray(InstanceKey::new(&ns, id), TrayKey::singleton("t"), 1)
+            .await?
+            .unwrap();
         assert_eq!(
             (tray.marked, tray.doc),
             (false, doc(json!({ "v": n }))),
             "{id}"
         );
     }
-    let bad = store.get_tray(&ns, "bad", "t", "~", 1).await?.unwrap();
+    let bad = store
+        .get_tray(InstanceKey::new(&ns, "bad"), TrayKey::singleton("t"), 1)
+        .await?
+        .unwrap();
     assert_eq!(
         bad.doc,
         doc(json!({"v": 0})),
         "the refused write left nothing"
     );
-    let stale = store.get_tray(&ns, "stale", "t", "~", 2).await?.unwrap();
+    let stale = store
+        .get_tray(InstanceKey::new(&ns, "stale"), TrayKey::singleton("t"), 2)
+        .await?
+        .unwrap();
     assert_eq!(stale.doc, doc(json!({"v": "new"})));
     Ok(())
 }

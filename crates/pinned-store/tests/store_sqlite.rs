@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use pinned_store::conformance::{doc, Fixture};
-use pinned_store::{SqliteOptions, SqliteStore, StateStore, StoreError, SyncMode};
+use pinned_store::{
+    InstanceKey, SqliteOptions, SqliteStore, StateStore, StoreError, SyncMode, TrayKey,
+};
 use serde_json::json;
 
 async fn fixture() -> Fixture {
@@ -27,12 +29,17 @@ async fn survives_reopen() -> anyhow::Result<()> {
     let path = dir.path().join("state.db");
     let store = SqliteStore::open(&path, SqliteOptions::default()).await?;
     store
-        .set_tray("/n", "a", "t", "~", true, doc(json!({"v": 1})), 4)
+        .set_tray(
+            InstanceKey::new("/n", "a"),
+            TrayKey::singleton("t"),
+            true,
+            doc(json!({"v": 1})),
+            4,
+        )
         .await?;
     store
         .apply_batch(
-            "/n",
-            "a",
+            InstanceKey::new("/n", "a"),
             vec![pinned_store::BatchOp::set(
                 "t",
                 "k",
@@ -45,13 +52,18 @@ async fn survives_reopen() -> anyhow::Result<()> {
     store.close().await;
 
     let store = SqliteStore::open(&path, SqliteOptions::default()).await?;
-    let rows = store.list("/n", "a", 4, None, None).await?;
+    let rows = store
+        .list(InstanceKey::new("/n", "a"), 4, None, None)
+        .await?;
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0].tray_id, "k");
     assert_eq!(rows[1].doc, doc(json!({"v": 1})));
     assert!(rows[1].marked);
     // The epoch survived too.
-    let err = store.get_tray("/n", "a", "t", "~", 3).await.unwrap_err();
+    let err = store
+        .get_tray(InstanceKey::new("/n", "a"), TrayKey::singleton("t"), 3)
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::FenceLost { epoch: 3, .. }));
     store.close().await;
     Ok(())
@@ -64,7 +76,13 @@ async fn survives_drop_without_close() -> anyhow::Result<()> {
     {
         let store = SqliteStore::open(&path, SqliteOptions::default()).await?;
         store
-            .set_tray("/n", "a", "t", "~", false, doc(json!({"v": 1})), 1)
+            .set_tray(
+                InstanceKey::new("/n", "a"),
+                TrayKey::singleton("t"),
+                false,
+                doc(json!({"v": 1})),
+                1,
+            )
             .await?;
     }
     let store = SqliteStore::open(
@@ -75,7 +93,9 @@ async fn survives_drop_without_close() -> anyhow::Result<()> {
         },
     )
     .await?;
-    let tray = store.get_tray("/n", "a", "t", "~", 1).await?;
+    let tray = store
+        .get_tray(InstanceKey::new("/n", "a"), TrayKey::singleton("t"), 1)
+        .await?;
     assert_eq!(tray.map(|t| t.doc), Some(doc(json!({"v": 1}))));
     Ok(())
 }
@@ -86,10 +106,22 @@ async fn two_stores_share_one_file() -> anyhow::Result<()> {
     let path = dir.path().join("state.db");
     let a = SqliteStore::open(&path, SqliteOptions::default()).await?;
     let b = SqliteStore::open(&path, SqliteOptions::default()).await?;
-    a.set_tray("/n", "x", "t", "~", false, doc(json!({})), 2)
-        .await?;
+    a.set_tray(
+        InstanceKey::new("/n", "x"),
+        TrayKey::singleton("t"),
+        false,
+        doc(json!({})),
+        2,
+    )
+    .await?;
     let err = b
-        .set_tray("/n", "x", "t", "~", false, doc(json!({})), 1)
+        .set_tray(
+            InstanceKey::new("/n", "x"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({})),
+            1,
+        )
         .await
         .unwrap_err();
     assert!(err.is_fence_lost());
@@ -110,7 +142,13 @@ async fn rows_are_stamped_and_shaped_like_postgres() -> anyhow::Result<()> {
     )
     .await?;
     store
-        .set_tray("/n", "a", "t", "~", true, doc(json!({"v": 1})), 7)
+        .set_tray(
+            InstanceKey::new("/n", "a"),
+            TrayKey::singleton("t"),
+            true,
+            doc(json!({"v": 1})),
+            7,
+        )
         .await?;
     store.close().await;
     let conn = rusqlite::Connection::open(&path)?;

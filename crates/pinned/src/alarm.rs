@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::FutureExt;
 use parking_lot::Mutex;
-use pinned_store::{Doc, StateStore, StoreError};
+use pinned_store::{Doc, InstanceKey, StateStore, StoreError, TrayKey};
 use serde_json::Value;
 use tokio::task::AbortHandle;
 
@@ -40,6 +40,8 @@ use crate::slot::Slot;
 pub const ALARM_TRAY_NS: &str = "pinned";
 /// Tray id of the alarm row.
 pub const ALARM_TRAY_ID: &str = "alarm";
+/// The alarm row's key within its instance.
+const ALARM_TRAY: TrayKey<'static> = TrayKey::new(ALARM_TRAY_NS, ALARM_TRAY_ID);
 
 /// Why an alarm operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -269,10 +271,8 @@ impl Alarm {
         let epoch = self.slot.epoch().unwrap_or(0);
         let row = store
             .get_tray(
-                &self.slot.host.ns,
-                &self.slot.id,
-                ALARM_TRAY_NS,
-                ALARM_TRAY_ID,
+                InstanceKey::new(&self.slot.host.ns, &self.slot.id),
+                ALARM_TRAY,
                 epoch,
             )
             .await
@@ -304,7 +304,7 @@ async fn modify(
     let epoch = slot.epoch().unwrap_or(0);
     let _row = slot.alarm_state().row_turn.lock().await;
     let stored = store
-        .get_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)
+        .get_tray(InstanceKey::new(ns, id), ALARM_TRAY, epoch)
         .await?;
     let mut row = stored
         .as_ref()
@@ -314,14 +314,14 @@ async fn modify(
     match (row.encode(|| slot.host.domain.random_hex(16)), row.at()) {
         (Some(doc), Some(at)) => {
             store
-                .set_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, false, doc, epoch)
+                .set_tray(InstanceKey::new(ns, id), ALARM_TRAY, false, doc, epoch)
                 .await?;
             slot.host.arm(&slot.id, at);
         }
         _ => {
             if stored.is_some() {
                 store
-                    .delete_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)
+                    .delete_tray(InstanceKey::new(ns, id), ALARM_TRAY, epoch)
                     .await?;
             }
             slot.host.disarm(id);
@@ -359,10 +359,8 @@ async fn read(slot: &Arc<Slot>) -> Result<Option<AlarmRow>, AlarmError> {
     let store = slot.host.store.as_ref().ok_or(AlarmError::NoStore)?;
     let row = store
         .get_tray(
-            &slot.host.ns,
-            &slot.id,
-            ALARM_TRAY_NS,
-            ALARM_TRAY_ID,
+            InstanceKey::new(&slot.host.ns, &slot.id),
+            ALARM_TRAY,
             slot.epoch().unwrap_or(0),
         )
         .await?;
@@ -512,7 +510,7 @@ async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
     let row = {
         let _row = state.row_turn.lock().await;
         store
-            .get_tray(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)
+            .get_tray(InstanceKey::new(ns, id), ALARM_TRAY, epoch)
             .await
             .map_err(RunError::Store)?
     };
@@ -694,7 +692,7 @@ impl HostShared {
         spawn_detached(&self.domain, async move {
             let epoch = slot.epoch().unwrap_or(0);
             match store
-                .get_tray(&host.ns, &slot.id, ALARM_TRAY_NS, ALARM_TRAY_ID, epoch)
+                .get_tray(InstanceKey::new(&host.ns, &slot.id), ALARM_TRAY, epoch)
                 .await
             {
                 Ok(Some(tray)) => {

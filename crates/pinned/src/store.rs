@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use pinned_store::{BatchOp, Doc, StateStore, StoreError, Tray, TrayRow};
+use pinned_store::{BatchOp, Doc, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -160,6 +160,11 @@ impl InstanceStore {
         self.slot.epoch().unwrap_or(0)
     }
 
+    /// The instance this store reads and writes, as the store names it.
+    fn instance(&self) -> InstanceKey<'_> {
+        InstanceKey::new(&self.slot.host.ns, &self.slot.id)
+    }
+
     /// Passes a store answer through; a lost fence first aborts the
     /// instance: a newer activation owns its rows, so this one's memory
     /// must not run ahead of the store (its in-flight requests answer 503
@@ -185,10 +190,15 @@ impl InstanceStore {
         doc: Doc,
     ) -> Result<(), InstanceStoreError> {
         writable(tray_ns)?;
-        let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
         let written = self
             .store
-            .set_tray(ns, id, tray_ns, tray_id, marked, doc, self.epoch())
+            .set_tray(
+                self.instance(),
+                TrayKey::new(tray_ns, tray_id),
+                marked,
+                doc,
+                self.epoch(),
+            )
             .await;
         self.fenced(written)
     }
@@ -204,10 +214,13 @@ impl InstanceStore {
         tray_id: &str,
     ) -> Result<(), InstanceStoreError> {
         writable(tray_ns)?;
-        let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
         let deleted = self
             .store
-            .delete_tray(ns, id, tray_ns, tray_id, self.epoch())
+            .delete_tray(
+                self.instance(),
+                TrayKey::new(tray_ns, tray_id),
+                self.epoch(),
+            )
             .await;
         self.fenced(deleted)
     }
@@ -222,10 +235,13 @@ impl InstanceStore {
         tray_ns: &str,
         tray_id: &str,
     ) -> Result<Option<Tray>, InstanceStoreError> {
-        let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
         let read = self
             .store
-            .get_tray(ns, id, tray_ns, tray_id, self.epoch())
+            .get_tray(
+                self.instance(),
+                TrayKey::new(tray_ns, tray_id),
+                self.epoch(),
+            )
             .await;
         self.fenced(read)
     }
@@ -336,8 +352,10 @@ impl InstanceStore {
         tray_ns: Option<&str>,
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, InstanceStoreError> {
-        let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
-        let rows = self.store.list(ns, id, self.epoch(), tray_ns, marked).await;
+        let rows = self
+            .store
+            .list(self.instance(), self.epoch(), tray_ns, marked)
+            .await;
         self.fenced(rows)
     }
 
@@ -349,10 +367,12 @@ impl InstanceStore {
     ///
     /// A lost fence, a store failure.
     pub async fn delete_all(&self) -> Result<(), InstanceStoreError> {
-        let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
-        let deleted = self.store.delete_instance(ns, id, self.epoch()).await;
+        let deleted = self
+            .store
+            .delete_instance(self.instance(), self.epoch())
+            .await;
         self.fenced(deleted)?;
-        self.slot.host.disarm(id);
+        self.slot.host.disarm(&self.slot.id);
         Ok(())
     }
 
@@ -363,10 +383,12 @@ impl InstanceStore {
     /// An op in the reserved namespace, a lost fence, a store failure.
     pub async fn apply_batch(&self, ops: Vec<BatchOp>) -> Result<(), InstanceStoreError> {
         for op in &ops {
-            writable(op.key().0)?;
+            writable(op.key().tray_ns)?;
         }
-        let (ns, id) = (&*self.slot.host.ns, &*self.slot.id);
-        let applied = self.store.apply_batch(ns, id, ops, self.epoch()).await;
+        let applied = self
+            .store
+            .apply_batch(self.instance(), ops, self.epoch())
+            .await;
         self.fenced(applied)
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::routing::post;
 use axum::{Json, Router};
-use pinned::pinned_store::{Doc, MemoryStore, StateStore};
+use pinned::pinned_store::{Doc, InstanceKey, MemoryStore, StateStore, TrayKey};
 use pinned::{BoxError, Call, Context, Object, Options};
 use serde_json::json;
 use support::json;
@@ -53,7 +53,13 @@ async fn a_lost_fence_aborts_the_instance() {
     assert_eq!((status, body["written"].clone()), (200, json!(true)));
     // A newer owner (epoch 2, elsewhere in the fleet) writes the same id.
     store
-        .set_tray("/w", "x", "notes", "~", false, Doc::new(), 2)
+        .set_tray(
+            InstanceKey::new("/w", "x"),
+            TrayKey::singleton("notes"),
+            false,
+            Doc::new(),
+            2,
+        )
         .await
         .expect("the newer owner writes");
     let (status, body) = json(write(1).await.expect("send")).await;

@@ -17,7 +17,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use parking_lot::Mutex;
-use pinned::pinned_store::{FailingStore, MemoryStore, SqliteOptions, SqliteStore, StateStore};
+use pinned::pinned_store::{
+    FailingStore, InstanceKey, MemoryStore, SqliteOptions, SqliteStore, StateStore, TrayKey,
+};
 use pinned::tray::{
     Fields, Queue, Tray, TrayCtx, TrayError, TrayHandle, TrayHandler, Trays, Value,
 };
@@ -400,7 +402,11 @@ async fn row(
     tray_id: &str,
 ) -> Option<(bool, serde_json::Value)> {
     store
-        .get_tray("/runners", id, tray_ns, tray_id, 0)
+        .get_tray(
+            InstanceKey::new("/runners", id),
+            TrayKey::new(tray_ns, tray_id),
+            0,
+        )
         .await
         .unwrap()
         .map(|tray| (tray.marked, serde_json::Value::Object(tray.doc)))
@@ -412,7 +418,13 @@ async fn seed(store: &SqliteStore, id: &str, tray_ns: &str, marked: bool, doc: s
         panic!("a doc is an object");
     };
     store
-        .set_tray("/runners", id, tray_ns, "~", marked, doc, 0)
+        .set_tray(
+            InstanceKey::new("/runners", id),
+            TrayKey::singleton(tray_ns),
+            marked,
+            doc,
+            0,
+        )
         .await
         .unwrap();
 }
@@ -656,10 +668,8 @@ async fn a_marked_row_of_an_undeclared_tray_fails_activation() {
     setup
         .store
         .set_tray(
-            "/runners",
-            "ghost",
-            "gone",
-            "~",
+            InstanceKey::new("/runners", "ghost"),
+            TrayKey::singleton("gone"),
             true,
             serde_json::Map::new(),
             0,
@@ -674,10 +684,8 @@ async fn a_marked_row_of_an_undeclared_tray_fails_activation() {
     setup
         .store
         .set_tray(
-            "/runners",
-            "ghost",
-            "gone",
-            "~",
+            InstanceKey::new("/runners", "ghost"),
+            TrayKey::singleton("gone"),
             false,
             serde_json::Map::new(),
             0,
@@ -812,7 +820,11 @@ async fn crash_run(fail_at: usize, applied: bool) -> (Vec<String>, Vec<String>, 
     })
     .await;
     let done = match inner
-        .get_tray("/runners", "x", "jobs", "~", u64::MAX / 2)
+        .get_tray(
+            InstanceKey::new("/runners", "x"),
+            TrayKey::singleton("jobs"),
+            u64::MAX / 2,
+        )
         .await
         .unwrap()
     {

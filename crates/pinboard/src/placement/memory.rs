@@ -17,6 +17,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use parking_lot::Mutex;
+use pinned_store::InstanceKey;
 use pinned_wire::registry::ControlMessage;
 
 use super::{
@@ -271,14 +272,14 @@ impl PlacementStore for MemoryStore {
 
     async fn resolve_or_claim(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         candidate: Option<&str>,
         stale: Option<(&str, u64)>,
         floor: u64,
         generation: &Generation,
         now: Now,
     ) -> Result<ClaimOutcome, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let mut st = self.state.lock();
         let key = (ns.to_owned(), id.to_owned());
         let (owner, epoch) = match st.rows.get(&key) {
@@ -320,13 +321,13 @@ impl PlacementStore for MemoryStore {
 
     async fn reclaim(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         prev_session: Option<&str>,
         floor: u64,
         now: Now,
     ) -> Result<ReclaimOutcome, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let mut st = self.state.lock();
         let key = (ns.to_owned(), id.to_owned());
         let (owner, epoch) = match st.rows.get(&key) {
@@ -360,11 +361,11 @@ impl PlacementStore for MemoryStore {
 
     async fn release(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         epoch: Option<u64>,
     ) -> Result<bool, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let mut st = self.state.lock();
         let Some(row) = st.rows.get_mut(&(ns.to_owned(), id.to_owned())) else {
             return Ok(false);
@@ -379,12 +380,12 @@ impl PlacementStore for MemoryStore {
 
     async fn tag(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         epoch: Option<u64>,
         tag: &str,
     ) -> Result<bool, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let mut st = self.state.lock();
         let Some(row) = st.rows.get_mut(&(ns.to_owned(), id.to_owned())) else {
             return Ok(false);
@@ -398,11 +399,11 @@ impl PlacementStore for MemoryStore {
 
     async fn settle(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         epoch: u64,
     ) -> Result<bool, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let mut st = self.state.lock();
         match st.rows.get_mut(&(ns.to_owned(), id.to_owned())) {
             Some(row) if row.owner == session_id && row.epoch == epoch => {
@@ -415,10 +416,10 @@ impl PlacementStore for MemoryStore {
 
     async fn placement(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         now: Now,
     ) -> Result<Option<PlacementEntry>, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let st = self.state.lock();
         Ok(st
             .rows
@@ -634,7 +635,7 @@ mod tests {
         s.put_worker(&rec("a"), 100, at(0)).await.expect("put");
         s.put_worker(&rec("b"), 1000, at(0)).await.expect("put");
         let first = s
-            .resolve_or_claim("/c", "x", Some("a"), None, 5, &g, at(1))
+            .resolve_or_claim(InstanceKey::new("/c", "x"), Some("a"), None, 5, &g, at(1))
             .await
             .expect("claim");
         let ClaimOutcome::Claimed(p) = first else {
@@ -642,13 +643,13 @@ mod tests {
         };
         assert_eq!(p.epoch, 5);
         let second = s
-            .resolve_or_claim("/c", "x", Some("b"), None, 5, &g, at(2))
+            .resolve_or_claim(InstanceKey::new("/c", "x"), Some("b"), None, 5, &g, at(2))
             .await
             .expect("claim");
         assert_eq!(second, ClaimOutcome::Owned(p.clone()));
         // a's lease lapses at 100: b takes over above a's epoch.
         let third = s
-            .resolve_or_claim("/c", "x", Some("b"), None, 5, &g, at(150))
+            .resolve_or_claim(InstanceKey::new("/c", "x"), Some("b"), None, 5, &g, at(150))
             .await
             .expect("claim");
         assert_eq!(
@@ -665,13 +666,19 @@ mod tests {
         let s = MemoryStore::new();
         let g = opened(&s).await;
         s.put_worker(&rec("a"), 1000, at(0)).await.expect("put");
-        s.resolve_or_claim("/c", "x", Some("a"), None, 10, &g, at(0))
+        s.resolve_or_claim(InstanceKey::new("/c", "x"), Some("a"), None, 10, &g, at(0))
             .await
             .expect("claim");
-        assert!(!s.release("/c", "x", "a", Some(9)).await.expect("release"));
-        assert!(s.release("/c", "x", "a", Some(10)).await.expect("release"));
+        assert!(!s
+            .release(InstanceKey::new("/c", "x"), "a", Some(9))
+            .await
+            .expect("release"));
+        assert!(s
+            .release(InstanceKey::new("/c", "x"), "a", Some(10))
+            .await
+            .expect("release"));
         let again = s
-            .resolve_or_claim("/c", "x", Some("a"), None, 3, &g, at(1))
+            .resolve_or_claim(InstanceKey::new("/c", "x"), Some("a"), None, 3, &g, at(1))
             .await
             .expect("claim");
         assert!(matches!(
@@ -686,15 +693,29 @@ mod tests {
         let g = opened(&s).await;
         s.put_worker(&rec("old"), 1000, at(0)).await.expect("put");
         s.put_worker(&rec("other"), 1000, at(0)).await.expect("put");
-        s.resolve_or_claim("/c", "mine", Some("old"), None, 7, &g, at(0))
-            .await
-            .expect("claim");
-        s.resolve_or_claim("/c", "theirs", Some("other"), None, 7, &g, at(0))
-            .await
-            .expect("claim");
+        s.resolve_or_claim(
+            InstanceKey::new("/c", "mine"),
+            Some("old"),
+            None,
+            7,
+            &g,
+            at(0),
+        )
+        .await
+        .expect("claim");
+        s.resolve_or_claim(
+            InstanceKey::new("/c", "theirs"),
+            Some("other"),
+            None,
+            7,
+            &g,
+            at(0),
+        )
+        .await
+        .expect("claim");
         s.put_worker(&rec("new"), 1000, at(1)).await.expect("put");
         let mine = s
-            .reclaim("/c", "mine", "new", Some("old"), 9, at(1))
+            .reclaim(InstanceKey::new("/c", "mine"), "new", Some("old"), 9, at(1))
             .await
             .expect("reclaim");
         assert_eq!(
@@ -705,7 +726,13 @@ mod tests {
             })
         );
         let theirs = s
-            .reclaim("/c", "theirs", "new", Some("old"), 9, at(1))
+            .reclaim(
+                InstanceKey::new("/c", "theirs"),
+                "new",
+                Some("old"),
+                9,
+                at(1),
+            )
             .await
             .expect("reclaim");
         assert_eq!(theirs, ReclaimOutcome::Duplicate);
@@ -745,7 +772,14 @@ mod tests {
         s.wipe();
         s.put_worker(&rec("a"), 1000, at(0)).await.expect("put");
         let lost = s
-            .resolve_or_claim("/c", "x", Some("a"), None, 1, &first, at(1))
+            .resolve_or_claim(
+                InstanceKey::new("/c", "x"),
+                Some("a"),
+                None,
+                1,
+                &first,
+                at(1),
+            )
             .await
             .expect("claim");
         assert_eq!(lost, ClaimOutcome::GenerationLost(None));
@@ -756,9 +790,16 @@ mod tests {
             .expect("open");
         assert_eq!(second.quarantine_until_wall_ms(), Some(9));
         assert!(matches!(
-            s.resolve_or_claim("/c", "x", Some("a"), None, 1, &second, at(1))
-                .await
-                .expect("claim"),
+            s.resolve_or_claim(
+                InstanceKey::new("/c", "x"),
+                Some("a"),
+                None,
+                1,
+                &second,
+                at(1)
+            )
+            .await
+            .expect("claim"),
             ClaimOutcome::Claimed(_)
         ));
     }
@@ -773,12 +814,22 @@ mod tests {
             .expect("put");
         for i in 0..100 {
             let owner = if i % 2 == 0 { "short" } else { "long" };
-            s.resolve_or_claim("/c", &format!("i{i}"), Some(owner), None, 1, &g, at(1))
-                .await
-                .expect("claim");
+            s.resolve_or_claim(
+                InstanceKey::new("/c", &format!("i{i}")),
+                Some(owner),
+                None,
+                1,
+                &g,
+                at(1),
+            )
+            .await
+            .expect("claim");
         }
         // One of the live owner's ids is released.
-        assert!(s.release("/c", "i1", "long", None).await.expect("release"));
+        assert!(s
+            .release(InstanceKey::new("/c", "i1"), "long", None)
+            .await
+            .expect("release"));
         s.expire_placements(0, at(50)).await.expect("expire");
         assert_eq!(s.rows(), 100, "released, but within its grace");
         // "short" lapses at 100: its rows are vacated from the next pass on.

@@ -36,6 +36,7 @@
 //! All keys of one deployment live in one Redis (scripts touch keys they
 //! derive from a prefix): not for Redis Cluster.
 
+use pinned_store::InstanceKey;
 use pinned_wire::registry::ControlMessage;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
@@ -694,14 +695,14 @@ impl PlacementStore for RedisStore {
 
     async fn resolve_or_claim(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         candidate: Option<&str>,
         stale: Option<(&str, u64)>,
         floor: u64,
         generation: &Generation,
         _now: Now,
     ) -> Result<ClaimOutcome, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let name = Self::row_name(ns, id);
         let mut conn = self.conn.clone();
         let v: Value = self
@@ -748,13 +749,13 @@ impl PlacementStore for RedisStore {
 
     async fn reclaim(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         prev_session: Option<&str>,
         floor: u64,
         _now: Now,
     ) -> Result<ReclaimOutcome, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let name = Self::row_name(ns, id);
         let mut conn = self.conn.clone();
         let v: Value = self
@@ -784,11 +785,11 @@ impl PlacementStore for RedisStore {
 
     async fn release(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         epoch: Option<u64>,
     ) -> Result<bool, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let name = Self::row_name(ns, id);
         let mut conn = self.conn.clone();
         let n: i64 = self
@@ -808,12 +809,12 @@ impl PlacementStore for RedisStore {
 
     async fn tag(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         epoch: Option<u64>,
         tag: &str,
     ) -> Result<bool, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let mut conn = self.conn.clone();
         let n: i64 = self
             .scripts
@@ -829,11 +830,11 @@ impl PlacementStore for RedisStore {
 
     async fn settle(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         session_id: &str,
         epoch: u64,
     ) -> Result<bool, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let name = Self::row_name(ns, id);
         let mut conn = self.conn.clone();
         let n: i64 = self
@@ -851,10 +852,10 @@ impl PlacementStore for RedisStore {
 
     async fn placement(
         &self,
-        ns: &str,
-        id: &str,
+        instance: InstanceKey<'_>,
         _now: Now,
     ) -> Result<Option<PlacementEntry>, StoreError> {
+        let InstanceKey { ns, id } = instance;
         let name = Self::row_name(ns, id);
         let mut conn = self.conn.clone();
         let v: Value = self

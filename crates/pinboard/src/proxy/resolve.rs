@@ -84,6 +84,7 @@ use prometheus_client::metrics::counter::Counter;
 
 use crate::clock::{Clock, Entropy, EpochFloor, Now};
 use crate::operator::moves::{Claim, MoveLog, MoveReason};
+use crate::placement::InstanceKey;
 use crate::placement::{
     choose_candidate, ClaimOutcome, Generation, Placement, PlacementStore, StoreError, WorkerRecord,
 };
@@ -417,7 +418,11 @@ impl<S: PlacementStore> Directory<S> {
             return;
         }
         let session = &route.worker.record.session_id;
-        match self.store.settle(ns, id, session, route.epoch).await {
+        match self
+            .store
+            .settle(InstanceKey::new(ns, id), session, route.epoch)
+            .await
+        {
             Ok(_) => route.settled.store(true, Ordering::Release),
             Err(error) => {
                 tracing::debug!(target: "pinboard::placement", ns, id, %error, "could not record the placement as settled");
@@ -756,7 +761,11 @@ impl<S: PlacementStore> Directory<S> {
         self.invalidate(key);
         let released = self
             .store
-            .release(ns, id, &placement.session_id, Some(placement.epoch))
+            .release(
+                InstanceKey::new(ns, id),
+                &placement.session_id,
+                Some(placement.epoch),
+            )
             .await?;
         if released {
             self.counters.rolled_back.inc();
@@ -888,8 +897,7 @@ impl<S: PlacementStore> Directory<S> {
             let (placement, claimed) = match self
                 .store
                 .resolve_or_claim(
-                    ns,
-                    id,
+                    InstanceKey::new(ns, id),
                     candidate,
                     avoid.stale,
                     floor,
@@ -1029,8 +1037,7 @@ mod tests {
         let (dir, clock, store) = setup(1000).await;
         store
             .resolve_or_claim(
-                "/c",
-                "old",
+                InstanceKey::new("/c", "old"),
                 Some("a"),
                 None,
                 1,

@@ -10,6 +10,7 @@ use axum::routing::post;
 use axum::Router;
 use clap::Parser;
 use pinned_store::MemoryStore as StateMemory;
+use pinned_store::{InstanceKey, TrayKey};
 use serde_json::{json, Value};
 
 use super::*;
@@ -129,7 +130,13 @@ async fn due(state: &StateMemory, id: &str) {
     let doc = json!({"at": at, "nonce": "n"});
     let Value::Object(doc) = doc else { return };
     state
-        .set_tray(NS, id, "pinned", "alarm", false, doc, 0)
+        .set_tray(
+            InstanceKey::new(NS, id),
+            TrayKey::new("pinned", "alarm"),
+            false,
+            doc,
+            0,
+        )
         .await
         .expect("set alarm");
 }
@@ -181,7 +188,14 @@ async fn a_pinned_refusal_moves_the_id_to_another_worker_next_lap() {
         .expect("generation")
         .expect("opened");
     app.store
-        .resolve_or_claim(NS, "a", Some("sick"), None, 1, &generation, now)
+        .resolve_or_claim(
+            InstanceKey::new(NS, "a"),
+            Some("sick"),
+            None,
+            1,
+            &generation,
+            now,
+        )
         .await
         .expect("claim");
     due(&state, "a").await;

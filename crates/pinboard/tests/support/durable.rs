@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use parking_lot::Mutex;
-use pinned_store::{PostgresOptions, PostgresStore, StateStore};
+use pinned_store::{InstanceKey, PostgresOptions, PostgresStore, StateStore, TrayKey};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
@@ -177,7 +177,11 @@ async fn alarm(
     // The alarm "ran": delete its row at our epoch, then answer.
     match f
         .store
-        .delete_tray(&format!("/{ns}"), &id, "pinned", "alarm", epoch)
+        .delete_tray(
+            InstanceKey::new(&format!("/{ns}"), &id),
+            TrayKey::new("pinned", "alarm"),
+            epoch,
+        )
         .await
     {
         Ok(()) => axum::Json(json!({"fired": true})).into_response(),

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
-use pinned_store::{BatchOp, Doc, StateStore};
+use pinned_store::{BatchOp, Doc, InstanceKey, StateStore};
 use tokio::sync::watch;
 
 use super::TrayError;
@@ -159,7 +159,8 @@ impl Frontier {
             let outcome = match work {
                 Work::Batch(ops) => tokio::time::timeout(
                     FLUSH_DEADLINE,
-                    self.store.apply_batch(&slot.host.ns, &slot.id, ops, epoch),
+                    self.store
+                        .apply_batch(InstanceKey::new(&slot.host.ns, &slot.id), ops, epoch),
                 )
                 .await
                 .map(|done| done.map_err(|error| error.to_string())),

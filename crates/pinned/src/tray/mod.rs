@@ -84,7 +84,7 @@ pub(crate) use declare::Declared;
 pub(crate) use open::InstanceTrays;
 
 /// The singleton tray's id in its row (`tray_id`).
-pub const SINGLETON_ID: &str = "~";
+pub const SINGLETON_ID: &str = pinned_store::SINGLETON_TRAY_ID;
 
 /// Default [`Tray::MAX_ATTEMPTS`].
 pub const DEFAULT_MAX_ATTEMPTS: u64 = 10;

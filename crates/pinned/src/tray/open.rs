@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use pinned_store::{Doc, StateStore};
+use pinned_store::{Doc, InstanceKey, StateStore, TrayKey};
 
 use super::declare::{Declared, Spec};
 use super::frontier::Frontier;
@@ -107,7 +107,11 @@ impl InstanceTrays {
         let row = Self::fenced(
             &slot,
             self.store
-                .get_tray(&slot.host.ns, &slot.id, T::NAME, key, epoch)
+                .get_tray(
+                    InstanceKey::new(&slot.host.ns, &slot.id),
+                    TrayKey::new(T::NAME, key),
+                    epoch,
+                )
                 .await,
         )?;
         if row.is_none() && !create {
@@ -189,13 +193,17 @@ impl InstanceTrays {
         let (ns, id) = (&slot.host.ns, &slot.id);
         let mut rows = Self::fenced(
             &slot,
-            self.store.list(ns, id, epoch, None, Some(true)).await,
+            self.store
+                .list(InstanceKey::new(ns, id), epoch, None, Some(true))
+                .await,
         )?;
         for spec in &self.declared.specs {
             if spec.always_open && spec.keyed {
                 rows.extend(Self::fenced(
                     &slot,
-                    self.store.list(ns, id, epoch, Some(spec.name), None).await,
+                    self.store
+                        .list(InstanceKey::new(ns, id), epoch, Some(spec.name), None)
+                        .await,
                 )?);
             }
         }
@@ -240,7 +248,11 @@ impl InstanceTrays {
             let row = Self::fenced(
                 &slot,
                 self.store
-                    .get_tray(ns, id, spec.name, SINGLETON_ID, epoch)
+                    .get_tray(
+                        InstanceKey::new(ns, id),
+                        TrayKey::singleton(spec.name),
+                        epoch,
+                    )
                     .await,
             )?;
             self.insert(spec, key.1, row.map(|row| (row.marked, row.doc)))?;
