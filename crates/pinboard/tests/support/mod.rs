@@ -27,10 +27,15 @@ pub const LEASE_TTL_MS: u64 = 2000;
 #[allow(unused_imports)] // not every suite uses every helper
 pub use test_support::{eventually, free_port, get_json, python};
 
+/// A log file of its own for each process a test starts: tests of one
+/// binary run in parallel, and one reading its pinboard's log must not see
+/// another's.
 fn log_path(name: &str) -> PathBuf {
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = std::env::temp_dir().join("pinboard-tests");
     std::fs::create_dir_all(&dir).expect("log dir");
-    dir.join(format!("{name}-{}.log", std::process::id()))
+    dir.join(format!("{name}-{}-{n}.log", std::process::id()))
 }
 
 fn log_file(name: &str) -> std::fs::File {
