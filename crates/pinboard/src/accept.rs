@@ -39,19 +39,17 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tower::ServiceExt;
 
 use pinned_edge::defaults::MIN_READ_BUFFER;
-use pinned_edge::drive::drive;
+use pinned_edge::drive::serve_connection;
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use pinned_edge::tls::{self, HandshakeError};
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use self::backoff::{AcceptBackoff, Throttle};
-use self::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
+use self::phase::{ConnTimeouts, Lapse, Phase, Tracked};
 use crate::config::Config;
 use crate::placement::PlacementStore;
 use crate::proxy::{self, ClientAddr, UpgradeHold};
@@ -222,22 +220,8 @@ pub async fn serve<S: PlacementStore>(
                 }
                 Err(error) => {
                     app.metrics.accept_errors.inc();
-                    let reaction = backoff.failed(&error, tokio::time::Instant::now());
-                    if let Some(held) = reaction.log {
-                        tracing::warn!(
-                            target: "pinboard::accept",
-                            %error,
-                            pause_ms = reaction.pause.as_millis() as u64,
-                            failures_since_last_line = held,
-                            "accept failed; pausing accepts"
-                        );
-                    }
-                    if !reaction.pause.is_zero() {
-                        tokio::select! {
-                            biased;
-                            () = &mut shutdown => break,
-                            () = tokio::time::sleep(reaction.pause) => {}
-                        }
+                    if !backoff.wait_after(&error, &mut shutdown).await {
+                        break;
                     }
                     continue;
                 }
@@ -338,10 +322,12 @@ async fn io_loop<S: PlacementStore>(
         let (tls, timeouts) = (settings.tls.clone(), settings.timeouts);
         tokio::spawn(async move {
             let lapse = match tls {
-                None => serve_one(&http, tcp, service, &phase, timeouts, stopping).await,
+                None => serve_connection(&http, tcp, service, &phase, timeouts, stopping).await,
                 // The header deadline counts from accept, handshake included.
                 Some(acceptor) => match tls::accept(&acceptor, tcp, timeouts.header).await {
-                    Ok(tls) => serve_one(&http, tls, service, &phase, timeouts, stopping).await,
+                    Ok(tls) => {
+                        serve_connection(&http, tls, service, &phase, timeouts, stopping).await
+                    }
                     Err(HandshakeError::TimedOut(_)) => Some(Lapse::Header),
                     Err(HandshakeError::Failed(error)) => {
                         app.metrics.tls_handshake_failures.inc();
@@ -372,29 +358,6 @@ async fn io_loop<S: PlacementStore>(
             "shutdown deadline passed; dropping the connections still open"
         );
     }
-}
-
-/// Serves one connection over `io` (plain TCP or TLS) to its end under the
-/// phase deadlines; `Some` when a deadline closed it.
-async fn serve_one<IO, Svc>(
-    http: &http1::Builder,
-    io: IO,
-    service: Svc,
-    phase: &Phase,
-    timeouts: ConnTimeouts,
-    stopping: watch::Receiver<()>,
-) -> Option<Lapse>
-where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    Svc: hyper::service::HttpService<Incoming>,
-    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    Svc::ResBody: 'static,
-    <Svc::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let connection = http
-        .serve_connection(TokioIo::new(Watched::new(io, phase.clone())), service)
-        .with_upgrades();
-    drive(connection, phase, timeouts, stopping).await
 }
 
 async fn route<S: PlacementStore>(

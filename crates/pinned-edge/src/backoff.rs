@@ -12,6 +12,7 @@
 //! succeeds again: a persistent failure costs a few wake-ups a second, not
 //! a hot loop.
 
+use std::future::Future;
 use std::io;
 use std::time::Duration;
 
@@ -61,6 +62,35 @@ pub struct AcceptBackoff {
     pause: Option<Duration>,
     failures: u64,
     log: Throttle,
+}
+
+impl AcceptBackoff {
+    /// After a failed accept: logs `error` when the throttle lets it
+    /// through, then waits the pause [`failed`](Self::failed) sets, unless
+    /// `shutdown` completes first. False when it did (stop accepting).
+    pub async fn wait_after<F: Future<Output = ()> + Unpin>(
+        &mut self,
+        error: &io::Error,
+        shutdown: &mut F,
+    ) -> bool {
+        let reaction = self.failed(error, Instant::now());
+        if let Some(held) = reaction.log {
+            tracing::warn!(
+                %error,
+                pause_ms = u64::try_from(reaction.pause.as_millis()).unwrap_or(u64::MAX),
+                failures_since_last_line = held,
+                "accept failed; pausing accepts"
+            );
+        }
+        if reaction.pause.is_zero() {
+            return true;
+        }
+        tokio::select! {
+            biased;
+            () = shutdown => false,
+            () = tokio::time::sleep(reaction.pause) => true,
+        }
+    }
 }
 
 /// What to do after a failed accept.

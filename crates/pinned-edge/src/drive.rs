@@ -10,9 +10,11 @@ use std::pin::Pin;
 
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
-use crate::phase::{Check, ConnTimeouts, Lapse, Phase};
+use crate::phase::{Check, ConnTimeouts, Lapse, Phase, Watched};
 
 /// A connection future that can be asked to finish gracefully (stop
 /// reading new requests, finish the one in flight).
@@ -82,4 +84,29 @@ where
             },
         }
     }
+}
+
+/// Serves one HTTP/1 connection over `io` (plain TCP or TLS) with
+/// `service`, upgrades allowed, to its end under the phase deadlines (see
+/// [`drive`]): `Some` when a deadline closed it. The socket reports its
+/// reads to `phase`.
+pub async fn serve_connection<IO, Svc>(
+    http: &http1::Builder,
+    io: IO,
+    service: Svc,
+    phase: &Phase,
+    timeouts: ConnTimeouts,
+    stopping: watch::Receiver<()>,
+) -> Option<Lapse>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    Svc: hyper::service::HttpService<Incoming>,
+    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    Svc::ResBody: 'static,
+    <Svc::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let connection = http
+        .serve_connection(TokioIo::new(Watched::new(io, phase.clone())), service)
+        .with_upgrades();
+    drive(connection, phase, timeouts, stopping).await
 }

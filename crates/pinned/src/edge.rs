@@ -28,13 +28,12 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use pinned_edge::backoff::{AcceptBackoff, Throttle};
-use pinned_edge::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
+use pinned_edge::drive::serve_connection;
+use pinned_edge::phase::{ConnTimeouts, Lapse, Phase, Tracked};
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use pinned_edge::tls::{self, HandshakeError};
-use pinned_edge::{cap, defaults, drive};
-use tokio::io::{AsyncRead, AsyncWrite};
+use pinned_edge::{cap, defaults};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -149,21 +148,8 @@ pub(crate) async fn serve(
                     accepted
                 }
                 Err(error) => {
-                    let reaction = backoff.failed(&error, tokio::time::Instant::now());
-                    if let Some(held) = reaction.log {
-                        tracing::warn!(
-                            %error,
-                            pause_ms = reaction.pause.as_millis() as u64,
-                            failures_since_last_line = held,
-                            "accept failed; pausing accepts"
-                        );
-                    }
-                    if !reaction.pause.is_zero() {
-                        tokio::select! {
-                            biased;
-                            () = &mut shutdown => break,
-                            () = tokio::time::sleep(reaction.pause) => {}
-                        }
+                    if !backoff.wait_after(&error, &mut shutdown).await {
+                        break;
                     }
                     continue;
                 }
@@ -204,10 +190,12 @@ pub(crate) async fn serve(
         tokio::spawn(async move {
             let served = async {
                 match tls {
-                    None => serve_one(&http, tcp, service, &phase, timeouts, stopping).await,
+                    None => serve_connection(&http, tcp, service, &phase, timeouts, stopping).await,
                     // The header deadline counts from accept, handshake included.
                     Some(acceptor) => match tls::accept(&acceptor, tcp, timeouts.header).await {
-                        Ok(tls) => serve_one(&http, tls, service, &phase, timeouts, stopping).await,
+                        Ok(tls) => {
+                            serve_connection(&http, tls, service, &phase, timeouts, stopping).await
+                        }
                         Err(HandshakeError::TimedOut(_)) => Some(Lapse::Header),
                         Err(HandshakeError::Failed(error)) => {
                             tracing::debug!(%peer, %error, "TLS handshake failed");
@@ -244,27 +232,4 @@ pub(crate) async fn serve(
         );
         abort.cancel();
     }
-}
-
-/// Serves one connection over `io` (plain TCP or TLS) to its end under the
-/// phase deadlines; `Some` when a deadline closed it.
-async fn serve_one<IO, Svc>(
-    http: &http1::Builder,
-    io: IO,
-    service: Svc,
-    phase: &Phase,
-    timeouts: ConnTimeouts,
-    stopping: watch::Receiver<()>,
-) -> Option<Lapse>
-where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    Svc: hyper::service::HttpService<Incoming>,
-    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    Svc::ResBody: 'static,
-    <Svc::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let connection = http
-        .serve_connection(TokioIo::new(Watched::new(io, phase.clone())), service)
-        .with_upgrades();
-    drive::drive(connection, phase, timeouts, stopping).await
 }
