@@ -9,36 +9,14 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use support::{pinboard, rust_worker, wait_workers};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A self-signed certificate for `localhost` and `127.0.0.1`, in PEM files.
-struct Certs {
-    _dir: tempfile::TempDir,
-    cert: PathBuf,
-    key: PathBuf,
-    pem: String,
-}
-
-fn certs() -> Certs {
-    let made =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .expect("rcgen");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cert = dir.path().join("cert.pem");
-    let key = dir.path().join("key.pem");
-    let pem = made.cert.pem();
-    std::fs::write(&cert, &pem).expect("cert");
-    std::fs::write(&key, made.key_pair.serialize_pem()).expect("key");
-    Certs {
-        _dir: dir,
-        cert,
-        key,
-        pem,
-    }
+fn certs() -> test_support::SelfSigned {
+    test_support::SelfSigned::new()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

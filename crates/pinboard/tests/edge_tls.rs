@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,29 +18,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 /// A self-signed certificate for `localhost` and `127.0.0.1`, in PEM files.
-struct Certs {
-    _dir: tempfile::TempDir,
-    cert: PathBuf,
-    key: PathBuf,
-    pem: String,
-}
-
-fn certs() -> Certs {
-    let made =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-            .expect("rcgen");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cert = dir.path().join("cert.pem");
-    let key = dir.path().join("key.pem");
-    let pem = made.cert.pem();
-    std::fs::write(&cert, &pem).expect("cert");
-    std::fs::write(&key, made.key_pair.serialize_pem()).expect("key");
-    Certs {
-        _dir: dir,
-        cert,
-        key,
-        pem,
-    }
+fn certs() -> test_support::SelfSigned {
+    test_support::SelfSigned::new()
 }
 
 /// A client trusting `pem`, opening a fresh connection per request.
@@ -54,7 +32,7 @@ fn trusting(pem: &str) -> reqwest::Client {
         .expect("client")
 }
 
-fn tls_pinboard(certs: &Certs, extra: &[&str]) -> Pinboard {
+fn tls_pinboard(certs: &test_support::SelfSigned, extra: &[&str]) -> Pinboard {
     let mut args = vec![
         "--tls-cert",
         certs.cert.to_str().expect("utf-8 path"),

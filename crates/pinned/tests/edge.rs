@@ -283,26 +283,10 @@ fn edge_settings_are_validated_and_read_from_the_environment() {
         .expect("valid edge variables");
 }
 
-/// A self-signed certificate for `127.0.0.1`, in PEM files.
-fn certs() -> (
-    tempfile::TempDir,
-    std::path::PathBuf,
-    std::path::PathBuf,
-    String,
-) {
-    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).expect("rcgen");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cert = dir.path().join("cert.pem");
-    let key = dir.path().join("key.pem");
-    let pem = made.cert.pem();
-    std::fs::write(&cert, &pem).expect("cert");
-    std::fs::write(&key, made.key_pair.serialize_pem()).expect("key");
-    (dir, cert, key, pem)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_tls_the_worker_answers_https_and_holds_handshakes_to_the_header_deadline() {
-    let (_dir, cert, key, pem) = certs();
+    let certs = test_support::SelfSigned::new();
+    let (cert, key, pem) = (certs.cert.clone(), certs.key.clone(), certs.pem.clone());
     let (addr, _stop, _server) = serving(
         Options::new()
             .tls(&cert, &key)
@@ -346,7 +330,8 @@ async fn with_tls_the_worker_answers_https_and_holds_handshakes_to_the_header_de
 
 #[test]
 fn tls_needs_both_files_and_names_a_bad_one() {
-    let (_dir, cert, key, _) = certs();
+    let certs = test_support::SelfSigned::new();
+    let (cert, key) = (certs.cert.clone(), certs.key.clone());
     let errors = Options::new()
         .host::<Counter>("/counter")
         .env_vars([("PINNED_TLS_CERT", cert.to_str().expect("utf-8 path"))])
