@@ -12,7 +12,7 @@ use std::time::Duration;
 use pinned_store::{InstanceKey, StateStore, TrayKey};
 use serde_json::{json, Value};
 use support::durable::{durable, store, unique_ns, Durable, DATABASE_URL};
-use support::{client, redis_prefix, redis_wipe, Pinboard};
+use support::{client, eventually, redis_prefix, redis_wipe, Pinboard};
 use tokio::time::Instant;
 
 /// Sweep interval used by the suite (ms).
@@ -64,19 +64,12 @@ async fn wait_calls(
     n: usize,
     patience: Duration,
 ) -> Vec<support::durable::Seen> {
-    let deadline = Instant::now() + patience;
-    loop {
+    let what = format!("{n} calls to {suffix}");
+    eventually(&what, patience, || async {
         let calls = f.calls_to(suffix);
-        if calls.len() >= n {
-            return calls;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {n} calls to {suffix}, have {}",
-            calls.len()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        (calls.len() >= n).then_some(calls)
+    })
+    .await
 }
 
 fn header<'a>(s: &'a support::durable::Seen, name: &str) -> Option<&'a str> {
@@ -121,7 +114,7 @@ async fn a_due_alarm_is_posted_to_the_owner_with_the_proxy_secret_within_one_int
     assert_attested(first, &f.secret, &session);
 
     // The fake deleted the row when it "fired": nothing more is posted.
-    tokio::time::sleep(Duration::from_millis(5 * INTERVAL_MS)).await;
+    more_laps(&[&pb.url], 5).await;
     assert_eq!(
         f.calls_to("/_alarm").len(),
         1,
@@ -186,11 +179,44 @@ async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() 
     )
     .await
     .expect("unmark");
-    tokio::time::sleep(Duration::from_millis(2 * INTERVAL_MS)).await;
+    more_laps(&[&pb.url], 2).await;
     let settled = f.calls_to("/_wake").len();
-    tokio::time::sleep(Duration::from_millis(4 * INTERVAL_MS)).await;
+    more_laps(&[&pb.url], 4).await;
     assert_eq!(f.calls_to("/_wake").len(), settled, "woken after unmarking");
     assert!(f.calls_to("/_alarm").is_empty());
+}
+
+/// Sweeper laps the node at `url` ran while holding the lease.
+async fn laps(url: &str) -> u64 {
+    let Ok(res) = client().get(format!("{url}/metrics")).send().await else {
+        return 0;
+    };
+    let text = res.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("pinboard_sweep_laps_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until the nodes at `urls` ran `n` more laps between them: the
+/// window in which a sweeper that should not call again would have.
+async fn more_laps(urls: &[&str], n: u64) {
+    let mut from = 0;
+    for url in urls {
+        from += laps(url).await;
+    }
+    eventually(
+        &format!("{n} more sweeper laps"),
+        Duration::from_secs(10),
+        || async {
+            let mut now = 0;
+            for url in urls {
+                now += laps(url).await;
+            }
+            (now >= from + n).then_some(())
+        },
+    )
+    .await;
 }
 
 async fn lease_held(url: &str) -> bool {
@@ -214,8 +240,8 @@ async fn two_nodes_on_one_redis_post_each_due_alarm_once_and_hand_over_when_the_
 
     set_due_alarm(pg.as_ref(), &ns, "a1").await;
     wait_calls(&f, "/_alarm", 1, Duration::from_secs(5)).await;
-    // Many laps of both nodes later, still exactly one post.
-    tokio::time::sleep(Duration::from_millis(6 * INTERVAL_MS)).await;
+    // Many laps later, still exactly one post.
+    more_laps(&[&n1.url, &n2.url], 6).await;
     assert_eq!(f.calls_to("/_alarm").len(), 1);
     let (h1, h2) = (lease_held(&n1.url).await, lease_held(&n2.url).await);
     assert!(h1 ^ h2, "exactly one node holds the lease: {h1} {h2}");
@@ -228,7 +254,7 @@ async fn two_nodes_on_one_redis_post_each_due_alarm_once_and_hand_over_when_the_
     let calls = wait_calls(&f, "a2/_alarm", 1, Duration::from_secs(5)).await;
     assert_eq!(calls.len(), 1);
     assert!(lease_held(&other.url).await);
-    tokio::time::sleep(Duration::from_millis(4 * INTERVAL_MS)).await;
+    more_laps(&[&other.url], 4).await;
     assert_eq!(f.calls_to("/_alarm").len(), 2, "each alarm posted once");
     redis_wipe(&prefix).await;
 }
