@@ -11,7 +11,7 @@ use std::time::Duration;
 use pinned_store::conformance::{database_url, unique_ns, PostgresCleanup};
 use serde_json::Value;
 use support::{
-    client, get_json, pinboard, pinboard_redis, redis_prefix, rust_worker, wait_workers,
+    client, eventually, get_json, pinboard, pinboard_redis, redis_prefix, rust_worker, wait_workers,
 };
 
 const SWEEP: &str = "200";
@@ -44,6 +44,39 @@ async fn fired(c: &reqwest::Client, base: &str, ns: &str, id: &str) -> Value {
         Duration::from_secs(10),
     )
     .await
+}
+
+/// Sweeper laps the pinboard at `url` ran while holding the lease.
+async fn laps(c: &reqwest::Client, url: &str) -> u64 {
+    let Ok(res) = c.get(format!("{url}/metrics")).send().await else {
+        return 0;
+    };
+    let text = res.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("pinboard_sweep_laps_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until the pinboards at `urls` ran `n` more sweeper laps between
+/// them: the window in which an alarm that should not fire again would.
+async fn more_laps(c: &reqwest::Client, urls: &[&str], n: u64) {
+    let mut from = 0;
+    for url in urls {
+        from += laps(c, url).await;
+    }
+    eventually(
+        &format!("{n} more sweeper laps"),
+        Duration::from_secs(15),
+        || async {
+            let mut now = 0;
+            for url in urls {
+                now += laps(c, url).await;
+            }
+            (now >= from + n).then_some(())
+        },
+    )
+    .await;
 }
 
 async fn post_ok(c: &reqwest::Client, url: &str) {
@@ -96,17 +129,23 @@ async fn an_evicted_instances_alarm_fires_through_the_sweeper() {
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     post_ok(&c, &format!("{}{ns}/e/alarm?ms=1500", pb.url)).await;
-    // The instance goes idle and is evicted long before the alarm is due.
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let stats = support::stats(&c, &w).await;
-    assert!(
-        stats["instances"].as_array().is_some_and(Vec::is_empty),
-        "still resident: {stats}"
-    );
+    // The instance goes idle and is evicted before the alarm is due.
+    eventually(
+        "the instance evicted before its alarm is due",
+        Duration::from_millis(1_400),
+        || async {
+            let stats = support::stats(&c, &w).await;
+            stats["instances"]
+                .as_array()
+                .is_some_and(Vec::is_empty)
+                .then_some(())
+        },
+    )
+    .await;
     let body = wait_count(&c, &pb.url, &ns, "e", 1).await;
     assert_eq!(body["count"], 1);
-    // And it does not fire again.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // And it does not fire again, however many laps the sweeper runs.
+    more_laps(&c, &[&pb.url], 5).await;
     assert_eq!(fired(&c, &pb.url, &ns, "e").await["count"], 1);
 }
 
@@ -170,9 +209,13 @@ async fn two_sweeping_pinboards_fire_each_alarm_once() {
         let base = if i % 2 == 0 { &one.url } else { &two.url };
         post_ok(&c, &format!("{base}{ns}/t-{i}/alarm?ms={}", 500 + 100 * i)).await;
     }
-    tokio::time::sleep(Duration::from_millis(3_500)).await;
     for i in 0..20 {
-        let body = wait_count(&c, &one.url, &ns, &format!("t-{i}"), 1).await;
+        wait_count(&c, &one.url, &ns, &format!("t-{i}"), 1).await;
+    }
+    // Every alarm fired; a few laps of both sweepers later, still once each.
+    more_laps(&c, &[&one.url, &two.url], 5).await;
+    for i in 0..20 {
+        let body = fired(&c, &one.url, &ns, &format!("t-{i}")).await;
         assert_eq!(body["count"], 1, "t-{i} fired {} times", body["count"]);
     }
 }
@@ -192,7 +235,8 @@ async fn a_stale_epoch_write_is_refused_and_the_new_owners_state_survives() {
     let _b = rust_worker(&pb.url, &worker_env(&ns, &url, &[]));
     wait_workers(&c, &pb.url, 2).await;
     a.pause();
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // Its lease lapses: pinboard lists B alone.
+    wait_workers(&c, &pb.url, 1).await;
     // The id moves to B (a higher epoch), which writes.
     post_ok(&c, &format!("{}{ns}/x/write", pb.url)).await;
     let b_state = get_json(
