@@ -7,10 +7,53 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
-use support::{bearer, client, get_json, id_on, wait_workers, workers, Pinboard, Worker};
+use support::{
+    bearer, client, eventually, get_json, id_on, wait_workers, workers, Pinboard, Worker,
+};
 
 async fn process_of(c: &reqwest::Client, w: &Worker) -> serde_json::Value {
     get_json(c, &format!("{}/process", w.url), Duration::from_secs(5)).await["process"].clone()
+}
+
+/// Waits until the worker's host reports `draining` as `want`.
+async fn until_draining(c: &reqwest::Client, w: &Worker, want: bool) {
+    eventually(
+        &format!("the worker's draining to be {want}"),
+        Duration::from_secs(10),
+        || async {
+            let v = get_json(c, &format!("{}/process", w.url), Duration::from_secs(5)).await;
+            (v["draining"] == want).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A pinboard counter from its `/metrics`.
+async fn metric(c: &reqwest::Client, pb: &Pinboard, name: &str) -> u64 {
+    let text = c
+        .get(format!("{}/metrics", pb.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until pinboard counted `n` more heartbeats: each would have carried
+/// a control message again had it not been acked.
+async fn more_heartbeats(c: &reqwest::Client, pb: &Pinboard, n: u64) {
+    let from = metric(c, pb, "pinboard_heartbeats_total").await;
+    eventually(
+        &format!("{n} more heartbeats"),
+        Duration::from_secs(10),
+        || async { (metric(c, pb, "pinboard_heartbeats_total").await >= from + n).then_some(()) },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,6 +77,7 @@ async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
         .expect("some id landed on A");
 
     // Keep it busy so the drain cannot evict it as idle.
+    let proxied = metric(&c, &pb, "pinboard_proxy_requests_total").await;
     let slow = {
         let c = c.clone();
         let url = format!("{}/counter/{res_id}/slow?ms=4000", pb.url);
@@ -46,7 +90,14 @@ async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually(
+        "the slow request to be proxied",
+        Duration::from_secs(5),
+        || async {
+            (metric(&c, &pb, "pinboard_proxy_requests_total").await > proxied).then_some(())
+        },
+    )
+    .await;
 
     let res = c
         .post(format!("{}/registry/push", pb.url))
@@ -62,8 +113,8 @@ async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
         .find(|r| r["sessionId"] == a_session)
         .expect("a still listed");
     assert_eq!(row["draining"], true);
-    // Let the drain echo reach the worker (heartbeats every 0.5 s).
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The drain echo reaches the worker on a heartbeat.
+    until_draining(&c, &a, true).await;
 
     // The resident instance keeps serving on A.
     let v = get_json(
@@ -94,24 +145,21 @@ async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
     // releases the idle instance, and the id comes back fresh on B.
     let done = slow.await.expect("join").expect("slow json");
     assert_eq!(done["process"], pa);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
-    loop {
-        let v = get_json(
-            &c,
-            &format!("{}/counter/{res_id}/peek", pb.url),
-            Duration::from_secs(5),
-        )
-        .await;
-        if v["process"] == pbp {
-            assert_eq!(v["count"], 0, "fresh state on B: {v}");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "drained worker never gave up {res_id}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let v = eventually(
+        &format!("the drained worker to give up {res_id}"),
+        Duration::from_secs(8),
+        || async {
+            let v = get_json(
+                &c,
+                &format!("{}/counter/{res_id}/peek", pb.url),
+                Duration::from_secs(5),
+            )
+            .await;
+            (v["process"] == pbp).then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(v["count"], 0, "fresh state on B: {v}");
 
     // Undrain: A takes placements again (eventually some new id lands there).
     let res = c
@@ -122,7 +170,7 @@ async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
         .await
         .expect("push");
     assert_eq!(res.status(), 200);
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    until_draining(&c, &a, false).await;
     let mut on_a = false;
     for i in 0..40 {
         let v = get_json(
@@ -161,33 +209,26 @@ async fn wind_down_message_is_delivered_and_the_instance_restarts_fresh() {
     let body: serde_json::Value = res.json().await.expect("json");
     assert!(body["msgId"].is_string(), "{body}");
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
-    loop {
+    let v = eventually("the wind_down to apply", Duration::from_secs(6), || async {
         let v = get_json(
             &c,
             &format!("{}/counter/wd/peek", pb.url),
             Duration::from_secs(5),
         )
         .await;
-        if v["instance"] != first["instance"] {
-            assert_eq!(v["count"], 0, "{v}");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "wind_down never applied"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (v["instance"] != first["instance"]).then_some(v)
+    })
+    .await;
+    assert_eq!(v["count"], 0, "{v}");
     // Acked messages are not redelivered: the fresh instance survives.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    more_heartbeats(&c, &pb, 3).await;
     let a = get_json(
         &c,
         &format!("{}/counter/wd/hit", pb.url),
         Duration::from_secs(5),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    more_heartbeats(&c, &pb, 2).await;
     let b = get_json(
         &c,
         &format!("{}/counter/wd/hit", pb.url),

@@ -107,4 +107,6 @@ app.include_router(host)
 
 @app.get("/process")
 async def process():
-    return {"process": PROCESS}
+    # `draining`: whether the host took a drain (an operator's, echoed by
+    # pinboard on a heartbeat), for tests that wait for it.
+    return {"process": PROCESS, "draining": host.draining}
