@@ -46,37 +46,11 @@ async fn fired(c: &reqwest::Client, base: &str, ns: &str, id: &str) -> Value {
     .await
 }
 
-/// Sweeper laps the pinboard at `url` ran while holding the lease.
-async fn laps(c: &reqwest::Client, url: &str) -> u64 {
-    let Ok(res) = c.get(format!("{url}/metrics")).send().await else {
-        return 0;
-    };
-    let text = res.text().await.unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("pinboard_sweep_laps_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Waits until the pinboards at `urls` ran `n` more sweeper laps between
 /// them: the window in which an alarm that should not fire again would.
 async fn more_laps(c: &reqwest::Client, urls: &[&str], n: u64) {
-    let mut from = 0;
-    for url in urls {
-        from += laps(c, url).await;
-    }
-    eventually(
-        &format!("{n} more sweeper laps"),
-        Duration::from_secs(15),
-        || async {
-            let mut now = 0;
-            for url in urls {
-                now += laps(c, url).await;
-            }
-            (now >= from + n).then_some(())
-        },
-    )
-    .await;
+    let laps = "pinboard_sweep_laps_total";
+    test_support::metric_grows(c, urls, laps, n, Duration::from_secs(15)).await;
 }
 
 async fn post_ok(c: &reqwest::Client, url: &str) {

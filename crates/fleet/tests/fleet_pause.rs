@@ -35,8 +35,9 @@ async fn a_paused_worker_refuses_until_reregistered_and_keeps_off_moved_ids() {
     wait_workers(&c, &pb.url, 2).await;
 
     a.pause();
-    // Past the 2 s lease the ids move to B, with fresh state.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // Past the 2 s lease A is gone from the registry and its ids move to B,
+    // with fresh state.
+    wait_workers(&c, &pb.url, 1).await;
     for i in 0..50 {
         let body = get_json(
             &c,

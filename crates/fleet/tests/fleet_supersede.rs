@@ -87,7 +87,13 @@ async fn a_higher_epoch_worker_of_the_same_hostname_takes_over() {
             .map(Vec::len),
         Some(20)
     );
-    // And it stays superseded: still not registered a while later.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // And it stays superseded: heartbeats go on, it never registers again.
+    let registrations = test_support::metric(&c, &pb.url, "pinboard_registrations_total").await;
+    let beats = "pinboard_heartbeats_total";
+    test_support::metric_grows(&c, &[&pb.url], beats, 3, Duration::from_secs(10)).await;
     assert_eq!(workers(&c, &pb.url).await.len(), 1);
+    assert_eq!(
+        test_support::metric(&c, &pb.url, "pinboard_registrations_total").await,
+        registrations
+    );
 }

@@ -28,32 +28,11 @@ async fn until_draining(c: &reqwest::Client, w: &Worker, want: bool) {
     .await;
 }
 
-/// A pinboard counter from its `/metrics`.
-async fn metric(c: &reqwest::Client, pb: &Pinboard, name: &str) -> u64 {
-    let text = c
-        .get(format!("{}/metrics", pb.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Waits until pinboard counted `n` more heartbeats: each would have carried
 /// a control message again had it not been acked.
 async fn more_heartbeats(c: &reqwest::Client, pb: &Pinboard, n: u64) {
-    let from = metric(c, pb, "pinboard_heartbeats_total").await;
-    eventually(
-        &format!("{n} more heartbeats"),
-        Duration::from_secs(10),
-        || async { (metric(c, pb, "pinboard_heartbeats_total").await >= from + n).then_some(()) },
-    )
-    .await;
+    let beats = "pinboard_heartbeats_total";
+    test_support::metric_grows(c, &[&pb.url], beats, n, Duration::from_secs(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,7 +56,7 @@ async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
         .expect("some id landed on A");
 
     // Keep it busy so the drain cannot evict it as idle.
-    let proxied = metric(&c, &pb, "pinboard_proxy_requests_total").await;
+    let proxied = test_support::metric(&c, &pb.url, "pinboard_proxy_requests_total").await;
     let slow = {
         let c = c.clone();
         let url = format!("{}/counter/{res_id}/slow?ms=4000", pb.url);
@@ -94,7 +73,8 @@ async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
         "the slow request to be proxied",
         Duration::from_secs(5),
         || async {
-            (metric(&c, &pb, "pinboard_proxy_requests_total").await > proxied).then_some(())
+            (test_support::metric(&c, &pb.url, "pinboard_proxy_requests_total").await > proxied)
+                .then_some(())
         },
     )
     .await;

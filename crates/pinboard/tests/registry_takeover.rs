@@ -58,24 +58,27 @@ async fn newer_deployment_supersedes_the_old_session() {
         ["process"]
         .clone();
     // Only the new session remains; the old one never comes back.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    let rows = eventually("the new session alone", Duration::from_secs(10), || async {
         let rows = workers(&c, &pb.url).await;
-        if rows.len() == 1 && rows[0]["advertiseUrl"] == new.url.as_str() {
-            assert_eq!(rows[0]["epoch"], 2);
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{rows:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (rows.len() == 1 && rows[0]["advertiseUrl"] == new.url.as_str()).then_some(rows)
+    })
+    .await;
+    assert_eq!(rows[0]["epoch"], 2);
     let after = get_app(&c, &format!("{}/counter/t/hit", pb.url)).await;
     assert_eq!(after["process"], new_proc);
     assert_eq!(after["count"], 1);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Heartbeats go on (the new worker's); the old one never registers again.
+    let registrations = test_support::metric(&c, &pb.url, "pinboard_registrations_total").await;
+    let beats = "pinboard_heartbeats_total";
+    test_support::metric_grows(&c, &[&pb.url], beats, 3, Duration::from_secs(10)).await;
     assert_eq!(
         workers(&c, &pb.url).await.len(),
         1,
         "the superseded worker re-registered"
+    );
+    assert_eq!(
+        test_support::metric(&c, &pb.url, "pinboard_registrations_total").await,
+        registrations
     );
 }
 

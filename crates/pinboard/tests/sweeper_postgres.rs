@@ -186,37 +186,12 @@ async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() 
     assert!(f.calls_to("/_alarm").is_empty());
 }
 
-/// Sweeper laps the node at `url` ran while holding the lease.
-async fn laps(url: &str) -> u64 {
-    let Ok(res) = client().get(format!("{url}/metrics")).send().await else {
-        return 0;
-    };
-    let text = res.text().await.unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("pinboard_sweep_laps_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// Waits until the nodes at `urls` ran `n` more laps between them: the
-/// window in which a sweeper that should not call again would have.
+/// Waits until the nodes at `urls` ran `n` more sweeper laps between them
+/// (laps count while holding the lease): the window in which a sweeper
+/// that should not call again would have.
 async fn more_laps(urls: &[&str], n: u64) {
-    let mut from = 0;
-    for url in urls {
-        from += laps(url).await;
-    }
-    eventually(
-        &format!("{n} more sweeper laps"),
-        Duration::from_secs(10),
-        || async {
-            let mut now = 0;
-            for url in urls {
-                now += laps(url).await;
-            }
-            (now >= from + n).then_some(())
-        },
-    )
-    .await;
+    let laps = "pinboard_sweep_laps_total";
+    test_support::metric_grows(&client(), urls, laps, n, Duration::from_secs(10)).await;
 }
 
 async fn lease_held(url: &str) -> bool {

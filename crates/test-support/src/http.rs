@@ -91,3 +91,45 @@ pub async fn wait_workers(c: &reqwest::Client, pb: &str, token: &str, n: usize) 
         panic!("expected {n} workers, have {}: {rows:?}", rows.len())
     })
 }
+
+/// A counter or gauge of the Prometheus text at `{base}/metrics` (`name`
+/// as exposed, `_total` included); 0 when absent or unreadable.
+pub async fn metric(c: &reqwest::Client, base: &str, name: &str) -> u64 {
+    let Ok(res) = c.get(format!("{base}/metrics")).send().await else {
+        return 0;
+    };
+    let text = res.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Waits until metric `name`, summed over the servers at `bases`, grew by
+/// `n` (at most `patience`): "N more sweeper laps", "N more heartbeats",
+/// the window in which something that must not happen again would have.
+///
+/// # Panics
+///
+/// When `patience` passes first.
+pub async fn metric_grows(
+    c: &reqwest::Client,
+    bases: &[&str],
+    name: &str,
+    n: u64,
+    patience: Duration,
+) {
+    let mut from = 0;
+    for base in bases {
+        from += metric(c, base, name).await;
+    }
+    let what = format!("{name} to grow by {n}");
+    crate::poll::eventually(&what, patience, || async {
+        let mut now = 0;
+        for base in bases {
+            now += metric(c, base, name).await;
+        }
+        (now >= from + n).then_some(())
+    })
+    .await;
+}
