@@ -12,7 +12,8 @@
 //!    listens, every id is read once (the Python reference resumes a tray
 //!    when its id activates; the Rust example wakes marked ids itself), and
 //!    the clock runs from there until every id's `done` list holds all its
-//!    jobs (polled one unfinished id at a time, every `--poll-ms`). Jobs
+//!    jobs (polled one unfinished id at a time, pausing `--poll-ms` while
+//!    it is unfinished). Jobs
 //!    already done at that first read are left out of the rate. A dispatch
 //!    is the whole path: the durable attempt, the handler, and the ack with
 //!    the handler's `done` edit in one row write. Every `done` list is then
@@ -91,8 +92,9 @@ struct Cli {
     /// Warm-up seconds of the admissions run.
     #[arg(long, default_value_t = 1)]
     warmup: u64,
-    /// Jobs in the backlog the dispatch run drains.
-    #[arg(long, default_value_t = 2000)]
+    /// Jobs in the backlog the dispatch run drains (enough that the Rust
+    /// servers' drain lasts over a second).
+    #[arg(long, default_value_t = 10_000)]
     jobs: usize,
     /// Runner ids the backlog is spread over.
     #[arg(long, default_value_t = 20)]
@@ -380,13 +382,18 @@ impl Bench<'_> {
         let deadline = began + Duration::from_secs(self.cli.drain_timeout_secs);
         let mut partial = false;
         'ids: for ((id, names), list) in plan.iter().zip(lists.iter_mut()) {
+            // Read first, pause only while unfinished: ids finish together,
+            // and a pause per id would time the poll, not the drain.
             while list.len() < names.len() {
+                *list = self.done(addr, id).await?;
+                if list.len() >= names.len() {
+                    break;
+                }
                 if Instant::now() >= deadline {
                     partial = true;
                     break 'ids;
                 }
                 tokio::time::sleep(Duration::from_millis(self.cli.poll_ms)).await;
-                *list = self.done(addr, id).await?;
             }
         }
         let elapsed = began.elapsed();
