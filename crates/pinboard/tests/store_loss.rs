@@ -114,6 +114,13 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
                 other => panic!("{id}: {other} {v}"),
             }
         }
+        // A lookup may meet the emptied worker list before the generation
+        // check (a 503 of its own): the quarantine also shows on /readyz.
+        for node in [&pb, &cold] {
+            let (status, body) = readyz(&c, &node.url).await;
+            saw_quarantine |=
+                status == 503 && body["quarantineMs"].as_u64().is_some_and(|ms| ms > 0);
+        }
     }
     assert!(
         saw_quarantine,
