@@ -261,6 +261,10 @@ async fn log_in_see_workers_and_placements_drain_one_and_log_out() {
         deadline.prop("value").await.expect("value").as_deref(),
         Some("30")
     );
+    // Two seconds: its instances keep serving the page's traffic, so they
+    // leave at the deadline rather than when they next go idle.
+    deadline.clear().await.expect("clear deadline");
+    deadline.send_keys("2").await.expect("type deadline");
     ok.click().await.expect("confirm");
     eventually("the page shows the drain", PATIENCE, || async {
         let state = texts(&b, &format!("{row} td.state")).await;
