@@ -108,7 +108,9 @@ async fn operator_workers(c: &reqwest::Client, pb: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_in_see_workers_and_placements_drain_one_and_log_out() {
-    let pb = Pinboard::start(&["--operator-token", OPERATOR]);
+    // A roomy lease: chromium shares the two cores with the Python
+    // workers, whose heartbeats must not fall behind a 2 s lease.
+    let pb = Pinboard::start(&["--operator-token", OPERATOR, "--lease-ttl-ms", "10000"]);
     // Both hostless: a request without `Pinboard-Hostname` reaches only
     // workers registered without a hostname, so the drained worker's ids
     // can move to the other.
