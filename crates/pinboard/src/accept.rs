@@ -48,7 +48,7 @@ use pinned_edge::drive::serve_connection;
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use pinned_edge::tls::{self, HandshakeError};
 
-use self::backoff::{AcceptBackoff, Throttle};
+use self::backoff::Acceptor;
 use self::phase::{ConnTimeouts, Lapse, Phase, Tracked};
 use crate::config::Config;
 use crate::placement::PlacementStore;
@@ -204,45 +204,20 @@ pub async fn serve<S: PlacementStore>(
         lanes.push((hand, open));
         finished.push(finished_rx);
     }
-    let mut backoff = AcceptBackoff::default();
-    let mut refusals = Throttle::default();
+    let mut acceptor = Acceptor::new(max_connections);
     tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => {
-                    if let Some(failures) = backoff.succeeded() {
-                        tracing::info!(target: "pinboard::accept", failures, "accepting again");
-                    }
-                    accepted
-                }
-                Err(error) => {
-                    app.metrics.accept_errors.inc();
-                    if !backoff.wait_after(&error, &mut shutdown).await {
-                        break;
-                    }
-                    continue;
-                }
-            },
-        };
+    let failed = || {
+        app.metrics.accept_errors.inc();
+    };
+    while let Some((tcp, peer)) = acceptor.next(&listener, &mut shutdown, failed).await {
         let open: usize = lanes
             .iter()
             .map(|(_, open)| open.load(Ordering::Relaxed))
             .sum();
-        if open >= max_connections {
+        if !acceptor.admits(open) {
             // Closed before any byte: the client sees the connection end.
             drop(tcp);
             app.metrics.connections_refused.inc();
-            if let Some(held) = refusals.hit(tokio::time::Instant::now()) {
-                tracing::warn!(
-                    target: "pinboard::accept",
-                    max_connections,
-                    refused_since_last_line = held,
-                    "connection cap reached; closing new connections"
-                );
-            }
             continue;
         }
         // Proxied exchanges are small: never wait on Nagle's algorithm.

@@ -93,6 +93,74 @@ impl AcceptBackoff {
     }
 }
 
+/// The accept side of a listener, as both binaries run it: accepts that
+/// pause after failures ([`AcceptBackoff`]) and a cap on open connections
+/// whose refusals are logged at most once per [`LOG_PERIOD`].
+#[derive(Debug)]
+pub struct Acceptor {
+    backoff: AcceptBackoff,
+    refusals: Throttle,
+    max_connections: usize,
+}
+
+impl Acceptor {
+    /// An acceptor holding at most `max_connections` open.
+    pub fn new(max_connections: usize) -> Self {
+        Self {
+            backoff: AcceptBackoff::default(),
+            refusals: Throttle::default(),
+            max_connections,
+        }
+    }
+
+    /// The next connection from `listener`; `None` once `shutdown`
+    /// completed. `failed` runs for each failed accept (a counter, say).
+    pub async fn next<F: Future<Output = ()> + Unpin>(
+        &mut self,
+        listener: &tokio::net::TcpListener,
+        shutdown: &mut F,
+        failed: impl Fn(),
+    ) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut *shutdown => return None,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => {
+                        if let Some(failures) = self.backoff.succeeded() {
+                            tracing::info!(failures, "accepting again");
+                        }
+                        return Some(accepted);
+                    }
+                    Err(error) => {
+                        failed();
+                        if !self.backoff.wait_after(&error, shutdown).await {
+                            return None;
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// Whether one more connection fits beside `open` ones; at the cap it
+    /// logs (throttled) and answers false: the caller closes the socket
+    /// before reading a byte.
+    pub fn admits(&mut self, open: usize) -> bool {
+        if open < self.max_connections {
+            return true;
+        }
+        if let Some(held) = self.refusals.hit(Instant::now()) {
+            tracing::warn!(
+                max_connections = self.max_connections,
+                refused_since_last_line = held,
+                "connection cap reached; closing new connections"
+            );
+        }
+        false
+    }
+}
+
 /// What to do after a failed accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reaction {

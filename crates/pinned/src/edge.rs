@@ -28,7 +28,7 @@ use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use pinned_edge::backoff::{AcceptBackoff, Throttle};
+use pinned_edge::backoff::Acceptor;
 use pinned_edge::drive::serve_connection;
 use pinned_edge::phase::{ConnTimeouts, Lapse, Phase, Tracked};
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
@@ -133,38 +133,12 @@ pub(crate) async fn serve(
     let (stop, stopping) = watch::channel(());
     // Cancels the connections still open at the shutdown deadline.
     let abort = CancellationToken::new();
-    let mut backoff = AcceptBackoff::default();
-    let mut refusals = Throttle::default();
+    let mut acceptor = Acceptor::new(max_connections);
     tokio::pin!(shutdown);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => {
-                    if let Some(failures) = backoff.succeeded() {
-                        tracing::info!(failures, "accepting again");
-                    }
-                    accepted
-                }
-                Err(error) => {
-                    if !backoff.wait_after(&error, &mut shutdown).await {
-                        break;
-                    }
-                    continue;
-                }
-            },
-        };
-        if open.load(Ordering::Relaxed) >= max_connections {
+    while let Some((tcp, peer)) = acceptor.next(&listener, &mut shutdown, || {}).await {
+        if !acceptor.admits(open.load(Ordering::Relaxed)) {
             // Closed before any byte: the client sees the connection end.
             drop(tcp);
-            if let Some(held) = refusals.hit(tokio::time::Instant::now()) {
-                tracing::warn!(
-                    max_connections,
-                    refused_since_last_line = held,
-                    "connection cap reached; closing new connections"
-                );
-            }
             continue;
         }
         open.fetch_add(1, Ordering::Relaxed);
