@@ -11,27 +11,8 @@ use support::{client, eventually, pinboard, rust_worker, stats, wait_workers, wo
 /// GET `url` in the `shop` hostname world (the workers' own) until it
 /// answers 200; its body.
 async fn get_shop(c: &reqwest::Client, url: &str) -> Value {
-    eventually(
-        &format!("200 from {url}"),
-        Duration::from_secs(5),
-        || async {
-            let res = c
-                .get(url)
-                .header("pinboard-hostname", "shop")
-                .send()
-                .await
-                .ok()?;
-            match res.status().as_u16() {
-                200 => res.json().await.ok(),
-                503 => None,
-                status => panic!(
-                    "GET {url}: {status} {}",
-                    res.text().await.unwrap_or_default()
-                ),
-            }
-        },
-    )
-    .await
+    let world = [("pinboard-hostname", "shop")];
+    test_support::get_json_with(c, url, &world, Duration::from_secs(5)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,22 +41,14 @@ async fn a_higher_epoch_worker_of_the_same_hostname_takes_over() {
     );
     // The first learns it was superseded, aborts everything, and stops
     // registering: only the second stays registered.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
+    eventually("the takeover", Duration::from_secs(15), || async {
         let rows = workers(&c, &pb.url).await;
-        let first_stats = stats(&c, &first).await;
-        let first_empty = first_stats["instances"]
+        let first_empty = stats(&c, &first).await["instances"]
             .as_array()
             .is_some_and(Vec::is_empty);
-        if rows.len() == 1 && rows[0]["sessionId"] != first_session && first_empty {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no takeover: {rows:?} {first_stats}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (rows.len() == 1 && rows[0]["sessionId"] != first_session && first_empty).then_some(())
+    })
+    .await;
     // The ids now answer from the second worker, with fresh state.
     for i in 0..20 {
         let body = get_shop(&c, &format!("{}/counter/s-{i}/hit", pb.url)).await;

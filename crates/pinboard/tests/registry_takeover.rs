@@ -12,27 +12,8 @@ use support::{client, eventually, get_json, wait_workers, workers, Pinboard, Wor
 
 /// GET `url` in the `app` hostname world until it answers 200; its body.
 async fn get_app(c: &reqwest::Client, url: &str) -> Value {
-    eventually(
-        &format!("200 from {url}"),
-        Duration::from_secs(10),
-        || async {
-            let res = c
-                .get(url)
-                .header("pinboard-hostname", "app")
-                .send()
-                .await
-                .ok()?;
-            match res.status().as_u16() {
-                200 => res.json().await.ok(),
-                503 => None,
-                status => panic!(
-                    "GET {url}: {status} {}",
-                    res.text().await.unwrap_or_default()
-                ),
-            }
-        },
-    )
-    .await
+    let world = [("pinboard-hostname", "app")];
+    test_support::get_json_with(c, url, &world, Duration::from_secs(10)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,39 @@ fn url_named(name: &str) -> String {
     format!("{base}{sep}application_name={name}")
 }
 
+/// What [`lock_waiters`] does with the backends it finds waiting.
+#[derive(Clone, Copy)]
+enum Waiters {
+    /// Only counts them.
+    Count,
+    /// Terminates them (a failure mid-transaction on a pooled connection).
+    Kill,
+}
+
+/// Waits (at most 5 s) until a backend named `app` waits on a lock, then
+/// answers as `waiters` says.
+async fn lock_waiters(client: &tokio_postgres::Client, app: &str, waiters: Waiters, what: &str) {
+    let sql = match waiters {
+        Waiters::Count => {
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = $1 AND wait_event_type = 'Lock'"
+        }
+        Waiters::Kill => {
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = $1 AND wait_event_type = 'Lock'"
+        }
+    };
+    test_support::eventually(what, Duration::from_secs(5), || async {
+        let found: i64 = client
+            .query_one(sql, &[&app])
+            .await
+            .expect("pg_stat_activity")
+            .get(0);
+        (found > 0).then_some(())
+    })
+    .await;
+}
+
 async fn store_with(options: PostgresOptions) -> PostgresStore {
     PostgresStore::open(&database_url(), options)
         .await
@@ -330,25 +363,13 @@ async fn a_pooled_connection_dying_mid_transaction_is_retried() -> anyhow::Resul
     // Wait until the op is blocked on the row lock inside its transaction, then kill
     // its backend: a failure before commit on a pooled connection.
     let client = raw().await;
-    let started = Instant::now();
-    loop {
-        let killed: i64 = client
-            .query_one(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
-                &[&app],
-            )
-            .await?
-            .get(0);
-        if killed > 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "op never blocked"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    lock_waiters(
+        &client,
+        &app,
+        Waiters::Kill,
+        "the op to block on the row lock",
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     tx.rollback().await?;
     op.await??;
@@ -687,25 +708,13 @@ async fn a_write_racing_an_acquirer_is_refused_after_it_commits() -> anyhow::Res
     };
     // Commit the takeover only once the write waits on its row lock.
     let client = raw().await;
-    let started = Instant::now();
-    loop {
-        let waiting: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
-                &[&app],
-            )
-            .await?
-            .get(0);
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the write never waited"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    lock_waiters(
+        &client,
+        &app,
+        Waiters::Count,
+        "the write to wait on its row lock",
+    )
+    .await;
     tx.commit().await?;
     let err = write.await?.unwrap_err();
     assert!(matches!(err, StoreError::FenceLost { .. }), "{err:?}");

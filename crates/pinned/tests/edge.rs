@@ -108,11 +108,13 @@ async fn a_head_sent_a_byte_at_a_time_is_closed_at_the_header_deadline() {
     let (mut read, mut write) = slow.into_split();
     let started = Instant::now();
     let dribble = tokio::spawn(async move {
+        // The attack's own pace: a byte per tick.
+        let mut pace = tokio::time::interval(Duration::from_millis(50));
         for byte in b"GET /counter/a/value HTTP/1.1\r\nHost: w\r\nX-Slow: 1234567890\r\n\r\n" {
+            pace.tick().await;
             if write.write_all(&[*byte]).await.is_err() {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
     let deadline = Instant::now() + Duration::from_secs(5);

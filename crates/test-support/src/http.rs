@@ -33,20 +33,40 @@ pub async fn json(response: reqwest::Response) -> (u16, Value) {
 ///
 /// On any other status, or when `patience` passes.
 pub async fn get_json(c: &reqwest::Client, url: &str, patience: Duration) -> Value {
-    let deadline = tokio::time::Instant::now() + patience;
-    loop {
-        match c.get(url).send().await {
-            Ok(r) if r.status().is_success() => return r.json().await.expect("json"),
-            Ok(r) if r.status() == 503 && tokio::time::Instant::now() < deadline => {}
-            Ok(r) => {
-                let status = r.status();
-                panic!("GET {url}: {status} {}", r.text().await.unwrap_or_default())
-            }
-            Err(_) if tokio::time::Instant::now() < deadline => {}
-            Err(e) => panic!("GET {url}: {e}"),
+    get_json_with(c, url, &[], patience).await
+}
+
+/// [`get_json`] with request headers (a `Pinboard-Hostname`, say).
+///
+/// # Panics
+///
+/// On a status other than success or 503, or when `patience` passes.
+pub async fn get_json_with(
+    c: &reqwest::Client,
+    url: &str,
+    headers: &[(&str, &str)],
+    patience: Duration,
+) -> Value {
+    let answered = crate::poll::poll(patience, || async {
+        let mut request = c.get(url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        let response = request.send().await.ok()?;
+        let status = response.status();
+        if status.is_success() {
+            return Some(response.json().await.expect("json"));
+        }
+        if status == 503 {
+            return None;
+        }
+        panic!(
+            "GET {url}: {status} {}",
+            response.text().await.unwrap_or_default()
+        )
+    })
+    .await;
+    answered.unwrap_or_else(|| panic!("GET {url}: unreachable or 503 for {patience:?}"))
 }
 
 /// `GET /registry/workers` rows of the pinboard at `pb`, with deployment

@@ -14,7 +14,9 @@ mod poll;
 mod python;
 mod tls;
 
-pub use self::http::{client, get_json, json, metric, metric_grows, wait_workers, workers};
+pub use self::http::{
+    client, get_json, get_json_with, json, metric, metric_grows, wait_workers, workers,
+};
 pub use self::poll::{eventually, until, until_explained, POLL};
 pub use self::python::{free_port, python};
 pub use self::tls::SelfSigned;
