@@ -1,16 +1,18 @@
 //! The test harness every suite of the workspace shares: polling a
-//! condition with a deadline (never sleep-then-assert), the Python
-//! reference's interpreter, a loopback port, and HTTP helpers for pinboard's
-//! registry and a worker's answers.
+//! condition with a deadline (never sleep-then-assert), the processes the
+//! suites start (pinboard, Rust and Python workers, a private Redis: each
+//! binds port 0 and reports its address, logs to a file of its own, and is
+//! killed on drop), the Python reference's interpreter, and HTTP helpers
+//! for pinboard's registry and a worker's answers.
 //!
 //! A dev-dependency only (`publish = false`). Each suite's own `support`
-//! module re-exports what it uses from here under its old names, so tests
-//! written against those modules keep compiling. Nothing here starts a
-//! service or reads a secret; it must never hold product logic.
+//! module adds its defaults (which binary, which environment) and what only
+//! it needs. Nothing here reads a secret; it must never hold product logic.
 #![forbid(unsafe_code)]
 
 mod http;
 mod poll;
+mod process;
 mod python;
 mod tls;
 
@@ -18,5 +20,13 @@ pub use self::http::{
     client, get_json, get_json_with, json, metric, metric_grows, wait_workers, workers,
 };
 pub use self::poll::{eventually, until, until_explained, POLL};
+pub use self::process::{
+    listening_line, unique, unreachable_url, Exited, Pinboard, Proc, PythonWorker, RedisServer,
+    RustWorker, Signal, READY_PATIENCE, SHARED_REDIS,
+};
 pub use self::python::{free_port, python};
 pub use self::tls::SelfSigned;
+
+/// The deployment token the starters give pinboard and workers unless told
+/// otherwise.
+pub const TOKEN: &str = "test-token";

@@ -1,5 +1,4 @@
-//! The Python reference's interpreter and loopback ports for the processes
-//! the suites start.
+//! The Python reference's interpreter.
 
 use std::path::{Path, PathBuf};
 
