@@ -9,49 +9,36 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
-use support::{client, eventually, free_port, get_json, Pinboard, Worker};
+use support::{client, eventually, get_json, pinboard, python_worker, Proc};
 
 const OPERATOR: &str = "dashboard-operator-token";
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// `chromedriver` on a free port, killed on drop.
-struct Driver {
-    child: Child,
-    url: String,
-}
-
-impl Driver {
-    fn start() -> Self {
-        let bin = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
-        let port = free_port();
-        let child = Command::new(&bin)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start {bin} ({e}): run scripts/browser (apt-get install chromium chromium-driver)")
-            });
-        Self {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        }
+/// `chromedriver` on a port of its own choosing (`--port=0`; it reports
+/// the port it bound), killed on drop.
+fn chromedriver() -> Proc {
+    let bin = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+    if Command::new(&bin).arg("--version").output().is_err() {
+        panic!(
+            "cannot start {bin}: run scripts/browser (apt-get install chromium chromium-driver)"
+        );
     }
+    let mut command = Command::new(&bin);
+    command.arg("--port=0");
+    Proc::spawn(command, "chromedriver", |line| {
+        let port = line
+            .strip_prefix("ChromeDriver was started successfully on port ")?
+            .trim_end_matches('.');
+        Some(format!("http://127.0.0.1:{port}"))
+    })
 }
 
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn browser(driver: &Driver) -> Client {
+async fn browser(driver: &Proc) -> Client {
     let c = client();
     eventually("chromedriver ready", PATIENCE, || async {
         let res = c.get(format!("{}/status", driver.url)).send().await.ok()?;
@@ -110,13 +97,15 @@ async fn operator_workers(c: &reqwest::Client, pb: &str) -> Vec<Value> {
 async fn log_in_see_workers_and_placements_drain_one_and_log_out() {
     // A roomy lease: chromium shares the two cores with the Python
     // workers, whose heartbeats must not fall behind a 2 s lease.
-    let pb = Pinboard::start(&["--operator-token", OPERATOR, "--lease-ttl-ms", "10000"]);
+    let pb = pinboard()
+        .args(&["--operator-token", OPERATOR, "--lease-ttl-ms", "10000"])
+        .start();
     // Both hostless: a request without `Pinboard-Hostname` reaches only
     // workers registered without a hostname, so the drained worker's ids
     // can move to the other.
-    let _first = Worker::start(&pb.url);
-    let _second = Worker::start(&pb.url);
-    let driver = Driver::start();
+    let _first = python_worker(&pb.url).start();
+    let _second = python_worker(&pb.url).start();
+    let driver = chromedriver();
     let c = client();
     let workers = eventually("two workers", PATIENCE, || async {
         let rows = operator_workers(&c, &pb.url).await;

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use support::raw::{connect, metric, raw_worker, read_reply, wait_closed, Answer, Ended};
-use support::{eventually, Pinboard};
+use support::{eventually, pinboard, Proc};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -17,7 +17,7 @@ const HEAD: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: pinboard\r\n\r\n";
 
 /// `/healthz` on a fresh connection: `true` if it answered 200, `false`
 /// if the connection was closed without an answer.
-async fn healthz_on_fresh_connection(pb: &Pinboard) -> bool {
+async fn healthz_on_fresh_connection(pb: &Proc) -> bool {
     let mut s = connect(pb.addr()).await;
     if s.write_all(HEAD).await.is_err() {
         return false;
@@ -42,7 +42,7 @@ async fn healthz_on_fresh_connection(pb: &Pinboard) -> bool {
 }
 
 /// Waits until `/healthz` answers on a fresh connection.
-async fn wait_healthz(pb: &Pinboard, patience: Duration) {
+async fn wait_healthz(pb: &Proc, patience: Duration) {
     eventually("/healthz to answer again", patience, || async {
         healthz_on_fresh_connection(pb).await.then_some(())
     })
@@ -51,7 +51,7 @@ async fn wait_healthz(pb: &Pinboard, patience: Duration) {
 
 /// A connection that completed one request (so it is surely accepted and
 /// counted) and stays open, idle.
-async fn served_connection(pb: &Pinboard) -> TcpStream {
+async fn served_connection(pb: &Proc) -> TcpStream {
     let mut s = connect(pb.addr()).await;
     s.write_all(HEAD).await.expect("write");
     assert_eq!(read_reply(&mut s, Duration::from_secs(5)).await.status, 200);
@@ -61,7 +61,7 @@ async fn served_connection(pb: &Pinboard) -> TcpStream {
 /// Sends `head` on fresh connections until one is not turned away at the
 /// cap (connections that just closed leave it a moment later); returns it
 /// with the first bytes of its answer.
-async fn admitted(pb: &Pinboard, head: &[u8]) -> (TcpStream, Vec<u8>) {
+async fn admitted(pb: &Proc, head: &[u8]) -> (TcpStream, Vec<u8>) {
     eventually(
         "admission under the cap",
         Duration::from_secs(5),
@@ -84,7 +84,7 @@ async fn admitted(pb: &Pinboard, head: &[u8]) -> (TcpStream, Vec<u8>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_cap_are_closed_and_healthz_answers_once_others_close() {
-    let pb = Pinboard::start(&["--max-connections", "8"]);
+    let pb = pinboard().args(&["--max-connections", "8"]).start();
     let mut open = Vec::new();
     for _ in 0..8 {
         open.push(served_connection(&pb).await);
@@ -112,7 +112,9 @@ async fn connections_over_the_cap_are_closed_and_healthz_answers_once_others_clo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgraded_connection_keeps_its_slot_until_it_closes() {
-    let pb = Pinboard::start(&["--max-connections", "2", "--lease-ttl-ms", "60000"]);
+    let pb = pinboard()
+        .args(&["--max-connections", "2", "--lease-ttl-ms", "60000"])
+        .start();
     raw_worker(&pb.url, "echo", |_, _| Answer::SwitchEcho).await;
 
     let (mut upgraded, answer) = admitted(
@@ -144,7 +146,7 @@ async fn an_upgraded_connection_keeps_its_slot_until_it_closes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_beyond_the_open_file_limit_never_starve_accept() {
     // 256 descriptors carry (256 - 64) / 2 = 96 client connections.
-    let pb = Pinboard::start_with_nofile(&[], 256, "pinboard-nofile");
+    let pb = pinboard().nofile(256).name("pinboard-nofile").start();
     let mut idle = Vec::new();
     for _ in 0..300 {
         idle.push(connect(pb.addr()).await);

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::raw::{connect, metric, raw_worker, read_reply, wait_closed, Answer, Ended};
-use support::{bearer, client, Pinboard};
+use support::{bearer, client, pinboard};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -19,12 +19,14 @@ const HEAD: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: pinboard\r\n\r\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_heads_and_silent_connections_are_closed_at_the_header_deadline() {
-    let pb = Pinboard::start(&[
-        "--header-read-timeout-ms",
-        "500",
-        "--keep-alive-timeout-ms",
-        "60000",
-    ]);
+    let pb = pinboard()
+        .args(&[
+            "--header-read-timeout-ms",
+            "500",
+            "--keep-alive-timeout-ms",
+            "60000",
+        ])
+        .start();
 
     // A connection that never sends a byte.
     let mut silent = connect(pb.addr()).await;
@@ -82,14 +84,16 @@ async fn slow_heads_and_silent_connections_are_closed_at_the_header_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_keep_alive_outlives_the_header_deadline_and_busy_requests_are_never_cut() {
-    let pb = Pinboard::start(&[
-        "--lease-ttl-ms",
-        "60000",
-        "--header-read-timeout-ms",
-        "300",
-        "--keep-alive-timeout-ms",
-        "1200",
-    ]);
+    let pb = pinboard()
+        .args(&[
+            "--lease-ttl-ms",
+            "60000",
+            "--header-read-timeout-ms",
+            "300",
+            "--keep-alive-timeout-ms",
+            "1200",
+        ])
+        .start();
     // A request that takes longer than both deadlines.
     let (_slow, _) = raw_worker(&pb.url, "slow", |_, _| {
         Answer::After(Duration::from_millis(1500), 200, json!({"slow": true}))
@@ -118,7 +122,7 @@ async fn idle_keep_alive_outlives_the_header_deadline_and_busy_requests_are_neve
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_heads_are_refused_431() {
-    let pb = Pinboard::start(&["--max-header-bytes", "4096"]);
+    let pb = pinboard().args(&["--max-header-bytes", "4096"]).start();
     let mut s = connect(pb.addr()).await;
     let big = format!(
         "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
@@ -137,7 +141,7 @@ async fn oversized_heads_are_refused_431() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registry_bodies_are_bounded_in_size_and_time() {
-    let pb = Pinboard::start(&["--body-timeout-ms", "500"]);
+    let pb = pinboard().args(&["--body-timeout-ms", "500"]).start();
     let c = client();
 
     // 3 MB over the default 2 MiB: 413 with a detail, and the client gets it.
@@ -199,13 +203,15 @@ async fn registry_bodies_are_bounded_in_size_and_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_a_half_sent_request_open_exits_within_the_shutdown_deadline() {
-    let mut pb = Pinboard::start(&[
-        // Long enough that only the shutdown deadline can end it.
-        "--header-read-timeout-ms",
-        "60000",
-        "--shutdown-timeout-ms",
-        "500",
-    ]);
+    let mut pb = pinboard()
+        .args(&[
+            // Long enough that only the shutdown deadline can end it.
+            "--header-read-timeout-ms",
+            "60000",
+            "--shutdown-timeout-ms",
+            "500",
+        ])
+        .start();
     let mut half = connect(pb.addr()).await;
     half.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Half")
         .await

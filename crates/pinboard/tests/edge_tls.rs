@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::raw::{connect, wait_closed, Ended};
-use support::{eventually, Pinboard};
+use support::{eventually, metric, pinboard, Proc};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -32,7 +32,7 @@ fn trusting(pem: &str) -> reqwest::Client {
         .expect("client")
 }
 
-fn tls_pinboard(certs: &test_support::SelfSigned, extra: &[&str]) -> Pinboard {
+fn tls_pinboard(certs: &test_support::SelfSigned, extra: &[&str]) -> Proc {
     let mut args = vec![
         "--tls-cert",
         certs.cert.to_str().expect("utf-8 path"),
@@ -40,11 +40,7 @@ fn tls_pinboard(certs: &test_support::SelfSigned, extra: &[&str]) -> Pinboard {
         certs.key.to_str().expect("utf-8 path"),
     ];
     args.extend_from_slice(extra);
-    Pinboard::start(&args)
-}
-
-async fn metric(c: &reqwest::Client, pb: &Pinboard, name: &str) -> u64 {
-    pb.metric(c, name).await
+    pinboard().args(&args).start()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{client, eventually, get_json, Pinboard, Worker};
+use support::{client, eventually, get_json, python_worker};
 
 const OPERATOR: &str = "operator-secret";
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -47,9 +47,13 @@ async fn operator_workers(c: &reqwest::Client, pb: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_commands_list_act_and_fail_with_meaningful_exit_codes() {
-    let pb = Pinboard::start(&["--operator-token", OPERATOR]);
-    let _plain = Worker::start(&pb.url);
-    let _blue = Worker::start_with(&pb.url, &[("PINNED_HOSTNAME", "blue")]);
+    let pb = support::pinboard()
+        .args(&["--operator-token", OPERATOR])
+        .start();
+    let _plain = python_worker(&pb.url).start();
+    let _blue = python_worker(&pb.url)
+        .env("PINNED_HOSTNAME", "blue")
+        .start();
     let c = client();
     let rows = eventually("two workers", PATIENCE, || async {
         let rows = operator_workers(&c, &pb.url).await;
@@ -192,7 +196,7 @@ async fn the_operator_commands_list_act_and_fail_with_meaningful_exit_codes() {
             stderr(&out)
         );
     }
-    let dead = format!("http://127.0.0.1:{}", support::free_port());
+    let dead = support::unreachable_url();
     let out = pinboard(&dead, Some(OPERATOR), &["workers", "--timeout", "2s"]);
     assert_eq!(out.status.code(), Some(69), "{}", stderr(&out));
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use futures_util::stream::{self, StreamExt};
 use serde_json::Value;
 use support::fake::{beat, fake, Mode};
-use support::redis_server::RedisServer;
-use support::{bearer, client, eventually, Pinboard};
+use support::RedisServer;
+use support::{bearer, client, eventually, metric, pinboard};
 
 /// GET `/counter/<prefix><i>/hit` for `i` in `0..n`, 32 at a time; returns
 /// the statuses.
@@ -48,10 +48,10 @@ fn keep_alive(pb: &str, name: &'static str, session: &str) -> Arc<AtomicBool> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_claims_leave_no_rows_in_redis() {
     let redis = RedisServer::start();
-    let pb = Pinboard::start_on(
-        &redis.url,
-        &["--lease-ttl-ms", "60000", "--placement-grace-ms", "300"],
-    );
+    let pb = pinboard()
+        .redis(&redis.url)
+        .args(&["--lease-ttl-ms", "60000", "--placement-grace-ms", "300"])
+        .start();
     let c = client();
     // The only worker is full: it refuses every new id.
     let (w, _) = fake(&pb.url, "w", Mode::Full).await;
@@ -59,7 +59,7 @@ async fn refused_claims_leave_no_rows_in_redis() {
     assert!(statuses.iter().all(|s| *s == 503), "{statuses:?}");
     assert_eq!(w.hits.load(Ordering::SeqCst), 2000);
     assert_eq!(
-        pb.metric(&c, "pinboard_placements_rolled_back_total").await,
+        metric(&c, &pb, "pinboard_placements_rolled_back_total").await,
         2000
     );
     // Each refused claim was handed back: what is left is in its grace and
@@ -80,10 +80,10 @@ async fn refused_claims_leave_no_rows_in_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_of_released_ids_and_of_a_vanished_owner_expire_in_redis() {
     let redis = RedisServer::start();
-    let pb = Pinboard::start_on(
-        &redis.url,
-        &["--lease-ttl-ms", "3000", "--placement-grace-ms", "500"],
-    );
+    let pb = pinboard()
+        .redis(&redis.url)
+        .args(&["--lease-ttl-ms", "3000", "--placement-grace-ms", "500"])
+        .start();
     let c = client();
     let (w, session) = fake(&pb.url, "w", Mode::Serve).await;
     let alive = keep_alive(&pb.url, "w", &session);
@@ -141,7 +141,7 @@ async fn rows_of_released_ids_and_of_a_vanished_owner_expire_in_redis() {
     assert!(redis.keys("pinboard:o:*").await.is_empty());
     assert!(redis.keys("pinboard:dead").await.is_empty());
     assert!(redis.keys("pinboard:w:*").await.is_empty());
-    assert!(pb.metric(&c, "pinboard_placement_rows_expired_total").await >= 999);
+    assert!(metric(&c, &pb, "pinboard_placement_rows_expired_total").await >= 999);
 }
 
 async fn overview_rows(c: &reqwest::Client, pb: &str) -> Vec<Value> {
@@ -159,7 +159,9 @@ async fn overview_rows(c: &reqwest::Client, pb: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_of_a_vanished_owner_are_removed_from_the_memory_store() {
-    let pb = Pinboard::start(&["--lease-ttl-ms", "3000", "--placement-grace-ms", "500"]);
+    let pb = pinboard()
+        .args(&["--lease-ttl-ms", "3000", "--placement-grace-ms", "500"])
+        .start();
     let c = client();
     let (_w, session) = fake(&pb.url, "w", Mode::Serve).await;
     let alive = keep_alive(&pb.url, "w", &session);
@@ -183,5 +185,5 @@ async fn rows_of_a_vanished_owner_are_removed_from_the_memory_store() {
         || async { overview_rows(&c, &pb.url).await.is_empty().then_some(()) },
     )
     .await;
-    assert!(pb.metric(&c, "pinboard_placement_rows_expired_total").await >= 300);
+    assert!(metric(&c, &pb, "pinboard_placement_rows_expired_total").await >= 300);
 }

@@ -6,13 +6,13 @@ mod support;
 
 use std::time::Duration;
 
-use support::{client, get_json, wait_workers, Pinboard, Worker};
+use support::{client, get_json, metric, pinboard, python_worker, wait_workers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_call_reaches_the_target_with_the_attested_caller() {
-    let pb = Pinboard::start(&[]);
-    let _a = Worker::start(&pb.url);
-    let _b = Worker::start(&pb.url);
+    let pb = pinboard().start();
+    let _a = python_worker(&pb.url).start();
+    let _b = python_worker(&pb.url).start();
     let c = client();
     wait_workers(&c, &pb.url, 2).await;
     for i in 0..4 {
@@ -42,7 +42,7 @@ async fn cluster_call_reaches_the_target_with_the_attested_caller() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_or_too_deep_cluster_calls_are_refused() {
-    let pb = Pinboard::start(&[]);
+    let pb = pinboard().start();
     let c = client();
     let url = format!("{}/counter/x/whoami", pb.url);
     let res = c
@@ -116,14 +116,14 @@ async fn forged_flood(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_cluster_sessions_cost_a_bounded_number_of_store_reads() {
-    let redis = support::redis_server::RedisServer::start();
-    let node = Pinboard::start_on(&redis.url, &[]);
-    let other = Pinboard::start_on(&redis.url, &[]);
+    let redis = support::RedisServer::start();
+    let node = pinboard().redis(&redis.url).start();
+    let other = pinboard().redis(&redis.url).start();
     let c = client();
     // A real worker, registered through the *other* node.
     let (_w, _) = support::fake::fake(&other.url, "w", support::fake::Mode::Serve).await;
 
-    let reads = || node.metric(&c, "pinboard_store_worker_reads_total");
+    let reads = || metric(&c, &node, "pinboard_store_worker_reads_total");
     let scripts = || redis.calls("evalsha");
     let (reads_before, scripts_before) = (reads().await, scripts().await);
     let started = tokio::time::Instant::now();

@@ -6,13 +6,13 @@ mod support;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use support::{client, get_json, wait_workers, Pinboard, Worker};
+use support::{client, get_json, pinboard, python_worker, wait_workers};
 use tokio_tungstenite::tungstenite::Message;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_keeps_one_instance_across_1000_requests_on_the_memory_store() {
-    let pb = Pinboard::start(&[]);
-    let _w = Worker::start(&pb.url);
+    let pb = pinboard().start();
+    let _w = python_worker(&pb.url).start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     let url = format!("{}/counter/thousand/hit", pb.url);
@@ -37,8 +37,8 @@ async fn counter_keeps_one_instance_across_1000_requests_on_the_memory_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarded_requests_carry_pinboard_headers_and_never_the_clients() {
-    let pb = Pinboard::start(&[]);
-    let w = Worker::start(&pb.url);
+    let pb = pinboard().start();
+    let w = python_worker(&pb.url).start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     let url = format!("{}/counter/hdr/headers?x=1&y=two", pb.url);
@@ -84,8 +84,8 @@ async fn forwarded_requests_carry_pinboard_headers_and_never_the_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_response_and_websocket_echo_pass_through() {
-    let pb = Pinboard::start(&[]);
-    let _w = Worker::start(&pb.url);
+    let pb = pinboard().start();
+    let _w = python_worker(&pb.url).start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     get_json(

@@ -10,16 +10,18 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::raw::{metric, raw_worker, Answer};
-use support::{client, eventually, get_json, id_on, wait_workers, Pinboard, Worker, LEASE_TTL_MS};
+use support::{
+    client, eventually, get_json, id_on, pinboard, python_worker, wait_workers, LEASE_TTL_MS,
+};
 use tokio::time::Instant;
 
 const DETAIL: &str = "worker did not answer in time";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_worker_answers_504_in_time_and_its_ids_move_once_its_lease_lapses() {
-    let pb = Pinboard::start(&["--upstream-timeout-ms", "800"]);
-    let a = Worker::start(&pb.url);
-    let b = Worker::start(&pb.url);
+    let pb = pinboard().args(&["--upstream-timeout-ms", "800"]).start();
+    let a = python_worker(&pb.url).start();
+    let b = python_worker(&pb.url).start();
     let c = client();
     wait_workers(&c, &pb.url, 2).await;
     let pa = get_json(&c, &format!("{}/process", a.url), Duration::from_secs(5)).await["process"]
@@ -33,7 +35,7 @@ async fn a_frozen_worker_answers_504_in_time_and_its_ids_move_once_its_lease_lap
         .await
         .expect("an id placed on worker a");
 
-    a.freeze();
+    a.pause();
     let frozen = Instant::now();
     let res = c
         .get(format!("{}/counter/{id}/hit", pb.url))
@@ -73,12 +75,14 @@ async fn a_frozen_worker_answers_504_in_time_and_its_ids_move_once_its_lease_lap
     .await;
     assert_eq!(moved["process"], pb_proc);
     assert_eq!(moved["count"], 1);
-    a.thaw();
+    a.resume();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_never_answers_is_timed_out_and_never_sent_the_request_twice() {
-    let pb = Pinboard::start(&["--lease-ttl-ms", "60000", "--upstream-timeout-ms", "500"]);
+    let pb = pinboard()
+        .args(&["--lease-ttl-ms", "60000", "--upstream-timeout-ms", "500"])
+        .start();
     let (hang, _) = raw_worker(&pb.url, "hang", |_, _| Answer::Hang).await;
     let c = client();
     let cases: [(&str, Option<reqwest::Body>); 3] = [
@@ -124,7 +128,7 @@ async fn a_worker_that_never_answers_is_timed_out_and_never_sent_the_request_twi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_worker_connection_re_sends_idempotent_requests_only() {
-    let pb = Pinboard::start(&["--lease-ttl-ms", "60000"]);
+    let pb = pinboard().args(&["--lease-ttl-ms", "60000"]).start();
     // The first request each connection brings is dropped unanswered.
     let (flaky, _) = raw_worker(&pb.url, "flaky", |_, hit| {
         if hit == 1 {
@@ -143,7 +147,7 @@ async fn a_dropped_worker_connection_re_sends_idempotent_requests_only() {
     assert_eq!(res.status(), 200);
     assert_eq!(flaky.hits.load(Ordering::SeqCst), 2, "GET re-sent once");
 
-    let pb2 = Pinboard::start(&["--lease-ttl-ms", "60000"]);
+    let pb2 = pinboard().args(&["--lease-ttl-ms", "60000"]).start();
     let (once, _) = raw_worker(&pb2.url, "once", |_, hit| {
         if hit == 1 {
             Answer::Close

@@ -6,13 +6,13 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use support::{client, get_json, wait_workers, Pinboard, Worker, LEASE_TTL_MS};
+use support::{client, get_json, pinboard, python_worker, wait_workers, LEASE_TTL_MS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_workers_ids_move_to_the_survivor_with_fresh_state() {
-    let pb = Pinboard::start(&[]);
-    let mut a = Worker::start(&pb.url);
-    let b = Worker::start(&pb.url);
+    let pb = pinboard().start();
+    let mut a = python_worker(&pb.url).start();
+    let b = python_worker(&pb.url).start();
     let c = client();
     wait_workers(&c, &pb.url, 2).await;
     let pa = get_json(&c, &format!("{}/process", a.url), Duration::from_secs(5)).await["process"]
@@ -47,7 +47,7 @@ async fn killed_workers_ids_move_to_the_survivor_with_fresh_state() {
         "ids did not spread: a={on_a:?} b={on_b:?}"
     );
 
-    a.kill9();
+    a.kill();
     let killed = tokio::time::Instant::now();
     let budget = Duration::from_millis(LEASE_TTL_MS + 1000);
     for id in &on_a {

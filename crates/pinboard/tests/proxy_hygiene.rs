@@ -10,14 +10,14 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
+use support::pinboard;
 use support::raw::{connect, metric, raw_worker, read_reply, Answer};
-use support::Pinboard;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hop_by_hop_headers_stay_behind_and_forwarding_headers_carry_the_client() {
-    let pb = Pinboard::start(&["--lease-ttl-ms", "60000"]);
+    let pb = pinboard().args(&["--lease-ttl-ms", "60000"]).start();
     let (worker, _) = raw_worker(&pb.url, "seen", |_, _| {
         Answer::JsonWith(
             200,
@@ -91,7 +91,9 @@ async fn hop_by_hop_headers_stay_behind_and_forwarding_headers_carry_the_client(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_the_client_broke_is_the_clients_fault_and_keeps_the_route() {
-    let pb = Pinboard::start(&["--lease-ttl-ms", "60000", "--body-timeout-ms", "500"]);
+    let pb = pinboard()
+        .args(&["--lease-ttl-ms", "60000", "--body-timeout-ms", "500"])
+        .start();
     let (worker, _) = raw_worker(&pb.url, "body", |_, _| {
         Answer::Json(200, json!({"ok": true}))
     })

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::fake::{fake, Fake, Mode};
-use support::{bearer, client, eventually, wait_workers, Pinboard};
+use support::{bearer, client, eventually, pinboard, wait_workers};
 
 fn check_headers(f: &Fake, session: &str) {
     for h in f.seen.lock().iter() {
@@ -36,7 +36,7 @@ fn check_headers(f: &Fake, session: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusing_workers_are_routed_around() {
-    let pb = Pinboard::start(&["--lease-ttl-ms", "60000"]);
+    let pb = pinboard().args(&["--lease-ttl-ms", "60000"]).start();
     let (good, good_session) = fake(&pb.url, "good", Mode::Serve).await;
     let (draining, draining_session) = fake(&pb.url, "draining", Mode::Draining).await;
     let (unhealthy, unhealthy_session) = fake(&pb.url, "unhealthy", Mode::Unhealthy).await;
@@ -115,7 +115,9 @@ async fn refusing_workers_are_routed_around() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persistent_refusals_and_dead_owners_end_in_a_retryable_503() {
-    let pb = Pinboard::start(&["--lease-ttl-ms", "60000", "--proxy-retries", "2"]);
+    let pb = pinboard()
+        .args(&["--lease-ttl-ms", "60000", "--proxy-retries", "2"])
+        .start();
     let (forbidden, _) = fake(&pb.url, "forbidden", Mode::Forbidden).await;
     let c = client();
     let res = c
@@ -132,7 +134,7 @@ async fn persistent_refusals_and_dead_owners_end_in_a_retryable_503() {
     );
 
     // A draining-only fleet: nowhere to place, 503 + Retry-After, bounded work.
-    let pb2 = Pinboard::start(&["--lease-ttl-ms", "60000"]);
+    let pb2 = pinboard().args(&["--lease-ttl-ms", "60000"]).start();
     let (d, _) = fake(&pb2.url, "d", Mode::Draining).await;
     let started = tokio::time::Instant::now();
     let res = c
@@ -159,7 +161,7 @@ async fn persistent_refusals_and_dead_owners_end_in_a_retryable_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_of_full_workers_answers_capacity_not_absence() {
-    let pb = Pinboard::start(&["--lease-ttl-ms", "60000"]);
+    let pb = pinboard().args(&["--lease-ttl-ms", "60000"]).start();
     let (a, _) = fake(&pb.url, "full-a", Mode::Full).await;
     let (b, _) = fake(&pb.url, "full-b", Mode::Full).await;
     let c = client();
@@ -184,7 +186,9 @@ async fn a_fleet_of_full_workers_answers_capacity_not_absence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_start_quarantine_defers_new_placements() {
-    let pb = Pinboard::start(&["--lease-ttl-ms", "60000", "--quarantine-ms", "1500"]);
+    let pb = pinboard()
+        .args(&["--lease-ttl-ms", "60000", "--quarantine-ms", "1500"])
+        .start();
     let started = tokio::time::Instant::now();
     let (good, _) = fake(&pb.url, "good", Mode::Serve).await;
     let c = client();

@@ -5,16 +5,16 @@ mod support;
 
 use std::time::Duration;
 
-use support::{client, get_json, redis_prefix, redis_wipe, wait_workers, Pinboard, Worker};
+use support::{client, get_json, pinboard, python_worker, redis_prefix, redis_wipe, wait_workers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_sharing_redis_keep_one_instance_across_1000_requests() {
     let prefix = redis_prefix("two-nodes");
-    let n1 = Pinboard::start_redis(&prefix, &[]);
-    let n2 = Pinboard::start_redis(&prefix, &[]);
+    let n1 = pinboard().shared_redis(&prefix).start();
+    let n2 = pinboard().shared_redis(&prefix).start();
     // Workers register with different nodes; both nodes see both.
-    let _a = Worker::start(&n1.url);
-    let _b = Worker::start(&n2.url);
+    let _a = python_worker(&n1.url).start();
+    let _b = python_worker(&n2.url).start();
     let c = client();
     wait_workers(&c, &n1.url, 2).await;
     wait_workers(&c, &n2.url, 2).await;
@@ -71,8 +71,8 @@ async fn epoch_of(c: &reqwest::Client, node: &str, id: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn epochs_increase_strictly_even_after_redis_lost_the_keys() {
     let prefix = redis_prefix("epochs");
-    let mut n1 = Pinboard::start_redis(&prefix, &[]);
-    let _w = Worker::start(&n1.url);
+    let mut n1 = pinboard().shared_redis(&prefix).start();
+    let _w = python_worker(&n1.url).start();
     let c = client();
     wait_workers(&c, &n1.url, 1).await;
     let before = epoch_of(&c, &n1.url, "ep").await;
@@ -81,8 +81,8 @@ async fn epochs_increase_strictly_even_after_redis_lost_the_keys() {
     // Redis restarted empty, and the pinboard process is new as well.
     n1.kill();
     redis_wipe(&prefix).await;
-    let n2 = Pinboard::start_redis(&prefix, &[]);
-    let _w2 = Worker::start(&n2.url);
+    let n2 = pinboard().shared_redis(&prefix).start();
+    let _w2 = python_worker(&n2.url).start();
     wait_workers(&c, &n2.url, 1).await;
     let after = epoch_of(&c, &n2.url, "ep").await;
     assert!(after > before, "epoch went from {before} to {after}");
@@ -97,8 +97,8 @@ async fn epochs_increase_strictly_even_after_redis_lost_the_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_reclaims_its_ids_after_redis_lost_its_session() {
     let prefix = redis_prefix("reclaim");
-    let n1 = Pinboard::start_redis(&prefix, &[]);
-    let _w = Worker::start(&n1.url);
+    let n1 = pinboard().shared_redis(&prefix).start();
+    let _w = python_worker(&n1.url).start();
     let c = client();
     wait_workers(&c, &n1.url, 1).await;
     let first = get_json(
@@ -142,7 +142,10 @@ async fn a_worker_reclaims_its_ids_after_redis_lost_its_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seen_id_resolves_without_redis() {
     let prefix = redis_prefix("cache");
-    let pb = Pinboard::start_redis(&prefix, &["--lease-ttl-ms", "60000"]);
+    let pb = pinboard()
+        .shared_redis(&prefix)
+        .args(&["--lease-ttl-ms", "60000"])
+        .start();
     let (w, _) = support::fake::fake(&pb.url, "w", support::fake::Mode::Serve).await;
     let c = client();
     let url = format!("{}/counter/seen/hit", pb.url);

@@ -7,7 +7,7 @@ mod support;
 use std::process::Command;
 
 use serde_json::{json, Value};
-use support::{bearer, client, free_port, wait_workers, Pinboard, Worker};
+use support::{bearer, client, pinboard, python_worker, unreachable_url, wait_workers};
 
 fn register_body(advertise: &str) -> Value {
     json!({
@@ -43,7 +43,7 @@ async fn post(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registry_refuses_bad_tokens_bodies_and_sessions() {
-    let pb = Pinboard::start(&[]);
+    let pb = pinboard().start();
     let c = client();
     let ok = bearer();
     let good = register_body("http://127.0.0.1:9").to_string();
@@ -161,11 +161,11 @@ async fn registry_refuses_bad_tokens_bodies_and_sessions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advertise_urls_that_fail_the_challenge_are_refused() {
-    let pb = Pinboard::start(&[]);
+    let pb = pinboard().start();
     let c = client();
     let ok = bearer();
     // Nothing listens there: not reachable yet, 503 + Retry-After.
-    let nobody = format!("http://127.0.0.1:{}", free_port());
+    let nobody = unreachable_url();
     let (s, retry, v) = post(
         &c,
         format!("{}/registry/register", pb.url),
@@ -176,7 +176,7 @@ async fn advertise_urls_that_fail_the_challenge_are_refused() {
     assert_eq!((s, retry.as_deref()), (503, Some("1")), "{v}");
 
     // A live worker that does not know this secret/challenge: 403.
-    let w = Worker::start(&pb.url);
+    let w = python_worker(&pb.url).start();
     wait_workers(&c, &pb.url, 1).await;
     let (s, _, v) = post(
         &c,
@@ -198,7 +198,7 @@ async fn advertise_urls_that_fail_the_challenge_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_plane_refuses_invalid_ids_and_unhosted_namespaces() {
-    let pb = Pinboard::start(&[]);
+    let pb = pinboard().start();
     let c = client();
     let long = "a".repeat(257);
     for (path, detail) in [

@@ -8,15 +8,16 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::{
-    bearer, client, eventually, get_json, id_on, wait_workers, workers, Pinboard, Worker,
+    bearer, client, eventually, get_json, id_on, pinboard, python_worker, wait_workers, workers,
+    Proc,
 };
 
-async fn process_of(c: &reqwest::Client, w: &Worker) -> serde_json::Value {
+async fn process_of(c: &reqwest::Client, w: &Proc) -> serde_json::Value {
     get_json(c, &format!("{}/process", w.url), Duration::from_secs(5)).await["process"].clone()
 }
 
 /// Waits until the worker's host reports `draining` as `want`.
-async fn until_draining(c: &reqwest::Client, w: &Worker, want: bool) {
+async fn until_draining(c: &reqwest::Client, w: &Proc, want: bool) {
     eventually(
         &format!("the worker's draining to be {want}"),
         Duration::from_secs(10),
@@ -30,16 +31,16 @@ async fn until_draining(c: &reqwest::Client, w: &Worker, want: bool) {
 
 /// Waits until pinboard counted `n` more heartbeats: each would have carried
 /// a control message again had it not been acked.
-async fn more_heartbeats(c: &reqwest::Client, pb: &Pinboard, n: u64) {
+async fn more_heartbeats(c: &reqwest::Client, pb: &Proc, n: u64) {
     let beats = "pinboard_heartbeats_total";
     test_support::metric_grows(c, &[&pb.url], beats, n, Duration::from_secs(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
-    let pb = Pinboard::start(&[]);
-    let a = Worker::start(&pb.url);
-    let b = Worker::start(&pb.url);
+    let pb = pinboard().start();
+    let a = python_worker(&pb.url).start();
+    let b = python_worker(&pb.url).start();
     let c = client();
     wait_workers(&c, &pb.url, 2).await;
     let (pa, pbp) = (process_of(&c, &a).await, process_of(&c, &b).await);
@@ -169,8 +170,8 @@ async fn drain_stops_new_ids_keeps_resident_ones_and_moves_new_ids_elsewhere() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wind_down_message_is_delivered_and_the_instance_restarts_fresh() {
-    let pb = Pinboard::start(&[]);
-    let _w = Worker::start(&pb.url);
+    let pb = pinboard().start();
+    let _w = python_worker(&pb.url).start();
     let c = client();
     let rows = wait_workers(&c, &pb.url, 1).await;
     let session = rows[0]["sessionId"].clone();

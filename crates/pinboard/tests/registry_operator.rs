@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 use support::fake::{fake, Mode};
-use support::{client, Pinboard, TOKEN};
+use support::{client, pinboard, TOKEN};
 
 async fn get_status(c: &reqwest::Client, url: String, token: Option<&str>) -> u16 {
     let mut req = c.get(url);
@@ -33,12 +33,14 @@ async fn post(c: &reqwest::Client, url: String, token: &str, body: &Value) -> (u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_and_worker_tokens_are_separate_and_each_takes_a_rotation_list() {
     let worker_tokens = format!("worker-next,{TOKEN}");
-    let pb = Pinboard::start(&[
-        "--token",
-        &worker_tokens,
-        "--operator-token",
-        "op-next, op-old",
-    ]);
+    let pb = pinboard()
+        .args(&[
+            "--token",
+            &worker_tokens,
+            "--operator-token",
+            "op-next, op-old",
+        ])
+        .start();
     let c = client();
     // A worker registers with one token of the list (the fake uses TOKEN)...
     let (_w, session) = fake(&pb.url, "w", Mode::Serve).await;
@@ -105,7 +107,7 @@ async fn operator_and_worker_tokens_are_separate_and_each_takes_a_rotation_list(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_operator_token_the_worker_token_opens_the_operator_endpoints() {
-    let pb = Pinboard::start(&[]);
+    let pb = pinboard().start();
     let c = client();
     let url = format!("{}/registry/workers", pb.url);
     assert_eq!(get_status(&c, url.clone(), Some(TOKEN)).await, 200);
@@ -120,7 +122,7 @@ async fn without_an_operator_token_the_worker_token_opens_the_operator_endpoints
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_deadlines_beyond_a_year_answer_400() {
-    let pb = Pinboard::start(&["--operator-token", "op"]);
+    let pb = pinboard().args(&["--operator-token", "op"]).start();
     let c = client();
     let (_w, session) = fake(&pb.url, "w", Mode::Serve).await;
     let push = format!("{}/registry/push", pb.url);

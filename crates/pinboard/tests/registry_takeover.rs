@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use support::{client, eventually, get_json, wait_workers, workers, Pinboard, Worker};
+use support::{
+    client, eventually, get_json, metric, pinboard, python_worker, wait_workers, workers,
+};
 
 /// GET `url` in the `app` hostname world until it answers 200; its body.
 async fn get_app(c: &reqwest::Client, url: &str) -> Value {
@@ -18,11 +20,10 @@ async fn get_app(c: &reqwest::Client, url: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn newer_deployment_supersedes_the_old_session() {
-    let pb = Pinboard::start(&[]);
-    let old = Worker::start_with(
-        &pb.url,
-        &[("PINNED_HOSTNAME", "app"), ("PINNED_EPOCH", "1")],
-    );
+    let pb = pinboard().start();
+    let old = python_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", "app"), ("PINNED_EPOCH", "1")])
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     let before = get_app(&c, &format!("{}/counter/t/hit", pb.url)).await;
@@ -31,10 +32,9 @@ async fn newer_deployment_supersedes_the_old_session() {
         .clone();
     assert_eq!(before["process"], old_proc);
 
-    let new = Worker::start_with(
-        &pb.url,
-        &[("PINNED_HOSTNAME", "app"), ("PINNED_EPOCH", "2")],
-    );
+    let new = python_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", "app"), ("PINNED_EPOCH", "2")])
+        .start();
     let new_proc = get_json(&c, &format!("{}/process", new.url), Duration::from_secs(10)).await
         ["process"]
         .clone();
@@ -65,28 +65,26 @@ async fn newer_deployment_supersedes_the_old_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_keeps_the_incumbent() {
-    let pb = Pinboard::start(&[]);
-    let old = Worker::start_with(
-        &pb.url,
-        &[
+    let pb = pinboard().start();
+    let old = python_worker(&pb.url)
+        .envs(&[
             ("PINNED_HOSTNAME", "app"),
             ("PINNED_EPOCH", "1"),
             ("PINNED_TAKEOVER", "deny"),
-        ],
-    );
+        ])
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
-    let before = pb.metric(&c, "pinboard_registry_errors_total").await;
-    let _new = Worker::start_with(
-        &pb.url,
-        &[("PINNED_HOSTNAME", "app"), ("PINNED_EPOCH", "2")],
-    );
+    let before = metric(&c, &pb, "pinboard_registry_errors_total").await;
+    let _new = python_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", "app"), ("PINNED_EPOCH", "2")])
+        .start();
     // The newcomer is refused, backs off, and is refused again.
     eventually(
         "two refused registrations",
         Duration::from_secs(20),
         || async {
-            (pb.metric(&c, "pinboard_registry_errors_total").await >= before + 2).then_some(())
+            (metric(&c, &pb, "pinboard_registry_errors_total").await >= before + 2).then_some(())
         },
     )
     .await;
@@ -95,14 +93,13 @@ async fn deny_keeps_the_incumbent() {
     assert_eq!(rows[0]["advertiseUrl"], old.url.as_str());
     // Another env of the same hostname is another deployment: the deny
     // does not reach it, and it supersedes nobody.
-    let staging = Worker::start_with(
-        &pb.url,
-        &[
+    let staging = python_worker(&pb.url)
+        .envs(&[
             ("PINNED_HOSTNAME", "app"),
             ("PINNED_ENV", "staging"),
             ("PINNED_EPOCH", "3"),
-        ],
-    );
+        ])
+        .start();
     let rows = wait_workers(&c, &pb.url, 2).await;
     for url in [&old.url, &staging.url] {
         assert!(

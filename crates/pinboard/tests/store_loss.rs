@@ -11,8 +11,8 @@ use std::time::Duration;
 use futures_util::stream::{self, StreamExt};
 use serde_json::Value;
 use support::fake::{fake, Mode};
-use support::redis_server::RedisServer;
-use support::{client, eventually, wait_workers, Pinboard, Worker};
+use support::RedisServer;
+use support::{client, eventually, metric, pinboard, python_worker, wait_workers};
 
 /// `GET /readyz`: status and body.
 async fn readyz(c: &reqwest::Client, pb: &str) -> (u16, Value) {
@@ -38,8 +38,8 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
     // nodes: `pb` places the ids (and keeps routes to them), `cold` has
     // never routed them, so after the wipe it must ask the store.
     let args = ["--lease-ttl-ms", "3000", "--quarantine-ms", "3000"];
-    let pb = Pinboard::start_on(&redis.url, &args);
-    let cold = Pinboard::start_on(&redis.url, &args);
+    let pb = pinboard().redis(&redis.url).args(&args).start();
+    let cold = pinboard().redis(&redis.url).args(&args).start();
     let c = client();
     let (status, body) = readyz(&c, &pb.url).await;
     assert_eq!(status, 503, "a fresh store starts in quarantine: {body}");
@@ -49,8 +49,8 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
     );
     // A beats every 0.5 s, B every 1.5 s: after the wipe A is back well
     // before B, and B's ids are up for grabs in between.
-    let _a = Worker::start(&pb.url);
-    let _b = Worker::start_with(&pb.url, &[("HEARTBEAT_S", "1.5")]);
+    let _a = python_worker(&pb.url).start();
+    let _b = python_worker(&pb.url).env("HEARTBEAT_S", "1.5").start();
     wait_workers(&c, &pb.url, 2).await;
     eventually(
         "the cold-start quarantine to end",
@@ -127,7 +127,7 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
         "the loss was never answered with the quarantine"
     );
     for node in [&pb, &cold] {
-        assert!(node.metric(&c, "pinboard_store_losses_total").await >= 1);
+        assert!(metric(&c, node, "pinboard_store_losses_total").await >= 1);
     }
     // Every id comes back on its own worker, with its state.
     for id in &ids {
@@ -153,10 +153,10 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_joining_a_store_that_holds_state_places_at_once() {
     let redis = RedisServer::start();
-    let first = Pinboard::start_on(
-        &redis.url,
-        &["--quarantine-ms", "500", "--lease-ttl-ms", "60000"],
-    );
+    let first = pinboard()
+        .redis(&redis.url)
+        .args(&["--quarantine-ms", "500", "--lease-ttl-ms", "60000"])
+        .start();
     let c = client();
     let (_w, _) = fake(&first.url, "w", Mode::Serve).await;
     eventually(
@@ -169,26 +169,26 @@ async fn a_node_joining_a_store_that_holds_state_places_at_once() {
 
     // A rolling restart: a new node joins the same store with a quarantine
     // it will never need.
-    let joined = Pinboard::start_on(
-        &redis.url,
-        &["--quarantine-ms", "600000", "--lease-ttl-ms", "60000"],
-    );
+    let joined = pinboard()
+        .redis(&redis.url)
+        .args(&["--quarantine-ms", "600000", "--lease-ttl-ms", "60000"])
+        .start();
     let (status, body) = readyz(&c, &joined.url).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(hit(&c, &joined.url, "after").await.0, 200);
 
     // A node on an empty store (another prefix of the same Redis) does wait.
-    let fresh = Pinboard::start_on(
-        &redis.url,
-        &[
+    let fresh = pinboard()
+        .redis(&redis.url)
+        .args(&[
             "--redis-prefix",
             "other:",
             "--quarantine-ms",
             "600000",
             "--lease-ttl-ms",
             "60000",
-        ],
-    );
+        ])
+        .start();
     let (_w2, _) = fake(&fresh.url, "w2", Mode::Serve).await;
     let (status, body) = readyz(&c, &fresh.url).await;
     assert_eq!(status, 503, "{body}");
@@ -209,7 +209,7 @@ async fn a_node_joining_a_store_that_holds_state_places_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_the_store_and_healthz_stays_liveness() {
     let redis = RedisServer::start();
-    let pb = Pinboard::start_on(&redis.url, &[]);
+    let pb = pinboard().redis(&redis.url).start();
     let c = client();
     assert_eq!(
         readyz(&c, &pb.url).await,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use pinned_store::{InstanceKey, StateStore, TrayKey};
 use serde_json::{json, Value};
 use support::durable::{durable, store, unique_ns, Durable, DATABASE_URL};
-use support::{client, eventually, redis_prefix, redis_wipe, Pinboard};
+use support::{client, eventually, pinboard, redis_prefix, redis_wipe};
 use tokio::time::Instant;
 
 /// Sweep interval used by the suite (ms).
@@ -94,7 +94,9 @@ fn assert_attested(s: &support::durable::Seen, secret: &str, session: &str) {
 async fn a_due_alarm_is_posted_to_the_owner_with_the_proxy_secret_within_one_interval() {
     let ns = unique_ns("alarm");
     let pg = store().await;
-    let pb = Pinboard::start(&sweeper_args(&INTERVAL_MS.to_string()));
+    let pb = pinboard()
+        .args(&sweeper_args(&INTERVAL_MS.to_string()))
+        .start();
     let (f, session) = durable(&pb.url, &ns, pg.clone()).await;
 
     let written = Instant::now();
@@ -140,7 +142,9 @@ async fn a_due_alarm_is_posted_to_the_owner_with_the_proxy_secret_within_one_int
 async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() {
     let ns = unique_ns("wake");
     let pg = store().await;
-    let pb = Pinboard::start(&sweeper_args(&INTERVAL_MS.to_string()));
+    let pb = pinboard()
+        .args(&sweeper_args(&INTERVAL_MS.to_string()))
+        .start();
     let (f, session) = durable(&pb.url, &ns, pg.clone()).await;
 
     pg.set_tray(
@@ -209,8 +213,14 @@ async fn two_nodes_on_one_redis_post_each_due_alarm_once_and_hand_over_when_the_
     let prefix = redis_prefix("sweeper");
     let pg = store().await;
     let interval = INTERVAL_MS.to_string();
-    let mut n1 = Pinboard::start_redis(&prefix, &sweeper_args(&interval));
-    let mut n2 = Pinboard::start_redis(&prefix, &sweeper_args(&interval));
+    let mut n1 = pinboard()
+        .shared_redis(&prefix)
+        .args(&sweeper_args(&interval))
+        .start();
+    let mut n2 = pinboard()
+        .shared_redis(&prefix)
+        .args(&sweeper_args(&interval))
+        .start();
     let (f, _) = durable(&n1.url, &ns, pg.clone()).await;
 
     set_due_alarm(pg.as_ref(), &ns, "a1").await;

@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::{
-    client, eventually, get_json, redis_prefix, wait_workers, workers, Pinboard, Worker,
+    client, eventually, get_json, pinboard, python_worker, redis_prefix, wait_workers, workers,
+    Proc,
 };
 
 const PATIENCE: Duration = Duration::from_secs(15);
@@ -51,22 +52,20 @@ async fn ok_in(c: &reqwest::Client, url: &str, world: In) -> Value {
     .await
 }
 
-async fn process_of(c: &reqwest::Client, w: &Worker) -> Value {
+async fn process_of(c: &reqwest::Client, w: &Proc) -> Value {
     get_json(c, &format!("{}/process", w.url), PATIENCE).await["process"].clone()
 }
 
 /// Three Python workers: hostless, `app.test`/production and
 /// `app.test`/staging; every rule of the worlds checked through `pb`.
-async fn three_worlds(pb: &Pinboard) {
-    let plain = Worker::start(&pb.url);
-    let prod = Worker::start_with(
-        &pb.url,
-        &[("PINNED_HOSTNAME", HOST), ("PINNED_ENV", "production")],
-    );
-    let staging = Worker::start_with(
-        &pb.url,
-        &[("PINNED_HOSTNAME", HOST), ("PINNED_ENV", "staging")],
-    );
+async fn three_worlds(pb: &Proc) {
+    let plain = python_worker(&pb.url).start();
+    let prod = python_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", HOST), ("PINNED_ENV", "production")])
+        .start();
+    let staging = python_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", HOST), ("PINNED_ENV", "staging")])
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 3).await;
     let (p_plain, p_prod, p_staging) = (
@@ -177,27 +176,32 @@ async fn three_worlds(pb: &Pinboard) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_workers_in_three_worlds_on_the_memory_store() {
-    let pb = Pinboard::start(&[]);
+    let pb = pinboard().start();
     three_worlds(&pb).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_workers_in_three_worlds_on_redis() {
     let prefix = redis_prefix("worlds");
-    let pb = Pinboard::start_redis(&prefix, &[]);
+    let pb = pinboard().shared_redis(&prefix).start();
     three_worlds(&pb).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wind_down_takeover_with_python_workers_on_the_memory_store() {
-    let pb = Pinboard::start(&["--takeover-wind-down-ms", "3000"]);
+    let pb = pinboard()
+        .args(&["--takeover-wind-down-ms", "3000"])
+        .start();
     wind_down_takeover(&pb).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wind_down_takeover_with_python_workers_on_redis() {
     let prefix = redis_prefix("worlds-wind-down");
-    let pb = Pinboard::start_redis(&prefix, &["--takeover-wind-down-ms", "3000"]);
+    let pb = pinboard()
+        .shared_redis(&prefix)
+        .args(&["--takeover-wind-down-ms", "3000"])
+        .start();
     wind_down_takeover(&pb).await;
 }
 
@@ -205,16 +209,15 @@ async fn wind_down_takeover_with_python_workers_on_redis() {
 /// hostname takes new ids at once, the older one finishes its in-flight
 /// request, is drained for `--takeover-wind-down-ms` (3 s here), then
 /// superseded, and its ids move to the newcomer.
-async fn wind_down_takeover(pb: &Pinboard) {
+async fn wind_down_takeover(pb: &Proc) {
     let deployment = [
         ("PINNED_HOSTNAME", HOST),
         ("PINNED_ENV", "production"),
         ("PINNED_TAKEOVER", "wind_down"),
     ];
-    let old = Worker::start_with(
-        &pb.url,
-        &[&deployment[..], &[("PINNED_EPOCH", "1")]].concat(),
-    );
+    let old = python_worker(&pb.url)
+        .envs(&[&deployment[..], &[("PINNED_EPOCH", "1")]].concat())
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     let p_old = process_of(&c, &old).await;
@@ -226,10 +229,9 @@ async fn wind_down_takeover(pb: &Pinboard) {
         let (c, url) = (c.clone(), format!("{}/counter/w/slow?ms=2000", pb.url));
         async move { get_in(&c, &url, PRODUCTION).await }
     });
-    let new = Worker::start_with(
-        &pb.url,
-        &[&deployment[..], &[("PINNED_EPOCH", "2")]].concat(),
-    );
+    let new = python_worker(&pb.url)
+        .envs(&[&deployment[..], &[("PINNED_EPOCH", "2")]].concat())
+        .start();
     let p_new = process_of(&c, &new).await;
     let rows = eventually(
         "the old deployment draining beside the new",

@@ -84,11 +84,7 @@ pub async fn cleanup(ns: &str) {
 /// A namespace no other test uses; its rows are deleted when the guard
 /// drops, even when the test panicked.
 pub fn unique_ns(tag: &str) -> Namespace {
-    Namespace(format!(
-        "/sweep-{tag}-{}-{}",
-        std::process::id(),
-        super::free_port()
-    ))
+    Namespace(format!("/sweep-{tag}-{}", super::unique()))
 }
 
 /// A test's own namespace (see [`unique_ns`]).
