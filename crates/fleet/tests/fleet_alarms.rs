@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use pinned_store::conformance::{database_url, unique_ns, PostgresCleanup};
 use serde_json::Value;
-use support::{
-    client, eventually, get_json, pinboard, pinboard_redis, redis_prefix, rust_worker, wait_workers,
-};
+use support::{client, eventually, get_json, pinboard, redis_prefix, rust_worker, wait_workers};
 
 const SWEEP: &str = "200";
 
@@ -91,15 +89,16 @@ async fn an_evicted_instances_alarm_fires_through_the_sweeper() {
     let _cleanup = PostgresCleanup::new(&ns);
     let url = database_url();
     let args = sweeping(&[]);
-    let pb = pinboard(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let w = rust_worker(
-        &pb.url,
-        &worker_env(
+    let pb = pinboard()
+        .args(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .start();
+    let w = rust_worker(&pb.url)
+        .envs(&worker_env(
             &ns,
             &url,
             &[("FLEET_IDLE_MS", "200"), ("FLEET_SWEEP_MS", "100")],
-        ),
-    );
+        ))
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     post_ok(&c, &format!("{}{ns}/e/alarm?ms=1500", pb.url)).await;
@@ -129,8 +128,12 @@ async fn a_killed_owners_alarm_fires_on_another_worker() {
     let _cleanup = PostgresCleanup::new(&ns);
     let url = database_url();
     let args = sweeping(&[]);
-    let pb = pinboard(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let mut a = rust_worker(&pb.url, &worker_env(&ns, &url, &[]));
+    let pb = pinboard()
+        .args(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        .start();
+    let mut a = rust_worker(&pb.url)
+        .envs(&worker_env(&ns, &url, &[]))
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     post_ok(&c, &format!("{}{ns}/k/alarm?ms=1500", pb.url)).await;
@@ -141,9 +144,11 @@ async fn a_killed_owners_alarm_fires_on_another_worker() {
     )
     .await["process"]
         .clone();
-    let _b = rust_worker(&pb.url, &worker_env(&ns, &url, &[]));
+    let _b = rust_worker(&pb.url)
+        .envs(&worker_env(&ns, &url, &[]))
+        .start();
     wait_workers(&c, &pb.url, 2).await;
-    a.kill9();
+    a.kill();
     let body = wait_count(&c, &pb.url, &ns, "k", 1).await;
     assert_eq!(body["count"], 1);
     assert_ne!(body["process"], owner, "fired by the killed owner?");
@@ -157,26 +162,24 @@ async fn two_sweeping_pinboards_fire_each_alarm_once() {
     let prefix = redis_prefix("alarm-two");
     let args = sweeping(&[]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let one = pinboard_redis(&prefix, &args);
-    let two = pinboard_redis(&prefix, &args);
+    let one = pinboard().shared_redis(&prefix).args(&args).start();
+    let two = pinboard().shared_redis(&prefix).args(&args).start();
     // Short idle timeouts: most alarms find their instance evicted, so the
     // sweepers (not the owner's timer) deliver them.
-    let _w1 = rust_worker(
-        &one.url,
-        &worker_env(
+    let _w1 = rust_worker(&one.url)
+        .envs(&worker_env(
             &ns,
             &url,
             &[("FLEET_IDLE_MS", "300"), ("FLEET_SWEEP_MS", "100")],
-        ),
-    );
-    let _w2 = rust_worker(
-        &two.url,
-        &worker_env(
+        ))
+        .start();
+    let _w2 = rust_worker(&two.url)
+        .envs(&worker_env(
             &ns,
             &url,
             &[("FLEET_IDLE_MS", "300"), ("FLEET_SWEEP_MS", "100")],
-        ),
-    );
+        ))
+        .start();
     let c = client();
     wait_workers(&c, &one.url, 2).await;
     for i in 0..20 {
@@ -199,14 +202,18 @@ async fn a_stale_epoch_write_is_refused_and_the_new_owners_state_survives() {
     let ns = unique_ns("stale-write");
     let _cleanup = PostgresCleanup::new(&ns);
     let url = database_url();
-    let pb = pinboard(&[]);
-    let a = rust_worker(&pb.url, &worker_env(&ns, &url, &[]));
+    let pb = pinboard().start();
+    let a = rust_worker(&pb.url)
+        .envs(&worker_env(&ns, &url, &[]))
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     post_ok(&c, &format!("{}{ns}/x/write", pb.url)).await;
     // A schedules a write for later, then freezes past its lease.
     post_ok(&c, &format!("{}{ns}/x/write?later_ms=3000", pb.url)).await;
-    let _b = rust_worker(&pb.url, &worker_env(&ns, &url, &[]));
+    let _b = rust_worker(&pb.url)
+        .envs(&worker_env(&ns, &url, &[]))
+        .start();
     wait_workers(&c, &pb.url, 2).await;
     a.pause();
     // Its lease lapses: pinboard lists B alone.

@@ -14,8 +14,8 @@ const LEASE_TTL: Duration = Duration::from_millis(2000);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_workers_ids_move_within_a_lease_and_the_restart_gets_new_ids() {
-    let pb = pinboard(&[]);
-    let mut fleet = vec![rust_worker(&pb.url, &[]), rust_worker(&pb.url, &[])];
+    let pb = pinboard().start();
+    let mut fleet = vec![rust_worker(&pb.url).start(), rust_worker(&pb.url).start()];
     let c = client();
     let before = wait_workers(&c, &pb.url, 2).await;
     let mut owner = HashMap::new();
@@ -49,7 +49,7 @@ async fn killed_workers_ids_move_within_a_lease_and_the_restart_gets_new_ids() {
         }
     }
     let victim = victim.expect("victim worker");
-    fleet[victim].kill9();
+    fleet[victim].kill();
     let killed = Instant::now();
 
     // Every id of the victim is asked for at once, each until it answers.
@@ -73,7 +73,7 @@ async fn killed_workers_ids_move_within_a_lease_and_the_restart_gets_new_ids() {
     );
 
     // The restarted process is a new client with a new session...
-    fleet.push(rust_worker(&pb.url, &[]));
+    fleet.push(rust_worker(&pb.url).start());
     let after = wait_workers(&c, &pb.url, 2).await;
     let old_sessions: Vec<_> = before.iter().map(|w| w["sessionId"].clone()).collect();
     let old_clients: Vec<_> = before.iter().map(|w| w["clientId"].clone()).collect();

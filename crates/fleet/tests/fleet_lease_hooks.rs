@@ -32,8 +32,10 @@ async fn wait_event(c: &reqwest::Client, worker: &str, event: &str) {
 async fn a_frozen_pinboard_makes_the_lease_unhealthy_then_restored() {
     // A 6 s lease, healthy until 5 s before its end: a pause of about a
     // second makes it unhealthy, far from expiring.
-    let pb = pinboard(&["--lease-ttl-ms", "6000"]);
-    let worker = rust_worker(&pb.url, &[("FLEET_LEASE_BUFFER_MS", "5000")]);
+    let pb = pinboard().args(&["--lease-ttl-ms", "6000"]).start();
+    let worker = rust_worker(&pb.url)
+        .env("FLEET_LEASE_BUFFER_MS", "5000")
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     get_json(

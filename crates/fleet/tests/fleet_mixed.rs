@@ -11,9 +11,9 @@ use support::{client, get_json, pinboard, python_worker, rust_worker, wait_worke
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_and_python_workers_call_each_other() {
-    let pb = pinboard(&[]);
-    let rust = rust_worker(&pb.url, &[]);
-    let _python = python_worker(&pb.url);
+    let pb = pinboard().start();
+    let rust = rust_worker(&pb.url).start();
+    let _python = python_worker(&pb.url).start();
     let c = client();
     wait_workers(&c, &pb.url, 2).await;
     let rust_process = {

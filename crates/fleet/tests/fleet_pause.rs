@@ -9,8 +9,8 @@ use support::{client, get_json, pinboard, rust_worker, stats, wait_workers, work
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_refuses_until_reregistered_and_keeps_off_moved_ids() {
-    let pb = pinboard(&[]);
-    let a = rust_worker(&pb.url, &[]);
+    let pb = pinboard().start();
+    let a = rust_worker(&pb.url).start();
     let c = client();
     let rows = wait_workers(&c, &pb.url, 1).await;
     let old_session = rows[0]["sessionId"].as_str().expect("session").to_owned();
@@ -31,7 +31,7 @@ async fn a_paused_worker_refuses_until_reregistered_and_keeps_off_moved_ids() {
         )
         .await;
     }
-    let b = rust_worker(&pb.url, &[]);
+    let b = rust_worker(&pb.url).start();
     wait_workers(&c, &pb.url, 2).await;
 
     a.pause();
@@ -55,7 +55,7 @@ async fn a_paused_worker_refuses_until_reregistered_and_keeps_off_moved_ids() {
     a.resume();
     // Straight after waking, its old session's placements get nothing.
     let token = pinned_wire::attestation::mint(
-        a.secret.as_deref().expect("secret"),
+        a.secret(),
         &old_session,
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

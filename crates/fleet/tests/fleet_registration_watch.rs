@@ -26,7 +26,7 @@ async fn until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_changes_are_published() {
-    let pb = pinboard(&[]);
+    let pb = pinboard().start();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

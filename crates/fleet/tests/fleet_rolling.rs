@@ -12,8 +12,8 @@ use support::{client, get_json, pinboard, rust_worker, wait_workers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_the_old_worker_fails_no_request() {
-    let pb = pinboard(&["--lease-ttl-ms", "3000"]);
-    let mut old = rust_worker(&pb.url, &[("FLEET_DRAIN_MS", "1500")]);
+    let pb = pinboard().args(&["--lease-ttl-ms", "3000"]).start();
+    let mut old = rust_worker(&pb.url).env("FLEET_DRAIN_MS", "1500").start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     for i in 0..1000 {
@@ -63,13 +63,11 @@ async fn draining_the_old_worker_fails_no_request() {
         .collect();
 
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let _new = rust_worker(&pb.url, &[]);
+    let _new = rust_worker(&pb.url).start();
     wait_workers(&c, &pb.url, 2).await;
     old.terminate();
     assert!(
-        tokio::task::spawn_blocking(move || old.wait_exit(Duration::from_secs(15)))
-            .await
-            .expect("join"),
+        old.wait_exit(Duration::from_secs(15)).await.is_some(),
         "the old worker exits after its drain"
     );
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -11,14 +11,13 @@ use support::{client, get_json, pinboard, rust_worker, wait_workers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_lease_with_default_worker_timing_serves() {
-    let pb = pinboard(&["--lease-ttl-ms", "3000"]);
-    let _worker = rust_worker(
-        &pb.url,
-        &[
+    let pb = pinboard().args(&["--lease-ttl-ms", "3000"]).start();
+    let _worker = rust_worker(&pb.url)
+        .envs(&[
             ("FLEET_HEARTBEAT_MS", "3000"),
             ("FLEET_LEASE_BUFFER_MS", "5000"),
-        ],
-    );
+        ])
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     for i in 0..5 {

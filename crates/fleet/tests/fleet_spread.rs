@@ -8,15 +8,18 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use support::{client, get_json, pinboard_redis, redis_prefix, rust_worker, wait_workers};
+use support::{client, get_json, pinboard, redis_prefix, rust_worker, wait_workers};
 
 const IDS: usize = 10_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_ids_each_live_in_exactly_one_instance() {
     let prefix = redis_prefix("spread");
-    let pb = pinboard_redis(&prefix, &["--lease-ttl-ms", "5000"]);
-    let workers: Vec<_> = (0..3).map(|_| rust_worker(&pb.url, &[])).collect();
+    let pb = pinboard()
+        .shared_redis(&prefix)
+        .args(&["--lease-ttl-ms", "5000"])
+        .start();
+    let workers: Vec<_> = (0..3).map(|_| rust_worker(&pb.url).start()).collect();
     let c = client();
     wait_workers(&c, &pb.url, 3).await;
 

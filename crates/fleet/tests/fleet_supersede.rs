@@ -17,11 +17,10 @@ async fn get_shop(c: &reqwest::Client, url: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_epoch_worker_of_the_same_hostname_takes_over() {
-    let pb = pinboard(&[]);
-    let first = rust_worker(
-        &pb.url,
-        &[("PINNED_HOSTNAME", "shop"), ("FLEET_EPOCH", "1")],
-    );
+    let pb = pinboard().start();
+    let first = rust_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", "shop"), ("FLEET_EPOCH", "1")])
+        .start();
     let c = client();
     let rows = wait_workers(&c, &pb.url, 1).await;
     let first_session = rows[0]["sessionId"].clone();
@@ -35,10 +34,9 @@ async fn a_higher_epoch_worker_of_the_same_hostname_takes_over() {
         Some(20)
     );
 
-    let second = rust_worker(
-        &pb.url,
-        &[("PINNED_HOSTNAME", "shop"), ("FLEET_EPOCH", "2")],
-    );
+    let second = rust_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", "shop"), ("FLEET_EPOCH", "2")])
+        .start();
     // The first learns it was superseded, aborts everything, and stops
     // registering: only the second stays registered.
     eventually("the takeover", Duration::from_secs(15), || async {

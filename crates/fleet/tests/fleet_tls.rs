@@ -24,16 +24,17 @@ async fn a_worker_registers_with_an_https_pinboard_and_is_reached_over_https() {
     let certs = certs();
     let cert = certs.cert.to_str().expect("utf-8 path");
     let key = certs.key.to_str().expect("utf-8 path");
-    let pb = pinboard(&["--tls-cert", cert, "--tls-key", key, "--upstream-ca", cert]);
+    let pb = pinboard()
+        .args(&["--tls-cert", cert, "--tls-key", key, "--upstream-ca", cert])
+        .start();
     assert!(pb.url.starts_with("https://"), "{}", pb.url);
-    let worker = rust_worker(
-        &pb.url,
-        &[
+    let worker = rust_worker(&pb.url)
+        .envs(&[
             ("PINNED_PINBOARD_CA", cert),
             ("PINNED_TLS_CERT", cert),
             ("PINNED_TLS_KEY", key),
-        ],
-    );
+        ])
+        .start();
     assert!(worker.url.starts_with("https://"), "{}", worker.url);
 
     let c = reqwest::Client::builder()

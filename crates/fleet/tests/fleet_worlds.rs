@@ -66,22 +66,20 @@ async fn process_of(c: &reqwest::Client, w: &Proc) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_workers_serve_only_their_own_world() {
-    let pb = pinboard(&[]);
-    let prod = rust_worker(
-        &pb.url,
-        &[("PINNED_HOSTNAME", "shop"), ("FLEET_ENV", "production")],
-    );
+    let pb = pinboard().start();
+    let prod = rust_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", "shop"), ("FLEET_ENV", "production")])
+        .start();
     // Staging through the namespace's own env, naming its world on cluster
     // calls with `Pinboard-Hostname` (JS `clusterHost: "pinboard"`).
-    let staging = rust_worker(
-        &pb.url,
-        &[
+    let staging = rust_worker(&pb.url)
+        .envs(&[
             ("PINNED_HOSTNAME", "shop"),
             ("FLEET_NS_ENV", "staging"),
             ("FLEET_CLUSTER_HOST", "pinboard"),
-        ],
-    );
-    let plain = rust_worker(&pb.url, &[]);
+        ])
+        .start();
+    let plain = rust_worker(&pb.url).start();
     let c = client();
     let rows = wait_workers(&c, &pb.url, 3).await;
     let staging_row = rows
@@ -140,16 +138,17 @@ async fn rust_workers_serve_only_their_own_world() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rust_worker_winds_down_when_a_newer_deployment_takes_over() {
-    let pb = pinboard(&["--takeover-wind-down-ms", "3000"]);
+    let pb = pinboard()
+        .args(&["--takeover-wind-down-ms", "3000"])
+        .start();
     let deployment = [
         ("PINNED_HOSTNAME", "shop"),
         ("FLEET_ENV", "production"),
         ("FLEET_TAKEOVER", "wind_down"),
     ];
-    let old = rust_worker(
-        &pb.url,
-        &[&deployment[..], &[("FLEET_EPOCH", "1")]].concat(),
-    );
+    let old = rust_worker(&pb.url)
+        .envs(&[&deployment[..], &[("FLEET_EPOCH", "1")]].concat())
+        .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
     let p_old = process_of(&c, &old).await;
@@ -160,10 +159,9 @@ async fn a_rust_worker_winds_down_when_a_newer_deployment_takes_over() {
         async move { get_in(&c, &url, PRODUCTION).await }
     });
 
-    let new = rust_worker(
-        &pb.url,
-        &[&deployment[..], &[("FLEET_EPOCH", "2")]].concat(),
-    );
+    let new = rust_worker(&pb.url)
+        .envs(&[&deployment[..], &[("FLEET_EPOCH", "2")]].concat())
+        .start();
     let p_new = process_of(&c, &new).await;
     eventually(
         "the old deployment draining beside the new",

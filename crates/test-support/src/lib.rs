@@ -24,7 +24,7 @@ pub use self::process::{
     listening_line, unique, unreachable_url, Exited, Pinboard, Proc, PythonWorker, RedisServer,
     RustWorker, Signal, READY_PATIENCE, SHARED_REDIS,
 };
-pub use self::python::{free_port, python};
+pub use self::python::python;
 pub use self::tls::SelfSigned;
 
 /// The deployment token the starters give pinboard and workers unless told

@@ -19,16 +19,3 @@ pub fn python() -> PathBuf {
     py
 }
 
-/// A free loopback port (bound then released), for a child process that
-/// takes its port as an argument. In-process listeners bind port 0 and read
-/// their address instead.
-///
-/// # Panics
-///
-/// When no port can be bound.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}

@@ -11,7 +11,7 @@ use futures_util::stream::{self, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::private_redis::PrivateRedis;
+use super::support::RedisServer;
 use super::support::{client, eventually, pinboard, wait_workers, Proc};
 use super::{Scene, LEASE};
 
@@ -85,7 +85,7 @@ async fn slowloris_and_a_connection_flood_leave_a_good_client_served() {
         "2000",
     ];
     args.extend_from_slice(&ABUSE_PINBOARD_ARGS);
-    let pb = pinboard(&args);
+    let pb = pinboard().args(&args).start();
     let _a = scene.worker(&pb.url, &ABUSE_WORKER_ENV);
     let _b = scene.worker(&pb.url, &ABUSE_WORKER_ENV);
     wait_workers(&client(), &pb.url, 2).await;
@@ -129,7 +129,7 @@ async fn slowloris_and_a_connection_flood_leave_a_good_client_served() {
 async fn an_id_flood_leaves_a_good_client_served_and_rows_bounded() {
     const MAX_INSTANCES: usize = 100;
     const FLOOD: usize = 2_000;
-    let redis = PrivateRedis::start().await;
+    let redis = RedisServer::start();
     let scene = Scene::new("idflood", 8).await;
     let mut args = vec![
         "--redis-url",
@@ -138,7 +138,7 @@ async fn an_id_flood_leaves_a_good_client_served_and_rows_bounded() {
         "1000",
     ];
     args.extend_from_slice(&ABUSE_PINBOARD_ARGS);
-    let pb = pinboard(&args);
+    let pb = pinboard().args(&args).start();
     let max = MAX_INSTANCES.to_string();
     let mut env = ABUSE_WORKER_ENV.to_vec();
     env.push(("FLEET_MAX_INSTANCES", &max));
@@ -191,7 +191,7 @@ async fn an_id_flood_leaves_a_good_client_served_and_rows_bounded() {
     eventually(
         "placement rows to shrink to the live instances",
         Duration::from_secs(10),
-        || async { (redis.keys().await <= bound).then_some(()) },
+        || async { (redis.dbsize().await <= bound).then_some(()) },
     )
     .await;
     let grown_kb = rss_kb(&pb).saturating_sub(rss_before);

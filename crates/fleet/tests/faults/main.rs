@@ -31,7 +31,6 @@ mod partition;
 mod pinboard_nodes;
 mod postgres_faults;
 mod private_postgres;
-mod private_redis;
 mod redis_faults;
 mod relay;
 mod worker_signals;
@@ -80,7 +79,7 @@ impl Scene {
             ("FLEET_PG_IDLE_TXN_MS", "1500"),
         ];
         all.extend_from_slice(env);
-        support::rust_worker(pinboard, &all)
+        support::rust_worker(pinboard).envs(&all).start()
     }
 
     /// Starts the load through `entrances`.

@@ -14,7 +14,7 @@ use super::{process_of, Scene, LEASE, PINBOARD_ARGS};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cut_off_from_pinboard_gives_its_ids_up_cleanly() {
     let scene = Scene::new("partition", 12).await;
-    let pb = pinboard(&PINBOARD_ARGS);
+    let pb = pinboard().args(&PINBOARD_ARGS).start();
     let relay = Relay::start(&pb.url).await;
     let a = scene.worker(&relay.url, &[]);
     let b = scene.worker(&pb.url, &[]);

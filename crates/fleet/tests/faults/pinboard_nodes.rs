@@ -5,18 +5,18 @@
 
 use std::time::Duration;
 
-use super::private_redis::PrivateRedis;
+use super::support::RedisServer;
 use super::support::{client, pinboard, wait_workers};
 use super::{process_of, Scene, LEASE, PINBOARD_ARGS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_one_of_two_pinboard_nodes() {
-    let redis = PrivateRedis::start().await;
+    let redis = RedisServer::start();
     let scene = Scene::new("pbkill", 12).await;
     let mut args = vec!["--redis-url", redis.url.as_str()];
     args.extend_from_slice(&PINBOARD_ARGS);
-    let one = pinboard(&args);
-    let mut two = pinboard(&args);
+    let one = pinboard().args(&args).start();
+    let mut two = pinboard().args(&args).start();
     let a = scene.worker(&one.url, &[]);
     let b = scene.worker(&two.url, &[]);
     wait_workers(&client(), &one.url, 2).await;
@@ -30,7 +30,7 @@ async fn sigkill_of_one_of_two_pinboard_nodes() {
     let moved = load.held_by(&b_token);
     load.rounds(3, LEASE * 4).await;
 
-    two.kill9();
+    two.kill();
     // Clients find the dead node refusing connections and go to the
     // other one (as a load balancer's health check would).
     *entrances.lock().expect("entrances") = vec![one.url.clone()];

@@ -13,7 +13,7 @@ use super::{Scene, LEASE, PINBOARD_ARGS};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_killed_during_writes_lose_no_acknowledged_write() {
     let scene = Scene::new("pgkill", 12).await;
-    let pb = pinboard(&PINBOARD_ARGS);
+    let pb = pinboard().args(&PINBOARD_ARGS).start();
     let _a = scene.worker(&pb.url, &[]);
     let _b = scene.worker(&pb.url, &[]);
     wait_workers(&client(), &pb.url, 2).await;

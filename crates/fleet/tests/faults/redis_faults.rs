@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use super::private_redis::PrivateRedis;
+use super::support::RedisServer;
 use super::support::{client, eventually, pinboard, wait_workers, Proc};
 use super::{Scene, LEASE, PINBOARD_ARGS};
 
 /// Two nodes on `redis` with a real quarantine (one lease TTL).
-fn two_nodes(redis: &PrivateRedis) -> (Proc, Proc) {
+fn two_nodes(redis: &RedisServer) -> (Proc, Proc) {
     let quarantine = LEASE.as_millis().to_string();
     let mut args = vec![
         "--redis-url",
@@ -22,7 +22,10 @@ fn two_nodes(redis: &PrivateRedis) -> (Proc, Proc) {
         quarantine.as_str(),
     ];
     args.extend_from_slice(&PINBOARD_ARGS);
-    (pinboard(&args), pinboard(&args))
+    (
+        pinboard().args(&args).start(),
+        pinboard().args(&args).start(),
+    )
 }
 
 /// `/readyz` status.
@@ -61,7 +64,7 @@ async fn warmed(scene: &Scene, one: &Proc, two: &Proc) -> (Proc, Proc, super::lo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flushall_under_load_moves_no_id_and_loses_no_write() {
-    let redis = PrivateRedis::start().await;
+    let redis = RedisServer::start();
     let scene = Scene::new("flushall", 12).await;
     let (one, two) = two_nodes(&redis);
     let (_a, _b, load) = warmed(&scene, &one, &two).await;
@@ -86,13 +89,13 @@ async fn flushall_under_load_moves_no_id_and_loses_no_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_under_load_moves_no_id_and_loses_no_write() {
-    let mut redis = PrivateRedis::start().await;
+    let mut redis = RedisServer::start();
     let scene = Scene::new("redis-restart", 12).await;
     let (one, two) = two_nodes(&redis);
     let (_a, _b, load) = warmed(&scene, &one, &two).await;
     load.rounds(3, LEASE * 4).await;
 
-    redis.restart().await;
+    redis.restart();
     noticed(&one, &two).await;
     for node in [&one, &two] {
         eventually("readiness after the restart", LEASE * 3, || async {
@@ -110,14 +113,14 @@ async fn redis_restart_under_load_moves_no_id_and_loses_no_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_longer_than_a_lease_is_survived() {
-    let redis = PrivateRedis::start().await;
+    let redis = RedisServer::start();
     let scene = Scene::new("redis-pause", 8).await;
     let (one, two) = two_nodes(&redis);
     let (_a, _b, load) = warmed(&scene, &one, &two).await;
     load.rounds(3, LEASE * 4).await;
 
     let pause = LEASE * 2;
-    redis.pause(pause).await;
+    redis.client_pause(pause).await;
     // Readiness says the store does not answer (liveness stays up).
     eventually("/readyz to report the paused store", pause, || async {
         (readyz(&one.url).await == 503).then_some(())

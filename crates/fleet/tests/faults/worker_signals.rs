@@ -11,7 +11,7 @@ use super::{process_of, Scene, LEASE, PINBOARD_ARGS};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_a_worker_moves_its_ids_with_their_tallies() {
     let scene = Scene::new("sigkill", 12).await;
-    let pb = pinboard(&PINBOARD_ARGS);
+    let pb = pinboard().args(&PINBOARD_ARGS).start();
     let mut a = scene.worker(&pb.url, &[]);
     let b = scene.worker(&pb.url, &[]);
     wait_workers(&client(), &pb.url, 2).await;
@@ -26,7 +26,7 @@ async fn sigkill_of_a_worker_moves_its_ids_with_their_tallies() {
     let moved = load.held_by(&a_token);
     load.rounds(3, LEASE * 4).await;
 
-    a.kill9();
+    a.kill();
     load.until("every id to answer from the survivor", LEASE * 4, |o| {
         o.values().all(|p| *p == b_token)
     })
@@ -42,7 +42,7 @@ async fn sigkill_of_a_worker_moves_its_ids_with_their_tallies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_then_sigcont_of_a_worker_never_lets_it_answer_for_a_moved_id() {
     let scene = Scene::new("sigstop", 12).await;
-    let pb = pinboard(&PINBOARD_ARGS);
+    let pb = pinboard().args(&PINBOARD_ARGS).start();
     let a = scene.worker(&pb.url, &[]);
     let b = scene.worker(&pb.url, &[]);
     wait_workers(&client(), &pb.url, 2).await;
