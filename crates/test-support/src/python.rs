@@ -18,4 +18,3 @@ pub fn python() -> PathBuf {
     );
     py
 }
-

@@ -32,7 +32,7 @@ impl RedisServer {
     ///
     /// # Panics
     ///
-    /// When `redis-server` is missing, or fails [`ATTEMPTS`] times.
+    /// When `redis-server` is missing, or fails five times.
     pub fn start() -> Self {
         let mut last = None;
         for _ in 0..ATTEMPTS {
