@@ -58,6 +58,7 @@
 
 #![forbid(unsafe_code)]
 
+mod doc_text;
 mod error;
 mod key;
 #[cfg(feature = "postgres")]
@@ -77,6 +78,7 @@ mod faults;
 #[cfg(feature = "test-util")]
 pub use faults::FailingStore;
 
+pub use doc_text::DocText;
 pub use error::{BoxError, StoreError};
 pub use key::{InstanceKey, TrayKey, SINGLETON_TRAY_ID};
 pub use memory::MemoryStore;

@@ -135,20 +135,34 @@ impl StateStore for MemoryStore {
         ops: Vec<BatchOp>,
         epoch: u64,
     ) -> Result<(), StoreError> {
-        // Nothing below can fail once fenced, so applying in place is all-or-nothing.
+        // Decoded before the fence, so nothing below it can fail: applying in place is
+        // all-or-nothing.
+        let mut decoded = Vec::with_capacity(ops.len());
+        for op in ops {
+            decoded.push(match op {
+                BatchOp::Set {
+                    tray_ns,
+                    tray_id,
+                    marked,
+                    doc,
+                } => {
+                    let doc = doc.to_doc().map_err(|e| StoreError::Corrupt {
+                        key: format!("{}/{} {tray_ns}/{tray_id}", instance.ns, instance.id),
+                        detail: format!("the document does not decode: {e}"),
+                    })?;
+                    ((tray_ns, tray_id), Some((marked, doc)))
+                }
+                BatchOp::Delete { tray_ns, tray_id } => ((tray_ns, tray_id), None),
+            });
+        }
         self.with_instance(instance, epoch, |i| {
-            for op in ops {
-                match op {
-                    BatchOp::Set {
-                        tray_ns,
-                        tray_id,
-                        marked,
-                        doc,
-                    } => {
-                        i.trays.insert((tray_ns, tray_id), (marked, doc));
+            for (key, image) in decoded {
+                match image {
+                    Some(image) => {
+                        i.trays.insert(key, image);
                     }
-                    BatchOp::Delete { tray_ns, tray_id } => {
-                        i.trays.remove(&(tray_ns, tray_id));
+                    None => {
+                        i.trays.remove(&key);
                     }
                 }
             }

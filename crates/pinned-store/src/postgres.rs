@@ -9,6 +9,7 @@
 
 use std::collections::HashSet;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,16 +17,20 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime,
 };
 use serde_json::Value;
-use tokio_postgres::types::{Json, ToSql};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
+mod begin;
 mod group_commit;
 
+use self::begin::{Begin, LZ4_OFFERED};
 use self::group_commit::{GroupCommit, Landed, Write};
 use crate::error::postgres_transient;
 use crate::locks::InstanceLocks;
 use crate::store::{check_epoch, sql_limit};
-use crate::{BatchOp, Doc, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow};
+use crate::{
+    BatchOp, Doc, DocText, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow,
+};
 
 /// Default number of pooled connections.
 pub const DEFAULT_POOL_SIZE: usize = 8;
@@ -63,7 +68,7 @@ const INSERT_EPOCH: &str =
     "INSERT INTO pinned_epoch (ns, id, epoch) VALUES ($1, $2, $3) ON CONFLICT (ns, id) DO NOTHING";
 const UPDATE_EPOCH: &str = "UPDATE pinned_epoch SET epoch = $3 WHERE ns = $1 AND id = $2";
 const UPSERT_TRAY: &str = "INSERT INTO pinned_tray_index \
-(ns, id, tray_ns, tray_id, marked, doc, env, hostname) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+(ns, id, tray_ns, tray_id, marked, doc, env, hostname) VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7, $8) \
 ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
 doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname";
 const DELETE_TRAY: &str = "DELETE FROM pinned_tray_index \
@@ -161,7 +166,7 @@ impl Default for PostgresOptions {
 pub struct PostgresStore {
     pool: Pool,
     locks: InstanceLocks,
-    begin: String,
+    begin: Arc<Begin>,
     options: PostgresOptions,
     /// The one-round-trip writes, grouped across instances.
     group: GroupCommit,
@@ -173,7 +178,7 @@ enum Body<'a> {
         tray_ns: &'a str,
         tray_id: &'a str,
         marked: bool,
-        doc: &'a Doc,
+        doc: &'a DocText,
     },
     Delete {
         tray_ns: &'a str,
@@ -206,7 +211,7 @@ impl Body<'_> {
     /// at its final image. A batch writing one row twice keeps its last image, the
     /// state its ops leave when applied one after another (the group statement's parts
     /// all see the rows as they were before it).
-    fn grouped(&self, (ns, id): (&str, &str), stored_epoch: i64) -> Result<Write, StoreError> {
+    fn grouped(&self, (ns, id): (&str, &str), stored_epoch: i64) -> Write {
         let mut write = Write {
             ns: ns.to_owned(),
             id: id.to_owned(),
@@ -214,20 +219,13 @@ impl Body<'_> {
             sets: Vec::new(),
             deletes: Vec::new(),
         };
-        let mut add = |tray_ns: &str, tray_id: &str, image: Option<(bool, &Doc)>| {
-            match image {
-                Some((marked, doc)) => {
-                    let text = serde_json::to_string(doc).map_err(|e| StoreError::Corrupt {
-                        key: format!("{ns}/{id} {tray_ns}/{tray_id}"),
-                        detail: format!("the document does not encode: {e}"),
-                    })?;
-                    write
-                        .sets
-                        .push((tray_ns.to_owned(), tray_id.to_owned(), marked, text));
-                }
-                None => write.deletes.push((tray_ns.to_owned(), tray_id.to_owned())),
+        let mut add = |tray_ns: &str, tray_id: &str, image: Option<(bool, &DocText)>| match image {
+            Some((marked, doc)) => {
+                write
+                    .sets
+                    .push((tray_ns.to_owned(), tray_id.to_owned(), marked, doc.clone()))
             }
-            Ok::<_, StoreError>(())
+            None => write.deletes.push((tray_ns.to_owned(), tray_id.to_owned())),
         };
         match *self {
             Body::Set {
@@ -235,8 +233,8 @@ impl Body<'_> {
                 tray_id,
                 marked,
                 doc,
-            } => add(tray_ns, tray_id, Some((marked, doc)))?,
-            Body::Delete { tray_ns, tray_id } => add(tray_ns, tray_id, None)?,
+            } => add(tray_ns, tray_id, Some((marked, doc))),
+            Body::Delete { tray_ns, tray_id } => add(tray_ns, tray_id, None),
             Body::Batch(ops) => {
                 let mut written = HashSet::with_capacity(ops.len());
                 for op in ops.iter().rev() {
@@ -248,12 +246,12 @@ impl Body<'_> {
                             doc,
                         } => {
                             if written.insert((tray_ns, tray_id)) {
-                                add(tray_ns, tray_id, Some((*marked, doc)))?;
+                                add(tray_ns, tray_id, Some((*marked, doc)));
                             }
                         }
                         BatchOp::Delete { tray_ns, tray_id } => {
                             if written.insert((tray_ns, tray_id)) {
-                                add(tray_ns, tray_id, None)?;
+                                add(tray_ns, tray_id, None);
                             }
                         }
                     }
@@ -261,7 +259,7 @@ impl Body<'_> {
             }
             Body::Get { .. } | Body::List { .. } | Body::DeleteInstance => {}
         }
-        Ok(write)
+        write
     }
 }
 
@@ -320,18 +318,8 @@ impl PostgresStore {
             .create_timeout(Some(options.connect_timeout))
             .build()
             .map_err(|e| setup(e.into()))?;
-        let mut begin = format!(
-            "BEGIN; SET LOCAL lock_timeout = '{}ms'; SET LOCAL statement_timeout = '{}ms'; \
-             SET LOCAL idle_in_transaction_session_timeout = '{}ms'",
-            options.lock_timeout.as_millis(),
-            options.statement_timeout.as_millis(),
-            options.idle_in_transaction_timeout.as_millis()
-        );
-        if let Some(sql) = &options.transaction_sql {
-            begin.push_str("; ");
-            begin.push_str(sql);
-        }
-        let group = GroupCommit::new(pool.clone(), &begin, &options);
+        let begin = Arc::new(Begin::new(&options));
+        let group = GroupCommit::new(pool.clone(), begin.clone(), &options);
         Ok(Self {
             pool,
             locks: InstanceLocks::default(),
@@ -352,24 +340,29 @@ impl PostgresStore {
         Ok(store)
     }
 
-    /// Creates `pinned_epoch` and `pinned_tray_index` if absent, in one transaction.
-    /// Safe to call from many processes at once.
+    /// Creates `pinned_epoch` and `pinned_tray_index` if absent, in one transaction, and
+    /// from then on stores large documents `lz4`-compressed where the server offers it
+    /// (see `begin.rs`). Safe to call from many processes at once.
     ///
     /// # Errors
     ///
     /// [`StoreError::Unavailable`] if no connection can be had, else the server's error.
     pub async fn setup(&self) -> Result<(), StoreError> {
         let mut checkout = Checkout::new(self.pool.get().await.map_err(pool_error)?);
-        let conn = checkout.begin(&self.begin).await?;
+        let conn = checkout.begin(self.begin.sql()).await?;
         let body = async {
             conn.batch_execute(SETUP_LOCK).await?;
             conn.batch_execute(CREATE_EPOCH).await?;
             conn.batch_execute(CREATE_TRAY_INDEX).await?;
-            Ok::<_, StoreError>(())
+            Ok::<_, StoreError>(conn.query_opt(LZ4_OFFERED, &[]).await?.is_some())
         }
         .await;
         match body {
-            Ok(()) => checkout.commit().await,
+            Ok(lz4) => {
+                checkout.commit().await?;
+                self.begin.offer_lz4(lz4);
+                Ok(())
+            }
             Err(err) => {
                 checkout.rollback().await;
                 Err(err)
@@ -398,7 +391,7 @@ impl PostgresStore {
             let pooled = Object::metrics(&conn).recycle_count > 0;
             let mut checkout = Checkout::new(conn);
             let attempt = async {
-                let conn = checkout.begin(&self.begin).await?;
+                let conn = checkout.begin(self.begin.sql()).await?;
                 let rows = async {
                     let stmt = conn.prepare_cached(sql).await?;
                     Ok::<_, StoreError>(conn.query(&stmt, params).await?)
@@ -455,7 +448,7 @@ impl PostgresStore {
         if body.is_write() {
             // The one-round-trip write first; once it finds another epoch stored, the
             // full transaction decides (raise it, or refuse ours).
-            let write = body.grouped((ns, id), stored_epoch)?;
+            let write = body.grouped((ns, id), stored_epoch);
             let (landed, back) = self.group.write(write, turn).await?;
             if landed == Landed::Written {
                 return Ok(Output::Done);
@@ -536,8 +529,10 @@ impl PostgresStore {
             // BEGIN fail, the lock query either fails with it or ran alone outside any
             // transaction (a row lock taken and dropped at once); BEGIN's error wins.
             let key: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&ns, &id];
-            let (began, locked) =
-                tokio::join!(conn.batch_execute(&self.begin), conn.query_opt(&lock, &key));
+            let (began, locked) = tokio::join!(
+                conn.batch_execute(self.begin.sql()),
+                conn.query_opt(&lock, &key)
+            );
             began?;
             let first = match locked? {
                 Some(row) => Some(row.try_get(0)?),
@@ -648,7 +643,7 @@ impl PostgresStore {
         (ns, id): (&str, &str),
         (tray_ns, tray_id): (&str, &str),
         marked: bool,
-        doc: &Doc,
+        doc: &DocText,
     ) -> Result<(), StoreError> {
         let stmt = conn.prepare_cached(UPSERT_TRAY).await?;
         conn.execute(
@@ -659,7 +654,7 @@ impl PostgresStore {
                 &tray_ns,
                 &tray_id,
                 &marked,
-                &Json(doc),
+                &doc.as_str(),
                 &self.options.env,
                 &self.options.hostname,
             ],
@@ -816,6 +811,7 @@ impl StateStore for PostgresStore {
     ) -> Result<(), StoreError> {
         let InstanceKey { ns, id } = instance;
         let TrayKey { tray_ns, tray_id } = tray;
+        let doc = DocText::from(doc);
         let body = Body::Set {
             tray_ns,
             tray_id,

@@ -19,7 +19,9 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::store::{check_epoch, sql_limit};
-use crate::{BatchOp, Doc, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow};
+use crate::{
+    BatchOp, Doc, DocText, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow,
+};
 
 /// Most operations committed together in one group transaction.
 const MAX_GROUP: usize = 512;
@@ -353,12 +355,9 @@ fn upsert(
     (ns, id): (&str, &str),
     (tray_ns, tray_id): (&str, &str),
     marked: bool,
-    doc: &Doc,
+    doc: &DocText,
 ) -> Result<(), StoreError> {
-    let text = serde_json::to_string(doc).map_err(|e| StoreError::Corrupt {
-        key: format!("{ns}/{id} {tray_ns}/{tray_id}"),
-        detail: format!("doc does not serialize: {e}"),
-    })?;
+    let text = doc.as_str();
     conn.prepare_cached(
         "INSERT INTO pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
@@ -419,6 +418,7 @@ impl StateStore for SqliteStore {
         let TrayKey { tray_ns, tray_id } = tray;
         check_epoch(epoch)?;
         let (ns, id, tray_ns, tray_id) = owned4(ns, id, tray_ns, tray_id);
+        let doc = DocText::from(doc);
         self.run(move |conn, options| {
             acquire(conn, &ns, &id, epoch)?;
             upsert(

@@ -8,7 +8,7 @@
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 
-use crate::{InstanceKey, StoreError, TrayKey};
+use crate::{DocText, InstanceKey, StoreError, TrayKey};
 
 /// A tray's whole durable payload: always a JSON object.
 ///
@@ -83,8 +83,8 @@ pub enum BatchOp {
         tray_id: String,
         /// New `marked` flag.
         marked: bool,
-        /// New payload.
-        doc: Doc,
+        /// New payload, encoded.
+        doc: DocText,
     },
     /// Delete the row if present (as [`StateStore::delete_tray`]).
     Delete {
@@ -103,13 +103,13 @@ impl BatchOp {
         tray_ns: impl Into<String>,
         tray_id: impl Into<String>,
         marked: bool,
-        doc: Doc,
+        doc: impl Into<DocText>,
     ) -> Self {
         BatchOp::Set {
             tray_ns: tray_ns.into(),
             tray_id: tray_id.into(),
             marked,
-            doc,
+            doc: doc.into(),
         }
     }
 

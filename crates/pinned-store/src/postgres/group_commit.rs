@@ -1,12 +1,12 @@
 //! Group commit: the fenced writes of many instances in one statement and one commit.
 //!
 //! Owns the queue of [`PostgresStore`](super::PostgresStore)'s one-round-trip writes and
-//! the few flusher tasks that send them. A flusher takes the first write that waits and
+//! the flusher that sends them. The flusher takes the first write that waits and
 //! whatever queued up behind it (at most [`MAX_GROUP`] instances), and sends `BEGIN`,
 //! one [`GROUP_WRITE`] and `COMMIT` together, one round trip. At low load a write leaves
 //! alone as soon as it arrives; under load statements grow instead of queues, so the
 //! server parses, plans, locks and flushes its log once per group rather than once per
-//! instance.
+//! instance. One group is in flight at a time unless it stalls (see [`Flusher::run`]).
 //!
 //! It never changes what a write does: each instance's rows land only while its
 //! `pinned_epoch` row holds exactly the writer's epoch, and an instance that does not
@@ -17,18 +17,24 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
-use tokio::sync::{mpsc, oneshot, Mutex as AsyncMutex};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_postgres::types::ToSql;
 
+use super::begin::Begin;
 use super::{pool_error, postgres_transient, Checkout, PostgresOptions};
 use crate::error::StoreError;
 use crate::locks::Turn;
+use crate::DocText;
 
 /// Most instances in one statement: keeps one statement's parameters and locks small
 /// enough that a group never approaches the statement timeout.
 pub(super) const MAX_GROUP: usize = 64;
+
+/// How long a group may be in flight before the next may leave beside it.
+const STALL: Duration = Duration::from_millis(5);
 
 /// Writes waiting for a flusher (each holds its instance's turn, so at most one per
 /// instance); a full queue makes writers wait.
@@ -64,8 +70,8 @@ pub(super) struct Write {
     pub(super) id: String,
     /// The epoch the instance's `pinned_epoch` row must hold exactly.
     pub(super) stored_epoch: i64,
-    /// `(tray_ns, tray_id, marked, doc as JSON text)`.
-    pub(super) sets: Vec<(String, String, bool, String)>,
+    /// `(tray_ns, tray_id, marked, doc)`.
+    pub(super) sets: Vec<(String, String, bool, DocText)>,
     /// `(tray_ns, tray_id)`.
     pub(super) deletes: Vec<(String, String)>,
 }
@@ -90,7 +96,7 @@ struct Request {
 #[derive(Debug)]
 pub(super) struct GroupCommit {
     pool: Pool,
-    begin: Arc<str>,
+    begin: Arc<Begin>,
     options: Arc<PostgresOptions>,
     queue: OnceLock<mpsc::Sender<Request>>,
 }
@@ -105,10 +111,10 @@ impl std::fmt::Debug for Request {
 }
 
 impl GroupCommit {
-    pub(super) fn new(pool: Pool, begin: &str, options: &PostgresOptions) -> Self {
+    pub(super) fn new(pool: Pool, begin: Arc<Begin>, options: &PostgresOptions) -> Self {
         Self {
             pool,
-            begin: Arc::from(begin),
+            begin,
             options: Arc::new(options.clone()),
             queue: OnceLock::new(),
         }
@@ -135,54 +141,68 @@ impl GroupCommit {
     fn queue(&self) -> &mpsc::Sender<Request> {
         self.queue.get_or_init(|| {
             let (queue, waiting) = mpsc::channel(QUEUE);
-            let waiting = Arc::new(AsyncMutex::new(waiting));
-            // Half the pool: the rest stays free for reads and full transactions.
-            for _ in 0..flushers(self.options.pool_size) {
-                let flusher = Flusher {
-                    pool: self.pool.clone(),
-                    begin: self.begin.clone(),
-                    options: self.options.clone(),
-                };
-                tokio::spawn(flusher.run(waiting.clone()));
-            }
+            let flusher = Arc::new(Flusher {
+                pool: self.pool.clone(),
+                begin: self.begin.clone(),
+                options: self.options.clone(),
+            });
+            tokio::spawn(flusher.run(waiting, flushers(self.options.pool_size)));
             queue
         })
     }
 }
 
-/// How many groups may be in flight for a pool of `pool_size`.
+/// How many groups may be in flight for a pool of `pool_size`: half the pool, the
+/// rest stays free for reads and full transactions.
 fn flushers(pool_size: usize) -> usize {
     (pool_size / 2).max(1)
 }
 
-/// One flusher task.
+/// Sends the groups.
 struct Flusher {
     pool: Pool,
-    begin: Arc<str>,
+    begin: Arc<Begin>,
     options: Arc<PostgresOptions>,
 }
 
 impl Flusher {
-    async fn run(self, waiting: Arc<AsyncMutex<mpsc::Receiver<Request>>>) {
+    /// Takes groups off the queue. One group is in flight at a time, so that what
+    /// arrives meanwhile leaves together as the next (fewer, larger transactions: the
+    /// server's cost per write falls as groups grow); a group still out after [`STALL`]
+    /// (a lock wait, a slow disk) lets the next leave beside it, up to `most` at once,
+    /// so one stuck statement never holds up every instance.
+    async fn run(self: Arc<Self>, mut waiting: mpsc::Receiver<Request>, most: usize) {
+        let in_flight = Arc::new(Semaphore::new(most));
         loop {
-            let group = {
-                let mut waiting = waiting.lock().await;
-                let Some(first) = waiting.recv().await else {
-                    return;
-                };
-                let mut group = vec![first];
-                while group.len() < MAX_GROUP {
-                    match waiting.try_recv() {
-                        Ok(next) => group.push(next),
-                        Err(_) => break,
-                    }
-                }
-                group
+            let Some(first) = waiting.recv().await else {
+                return;
             };
-            let outcomes = self.settle(&group).await;
-            for (request, outcome) in group.into_iter().zip(outcomes) {
-                // A caller that stopped waiting drops the answer and, with it, the turn.
-                let _ = request.reply.send((outcome, request.turn));
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match waiting.try_recv() {
+                    Ok(next) => group.push(next),
+                    Err(_) => break,
+                }
+            }
+            let flusher = self.clone();
+            let mut send = Box::pin(async move {
+                let outcomes = flusher.settle(&group).await;
+                for (request, outcome) in group.into_iter().zip(outcomes) {
+                    // A caller that stopped waiting drops the answer and, with it, the turn.
+                    let _ = request.reply.send((outcome, request.turn));
+                }
+                drop(permit);
+            });
+            // Sent from here while it is quick; handed to a task of its own once it
+            // stalls, and the next group may leave.
+            tokio::select! {
+                () = &mut send => {}
+                () = tokio::time::sleep(STALL) => {
+                    tokio::spawn(send);
+                }
             }
         }
     }
@@ -288,7 +308,7 @@ impl Flusher {
         if self.options.transaction_sql.is_some() {
             // The hook may change what the statement's table names resolve to: it must
             // have run before the statement is even sent.
-            conn.batch_execute(&self.begin).await?;
+            conn.batch_execute(self.begin.sql()).await?;
         }
         let params: [&(dyn ToSql + Sync); 13] = [
             &columns.ns,
@@ -307,7 +327,7 @@ impl Flusher {
         ];
         let begin = async {
             if self.options.transaction_sql.is_none() {
-                conn.batch_execute(&self.begin).await?;
+                conn.batch_execute(self.begin.sql()).await?;
             }
             Ok::<_, StoreError>(())
         };
@@ -358,7 +378,7 @@ impl<'a> Columns<'a> {
                 columns.set_ns.push(tray_ns);
                 columns.set_id.push(tray_id);
                 columns.set_marked.push(*marked);
-                columns.set_doc.push(doc);
+                columns.set_doc.push(doc.as_str());
             }
             for (tray_ns, tray_id) in &write.deletes {
                 columns.delete_n.push(n);
@@ -418,7 +438,7 @@ mod tests {
     }
 
     #[test]
-    fn half_the_pool_flushes_and_never_none() {
+    fn half_the_pool_may_be_in_flight_and_never_none() {
         assert_eq!(flushers(8), 4);
         assert_eq!(flushers(1), 1);
     }

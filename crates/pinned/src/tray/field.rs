@@ -12,7 +12,50 @@ use std::ops::{Deref, DerefMut};
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value as Json;
+
+/// A field's stored entry, encoded: the JSON text of its value. A write
+/// re-encodes only the fields it touched; the row is then assembled from
+/// the entries' text as it is.
+#[derive(Clone)]
+pub struct Entry(Box<RawValue>);
+
+impl PartialEq for Entry {
+    /// The same text: one encoder wrote both, so equal values match.
+    fn eq(&self, other: &Self) -> bool {
+        self.json() == other.json()
+    }
+}
+
+impl Eq for Entry {}
+
+impl Entry {
+    /// `value`, encoded.
+    ///
+    /// # Errors
+    ///
+    /// `value` does not serialize to JSON (a map with non-string keys, a
+    /// failing `Serialize` impl).
+    pub fn of<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
+        serde_json::value::to_raw_value(value).map(Self)
+    }
+
+    /// The JSON text.
+    pub fn json(&self) -> &str {
+        self.0.get()
+    }
+
+    pub(crate) fn raw(&self) -> &RawValue {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.json())
+    }
+}
 
 /// Why a stored doc entry could not be restored into its field.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +89,7 @@ pub trait Field: Send + Sync {
     /// # Errors
     ///
     /// A value does not serialize to JSON.
-    fn entry(&self) -> Result<Option<Json>, serde_json::Error>;
+    fn entry(&self) -> Result<Option<Entry>, serde_json::Error>;
     /// Whether the field changed since the last call (and resets that).
     fn take_dirty(&mut self) -> bool;
     /// Lands deferred takes ([`Queue::take`]) at a dispatch ack.
@@ -155,11 +198,11 @@ where
         Ok(())
     }
 
-    fn entry(&self) -> Result<Option<Json>, serde_json::Error> {
+    fn entry(&self) -> Result<Option<Entry>, serde_json::Error> {
         if self.value == self.initial {
             return Ok(None);
         }
-        serde_json::to_value(&self.value).map(Some)
+        Entry::of(&self.value).map(Some)
     }
 
     fn take_dirty(&mut self) -> bool {
@@ -278,19 +321,28 @@ where
         Ok(())
     }
 
-    fn entry(&self) -> Result<Option<Json>, serde_json::Error> {
+    fn entry(&self) -> Result<Option<Entry>, serde_json::Error> {
         if self.taken.is_empty() {
             if self.items.is_empty() {
                 return Ok(None);
             }
-            return serde_json::to_value(&self.items).map(Some);
+            return Entry::of(&self.items).map(Some);
         }
-        let mut entry = serde_json::Map::new();
-        entry.insert("taken".to_owned(), serde_json::to_value(&self.taken)?);
-        if !self.items.is_empty() {
-            entry.insert("items".to_owned(), serde_json::to_value(&self.items)?);
+        fn none_left<T>(items: &&VecDeque<T>) -> bool {
+            items.is_empty()
         }
-        Ok(Some(Json::Object(entry)))
+        /// The entry while takes are pending.
+        #[derive(Serialize)]
+        struct Pending<'a, T> {
+            #[serde(skip_serializing_if = "none_left")]
+            items: &'a VecDeque<T>,
+            taken: &'a [T],
+        }
+        Entry::of(&Pending {
+            items: &self.items,
+            taken: &self.taken,
+        })
+        .map(Some)
     }
 
     fn take_dirty(&mut self) -> bool {
@@ -384,14 +436,21 @@ where
         Ok(())
     }
 
-    fn entry(&self) -> Result<Option<Json>, serde_json::Error> {
+    fn entry(&self) -> Result<Option<Entry>, serde_json::Error> {
         let Some((item, attempt)) = &self.slot else {
             return Ok(None);
         };
-        let mut entry = serde_json::Map::new();
-        entry.insert("item".to_owned(), serde_json::to_value(item)?);
-        entry.insert("attempt".to_owned(), Json::from(*attempt));
-        Ok(Some(Json::Object(entry)))
+        /// The entry of the item in flight.
+        #[derive(Serialize)]
+        struct InFlight<'a, T> {
+            attempt: u64,
+            item: &'a T,
+        }
+        Entry::of(&InFlight {
+            attempt: *attempt,
+            item,
+        })
+        .map(Some)
     }
 
     fn take_dirty(&mut self) -> bool {
@@ -405,13 +464,18 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// An entry's text, decoded.
+    fn decoded(entry: Option<Entry>) -> Option<Json> {
+        entry.map(|entry| serde_json::from_str(entry.json()).unwrap())
+    }
+
     #[test]
     fn a_value_at_its_initial_occupies_no_entry() {
         let mut done: Value<Vec<String>> = Value::default();
         assert_eq!(done.entry().unwrap(), None);
         done.push("a".into());
         assert!(done.take_dirty());
-        assert_eq!(done.entry().unwrap(), Some(json!(["a"])));
+        assert_eq!(decoded(done.entry().unwrap()), Some(json!(["a"])));
         done.restore(None).unwrap();
         assert!(done.is_empty());
     }
@@ -423,14 +487,14 @@ mod tests {
             queue.push_back(n);
         }
         assert_eq!(queue.take(1), vec![1]);
-        let entry = queue.entry().unwrap().unwrap();
+        let entry = decoded(queue.entry().unwrap()).unwrap();
         assert_eq!(entry, json!({"taken": [1], "items": [2, 3]}));
         let mut restored: Queue<u32> = Queue::new();
         restored.restore(Some(entry)).unwrap();
         assert_eq!(restored.iter().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
         assert!(restored.take_dirty(), "the restored takes are rewritten");
         queue.commit_takes();
-        assert_eq!(queue.entry().unwrap(), Some(json!([2, 3])));
+        assert_eq!(decoded(queue.entry().unwrap()), Some(json!([2, 3])));
     }
 
     #[test]
@@ -447,7 +511,7 @@ mod tests {
         assert_eq!(outbox.dispatch("a".into()), 1);
         assert_eq!(outbox.dispatch("a".into()), 2);
         assert_eq!(
-            outbox.entry().unwrap(),
+            decoded(outbox.entry().unwrap()),
             Some(json!({"item": "a", "attempt": 2}))
         );
         assert_eq!(outbox.dispatch("b".into()), 1);

@@ -8,6 +8,13 @@
 //! the instance: nothing enlisted later can land, so memory never runs
 //! ahead of the store. The log never does anything but write; what goes in
 //! it is the trays' business.
+//!
+//! An effect nobody waits for (a pump's last ack, the unmark of a tray that
+//! went dry) may be enlisted to land [`Soon`](Urgency::Soon): the log then
+//! lingers up to [`LINGER`] for company before it flushes, so that under a
+//! steady stream of admissions the ack of one item and the admission of the
+//! next leave as one row write instead of two. Anything enlisted to land
+//! [`Now`](Urgency::Now), and anyone awaiting a receipt, ends the linger.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::{Future, IntoFuture};
@@ -17,8 +24,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
-use pinned_store::{BatchOp, Doc, InstanceKey, StateStore};
-use tokio::sync::watch;
+use pinned_store::{BatchOp, DocText, InstanceKey, StateStore};
+use tokio::sync::{watch, Notify};
 
 use super::TrayError;
 use crate::directory::Busy;
@@ -29,13 +36,28 @@ use crate::BoxError;
 /// log counts it failed. Store backends bound their own calls well below.
 const FLUSH_DEADLINE: Duration = Duration::from_secs(60);
 
+/// Longest an effect enlisted to land [`Soon`](Urgency::Soon) waits for
+/// company. A crash inside it loses nothing the log promised: such an effect
+/// is one nobody was told had landed (an ack is then redelivered, at least
+/// once, and the handler's edits it carries are redone with it).
+pub(crate) const LINGER: Duration = Duration::from_millis(5);
+
+/// When an enlisted effect should leave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Urgency {
+    /// At once (with whatever waits in front of it).
+    Now,
+    /// Within [`LINGER`], or with the next effect to land now.
+    Soon,
+}
+
 /// One enlisted effect.
 pub(crate) enum Effect {
     /// A whole-row image of tray `(tray_ns, tray_id)`; `None` deletes it.
     Row {
         tray_ns: &'static str,
         tray_id: String,
-        image: Option<(bool, Doc)>,
+        image: Option<(bool, DocText)>,
     },
     /// A durable effect of the application's own, awaited at its place.
     Opaque(BoxFuture<'static, Result<(), BoxError>>),
@@ -52,6 +74,8 @@ struct Log {
     pending: VecDeque<Effect>,
     enlisted: u64,
     flushing: bool,
+    /// Something waiting must leave without lingering.
+    urgent: bool,
     failure: Option<Arc<str>>,
 }
 
@@ -62,6 +86,8 @@ pub(crate) struct Frontier {
     slot: Weak<Slot>,
     log: Mutex<Log>,
     progress: watch::Sender<Progress>,
+    /// Ends a linger early.
+    hurry: Notify,
 }
 
 impl Frontier {
@@ -71,6 +97,7 @@ impl Frontier {
             slot,
             log: Mutex::new(Log::default()),
             progress: watch::Sender::new(Progress::default()),
+            hurry: Notify::new(),
         }
     }
 
@@ -82,6 +109,19 @@ impl Frontier {
     /// [`TrayError::Poisoned`] once a flush failed, and [`TrayError::Closed`]
     /// once the instance is gone.
     pub(crate) fn enlist(self: &Arc<Self>, effect: Effect) -> Result<u64, TrayError> {
+        self.enlist_with(effect, Urgency::Now)
+    }
+
+    /// As [`enlist`](Self::enlist), leaving when `urgency` says.
+    ///
+    /// # Errors
+    ///
+    /// As [`enlist`](Self::enlist).
+    pub(crate) fn enlist_with(
+        self: &Arc<Self>,
+        effect: Effect,
+        urgency: Urgency,
+    ) -> Result<u64, TrayError> {
         let mut log = self.log.lock();
         if let Some(failure) = &log.failure {
             return Err(TrayError::Poisoned(failure.to_string()));
@@ -92,6 +132,10 @@ impl Frontier {
         log.pending.push_back(effect);
         log.enlisted += 1;
         let position = log.enlisted;
+        if urgency == Urgency::Now && !log.urgent {
+            log.urgent = true;
+            self.hurry.notify_one();
+        }
         if !log.flushing {
             log.flushing = true;
             // The flusher counts as in flight: an instance with unflushed
@@ -118,6 +162,14 @@ impl Frontier {
     /// Waits until every effect up to `position` landed.
     pub(crate) async fn wait(&self, position: u64) -> Result<(), TrayError> {
         let mut progress = self.progress.subscribe();
+        if progress.borrow().flushed < position {
+            // Someone waits: nothing lingers.
+            let mut log = self.log.lock();
+            if !log.urgent {
+                log.urgent = true;
+                self.hurry.notify_one();
+            }
+        }
         let reached = progress
             .wait_for(|progress| progress.flushed >= position || progress.failed)
             .await
@@ -138,9 +190,21 @@ impl Frontier {
     async fn flush(self: Arc<Self>, busy: Busy) {
         let slot = busy.slot().clone();
         loop {
+            let linger = {
+                let mut log = self.log.lock();
+                if log.pending.is_empty() {
+                    log.flushing = false;
+                    return;
+                }
+                !log.urgent
+            };
+            if linger {
+                // A permit left by an earlier hurry only shortens this wait.
+                let _ = tokio::time::timeout(LINGER, self.hurry.notified()).await;
+            }
             let (work, count) = {
                 let mut log = self.log.lock();
-                match log.pending.front() {
+                let taken = match log.pending.front() {
                     None => {
                         log.flushing = false;
                         return;
@@ -153,7 +217,12 @@ impl Frontier {
                         let (ops, count) = coalesce(&mut log.pending);
                         (Work::Batch(ops), count)
                     }
+                };
+                // Whatever stays behind keeps its urgency.
+                if log.pending.is_empty() {
+                    log.urgent = false;
                 }
+                taken
             };
             let epoch = slot.epoch().unwrap_or(0);
             let outcome = match work {
@@ -265,7 +334,7 @@ mod tests {
         Effect::Row {
             tray_ns: "jobs",
             tray_id: tray_id.to_owned(),
-            image: Some((marked, Doc::new())),
+            image: Some((marked, DocText::from(pinned_store::Doc::new()))),
         }
     }
 
@@ -283,8 +352,8 @@ mod tests {
         assert_eq!(
             ops,
             vec![
-                BatchOp::set("jobs", "b", true, Doc::new()),
-                BatchOp::set("jobs", "a", false, Doc::new()),
+                BatchOp::set("jobs", "b", true, pinned_store::Doc::new()),
+                BatchOp::set("jobs", "a", false, pinned_store::Doc::new()),
             ]
         );
         assert_eq!(pending.len(), 2, "the opaque effect ends the batch");

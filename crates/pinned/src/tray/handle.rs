@@ -15,6 +15,7 @@ use serde::Serialize;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
+use super::field::Entry;
 use super::frontier::{Effect, Receipt};
 use super::machine::{delete_command, AckEdit, OpenTray, Opened};
 use super::open::InstanceTrays;
@@ -203,8 +204,7 @@ impl<T: Tray> TrayHandle<T> {
         state
             .doc
             .get(name)
-            .cloned()
-            .map(serde_json::from_value)
+            .map(|entry| serde_json::from_str(entry.json()))
             .transpose()
             .map_err(|error| TrayError::Malformed {
                 tray: T::NAME.to_owned(),
@@ -224,9 +224,8 @@ impl<T: Tray> TrayHandle<T> {
         name: &str,
         value: &V,
     ) -> Result<Receipt, TrayError> {
-        let value =
-            serde_json::to_value(value).map_err(|error| TrayError::Encode(error.to_string()))?;
-        self.storage_put(name, Some(value))
+        let entry = Entry::of(value).map_err(|error| TrayError::Encode(error.to_string()))?;
+        self.storage_put(name, Some(entry))
     }
 
     /// Deletes ad-hoc storage entry `name`.
@@ -238,19 +237,11 @@ impl<T: Tray> TrayHandle<T> {
         self.storage_put(name, None)
     }
 
-    fn storage_put(&self, name: &str, value: Option<Json>) -> Result<Receipt, TrayError> {
+    fn storage_put(&self, name: &str, entry: Option<Entry>) -> Result<Receipt, TrayError> {
         let mut state = self.tray.state.lock();
         self.tray.writable(&state)?;
         check_name::<T>(&state.fields, name)?;
-        let changed = match value {
-            Some(value) if state.doc.get(name) != Some(&value) => {
-                state.doc.insert(name.to_owned(), value);
-                true
-            }
-            Some(_) => false,
-            None => state.doc.remove(name).is_some(),
-        };
-        state.changed |= changed;
+        state.changed |= state.doc.put(name, entry);
         self.tray.commit(&mut state)
     }
 }

@@ -22,10 +22,11 @@ use serde_json::Value as Json;
 use tokio::sync::watch;
 
 use super::declare::Spec;
-use super::field::Fields;
-use super::frontier::{Effect, Frontier, Receipt};
+use super::field::{Entry, Fields};
+use super::frontier::{Effect, Frontier, Receipt, Urgency};
 use super::handle::{TrayCtx, TrayHandle};
 use super::open::InstanceTrays;
+use super::row::Entries;
 use super::{Tray, TrayError, TrayHandler};
 use crate::context::Context;
 use crate::slot::{Instance, Slot};
@@ -80,7 +81,7 @@ pub(crate) struct TrayState<T: Tray> {
     pub(crate) tray: T,
     pub(crate) fields: Vec<&'static str>,
     pub(crate) marked: bool,
-    pub(crate) doc: Doc,
+    pub(crate) doc: Entries,
     /// The row differs from what was last enlisted.
     pub(crate) changed: bool,
     pub(crate) inbox: Vec<Json>,
@@ -334,6 +335,7 @@ pub(crate) fn open<O: TrayHandler<T>, T: Tray>(
         Some(other) => return Err(malformed(spec, &key, format!("malformed parked {other}"))),
     };
     let dispatch_state = doc.get(STATE_KEY).cloned();
+    let doc = Entries::of(&doc).map_err(|error| malformed(spec, &key, error.to_string()))?;
     let tray = Arc::new(OpenTray {
         key,
         keyed: spec.keyed,
@@ -366,21 +368,6 @@ pub(crate) fn open<O: TrayHandler<T>, T: Tray>(
         let _written = tray.commit(&mut state)?;
     }
     Ok(tray)
-}
-
-/// Sets doc entry `name` to `value` (`None` removes it); true when that
-/// changed the doc.
-fn put(doc: &mut Doc, name: &str, value: Option<Json>) -> bool {
-    match value {
-        Some(value) => {
-            if doc.get(name) == Some(&value) {
-                return false;
-            }
-            doc.insert(name.to_owned(), value);
-            true
-        }
-        None => doc.remove(name).is_some(),
-    }
 }
 
 impl<T: Tray> OpenTray<T> {
@@ -464,6 +451,16 @@ impl<T: Tray> OpenTray<T> {
     /// A value that does not serialize aborts the instance: its memory
     /// already holds the change, which must never outlive the store.
     pub(crate) fn commit(&self, state: &mut TrayState<T>) -> Result<Receipt, TrayError> {
+        self.commit_with(state, Urgency::Now)
+    }
+
+    /// As [`commit`](Self::commit), the row leaving when `urgency` says:
+    /// [`Urgency::Soon`] for a write nobody waits for.
+    pub(crate) fn commit_with(
+        &self,
+        state: &mut TrayState<T>,
+        urgency: Urgency,
+    ) -> Result<Receipt, TrayError> {
         let TrayState {
             tray, doc, changed, ..
         } = state;
@@ -474,7 +471,7 @@ impl<T: Tray> OpenTray<T> {
                     return;
                 }
                 match field.entry() {
-                    Ok(entry) => *changed |= put(doc, name, entry),
+                    Ok(entry) => *changed |= doc.put(name, entry),
                     Err(error) => failure = Some(format!("{name}: {error}")),
                 }
             };
@@ -490,28 +487,35 @@ impl<T: Tray> OpenTray<T> {
         let reserved = [
             (
                 VERSION_KEY,
-                (T::VERSION != 0).then(|| Json::from(T::VERSION)),
+                (T::VERSION != 0).then(|| Entry::of(&T::VERSION)),
             ),
             (
                 INBOX_KEY,
-                (!state.inbox.is_empty()).then(|| Json::Array(state.inbox.clone())),
+                (!state.inbox.is_empty()).then(|| Entry::of(&state.inbox)),
             ),
             (
                 ATTEMPTS_KEY,
-                (state.attempts > 0).then(|| Json::from(state.attempts)),
+                (state.attempts > 0).then(|| Entry::of(&state.attempts)),
             ),
-            (PARKED_KEY, state.parked.then_some(Json::Bool(true))),
-            (STATE_KEY, state.dispatch_state.clone()),
+            (PARKED_KEY, state.parked.then(|| Entry::of(&true))),
+            (STATE_KEY, state.dispatch_state.as_ref().map(Entry::of)),
         ];
-        for (name, value) in reserved {
-            state.changed |= put(&mut state.doc, name, value);
+        for (name, entry) in reserved {
+            // Plain JSON values and numbers always encode.
+            let entry = entry
+                .transpose()
+                .map_err(|error| TrayError::Encode(format!("{name}: {error}")))?;
+            state.changed |= state.doc.put(name, entry);
         }
         if std::mem::take(&mut state.changed) {
-            self.frontier.enlist(Effect::Row {
-                tray_ns: T::NAME,
-                tray_id: self.key.clone(),
-                image: Some((state.marked, state.doc.clone())),
-            })?;
+            self.frontier.enlist_with(
+                Effect::Row {
+                    tray_ns: T::NAME,
+                    tray_id: self.key.clone(),
+                    image: Some((state.marked, state.doc.text())),
+                },
+                urgency,
+            )?;
         }
         Ok(self.frontier.receipt())
     }

@@ -73,10 +73,11 @@ mod handle;
 mod machine;
 mod open;
 mod pump;
+mod row;
 pub(crate) mod wake;
 
 pub use declare::Trays;
-pub use field::{Field, FieldError, Fields, Outbox, Queue, Value};
+pub use field::{Entry, Field, FieldError, Fields, Outbox, Queue, Value};
 pub use frontier::Receipt;
 pub use handle::{KeyedTrays, TrayCtx, TrayHandle};
 

@@ -103,6 +103,9 @@ impl InstanceTrays {
             return Ok(open);
         }
         let slot = self.slot()?;
+        // Read this instance's own writes: a tray that passivated a moment
+        // ago may have its last row image still on the way.
+        self.frontier.receipt().await?;
         let epoch = slot.epoch().unwrap_or(0);
         let row = Self::fenced(
             &slot,

@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::frontier::Urgency;
 use super::handle::TrayCtx;
 use super::machine::{delete_command, Active, OpenTray, Opened, Retired};
 use super::{Tray, MAX_CONCURRENT_DISPATCHES};
@@ -109,9 +110,10 @@ impl<T: Tray> OpenTray<T> {
         let step = self.decide(slot, &mut state);
         if matches!(step, Step::Stop) {
             state.pumping = false;
-            // The last ack, when no next delivery's write carried it.
+            // The last ack, when no next delivery's write carried it:
+            // nobody waits for it, so it may wait for company.
             if state.changed {
-                if let Err(error) = self.commit(&mut state) {
+                if let Err(error) = self.commit_with(&mut state, Urgency::Soon) {
                     tracing::error!(tray = %self.label(), %error, "could not write a tray's ack");
                 }
             }
@@ -149,7 +151,9 @@ impl<T: Tray> OpenTray<T> {
             // Dry: the row rests unmarked, and a keyed tray that is not
             // always open passivates.
             Self::set_marked(state, false);
-            if let Err(error) = self.commit(state) {
+            // The last ack and the unmark: nobody waits for them, and the
+            // next admission (a steady stream's usual case) carries them.
+            if let Err(error) = self.commit_with(state, Urgency::Soon) {
                 tracing::error!(tray = %self.label(), %error, "could not unmark a dry tray");
             }
             // The open map's reference and the pump's.
