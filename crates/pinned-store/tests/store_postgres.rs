@@ -840,3 +840,109 @@ async fn a_group_write_fails_only_for_its_own_fault() -> anyhow::Result<()> {
     assert_eq!(stale.doc, doc(json!({"v": "new"})));
     Ok(())
 }
+
+/// One group stuck on a lock (an acquirer elsewhere holds an instance's epoch row) must
+/// not hold up the writes of other instances: past the stall bound the next group
+/// leaves beside it.
+#[tokio::test]
+async fn a_stuck_group_does_not_hold_up_other_instances() -> anyhow::Result<()> {
+    let ns = unique_ns("stuck");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let app = format!("stuck-{}", std::process::id());
+    let store = Arc::new(PostgresStore::open(&url_named(&app), PostgresOptions::default()).await?);
+    let write = |id: &'static str, n: u64| {
+        let store = store.clone();
+        let ns = ns.clone();
+        async move {
+            let ops = vec![BatchOp::set("t", "~", true, doc(json!({ "n": n })))];
+            store.apply_batch(InstanceKey::new(&ns, id), ops, 1).await
+        }
+    };
+    // Both instances at epoch 1: their next writes take the grouped path.
+    write("a", 0).await?;
+    write("b", 0).await?;
+
+    let mut holder = raw().await;
+    let tx = hold_instance_lock(&mut holder, &ns, "a").await;
+    let stuck = tokio::spawn(write("a", 1));
+    let watcher = raw().await;
+    lock_waiters(
+        &watcher,
+        &app,
+        Waiters::Count,
+        "a's group waits on the lock",
+    )
+    .await;
+
+    // b's write lands while a's group still waits (the lock is held until after).
+    tokio::time::timeout(Duration::from_secs(10), write("b", 1))
+        .await
+        .expect("b's write is not held up by a's stuck group")?;
+    assert!(!stuck.is_finished(), "a still waits on the lock");
+    tx.rollback().await?;
+    stuck.await??;
+    for (id, n) in [("a", 1), ("b", 1)] {
+        let row = store
+            .get_tray(InstanceKey::new(&ns, id), TrayKey::singleton("t"), 1)
+            .await?
+            .expect("row");
+        assert_eq!(row.doc["n"], n, "{id}");
+    }
+    Ok(())
+}
+
+/// Where the server offers lz4, large docs the store writes are stored with it, and
+/// read back as written; the column itself keeps the reference's default.
+#[tokio::test]
+async fn large_docs_are_stored_lz4_compressed_where_offered() -> anyhow::Result<()> {
+    let ns = unique_ns("lz4");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let client = raw().await;
+    let offered = client
+        .query_opt(
+            "SELECT 1 FROM pg_settings WHERE name = 'default_toast_compression' \
+             AND 'lz4' = ANY(enumvals)",
+            &[],
+        )
+        .await?
+        .is_some();
+    let store = store_with(PostgresOptions::default()).await;
+    let done: Vec<String> = (0..5_000).map(|n| format!("job-{n}")).collect();
+    let big = doc(json!({ "done": done }));
+    // Both write paths: the full transaction (a first write) and the group (the next).
+    for (tray, writes) in [("full", 1), ("grouped", 2)] {
+        for _ in 0..writes {
+            let ops = vec![BatchOp::set(tray, "~", false, big.clone())];
+            store
+                .apply_batch(InstanceKey::new(&ns, "a"), ops, 1)
+                .await?;
+        }
+    }
+    let rows = client
+        .query(
+            "SELECT tray_ns, pg_column_compression(doc) FROM pinned_tray_index \
+             WHERE ns = $1 ORDER BY tray_ns",
+            &[&ns],
+        )
+        .await?;
+    let expected = if offered { "lz4" } else { "pglz" };
+    for row in rows {
+        let (tray, method): (String, Option<String>) = (row.get(0), row.get(1));
+        assert_eq!(method.as_deref(), Some(expected), "{tray}");
+    }
+    let read = store
+        .get_tray(InstanceKey::new(&ns, "a"), TrayKey::singleton("grouped"), 1)
+        .await?
+        .expect("row");
+    assert_eq!(read.doc, big);
+    let column: String = client
+        .query_one(
+            "SELECT attcompression::text FROM pg_attribute \
+             WHERE attrelid = 'pinned_tray_index'::regclass AND attname = 'doc'",
+            &[],
+        )
+        .await?
+        .get(0);
+    assert_eq!(column, "", "the schema is untouched");
+    Ok(())
+}

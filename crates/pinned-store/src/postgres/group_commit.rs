@@ -169,8 +169,9 @@ impl Flusher {
     /// Takes groups off the queue. One group is in flight at a time, so that what
     /// arrives meanwhile leaves together as the next (fewer, larger transactions: the
     /// server's cost per write falls as groups grow); a group still out after [`STALL`]
-    /// (a lock wait, a slow disk) lets the next leave beside it, up to `most` at once,
-    /// so one stuck statement never holds up every instance.
+    /// (a lock wait, a slow disk) lets the next leave beside it, and so does a full one
+    /// (more are waiting than a group holds), up to `most` at once, so one stuck
+    /// statement never holds up every instance.
     async fn run(self: Arc<Self>, mut waiting: mpsc::Receiver<Request>, most: usize) {
         let in_flight = Arc::new(Semaphore::new(most));
         loop {
@@ -187,6 +188,7 @@ impl Flusher {
                     Err(_) => break,
                 }
             }
+            let full = group.len() == MAX_GROUP;
             let flusher = self.clone();
             let mut send = Box::pin(async move {
                 let outcomes = flusher.settle(&group).await;
@@ -196,6 +198,11 @@ impl Flusher {
                 }
                 drop(permit);
             });
+            if full {
+                // More are waiting than one group holds: the next leaves at once.
+                tokio::spawn(send);
+                continue;
+            }
             // Sent from here while it is quick; handed to a task of its own once it
             // stalls, and the next group may leave.
             tokio::select! {
