@@ -9,10 +9,12 @@
 //! reference's checks in its order ([`gate`]: attestation 403, id 400,
 //! `Pinboard-Epoch` 400), then the directory's admission.
 //! [`dispatch`](crate::dispatch) only split the path and left a [`Pending`]
+//! (as [`Routed::Pending`])
 //! in the request's extensions.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
+use std::future::Future;
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -34,7 +36,7 @@ use tracing::Instrument;
 
 use crate::auth::AuthError;
 use crate::body::TrackedBody;
-use crate::call::{Call, Scope};
+use crate::call::{Call, Routed, Scope};
 use crate::context::Context;
 use crate::directory::{panic_message, Admission, Entered, HostShared};
 use crate::object::{NotAnInstanceRoute, Object};
@@ -111,8 +113,17 @@ pub(crate) fn gate<'a>(
     headers: &HeaderMap,
     raw_id: &'a str,
 ) -> Result<Passed<'a>, Refused> {
-    let claims = headers
-        .get(headers::ATTESTATION)
+    // One pass over the (few) headers finds both of pinboard's: cheaper
+    // than two hashed lookups of names that are not standard ones.
+    let (mut attestation, mut epoch) = (None, None);
+    for (name, value) in headers {
+        if attestation.is_none() && name == headers::ATTESTATION {
+            attestation = Some(value);
+        } else if epoch.is_none() && name == headers::EPOCH {
+            epoch = Some(value);
+        }
+    }
+    let claims = attestation
         .and_then(|value| value.to_str().ok())
         .and_then(|token| {
             attestation::verify(
@@ -128,7 +139,7 @@ pub(crate) fn gate<'a>(
     let depth = claims.as_ref().and_then(|claims| claims.depth).unwrap_or(0);
     let caller = claims.as_ref().and_then(attestation::attested_caller);
     let id = ids::decode_id_segment(raw_id).map_err(Refused::Id)?;
-    let epoch = match headers.get(headers::EPOCH) {
+    let epoch = match epoch {
         None => None,
         Some(value) => Some(epoch::parse_epoch(value.as_bytes()).map_err(Refused::Epoch)?),
     };
@@ -202,140 +213,212 @@ where
     }
 }
 
-async fn admit<T, S>(inner: S, mut request: Request) -> Response
+#[allow(clippy::manual_async_fn)] // see the comment inside
+fn admit<T, S>(inner: S, request: Request) -> impl Future<Output = Response> + Send
 where
     T: Object,
     S: Service<Request, Error = Infallible> + Send + 'static,
     S::Response: IntoResponse,
     S::Future: Send + 'static,
 {
-    let Some(pending) = request.extensions_mut().remove::<Pending>() else {
-        return NotAnInstanceRoute("an object's routes").into_response();
-    };
-    let Pending {
-        host,
-        original,
-        id_at,
-        started,
-    } = pending;
-    let raw_id = original.path().get(id_at).unwrap_or_default();
-    let Passed {
-        id,
-        epoch,
-        caller,
-        depth,
-    } = match gate(&host, request.headers(), raw_id) {
-        Ok(passed) => passed,
-        Err(refused) => return refused.into_response(),
-    };
-    let entered = match host.admit(&id, epoch).await {
-        Ok(entered) => entered,
-        Err(refused) => return admission_refused(refused),
-    };
-    let slot = match &entered {
-        Entered::Live(busy, _) | Entered::Activating(busy) => busy.slot().clone(),
-    };
-    if let Some(epoch) = epoch {
-        if slot.adopt_epoch(epoch) {
-            retag(&slot);
-        }
-    }
-    // App authorization: on the constructed record, before a cold
-    // instance activates, on every request.
-    let ctx = Context::new(slot.clone());
-    let (parts, body) = request.into_parts();
-    let verdict = T::authorize(&ctx, &parts).await;
-    let request = Request::from_parts(parts, body);
-    if let Err(refusal) = verdict {
-        if let Entered::Activating(busy) = entered {
-            HostShared::discard(busy);
-        }
-        return match refusal {
-            AuthError::Denied(denial) => denial.into_response(),
-            AuthError::Failed(error) => {
-                tracing::error!(namespace = %host.ns, id = %slot.id, %error, "authorization failed");
-                host.metrics.request_failed("auth", "http");
-                response::detail(StatusCode::SERVICE_UNAVAILABLE, "authorization failed")
-            }
+    // Two awaits in a row, not one long body: only what `prepare` hands on
+    // is kept beside the handler's future, so the state boxed per request
+    // stays small (every byte of it is copied when it is boxed).
+    async move {
+        let admitted = match prepare::<T>(request).await {
+            Ok(admitted) => admitted,
+            Err(answer) => return answer,
         };
+        let Admitted {
+            request,
+            call,
+            entered,
+            started,
+            span,
+        } = admitted;
+        serve(inner, request, call, entered, started)
+            .instrument(span)
+            .await
     }
-    let call = Call {
-        ctx,
-        attestation: caller,
-        epoch,
-        depth,
-    };
-    let instance_span = slot.span();
-    let span = tracing::info_span!(parent: &instance_span, "request", method = %request.method(), path = %request.uri().path());
-    serve(inner, request, call, entered, started)
-        .instrument(span)
-        .await
+}
+
+/// A request that passed the gate, the directory's admission and the
+/// object's authorization.
+struct Admitted {
+    request: Request,
+    call: Call,
+    entered: Entered,
+    started: Instant,
+    span: tracing::Span,
+}
+
+/// The checks in the reference's order, the directory's admission and the
+/// object's authorization; `Err` is the answer of a request refused on the way.
+#[allow(clippy::manual_async_fn)] // its argument is not copied twice
+fn prepare<T: Object>(
+    mut request: Request,
+) -> impl Future<Output = Result<Admitted, Response>> + Send {
+    async move {
+        let taken = request
+            .extensions_mut()
+            .get_mut::<Routed>()
+            .map(|routed| std::mem::replace(routed, Routed::Taken));
+        let Some(Routed::Pending(pending)) = taken else {
+            return Err(NotAnInstanceRoute("an object's routes").into_response());
+        };
+        let Pending {
+            host,
+            original,
+            id_at,
+            started,
+        } = pending;
+        let raw_id = original.path().get(id_at).unwrap_or_default();
+        let Passed {
+            id,
+            epoch,
+            caller,
+            depth,
+        } = match gate(&host, request.headers(), raw_id) {
+            Ok(passed) => passed,
+            Err(refused) => return Err(refused.into_response()),
+        };
+        let entered = match host.admit(&id, epoch).await {
+            Ok(entered) => entered,
+            Err(refused) => return Err(admission_refused(refused)),
+        };
+        let slot = match &entered {
+            Entered::Live(busy, _) | Entered::Activating(busy) => busy.slot().clone(),
+        };
+        if let Some(epoch) = epoch {
+            if slot.adopt_epoch(epoch) {
+                retag(&slot);
+            }
+        }
+        // App authorization: on the constructed record, before a cold
+        // instance activates, on every request.
+        let ctx = Context::new(slot.clone());
+        let (parts, body) = request.into_parts();
+        let verdict = T::authorize(&ctx, &parts).await;
+        let request = Request::from_parts(parts, body);
+        if let Err(refusal) = verdict {
+            if let Entered::Activating(busy) = entered {
+                HostShared::discard(busy);
+            }
+            return Err(match refusal {
+                AuthError::Denied(denial) => denial.into_response(),
+                AuthError::Failed(error) => {
+                    tracing::error!(namespace = %host.ns, id = %slot.id, %error, "authorization failed");
+                    host.metrics.request_failed("auth", "http");
+                    response::detail(StatusCode::SERVICE_UNAVAILABLE, "authorization failed")
+                }
+            });
+        }
+        let call = Call {
+            ctx,
+            attestation: caller,
+            epoch,
+            depth,
+        };
+        // The request span is at debug, as tower-http's: at the usual `info`
+        // a handler's lines carry the instance span alone, and with nothing
+        // listening no span is even cloned.
+        let span = if tracing::enabled!(tracing::Level::DEBUG) {
+            let instance_span = slot.span();
+            tracing::debug_span!(parent: &instance_span, "request", method = %request.method(), path = %request.uri().path())
+        } else if tracing::enabled!(tracing::Level::INFO) {
+            slot.span()
+        } else {
+            tracing::Span::none()
+        };
+        Ok(Admitted {
+            request,
+            call,
+            entered,
+            started,
+            span,
+        })
+    }
 }
 
 /// Activates when needed and runs the handler: the part of admission that
 /// belongs to the request's span.
-async fn serve<S>(
+#[allow(clippy::manual_async_fn)] // its arguments are not copied twice
+fn serve<S>(
     inner: S,
     mut request: Request,
     call: Call,
     entered: Entered,
     started: Instant,
-) -> Response
+) -> impl Future<Output = Response> + Send
 where
     S: Service<Request, Error = Infallible> + Send + 'static,
     S::Response: IntoResponse,
     S::Future: Send + 'static,
 {
-    let slot = call.ctx.slot().clone();
-    let host = slot.host.clone();
-    let (entry, instance) = match entered {
-        Entered::Live(busy, instance) => (busy, instance),
-        Entered::Activating(busy) => match HostShared::activation(busy).await {
-            Ok(activated) => activated,
-            Err(refused) => return admission_refused(refused),
-        },
-    };
-    request.extensions_mut().insert(Scope { call, instance });
-
-    let cancelled = slot.cancel.cancelled();
-    tokio::pin!(cancelled);
-    let _turn = match &slot.turn {
-        None => None,
-        Some(turn) => tokio::select! {
-            biased;
-            () = &mut cancelled => return response::refusal(Refusal::Aborted),
-            permit = turn.acquire() => match permit {
-                Ok(permit) => Some(permit),
-                Err(_) => return response::refusal(Refusal::Aborted),
+    async move {
+        let slot = call.ctx.slot().clone();
+        let host = slot.host.clone();
+        let (entry, instance) = match entered {
+            Entered::Live(busy, instance) => (busy, instance),
+            Entered::Activating(busy) => match HostShared::activation(busy).await {
+                Ok(activated) => activated,
+                Err(refused) => return admission_refused(refused),
             },
-        },
-    };
-    let handler = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
-    let outcome = tokio::select! {
-        biased;
-        () = &mut cancelled => return response::refusal(Refusal::Aborted),
-        outcome = handler => outcome,
-    };
-    host.duration.observe(started.elapsed().as_secs_f64());
-    let response = match outcome {
-        Ok(Ok(response)) => response.into_response(),
-        Ok(Err(infallible)) => match infallible {},
-        Err(panic) => {
-            tracing::error!(
-                namespace = %host.ns,
-                id = %slot.id,
-                error = %panic_message(panic.as_ref()),
-                "handler panicked"
-            );
-            return response::internal_error();
+        };
+        let scope = Routed::Admitted(Scope { call, instance });
+        match request.extensions_mut().get_mut::<Routed>() {
+            Some(routed) => *routed = scope,
+            None => {
+                request.extensions_mut().insert(scope);
+            }
         }
-    };
-    let body = response.body();
-    if body.is_end_stream() || body.size_hint().exact().is_some() {
-        return response;
+
+        let cancelled = slot.cancel.cancelled();
+        tokio::pin!(cancelled);
+        let _turn = match &slot.turn {
+            None => None,
+            Some(turn) => tokio::select! {
+                biased;
+                () = &mut cancelled => return response::refusal(Refusal::Aborted),
+                permit = turn.acquire() => match permit {
+                    Ok(permit) => Some(permit),
+                    Err(_) => return response::refusal(Refusal::Aborted),
+                },
+            },
+        };
+        // The handler is polled first: one that answers at once never
+        // registers with the abort's notifier (a lock and a list insert per
+        // request). An abort signalled before it starts is caught here.
+        if slot.cancel.is_cancelled() {
+            return response::refusal(Refusal::Aborted);
+        }
+        let handler = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
+        let outcome = tokio::select! {
+            biased;
+            outcome = handler => outcome,
+            () = &mut cancelled => return response::refusal(Refusal::Aborted),
+        };
+        host.duration.observe(started.elapsed().as_secs_f64());
+        let response = match outcome {
+            Ok(Ok(response)) => response.into_response(),
+            Ok(Err(infallible)) => match infallible {},
+            Err(panic) => {
+                tracing::error!(
+                    namespace = %host.ns,
+                    id = %slot.id,
+                    error = %panic_message(panic.as_ref()),
+                    "handler panicked"
+                );
+                return response::internal_error();
+            }
+        };
+        let body = response.body();
+        if body.is_end_stream() || body.size_hint().exact().is_some() {
+            return response;
+        }
+        // A streaming body: the instance stays in flight while it is pulled.
+        let stream = slot.hold_stream();
+        drop(entry);
+        response.map(|body| Body::new(TrackedBody::new(body, stream)))
     }
-    // A streaming body: the instance stays in flight while it is pulled.
-    let stream = slot.hold_stream();
-    drop(entry);
-    response.map(|body| Body::new(TrackedBody::new(body, stream)))
 }

@@ -5,16 +5,42 @@ use axum::extract::FromRequestParts;
 use http::request::Parts;
 use pinned_wire::attestation::Caller;
 
+use crate::admit::Pending;
 use crate::cluster::Cluster;
 use crate::context::Context;
 use crate::object::NotAnInstanceRoute;
 use crate::slot::Instance;
 
-/// What dispatch attaches to every request it hands to an instance's routes.
+/// What admission attaches to every request it hands to an instance's
+/// handler.
 #[derive(Clone)]
 pub(crate) struct Scope {
     pub(crate) call: Call,
     pub(crate) instance: Instance,
+}
+
+impl Scope {
+    /// The scope a request was admitted with.
+    pub(crate) fn of(extensions: &http::Extensions) -> Option<&Scope> {
+        match extensions.get::<Routed>()? {
+            Routed::Admitted(scope) => Some(scope),
+            Routed::Pending(_) | Routed::Taken => None,
+        }
+    }
+}
+
+/// The one extension a request under a namespace carries into the
+/// instance's routes: what dispatch found until admission takes it, then
+/// the admitted [`Scope`]. One entry, changed in place: each extension
+/// inserted on the hot path is an allocation and a hash insert.
+#[derive(Clone)]
+pub(crate) enum Routed {
+    /// Split by dispatch, not yet admitted.
+    Pending(Pending),
+    /// Taken by admission, which is deciding.
+    Taken,
+    /// Admitted.
+    Admitted(Scope),
 }
 
 /// The request's view of its instance, extracted in handlers:
@@ -71,9 +97,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Call {
     type Rejection = NotAnInstanceRoute;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Scope>()
+        Scope::of(&parts.extensions)
             .map(|scope| scope.call.clone())
             .ok_or(NotAnInstanceRoute("pinned::Call"))
     }
@@ -83,9 +107,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
     type Rejection = NotAnInstanceRoute;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Scope>()
+        Scope::of(&parts.extensions)
             .map(|scope| scope.call.ctx.clone())
             .ok_or(NotAnInstanceRoute("pinned::Context"))
     }

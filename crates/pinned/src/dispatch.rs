@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tower::ServiceExt;
 
 use crate::admit::{gate, Pending};
+use crate::call::Routed;
 use crate::directory::HostShared;
 use crate::{durable, response};
 
@@ -60,13 +61,22 @@ fn rewrite(rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri
 /// answer leaves no idle connection to race. (A control-plane drain keeps
 /// connections: that process stays.)
 pub(crate) async fn dispatch(hosts: &[Arc<HostShared>], request: Request) -> Response {
-    let path = request.uri().path();
-    let Some(host) = hosts.iter().find(|host| {
-        path.strip_prefix(&*host.ns)
-            .is_some_and(|after| after.starts_with('/'))
-    }) else {
+    let Some(host) = host_of(hosts, request.uri().path()) else {
         return not_found();
     };
+    dispatch_to(host, request).await
+}
+
+/// The hosted namespace `path` is under, if any.
+pub(crate) fn host_of<'h>(hosts: &'h [Arc<HostShared>], path: &str) -> Option<&'h Arc<HostShared>> {
+    hosts.iter().find(|host| {
+        path.strip_prefix(&*host.ns)
+            .is_some_and(|after| after.starts_with('/'))
+    })
+}
+
+/// [`dispatch`] for a request already known to be under `host`'s namespace.
+pub(crate) async fn dispatch_to(host: &Arc<HostShared>, request: Request) -> Response {
     let mut response = serve(host, request).await;
     if host.leaving() {
         response
@@ -111,12 +121,12 @@ async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
     let id_start = host.ns.len() + 1;
     let id_at = id_start..id_start + target.raw_id.len();
     let original = std::mem::replace(&mut parts.uri, uri);
-    parts.extensions.insert(Pending {
+    parts.extensions.insert(Routed::Pending(Pending {
         host: host.clone(),
         original,
         id_at,
         started,
-    });
+    }));
     let request = Request::from_parts(parts, body);
     match host.router.clone().oneshot(request).await {
         Ok(response) => response,

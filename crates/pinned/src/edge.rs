@@ -40,6 +40,8 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::config::ConfigError;
+use crate::dispatch;
+use crate::hosts::Hosts;
 
 /// The edge's deadlines and bounds (see the [`Options`](crate::Options)
 /// setters for each).
@@ -105,6 +107,7 @@ impl Drop for Slot {
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
+    hosts: Hosts,
     settings: EdgeSettings,
     tls: Option<TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send,
@@ -146,15 +149,24 @@ pub(crate) async fn serve(
         // Small request/response exchanges must not wait on Nagle's algorithm.
         let _ = tcp.set_nodelay(true);
         let phase = Phase::new();
-        let (requests, app) = (phase.clone(), app.clone());
+        let (requests, app, hosts) = (phase.clone(), app.clone(), hosts.clone());
         let service = service_fn(move |mut request: hyper::Request<Incoming>| {
             let busy = requests.begin_request();
             request.extensions_mut().insert(ConnectInfo(peer));
-            let app = app.clone();
+            // A namespace's path goes straight to its dispatch: `app` would
+            // only have matched nothing and fallen back to it (the routes
+            // served beside the worker's never overlap a namespace).
+            let host = dispatch::host_of(&hosts, request.uri().path()).cloned();
+            let app = host.is_none().then(|| app.clone());
             async move {
-                let response = match app.oneshot(request.map(Body::new)).await {
-                    Ok(response) => response,
-                    Err(never) => match never {},
+                let request = request.map(Body::new);
+                let response = match (host, app) {
+                    (Some(host), _) => dispatch::dispatch_to(&host, request).await,
+                    (None, Some(app)) => match app.oneshot(request).await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    },
+                    (None, None) => dispatch::not_found(),
                 };
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
             }

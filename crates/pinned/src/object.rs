@@ -321,9 +321,7 @@ impl<T: Object> FromRequestParts<RouteState<T>> for This<T> {
         parts: &mut Parts,
         _state: &RouteState<T>,
     ) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Scope>()
+        Scope::of(&parts.extensions)
             .and_then(|scope| scope.instance.clone().downcast::<T>().ok())
             .map(This)
             .ok_or(NotAnInstanceRoute(std::any::type_name::<Self>()))

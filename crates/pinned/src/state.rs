@@ -101,9 +101,7 @@ where
     type Rejection = MissingState;
 
     async fn from_request_parts(parts: &mut Parts, _state: &R) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Scope>()
+        Scope::of(&parts.extensions)
             .and_then(|scope| scope.call.ctx.state::<S>())
             .map(State)
             .ok_or(MissingState(std::any::type_name::<S>()))

@@ -215,6 +215,12 @@ impl Worker {
         (&self.inner.bind.0, self.inner.bind.1)
     }
 
+    /// The namespace table, for [`serve`](crate::serve)'s direct path to
+    /// dispatch.
+    pub(crate) fn hosts(&self) -> Hosts {
+        self.inner.hosts.clone()
+    }
+
     /// The deadlines and bounds [`serve`](crate::serve) holds clients to.
     pub(crate) fn edge_settings(&self) -> crate::edge::EdgeSettings {
         self.inner.edge

@@ -70,9 +70,7 @@ impl<S: Send + Sync> FromRequestParts<S> for WebSocketUpgrade {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let slot = parts
-            .extensions
-            .get::<Scope>()
+        let slot = Scope::of(&parts.extensions)
             .map(|scope| scope.call.ctx.slot().clone())
             .ok_or_else(|| NotAnInstanceRoute("pinned::ws::WebSocketUpgrade").into_response())?;
         let inner = axum_ws::WebSocketUpgrade::from_request_parts(parts, state)

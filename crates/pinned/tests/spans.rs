@@ -53,9 +53,11 @@ impl Object for Chatty {
 async fn log_lines_carry_the_instance_and_the_request() {
     let lines = Lines::default();
     let writer = lines.clone();
+    // The request span is at debug (as tower-http's).
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
         .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
     let w = start(Options::new().host::<Chatty>("/chatty")).await;
@@ -81,5 +83,42 @@ async fn log_lines_carry_the_instance_and_the_request() {
     assert!(
         background.contains("instance{namespace=/chatty id=a epoch=7}"),
         "{background}"
+    );
+}
+
+/// At `info` the request span (debug) is left out, and a handler's lines
+/// still name their instance.
+#[tokio::test]
+async fn at_info_handler_lines_carry_the_instance_without_a_request_span() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let w = start(Options::new().host::<Chatty>("/chatty")).await;
+    let answer = w
+        .client
+        .get(w.url("/chatty/b/hello"))
+        .header("pinboard-epoch", "3")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(answer.status(), 200);
+    let handler = eventually("the handler's line", || {
+        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        std::future::ready(
+            text.lines()
+                .find(|l| l.contains("from the handler"))
+                .map(str::to_owned),
+        )
+    })
+    .await;
+    assert!(
+        handler.contains("instance{namespace=/chatty id=b epoch=3}")
+            && !handler.contains("request{"),
+        "{handler}"
     );
 }
