@@ -12,8 +12,8 @@
 //!   (not expired, not removed). A placement whose owner lapsed is vacant:
 //!   the next claim takes it, with a strictly larger epoch.
 //! - Claims are atomic per id (first claim wins): one mutex in memory, one Lua
-//!   script in Redis, so two pinboard nodes racing for a new id agree on one
-//!   owner.
+//!   script call in Redis (concurrent claims of a node share one, applied in
+//!   turn), so two pinboard nodes racing for a new id agree on one owner.
 //! - At most one `token` holds the sweeper lease at a time (see
 //!   `crate::sweeper`); it lapses `ttl_ms` after its last grant or renewal.
 //! - Releasing keeps the id's epoch (the row stays with an empty owner) for
@@ -56,7 +56,7 @@ use pinned_wire::registry::{ControlMessage, Takeover};
 use serde::{Deserialize, Serialize};
 
 pub use self::memory::MemoryStore;
-pub use self::redis::RedisStore;
+pub use self::redis::{BatchStats, Batching, RedisStore};
 use crate::clock::Now;
 
 /// The `(ns, id)` every per-instance placement operation takes; the state store's key type,
@@ -212,6 +212,14 @@ pub enum StoreError {
     /// A stored value did not decode.
     #[error("corrupt stored value: {0}")]
     Corrupt(String),
+    /// The store did not answer within the deadline (Redis: a batched
+    /// claim or settle, see [`Batching::deadline`]); whether the call took
+    /// effect is unknown.
+    #[error("the store did not answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The store's background task is gone (it panicked).
+    #[error("the store's batching task is gone")]
+    Closed,
 }
 
 /// Shared state of the control plane: worker records, control-message queues

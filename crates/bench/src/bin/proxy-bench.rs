@@ -1,7 +1,9 @@
 //! The proxy benchmark (issue: pinboard): a warm counter behind the Rust
 //! worker in control-plane mode, reached (a) directly, (b) through pinboard
 //! on the memory store, (c) through pinboard on Redis and (d) through nginx,
-//! plus new-id placements per second through pinboard on Redis; all in one
+//! plus new-id placements per second through pinboard on Redis (end to end,
+//! the worker activating each) and on pinboard's Redis placement store
+//! alone (no HTTP, no worker: the Redis side of a placement); all in one
 //! run, on loopback, with the same closed-loop load. A paced run of each
 //! path at a fixed rate (`--paced-rate`, open loop) then measures what each
 //! proxy adds to a request's latency when it is not saturated: under the
@@ -32,7 +34,7 @@ use pinned_bench::child::Server;
 use pinned_bench::deploy::{self, Operator, Serve};
 use pinned_bench::instructions::{self, Lengths, Probe, Run};
 use pinned_bench::load::{self, load_average, Load, Paths, Report};
-use pinned_bench::nginx;
+use pinned_bench::{nginx, placements};
 
 /// The allocator pinboard and the worker run with in this benchmark (the
 /// `pinboard` binary uses it too).
@@ -98,6 +100,8 @@ struct Cost {
     proxy: Option<f64>,
     /// The worker process.
     worker: f64,
+    /// Redis, when the path uses it.
+    redis: Option<f64>,
 }
 
 impl std::fmt::Display for Cost {
@@ -107,10 +111,25 @@ impl std::fmt::Display for Cost {
                 f,
                 "cpu/req proxy {proxy:>3.0} us, worker {:>3.0} us",
                 self.worker
-            ),
-            None => write!(f, "cpu/req proxy   -, worker {:>3.0} us", self.worker),
+            )?,
+            None => write!(f, "cpu/req proxy   -, worker {:>3.0} us", self.worker)?,
         }
+        if let Some(redis) = self.redis {
+            write!(f, ", Redis {redis:>4.1} us")?;
+        }
+        Ok(())
     }
+}
+
+/// The processes one scenario runs through, whose CPU it reports.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    /// The proxy, if any.
+    proxy: Option<&'a Server>,
+    /// The worker.
+    worker: &'a Server,
+    /// Whether the path uses Redis (then its CPU is reported too).
+    redis: bool,
 }
 
 /// One scenario's results across rounds.
@@ -142,23 +161,37 @@ struct Bench<'a> {
     cli: &'a Cli,
     exe: PathBuf,
     dir: PathBuf,
+    /// A connection of its own to the benchmark's Redis, for its CPU time.
+    redis: redis::aio::MultiplexedConnection,
 }
 
 impl Bench<'_> {
     /// One run against `addr` (closed loop, or open loop at `rate`
-    /// requests/s over `--paced-connections`), with the CPU time `proxy` (if
-    /// any) and `worker` spent per request while it was measured.
+    /// requests/s over `--paced-connections`), with the CPU time the
+    /// `target`'s processes spent per request while it was measured.
     async fn measure(
         &self,
         addr: std::net::SocketAddr,
         paths: Paths,
         headers: Vec<(String, String)>,
-        proxy: Option<&Server>,
-        worker: &Server,
+        target: Target<'_>,
         rate: Option<f64>,
     ) -> anyhow::Result<(Report, Cost)> {
         let warmup = Duration::from_secs(self.cli.warmup);
-        let cpu = || (proxy.and_then(Server::cpu_time), worker.cpu_time());
+        let Target {
+            proxy,
+            worker,
+            redis,
+        } = target;
+        let cpu = || async {
+            let redis = match redis {
+                true => placements::redis_cpu(&mut self.redis.clone())
+                    .await
+                    .map(Duration::from_secs_f64),
+                false => None,
+            };
+            (proxy.and_then(Server::cpu_time), worker.cpu_time(), redis)
+        };
         let (report, before) = tokio::join!(
             load::run(Load {
                 addr,
@@ -177,11 +210,11 @@ impl Bench<'_> {
             }),
             async {
                 tokio::time::sleep(warmup).await;
-                cpu()
+                cpu().await
             }
         );
         let report = report?;
-        let after = cpu();
+        let after = cpu().await;
         let per_request = |before: Option<Duration>, after: Option<Duration>| {
             let spent = after?.checked_sub(before?)?;
             let requests = (report.ok + report.errors).max(1) as f64;
@@ -190,6 +223,7 @@ impl Bench<'_> {
         let cost = Cost {
             proxy: per_request(before.0, after.0),
             worker: per_request(before.1, after.1).unwrap_or(0.0),
+            redis: per_request(before.2, after.2),
         };
         Ok((report, cost))
     }
@@ -210,10 +244,15 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     );
     let dir = std::env::temp_dir().join(format!("pinned-proxy-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    let redis = redis::Client::open(cli.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await
+        .context("connect to the benchmark's Redis")?;
     let bench = Bench {
         cli,
         exe: std::env::current_exe()?,
         dir,
+        redis,
     };
     let prefix = deploy::unique_prefix("proxy");
     let outcome = scenarios(&bench, &prefix).await;
@@ -343,8 +382,11 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
                     suffix: "/hit".into(),
                 },
                 Vec::new(),
-                Some(&pb_redis),
-                &worker_redis,
+                Target {
+                    proxy: Some(&pb_redis),
+                    worker: &worker_redis,
+                    redis: true,
+                },
                 None,
             )
             .await?;
@@ -352,7 +394,31 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
         placements.0.push(report);
     }
 
-    summary([&direct, &via_mem, &via_redis, &via_nginx], &placements);
+    let mut store_rounds = Vec::new();
+    println!(
+        "new ids on pinboard's Redis placement store alone (this process, {} tasks, one connection; \
+         each placement = claim + settle, the two store calls pinboard makes per new id; no HTTP, no worker)",
+        cli.connections
+    );
+    for round in 1..=cli.placement_rounds {
+        let report = placements::run_store(
+            &cli.redis_url,
+            &format!("{prefix}store:"),
+            round,
+            cli.connections,
+            Duration::from_secs(cli.warmup),
+            Duration::from_secs(cli.seconds),
+        )
+        .await?;
+        println!("  round {round:<16} {report}  [load {}]", load_average());
+        store_rounds.push(report);
+    }
+
+    summary(
+        [&direct, &via_mem, &via_redis, &via_nginx],
+        &placements,
+        &store_rounds,
+    );
     if let Some([a, b, c, d]) = &paced {
         println!(
             "  added p99 over (a), paced at {} req/s: (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (target < 1 ms); \
@@ -500,8 +566,11 @@ impl Warm<'_> {
                 "(a) direct to worker",
                 self.worker_mem.addr,
                 self.stamped(),
-                None,
-                self.worker_mem,
+                Target {
+                    proxy: None,
+                    worker: self.worker_mem,
+                    redis: false,
+                },
                 rate,
             )
             .await?;
@@ -510,8 +579,11 @@ impl Warm<'_> {
                 "(b) pinboard, memory",
                 self.pb_mem.addr,
                 Vec::new(),
-                Some(self.pb_mem),
-                self.worker_mem,
+                Target {
+                    proxy: Some(self.pb_mem),
+                    worker: self.worker_mem,
+                    redis: false,
+                },
                 rate,
             )
             .await?;
@@ -520,8 +592,11 @@ impl Warm<'_> {
                 "(c) pinboard, Redis",
                 self.pb_redis.addr,
                 Vec::new(),
-                Some(self.pb_redis),
-                self.worker_redis,
+                Target {
+                    proxy: Some(self.pb_redis),
+                    worker: self.worker_redis,
+                    redis: true,
+                },
                 rate,
             )
             .await?;
@@ -537,8 +612,11 @@ impl Warm<'_> {
                 "(d) nginx",
                 proxy.addr,
                 Vec::new(),
-                Some(&proxy),
-                self.worker_mem,
+                Target {
+                    proxy: Some(&proxy),
+                    worker: self.worker_mem,
+                    redis: false,
+                },
                 rate,
             )
             .await?;
@@ -552,14 +630,13 @@ impl Warm<'_> {
         label: &str,
         addr: std::net::SocketAddr,
         headers: Vec<(String, String)>,
-        proxy: Option<&Server>,
-        worker: &Server,
+        target: Target<'_>,
         rate: Option<f64>,
     ) -> anyhow::Result<(Report, Cost)> {
         let paths = Paths::Fixed(self.path.clone());
         let report = self
             .bench
-            .measure(addr, paths, headers, proxy, worker, rate)
+            .measure(addr, paths, headers, target, rate)
             .await?;
         line(label, &report);
         Ok(report)
@@ -570,34 +647,50 @@ async fn stop(server: &mut Server) {
     let _ = server.kill().await;
 }
 
-fn summary(warm: [&Series; 4], placements: &Series) {
-    let [a, b, c, d] = warm.map(Series::best);
-    let [ra, rb, rc, rd] = [&a.0, &b.0, &c.0, &d.0];
+fn summary(warm: [&Series; 4], placements: &Series, store: &[placements::StoreReport]) {
     println!("\nsummary (best round of each scenario by requests/s)");
-    line("(a) direct to worker", &a);
-    line("(b) pinboard, memory", &b);
-    line("(c) pinboard, Redis", &c);
-    line("(d) nginx", &d);
-    println!(
-        "  ratio (b)/(d)          {:.2}  (target >= 1.0)",
-        rb.ratio(rd)
-    );
-    println!(
-        "  ratio (c)/(d)          {:.2}  (target >= 1.0)",
-        rc.ratio(rd)
-    );
-    println!(
-        "  added p99 over (a)     (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (closed loop: mostly queueing at saturation)",
-        ms(rb.added_p99_us(ra)),
-        ms(rc.added_p99_us(ra)),
-        ms(rd.added_p99_us(ra)),
-    );
-    let p = placements.best();
-    println!(
-        "  new-id placements      {:.0}/s through pinboard on Redis (target >= 20 000/s); each one \
-         includes the worker activating a new instance; {}",
-        p.0.rps, p.1
-    );
+    if !warm[0].0.is_empty() {
+        let [a, b, c, d] = warm.map(Series::best);
+        let [ra, rb, rc, rd] = [&a.0, &b.0, &c.0, &d.0];
+        line("(a) direct to worker", &a);
+        line("(b) pinboard, memory", &b);
+        line("(c) pinboard, Redis", &c);
+        line("(d) nginx", &d);
+        println!(
+            "  ratio (b)/(d)          {:.2}  (target >= 1.0)",
+            rb.ratio(rd)
+        );
+        println!(
+            "  ratio (c)/(d)          {:.2}  (target >= 1.0)",
+            rc.ratio(rd)
+        );
+        println!(
+            "  added p99 over (a)     (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (closed loop: mostly queueing at saturation)",
+            ms(rb.added_p99_us(ra)),
+            ms(rc.added_p99_us(ra)),
+            ms(rd.added_p99_us(ra)),
+        );
+    }
+    if !placements.0.is_empty() {
+        let p = placements.best();
+        println!(
+            "  placements, end to end {:.0}/s through pinboard on Redis, each a new id the worker activates \
+             (HTTP load, proxy, Redis, worker on this machine); {}",
+            p.0.rps, p.1
+        );
+    }
+    if let Some(best) = store.iter().max_by(|a, b| a.rate.total_cmp(&b.rate)) {
+        println!(
+            "  placements, store alone {:.0}/s on pinboard's Redis store, no HTTP or worker (target >= 40 000/s); \
+             cpu/placement client {:.1} us, Redis {:.1} us; {:.1} calls/batch; p50 {} us, p99 {} us",
+            best.rate,
+            best.client_cpu_us.unwrap_or(f64::NAN),
+            best.redis_cpu_us.unwrap_or(f64::NAN),
+            best.ops_per_batch,
+            best.p50_us,
+            best.p99_us,
+        );
+    }
     println!("load average at end: {}", load_average());
 }
 

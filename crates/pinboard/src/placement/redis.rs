@@ -3,8 +3,12 @@
 //!
 //! Owns the key layout and the Lua scripts; never holds state of its own
 //! beyond the connection (a `ConnectionManager`: one multiplexed connection,
-//! reconnecting on failure). Every claim, release and reclaim is one Lua
-//! script, so it is atomic and costs one round trip.
+//! reconnecting on failure) and the claim batcher. Every release and
+//! reclaim is one Lua script, so it is atomic and costs one round trip.
+//! Claims and settles, the calls every new placement makes, go through the
+//! batcher (`batch`): concurrent ones share one script call, each op still
+//! atomic and answered on its own, so under load a placement costs Redis
+//! a fraction of a round trip.
 //!
 //! # Key layout (inferred; all under a configurable prefix `P`, default `pinboard:`)
 //!
@@ -36,10 +40,17 @@
 //! All keys of one deployment live in one Redis (scripts touch keys they
 //! derive from a prefix): not for Redis Cluster.
 
+mod batch;
+
+use std::sync::Arc;
+
 use pinned_store::InstanceKey;
 use pinned_wire::registry::ControlMessage;
 use redis::aio::ConnectionManager;
 use redis::{Script, Value};
+
+pub use self::batch::{BatchStats, Batching};
+use self::batch::{Batcher, Layout, Op};
 
 use super::{
     ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
@@ -52,7 +63,8 @@ use crate::clock::Now;
 pub struct RedisStore {
     conn: ConnectionManager,
     prefix: String,
-    scripts: std::sync::Arc<Scripts>,
+    scripts: Arc<Scripts>,
+    batcher: Arc<Batcher>,
     row_grace_ms: u64,
 }
 
@@ -70,11 +82,9 @@ struct Scripts {
     wind_down: Script,
     get: Script,
     list: Script,
-    claim: Script,
     reclaim: Script,
     release: Script,
     tag: Script,
-    settle: Script,
     row: Script,
     wake: Script,
     acks: Script,
@@ -131,32 +141,6 @@ end
 return out
 "#;
 
-// KEYS: placement row, candidate worker key (or ''), generation key,
-// candidate's owner index (or ''), the unsettled set.
-// ARGV: candidate sid ('' = none), floor, stale sid, stale epoch, worker
-// prefix, row name, expected generation, owner index prefix.
-const CLAIM: &str = r#"
-local owner = redis.call('HGET', KEYS[1], 's') or ''
-local epoch = tonumber(redis.call('HGET', KEYS[1], 'e') or '0')
-local stale = owner == ARGV[3] and string.format('%.0f', epoch) == ARGV[4]
-if owner ~= '' and not stale and redis.call('EXISTS', ARGV[5] .. owner) == 1 then
-  return {'owned', owner, string.format('%.0f', epoch)}
-end
-if ARGV[1] == '' then return {'vacant'} end
-local gen = redis.call('GET', KEYS[3])
-if gen ~= ARGV[7] then return {'generation', gen or ''} end
-if redis.call('EXISTS', KEYS[2]) == 0 then return {'gone'} end
-local next = math.max(epoch + 1, tonumber(ARGV[2]))
-local e = string.format('%.0f', next)
-if owner ~= '' and owner ~= ARGV[1] then redis.call('SREM', ARGV[8] .. owner, ARGV[6]) end
-redis.call('HSET', KEYS[1], 's', ARGV[1], 'e', e)
-redis.call('HDEL', KEYS[1], 't')
-redis.call('PERSIST', KEYS[1])
-redis.call('SADD', KEYS[4], ARGV[6])
-redis.call('SADD', KEYS[5], ARGV[6])
-return {'claimed', ARGV[1], e}
-"#;
-
 // KEYS: placement row, new session's owner index, the unsettled set.
 // ARGV: new sid, prev sid, floor, worker prefix, row name, owner index prefix.
 const RECLAIM: &str = r#"
@@ -192,17 +176,6 @@ redis.call('HDEL', KEYS[1], 't')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SREM', KEYS[2], ARGV[4])
 redis.call('SREM', KEYS[3], ARGV[4])
-return 1
-"#;
-
-// KEYS: placement row, the unsettled set. ARGV: sid, epoch, row name.
-// Marks the row settled at `<sid>@<epoch>` when it is still owned by sid
-// at epoch.
-const SETTLE: &str = r#"
-if redis.call('HGET', KEYS[1], 's') ~= ARGV[1] then return 0 end
-if redis.call('HGET', KEYS[1], 'e') ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 'ok', ARGV[1] .. '@' .. ARGV[2])
-redis.call('SREM', KEYS[2], ARGV[3])
 return 1
 "#;
 
@@ -373,28 +346,50 @@ return 1
 "#;
 
 impl RedisStore {
-    /// Connect to `url` (e.g. `redis://127.0.0.1:6379/0`), keys under `prefix`.
+    /// Connect to `url` (e.g. `redis://127.0.0.1:6379/0`), keys under
+    /// `prefix`, batching claims and settles by [`Batching::default`].
     ///
     /// # Errors
     ///
     /// When the URL is invalid or the first connection fails.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, prefix, Batching::default()).await
+    }
+
+    /// As [`connect`](Self::connect), batching by `batching`. Starts the
+    /// batcher's task on the current Tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// When the URL is invalid or the first connection fails.
+    pub async fn connect_with(
+        url: &str,
+        prefix: &str,
+        batching: Batching,
+    ) -> Result<Self, StoreError> {
         let client = redis::Client::open(url)?;
         let conn = ConnectionManager::new(client).await?;
+        let key = |kind: &str| format!("{prefix}{kind}");
+        let layout = Layout {
+            generation: key("gen"),
+            unsettled: key("unsettled"),
+            workers: key("w:"),
+            owners: key("o:"),
+            rows: key("p:"),
+        };
         Ok(Self {
+            batcher: Arc::new(Batcher::start(conn.clone(), layout, batching)),
             conn,
             prefix: prefix.to_owned(),
-            scripts: std::sync::Arc::new(Scripts {
+            scripts: Arc::new(Scripts {
                 renew: Script::new(RENEW),
                 drain: Script::new(DRAIN),
                 wind_down: Script::new(WIND_DOWN),
                 get: Script::new(GET),
                 list: Script::new(LIST),
-                claim: Script::new(CLAIM),
                 reclaim: Script::new(RECLAIM),
                 release: Script::new(RELEASE),
                 tag: Script::new(TAG),
-                settle: Script::new(SETTLE),
                 row: Script::new(ROW),
                 wake: Script::new(WAKE),
                 acks: Script::new(ACKS),
@@ -406,6 +401,11 @@ impl RedisStore {
             }),
             row_grace_ms: 60_000,
         })
+    }
+
+    /// What the claim batcher did so far.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.batcher.stats()
     }
 
     /// Keep vacated rows for `ms` before Redis drops them (default one minute).
@@ -480,6 +480,41 @@ fn drain_field(drain: Option<Option<u64>>) -> String {
         Some(None) => "-".into(),
         Some(Some(ms)) => ms.to_string(),
     }
+}
+
+/// A claim's answer: the new epoch when `candidate` claimed the id, else
+/// `{kind, owner?, epoch?}` or `{'generation', held}`.
+fn decode_claim(v: Value, candidate: Option<&str>) -> Result<ClaimOutcome, StoreError> {
+    if let Value::Int(epoch) = v {
+        let (Some(session), Ok(epoch)) = (candidate, u64::try_from(epoch)) else {
+            return Err(StoreError::Corrupt(format!("claim answered {epoch}")));
+        };
+        return Ok(ClaimOutcome::Claimed(Placement {
+            session_id: session.to_owned(),
+            epoch,
+        }));
+    }
+    let parts = items(v);
+    let kind = parts.first().and_then(text).unwrap_or_default();
+    let placement = || -> Result<Placement, StoreError> {
+        Ok(Placement {
+            session_id: parts.get(1).and_then(text).unwrap_or_default(),
+            epoch: epoch_of(parts.get(2))?,
+        })
+    };
+    Ok(match kind.as_str() {
+        "owned" => ClaimOutcome::Owned(placement()?),
+        "vacant" => ClaimOutcome::Vacant,
+        "gone" => ClaimOutcome::CandidateGone,
+        "generation" => ClaimOutcome::GenerationLost(
+            parts
+                .get(1)
+                .and_then(text)
+                .filter(|g| !g.is_empty())
+                .map(Generation),
+        ),
+        other => return Err(StoreError::Corrupt(format!("claim answered {other:?}"))),
+    })
 }
 
 fn epoch_of(v: Option<&Value>) -> Result<u64, StoreError> {
@@ -703,48 +738,17 @@ impl PlacementStore for RedisStore {
         _now: Now,
     ) -> Result<ClaimOutcome, StoreError> {
         let InstanceKey { ns, id } = instance;
-        let name = Self::row_name(ns, id);
-        let mut conn = self.conn.clone();
-        let v: Value = self
-            .scripts
-            .claim
-            .key(self.key("p:", &name))
-            .key(candidate.map(|c| self.key("w:", c)).unwrap_or_default())
-            .key(self.key("gen", ""))
-            .key(candidate.map(|c| self.key("o:", c)).unwrap_or_default())
-            .key(self.key("unsettled", ""))
-            .arg(candidate.unwrap_or(""))
-            .arg(floor)
-            .arg(stale.map(|s| s.0).unwrap_or(""))
-            .arg(stale.map(|s| s.1.to_string()).unwrap_or_default())
-            .arg(self.key("w:", ""))
-            .arg(&name)
-            .arg(&generation.0)
-            .arg(self.key("o:", ""))
-            .invoke_async(&mut conn)
-            .await?;
-        let parts = items(v);
-        let kind = parts.first().and_then(text).unwrap_or_default();
-        let placement = || -> Result<Placement, StoreError> {
-            Ok(Placement {
-                session_id: parts.get(1).and_then(text).unwrap_or_default(),
-                epoch: epoch_of(parts.get(2))?,
+        let v = self
+            .batcher
+            .call(Op::Claim {
+                name: Self::row_name(ns, id),
+                candidate: candidate.map(str::to_owned),
+                floor,
+                stale: stale.map(|(sid, epoch)| (sid.to_owned(), epoch)),
+                generation: generation.0.clone(),
             })
-        };
-        Ok(match kind.as_str() {
-            "owned" => ClaimOutcome::Owned(placement()?),
-            "claimed" => ClaimOutcome::Claimed(placement()?),
-            "vacant" => ClaimOutcome::Vacant,
-            "gone" => ClaimOutcome::CandidateGone,
-            "generation" => ClaimOutcome::GenerationLost(
-                parts
-                    .get(1)
-                    .and_then(text)
-                    .filter(|g| !g.is_empty())
-                    .map(Generation),
-            ),
-            other => return Err(StoreError::Corrupt(format!("claim answered {other:?}"))),
-        })
+            .await?;
+        decode_claim(v, candidate)
     }
 
     async fn reclaim(
@@ -835,19 +839,18 @@ impl PlacementStore for RedisStore {
         epoch: u64,
     ) -> Result<bool, StoreError> {
         let InstanceKey { ns, id } = instance;
-        let name = Self::row_name(ns, id);
-        let mut conn = self.conn.clone();
-        let n: i64 = self
-            .scripts
-            .settle
-            .key(self.key("p:", &name))
-            .key(self.key("unsettled", ""))
-            .arg(session_id)
-            .arg(epoch.to_string())
-            .arg(&name)
-            .invoke_async(&mut conn)
+        let v = self
+            .batcher
+            .call(Op::Settle {
+                name: Self::row_name(ns, id),
+                session: session_id.to_owned(),
+                epoch,
+            })
             .await?;
-        Ok(n == 1)
+        match v {
+            Value::Int(n) => Ok(n == 1),
+            other => Err(StoreError::Corrupt(format!("settle answered {other:?}"))),
+        }
     }
 
     async fn placement(

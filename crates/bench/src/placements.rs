@@ -1,0 +1,261 @@
+//! New-id placements against pinboard's Redis placement store alone: no
+//! HTTP, no proxy, no worker. Each placement is the two store calls
+//! pinboard makes for a new id (`resolve_or_claim` naming a candidate,
+//! then `settle` once the worker answered), issued by `tasks` concurrent
+//! tasks of this process through one [`RedisStore`] (one multiplexed
+//! connection, as in pinboard). So the Redis side of a placement is seen
+//! apart from proxying and activation.
+//!
+//! Also owns reading Redis' own CPU time (`INFO cpu`), which the proxy
+//! benchmark prints per placement for both figures.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use pinboard::clock::Now;
+use pinboard::placement::{
+    ClaimOutcome, Generation, InstanceKey, PlacementStore, RedisStore, WorkerRecord,
+};
+
+/// The namespace the direct placements claim in.
+const NS: &str = "/direct";
+
+/// One run's figures.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreReport {
+    /// Placements (claim + settle) completed in the measured window.
+    pub placements: u64,
+    /// Store calls that failed or answered other than a fresh claim.
+    pub errors: u64,
+    /// Placements per second.
+    pub rate: f64,
+    /// Median latency of one placement (both calls), microseconds.
+    pub p50_us: u64,
+    /// 99th percentile latency of one placement, microseconds.
+    pub p99_us: u64,
+    /// CPU of this (the client) process per placement, microseconds.
+    pub client_cpu_us: Option<f64>,
+    /// Redis' CPU per placement, microseconds.
+    pub redis_cpu_us: Option<f64>,
+    /// Store calls per script call Redis ran (the store's batching).
+    pub ops_per_batch: f64,
+}
+
+impl std::fmt::Display for StoreReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let us = |v: Option<f64>| v.map_or_else(|| "  ?".to_owned(), |v| format!("{v:>5.1}"));
+        write!(
+            f,
+            "{:>9.0} placements/s  p50 {:>6} us  p99 {:>6} us  ({} ok, {} errors)  cpu/placement client {} us, Redis {} us; {:.1} calls/batch",
+            self.rate,
+            self.p50_us,
+            self.p99_us,
+            self.placements,
+            self.errors,
+            us(self.client_cpu_us),
+            us(self.redis_cpu_us),
+            self.ops_per_batch,
+        )
+    }
+}
+
+/// Places new ids on the Redis at `url` (keys under `prefix`, which the
+/// caller wipes) from `tasks` concurrent tasks: `warmup`, then `duration`
+/// measured. `round` keeps each run's ids apart.
+///
+/// # Errors
+///
+/// When Redis cannot be reached or the worker record cannot be written.
+pub async fn run_store(
+    url: &str,
+    prefix: &str,
+    round: usize,
+    tasks: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<StoreReport> {
+    let store = RedisStore::connect(url, prefix)
+        .await
+        .context("connect the placement store")?;
+    let generation = store
+        .open_generation(&Generation::new("bench", 0))
+        .await
+        .context("open the generation")?;
+    let session = format!("bench-session-{round}");
+    let lease = warmup + duration + Duration::from_secs(60);
+    store
+        .put_worker(&record(&session), lease.as_millis() as u64, now())
+        .await
+        .context("register the bench's worker record")?;
+    let shared = Arc::new(Shared {
+        store,
+        generation,
+        session,
+        round,
+        done: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+        measuring: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+    });
+    let handles: Vec<_> = (0..tasks.max(1))
+        .map(|task| tokio::spawn(place_loop(shared.clone(), task)))
+        .collect();
+    let mut redis = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    tokio::time::sleep(warmup).await;
+    shared.measuring.store(true, Ordering::Release);
+    let before = (
+        shared.done.load(Ordering::Acquire),
+        shared.errors.load(Ordering::Acquire),
+        own_cpu(),
+        redis_cpu(&mut redis).await,
+        shared.store.batch_stats(),
+    );
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(duration).await;
+    let after = (
+        shared.done.load(Ordering::Acquire),
+        shared.errors.load(Ordering::Acquire),
+        own_cpu(),
+        redis_cpu(&mut redis).await,
+        shared.store.batch_stats(),
+    );
+    let elapsed = started.elapsed().as_secs_f64();
+    shared.measuring.store(false, Ordering::Release);
+    shared.stop.store(true, Ordering::Release);
+    let mut latency = new_histogram();
+    for handle in handles {
+        if let Ok(h) = handle.await {
+            let _ = latency.add(h);
+        }
+    }
+    let placements = after.0 - before.0;
+    let per = |a: Option<f64>, b: Option<f64>| Some((b? - a?) * 1e6 / placements.max(1) as f64);
+    Ok(StoreReport {
+        placements,
+        errors: after.1 - before.1,
+        rate: placements as f64 / elapsed,
+        p50_us: latency.value_at_quantile(0.5),
+        p99_us: latency.value_at_quantile(0.99),
+        client_cpu_us: per(before.2, after.2),
+        redis_cpu_us: per(before.3, after.3),
+        ops_per_batch: (after.4.ops - before.4.ops) as f64
+            / (after.4.batches - before.4.batches).max(1) as f64,
+    })
+}
+
+struct Shared {
+    store: RedisStore,
+    generation: Generation,
+    session: String,
+    round: usize,
+    done: AtomicU64,
+    errors: AtomicU64,
+    measuring: AtomicBool,
+    stop: AtomicBool,
+}
+
+/// One task: claim a new id, settle it, again, until told to stop; the
+/// latencies of the measured placements.
+async fn place_loop(shared: Arc<Shared>, task: usize) -> Histogram<u64> {
+    let mut latency = new_histogram();
+    let mut id = String::new();
+    for n in 0u64.. {
+        if shared.stop.load(Ordering::Acquire) {
+            break;
+        }
+        id.clear();
+        use std::fmt::Write as _;
+        let _ = write!(id, "r{}-t{task}-{n}", shared.round);
+        let key = InstanceKey::new(NS, &id);
+        let at = now();
+        let started = tokio::time::Instant::now();
+        let placed = async {
+            let claimed = shared
+                .store
+                .resolve_or_claim(
+                    key,
+                    Some(&shared.session),
+                    None,
+                    at.wall_ms.saturating_mul(1000),
+                    &shared.generation,
+                    at,
+                )
+                .await;
+            let Ok(ClaimOutcome::Claimed(p)) = claimed else {
+                return false;
+            };
+            matches!(
+                shared.store.settle(key, &p.session_id, p.epoch).await,
+                Ok(true)
+            )
+        }
+        .await;
+        let counted = if placed { &shared.done } else { &shared.errors };
+        counted.fetch_add(1, Ordering::AcqRel);
+        if shared.measuring.load(Ordering::Acquire) {
+            let _ = latency.record(started.elapsed().as_micros() as u64);
+        }
+    }
+    latency
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // Three significant figures up to a minute; the bounds are constants.
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+fn now() -> Now {
+    let wall_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    Now {
+        wall_ms,
+        mono_ms: wall_ms,
+    }
+}
+
+fn record(session: &str) -> WorkerRecord {
+    WorkerRecord {
+        session_id: session.to_owned(),
+        client_id: format!("client-{session}"),
+        secret: "bench".into(),
+        advertise_url: "http://127.0.0.1:9".into(),
+        namespaces: vec![NS.into()],
+        headroom: 1,
+        draining: false,
+        server_drain: None,
+        hostname: None,
+        env: None,
+        envs: Default::default(),
+        epoch: 0,
+        takeover: None,
+        retire_at_wall_ms: None,
+    }
+}
+
+/// This process' CPU time (user + system), seconds, from `/proc/self/stat`.
+fn own_cpu() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// Redis' CPU time (user + system, all its threads), seconds, from `INFO
+/// cpu`; `None` when it cannot be read.
+pub async fn redis_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Option<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await.ok()?;
+    let field = |name: &str| -> Option<f64> {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    Some(field("used_cpu_user")? + field("used_cpu_sys")?)
+}
