@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio_util::sync::WaitForCancellationFuture;
 
 use crate::alarm::Alarm;
 use crate::cluster::Cluster;
@@ -100,7 +99,7 @@ impl Context {
     /// # Cancel safety
     ///
     /// Cancel safe; create a new one to wait again.
-    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+    pub fn cancelled(&self) -> crate::Cancelled<'_> {
         self.slot.cancel.cancelled()
     }
 
@@ -127,6 +126,7 @@ impl Context {
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
         self.slot
+            .extra()
             .on_stop
             .lock()
             .push(Box::new(move || handler().boxed()));

@@ -17,6 +17,8 @@
 //! [`drain`], [`wind_down`] and [`teardown`]; [`busy`] is the in-flight
 //! guard through which a record reports its last entry out.
 
+use std::borrow::Borrow;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +37,7 @@ use crate::fence::FenceTable;
 use crate::host::HostOptions;
 use crate::metrics::Metrics;
 use crate::object::Lifecycle;
-use crate::slot::{Phase, Slot};
+use crate::slot::{Id, Phase, Slot};
 
 mod admission;
 mod busy;
@@ -53,12 +55,46 @@ pub(crate) use crate::task::{panic_message, spawn_detached};
 /// One row of `/_pinned/stats` `instances`.
 pub(crate) struct InstanceRow {
     pub(crate) seq: u64,
-    pub(crate) id: Arc<str>,
+    pub(crate) id: Id,
     pub(crate) connections: u32,
     pub(crate) tasks: u64,
     pub(crate) idle_ms: u64,
     pub(crate) activated_at: Option<u64>,
 }
+
+/// A record as the key of its own map entry, found by its id: hashed and
+/// compared as the id string, so the map looks it up by `&str` while the
+/// id is stored once, in the record.
+#[derive(Clone)]
+pub(crate) struct Keyed(pub(crate) Arc<Slot>);
+
+impl Keyed {
+    /// Whether this entry is `slot` itself (not a newer record of the id).
+    pub(crate) fn is(&self, slot: &Arc<Slot>) -> bool {
+        Arc::ptr_eq(&self.0, slot)
+    }
+}
+
+impl Borrow<str> for Keyed {
+    fn borrow(&self) -> &str {
+        &self.0.id
+    }
+}
+
+impl Hash for Keyed {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As the `str` it borrows as: lookups by `&str` hash that.
+        <str as Hash>::hash(self.0.id.as_str(), state);
+    }
+}
+
+impl PartialEq for Keyed {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Eq for Keyed {}
 
 /// Everything one hosted namespace shares among its instances.
 pub(crate) struct HostShared {
@@ -68,7 +104,9 @@ pub(crate) struct HostShared {
     pub(crate) lifecycle: Lifecycle,
     /// The object's routes, built once for the namespace.
     pub(crate) router: Router,
-    slots: DashMap<Arc<str>, Arc<Slot>>,
+    /// The records, found by id: each is its own key ([`Keyed`]), so a
+    /// bucket is one pointer and the id is stored once.
+    slots: DashMap<Keyed, ()>,
     /// Records in `slots`, kept apart so capacity checks never walk the map.
     count: AtomicUsize,
     /// Of those, the records whose teardown began (they leave soon and no
@@ -223,7 +261,7 @@ impl HostShared {
     pub(crate) fn ids(&self) -> Vec<String> {
         self.slots
             .iter()
-            .map(|entry| entry.key().to_string())
+            .map(|entry| entry.key().0.id.to_string())
             .collect()
     }
 
@@ -239,7 +277,7 @@ impl HostShared {
     }
 
     fn slot(&self, id: &str) -> Option<Arc<Slot>> {
-        self.slots.get(id).map(|entry| entry.value().clone())
+        self.slots.get(id).map(|entry| entry.key().0.clone())
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -284,15 +322,15 @@ impl HostShared {
     pub(crate) fn live(&self) -> Vec<Arc<Slot>> {
         self.slots
             .iter()
-            .filter(|entry| entry.value().phase() == Phase::Live)
-            .map(|entry| entry.value().clone())
+            .filter(|entry| entry.key().0.phase() == Phase::Live)
+            .map(|entry| entry.key().0.clone())
             .collect()
     }
 
     fn all(&self) -> Vec<Arc<Slot>> {
         self.slots
             .iter()
-            .map(|entry| entry.value().clone())
+            .map(|entry| entry.key().0.clone())
             .collect()
     }
 
@@ -366,7 +404,7 @@ impl HostShared {
             .slots
             .iter()
             .map(|entry| {
-                let slot = entry.value();
+                let slot = &entry.key().0;
                 let streams = slot.streams();
                 InstanceRow {
                     seq: slot.seq,

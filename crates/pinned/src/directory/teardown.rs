@@ -26,7 +26,7 @@ impl HostShared {
         slot.finish();
         if self
             .slots
-            .remove_if(&*slot.id, |_, current| Arc::ptr_eq(current, slot))
+            .remove_if(slot.id.as_str(), |current, ()| current.is(slot))
             .is_some()
         {
             self.count.fetch_sub(1, Ordering::SeqCst);
@@ -84,8 +84,8 @@ impl HostShared {
 /// handlers last-registered first, then leave the map.
 async fn teardown(slot: Arc<Slot>, aborted: bool) {
     let host = slot.host.clone();
-    if let Some(wind) = slot.wind.lock().as_mut() {
-        if let Some(timer) = wind.timer.take() {
+    if let Some(extra) = slot.extra_if_any() {
+        if let Some(timer) = extra.wind.lock().as_mut().and_then(|wind| wind.timer.take()) {
             timer.abort();
         }
     }
@@ -110,7 +110,10 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
             host.metrics.shutdown_failed("directory");
         }
     }
-    let hooks = std::mem::take(&mut *slot.on_stop.lock());
+    let hooks = slot
+        .extra_if_any()
+        .map(|extra| std::mem::take(&mut *extra.on_stop.lock()))
+        .unwrap_or_default();
     for hook in hooks.into_iter().rev() {
         if let Err(error) = settle(hook()).await {
             tracing::error!(namespace = %host.ns, id = %slot.id, %error, "on_stop handler failed");
