@@ -2,10 +2,11 @@
 //! awaited by its requests, open streams, background work and
 //! [`Context::cancelled`](crate::Context::cancelled).
 //!
-//! It is a flag and a [`Notify`] stored inline in the instance record, so a
-//! resident instance pays no allocation for it (a `CancellationToken` is an
-//! allocation of its own, 128 bytes with the allocator's rounding, for
-//! every instance that ever served a request).
+//! It is a flag and a [`Notify`] stored inline in the instance record (the
+//! flag packed beside the record's other flags), so a resident instance
+//! pays no allocation for it: a `CancellationToken` is an allocation of its
+//! own, 128 bytes with the allocator's rounding, for every instance that
+//! ever served a request.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,32 +16,20 @@ use std::task::{Context, Poll};
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
-/// The abort signal of one instance record.
-#[derive(Default)]
-pub(crate) struct Abort {
-    raised: AtomicBool,
-    waiters: Notify,
+/// Raises the signal made of `raised` and `waiters`, waking every waiter
+/// (idempotent).
+pub(crate) fn raise(raised: &AtomicBool, waiters: &Notify) {
+    if !raised.swap(true, Ordering::SeqCst) {
+        waiters.notify_waiters();
+    }
 }
 
-impl Abort {
-    /// Raises the signal and wakes every waiter (idempotent).
-    pub(crate) fn cancel(&self) {
-        if !self.raised.swap(true, Ordering::SeqCst) {
-            self.waiters.notify_waiters();
-        }
-    }
-
-    /// Whether the signal was raised.
-    pub(crate) fn is_cancelled(&self) -> bool {
-        self.raised.load(Ordering::SeqCst)
-    }
-
-    /// Completes once the signal is raised (at once if it was already).
-    pub(crate) fn cancelled(&self) -> Cancelled<'_> {
-        Cancelled {
-            abort: self,
-            notified: self.waiters.notified(),
-        }
+/// Completes once `raised` is set by [`raise`] (at once if it is already).
+pub(crate) fn cancelled<'a>(raised: &'a AtomicBool, waiters: &'a Notify) -> Cancelled<'a> {
+    Cancelled {
+        raised,
+        waiters,
+        notified: waiters.notified(),
     }
 }
 
@@ -53,7 +42,8 @@ pin_project_lite::pin_project! {
     /// Cancel safe; create a new one to wait again.
     #[must_use = "futures do nothing unless polled"]
     pub struct Cancelled<'a> {
-        abort: &'a Abort,
+        raised: &'a AtomicBool,
+        waiters: &'a Notify,
         // Created with the future: a raise between creation and the first
         // poll is still seen (`notify_waiters` counts for every `Notified`
         // created before it).
@@ -65,7 +55,7 @@ pin_project_lite::pin_project! {
 impl std::fmt::Debug for Cancelled<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cancelled")
-            .field("is_cancelled", &self.abort.is_cancelled())
+            .field("is_cancelled", &self.raised.load(Ordering::SeqCst))
             .finish()
     }
 }
@@ -76,7 +66,7 @@ impl Future for Cancelled<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let mut this = self.project();
         loop {
-            if this.abort.is_cancelled() {
+            if this.raised.load(Ordering::SeqCst) {
                 return Poll::Ready(());
             }
             if this.notified.as_mut().poll(cx).is_pending() {
@@ -84,7 +74,7 @@ impl Future for Cancelled<'_> {
             }
             // Only a raise notifies, so the flag is set now; wait afresh
             // should it not be (the loop checks it first).
-            this.notified.set(this.abort.waiters.notified());
+            this.notified.set(this.waiters.notified());
         }
     }
 }
@@ -92,30 +82,36 @@ impl Future for Cancelled<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::FutureExt;
     use std::sync::Arc;
+
+    #[derive(Default)]
+    struct Signal {
+        raised: AtomicBool,
+        waiters: Notify,
+    }
 
     #[tokio::test]
     async fn a_raise_wakes_waiters_and_later_waits_complete_at_once() {
-        let abort = Arc::new(Abort::default());
+        let signal = Arc::new(Signal::default());
         let waiter = tokio::spawn({
-            let abort = abort.clone();
-            async move { abort.cancelled().await }
+            let signal = signal.clone();
+            async move { cancelled(&signal.raised, &signal.waiters).await }
         });
         // A future created before the raise and first polled after it.
-        let early = abort.cancelled();
-        assert!(!abort.is_cancelled());
-        abort.cancel();
-        abort.cancel();
-        assert!(abort.is_cancelled());
+        let early = cancelled(&signal.raised, &signal.waiters);
+        raise(&signal.raised, &signal.waiters);
+        raise(&signal.raised, &signal.waiters);
         early.await;
         waiter.await.expect("the waiter completes");
-        abort.cancelled().await;
+        cancelled(&signal.raised, &signal.waiters).await;
     }
 
     #[test]
     fn no_raise_no_completion() {
-        use futures_util::FutureExt;
-        let abort = Abort::default();
-        assert!(abort.cancelled().now_or_never().is_none());
+        let signal = Signal::default();
+        assert!(cancelled(&signal.raised, &signal.waiters)
+            .now_or_never()
+            .is_none());
     }
 }

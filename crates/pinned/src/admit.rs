@@ -297,7 +297,7 @@ where
     };
     request.extensions_mut().insert(Scope { call, instance });
 
-    let cancelled = slot.cancel.cancelled();
+    let cancelled = slot.cancelled();
     tokio::pin!(cancelled);
     let _turn = match &slot.turn {
         None => None,

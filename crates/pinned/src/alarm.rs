@@ -533,7 +533,7 @@ async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
         None => None,
         Some(turn) => tokio::select! {
             biased;
-            () = slot.cancel.cancelled() => return Err(RunError::Closed),
+            () = slot.cancelled() => return Err(RunError::Closed),
             permit = turn.acquire() => Some(permit.map_err(|_| RunError::Closed)?),
         },
     };

@@ -12,8 +12,8 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;
-use http_body::{Frame, SizeHint};
 use futures_util::future::BoxFuture;
+use http_body::{Frame, SizeHint};
 
 use crate::directory::Busy;
 
@@ -37,7 +37,7 @@ pin_project_lite::pin_project! {
 impl TrackedBody {
     pub(crate) fn new(inner: Body, entry: Busy) -> Self {
         let slot = entry.slot().clone();
-        let aborted = Box::pin(async move { slot.cancel.cancelled().await });
+        let aborted = Box::pin(async move { slot.cancelled().await });
         Self {
             inner,
             entry: Some(entry),

@@ -100,12 +100,12 @@ impl Context {
     ///
     /// Cancel safe; create a new one to wait again.
     pub fn cancelled(&self) -> crate::Cancelled<'_> {
-        self.slot.cancel.cancelled()
+        self.slot.cancelled()
     }
 
     /// Whether eviction has started.
     pub fn is_cancelled(&self) -> bool {
-        self.slot.cancel.is_cancelled()
+        self.slot.is_cancelled()
     }
 
     /// Force-ends the instance: in-flight requests answer 503
@@ -171,7 +171,7 @@ impl Context {
                 let outcome = if cancellable {
                     tokio::select! {
                         outcome = std::panic::AssertUnwindSafe(work).catch_unwind() => outcome,
-                        () = slot.cancel.cancelled() => return,
+                        () = slot.cancelled() => return,
                     }
                 } else {
                     std::panic::AssertUnwindSafe(work).catch_unwind().await
@@ -400,7 +400,7 @@ impl Context {
             }
             tokio::select! {
                 () = &mut notified => {}
-                () = self.slot.cancel.cancelled() => return Some(tokio::time::Instant::now()),
+                () = self.slot.cancelled() => return Some(tokio::time::Instant::now()),
             }
         }
     }

@@ -26,11 +26,11 @@ use std::sync::{Arc, OnceLock};
 use futures_util::future::{BoxFuture, Shared};
 use once_cell::race::OnceBox;
 use parking_lot::Mutex;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::abort::Abort;
+use crate::abort::Cancelled;
 use crate::alarm::AlarmState;
 use crate::directory::HostShared;
 use crate::tray::InstanceTrays;
@@ -138,17 +138,6 @@ pub(crate) struct WindDown {
     pub(crate) timer: Option<AbortHandle>,
 }
 
-/// What a record holds of its object, under one lock.
-#[derive(Default)]
-pub(crate) struct Held {
-    /// The object's state: set when the activation succeeds, taken at the
-    /// end of teardown (so nothing the state holds can keep it alive).
-    instance: Option<Instance>,
-    /// The activation under way (boxed: it is there only while the
-    /// instance activates).
-    pub(crate) activation: Option<Box<ActivationFuture>>,
-}
-
 /// The parts of a record that few instances use, allocated on the first
 /// use: an idle instance that never registered an `on_stop` handler, wound
 /// down, took a tag, set an alarm or opened trays pays one pointer for
@@ -188,6 +177,9 @@ pub(crate) struct Slot {
     pub(crate) winding: AtomicBool,
     /// The close under way releases the placement (control-plane mode).
     pub(crate) releasing: AtomicBool,
+    /// The abort signal is raised (teardown began): with `abort_waiters`,
+    /// what requests, streams and background work end on.
+    aborted: AtomicBool,
     /// Milliseconds since the host's clock base of the last activity.
     last_activity: AtomicU64,
     /// Milliseconds since the host's clock base when a client last had a
@@ -199,11 +191,15 @@ pub(crate) struct Slot {
     /// Wall-clock ms of the completed activation, 0 before.
     activated_at: AtomicU64,
     epoch: AtomicU64,
-    /// Raised when teardown begins: requests, streams and background work
-    /// end.
-    pub(crate) cancel: Abort,
-    /// The object's state and its activation.
-    pub(crate) held: Mutex<Held>,
+    /// Woken when `aborted` is raised.
+    abort_waiters: Notify,
+    /// The object's state: set when the activation succeeds, taken at the
+    /// end of teardown (so nothing the state holds can keep it alive).
+    instance: Mutex<Option<Instance>>,
+    /// The activation under way (boxed: it is there only while the
+    /// instance activates). A lock of its own: the activation task sets
+    /// the instance while its starter may still hold this one.
+    pub(crate) activation: Mutex<Option<Box<ActivationFuture>>>,
     /// Exclusive (turn-based) hosts: one request at a time.
     pub(crate) turn: Option<Box<Semaphore>>,
     /// One pointer until something needs it.
@@ -215,10 +211,7 @@ impl Slot {
     /// requester's and the activation task's).
     pub(crate) fn new(id: &str, host: Arc<HostShared>, seq: u64, initial: u64) -> Self {
         let now = host.elapsed_ms();
-        let turn = host
-            .options
-            .exclusive
-            .then(|| Box::new(Semaphore::new(1)));
+        let turn = host.options.exclusive.then(|| Box::new(Semaphore::new(1)));
         Self {
             id: Id::new(id),
             host,
@@ -227,13 +220,15 @@ impl Slot {
             streams: AtomicU32::new(0),
             winding: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
             last_activity: AtomicU64::new(now),
             last_connected: AtomicU64::new(now),
             idle_asked: AtomicU64::new(u64::MAX),
             activated_at: AtomicU64::new(0),
             epoch: AtomicU64::new(NO_EPOCH),
-            cancel: Abort::default(),
-            held: Mutex::new(Held::default()),
+            abort_waiters: Notify::new(),
+            instance: Mutex::new(None),
+            activation: Mutex::new(None),
             turn,
             extra: OnceBox::new(),
         }
@@ -268,16 +263,32 @@ impl Slot {
     }
 
     pub(crate) fn instance(&self) -> Option<Instance> {
-        self.held.lock().instance.clone()
+        self.instance.lock().clone()
     }
 
     pub(crate) fn set_instance(&self, instance: Instance) {
-        self.held.lock().instance = Some(instance);
+        *self.instance.lock() = Some(instance);
     }
 
     /// Takes the state out of a record whose teardown finished.
     pub(crate) fn take_instance(&self) -> Option<Instance> {
-        self.held.lock().instance.take()
+        self.instance.lock().take()
+    }
+
+    /// Raises the abort signal (teardown began): requests, open streams
+    /// and background work waiting on [`cancelled`](Self::cancelled) end.
+    pub(crate) fn cancel(&self) {
+        crate::abort::raise(&self.aborted, &self.abort_waiters);
+    }
+
+    /// Whether the abort signal was raised.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Completes once the abort signal is raised.
+    pub(crate) fn cancelled(&self) -> Cancelled<'_> {
+        crate::abort::cancelled(&self.aborted, &self.abort_waiters)
     }
 
     pub(crate) fn trays(&self) -> Option<Arc<InstanceTrays>> {

@@ -231,7 +231,7 @@ impl HostShared {
     pub(crate) fn discard(busy: Busy) {
         let slot = busy.slot().clone();
         let untouched = slot.phase() == Phase::Activating
-            && slot.held.lock().activation.is_none()
+            && slot.activation.lock().is_none()
             && slot.in_flight() == 1;
         drop(busy);
         if untouched {
@@ -249,8 +249,8 @@ impl HostShared {
     /// Starts the activation of `slot` unless it started already.
     fn start_activation(self: &Arc<Self>, slot: &Arc<Slot>) {
         let host = self.clone();
-        let mut held = slot.held.lock();
-        if held.activation.is_some() || slot.phase() != Phase::Activating || slot.activated_at().is_some() {
+        let mut pending = slot.activation.lock();
+        if pending.is_some() || slot.phase() != Phase::Activating || slot.activated_at().is_some() {
             return;
         }
         let task_slot = slot.clone();
@@ -282,12 +282,12 @@ impl HostShared {
             .catch_unwind();
             let outcome = tokio::select! {
                 outcome = activate => outcome,
-                () = slot.cancel.cancelled() => return Activation::Aborted,
+                () = slot.cancelled() => return Activation::Aborted,
             };
             let failure = match outcome {
                 Ok(Ok(instance)) => {
                     let activated = slot.go_live(host.domain.unix_ms());
-                    slot.held.lock().activation = None;
+                    *slot.activation.lock() = None;
                     if !activated {
                         return Activation::Aborted;
                     }
@@ -303,13 +303,13 @@ impl HostShared {
             };
             tracing::error!(namespace = %host.ns, id = %slot.id, error = %failure, "instance activation failed");
             host.metrics.request_failed("lifespan", "http");
-            slot.cancel.cancel();
+            slot.cancel();
             drop(slot.take_instance());
             drop(slot.take_trays());
             host.remove(&slot);
             Activation::Failed
         }.instrument(span));
-        held.activation = Some(Box::new(
+        *pending = Some(Box::new(
             async move { handle.await.unwrap_or(Activation::Failed) }
                 .boxed()
                 .shared(),
@@ -317,7 +317,7 @@ impl HostShared {
     }
 
     async fn await_activation(busy: Busy) -> Result<(Busy, Instance), Admission> {
-        let pending = busy.slot().held.lock().activation.as_deref().cloned();
+        let pending = busy.slot().activation.lock().as_deref().cloned();
         let outcome = match pending {
             Some(activation) => activation.await,
             None => match (busy.slot().phase(), busy.slot().instance()) {

@@ -57,7 +57,7 @@ impl HostShared {
             slot.host.closing.fetch_add(1, Ordering::SeqCst);
             // Cancelled now, not when the teardown task runs: a handler
             // finishing in the same poll must see the abort and answer 503.
-            slot.cancel.cancel();
+            slot.cancel();
             spawn_detached(
                 &slot.host.domain,
                 teardown(slot.clone(), true).instrument(slot.span()),
@@ -85,12 +85,17 @@ impl HostShared {
 async fn teardown(slot: Arc<Slot>, aborted: bool) {
     let host = slot.host.clone();
     if let Some(extra) = slot.extra_if_any() {
-        if let Some(timer) = extra.wind.lock().as_mut().and_then(|wind| wind.timer.take()) {
+        if let Some(timer) = extra
+            .wind
+            .lock()
+            .as_mut()
+            .and_then(|wind| wind.timer.take())
+        {
             timer.abort();
         }
     }
     let was_live = slot.activated_at().is_some();
-    slot.cancel.cancel();
+    slot.cancel();
     loop {
         let settled = host.settled.notified();
         tokio::pin!(settled);
