@@ -6,6 +6,7 @@
 //! cargo run --release -p pinned-bench --bin worker-bench            # everything
 //! cargo run --release -p pinned-bench --bin worker-bench -- --seconds 10 --connections 64
 //! cargo run --release -p pinned-bench --bin worker-bench -- --no-instructions   # skip callgrind
+//! cargo run --release -p pinned-bench --bin worker-bench -- memory --instances 10000000   # memory alone, 10 M resident (minutes; ~3 GiB)
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +41,8 @@ struct Cli {
     /// Concurrent connections.
     #[arg(long, default_value_t = 64)]
     connections: usize,
-    /// Idle instances for the memory figure.
+    /// Idle instances for the memory figure (the 10 million figure takes
+    /// minutes: `memory --instances 10000000` runs that section alone).
     #[arg(long, default_value_t = 1_000_000)]
     instances: u64,
     /// Skip the instructions-per-request figures (callgrind; they take a

@@ -52,6 +52,17 @@ use self::drain::DrainState;
 pub(crate) use self::wind_down::wind_down;
 pub(crate) use crate::task::{panic_message, spawn_detached};
 
+/// What one sweep pass does to a record.
+#[derive(Clone, Copy)]
+enum Sweep {
+    /// No client for the detached timeout: wind down now.
+    Detached,
+    /// Winding down (or draining) and idle: close.
+    Close,
+    /// Idle for the idle timeout: ask `on_idle`.
+    Idle,
+}
+
 /// One row of `/_pinned/stats` `instances`.
 pub(crate) struct InstanceRow {
     pub(crate) seq: u64,
@@ -293,26 +304,53 @@ impl HostShared {
 
     /// One pass of the idle sweep: detached instances wind down, idle ones
     /// are offered to `on_idle` (winding-down ones close when idle).
+    ///
+    /// The pass reads every live record in place and keeps only those with
+    /// something to do, so with millions resident it allocates nothing and
+    /// writes to no record it leaves alone; the actions run after the map
+    /// is released.
     pub(crate) fn sweep(&self) {
         let idle_ms = u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
         let detached_ms =
             u64::try_from(self.options.detached_timeout.as_millis()).unwrap_or(u64::MAX);
         let draining = self.draining();
-        for slot in self.live() {
-            if slot.streams() > 0 {
+        let mut due = Vec::new();
+        for entry in self.slots.iter() {
+            let slot = &entry.key().0;
+            if slot.phase() != Phase::Live {
+                continue;
+            }
+            let action = if slot.streams() > 0 {
                 slot.connected();
+                None
             } else if !slot.winding.load(Ordering::SeqCst) && slot.detached_ms() >= detached_ms {
-                tracing::warn!(namespace = %self.ns, id = %slot.id, "no client for the detached timeout; winding the instance down");
-                wind_down(&slot, Some(Duration::ZERO));
-                continue;
+                Some(Sweep::Detached)
+            } else {
+                None
+            };
+            let action = action.or_else(|| {
+                if slot.in_flight() != 0 {
+                    None
+                } else if draining || slot.winding_down() {
+                    Some(Sweep::Close)
+                } else if slot.idle_ms() >= idle_ms {
+                    Some(Sweep::Idle)
+                } else {
+                    None
+                }
+            });
+            if let Some(action) = action {
+                due.push((slot.clone(), action));
             }
-            if slot.in_flight() != 0 {
-                continue;
-            }
-            if draining || slot.winding_down() {
-                Self::close_if_idle(&slot);
-            } else if slot.idle_ms() >= idle_ms {
-                crate::hooks::idle(&slot);
+        }
+        for (slot, action) in due {
+            match action {
+                Sweep::Detached => {
+                    tracing::warn!(namespace = %self.ns, id = %slot.id, "no client for the detached timeout; winding the instance down");
+                    wind_down(&slot, Some(Duration::ZERO));
+                }
+                Sweep::Close => Self::close_if_idle(&slot),
+                Sweep::Idle => crate::hooks::idle(&slot),
             }
         }
         self.fences.sweep(self.control.lease_ttl());
