@@ -373,7 +373,7 @@ where
             }
         }
 
-        let cancelled = slot.cancel.cancelled();
+        let cancelled = slot.cancelled();
         tokio::pin!(cancelled);
         let _turn = match &slot.turn {
             None => None,
@@ -389,7 +389,7 @@ where
         // The handler is polled first: one that answers at once never
         // registers with the abort's notifier (a lock and a list insert per
         // request). An abort signalled before it starts is caught here.
-        if slot.cancel.is_cancelled() {
+        if slot.is_cancelled() {
             return response::refusal(Refusal::Aborted);
         }
         let handler = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();

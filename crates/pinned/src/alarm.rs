@@ -199,12 +199,6 @@ fn parse(doc: &Doc) -> Option<(i64, Option<String>)> {
     Some((at, nonce))
 }
 
-impl Slot {
-    pub(crate) fn alarm_state(&self) -> &AlarmState {
-        self.alarm.get_or_init(Box::default)
-    }
-}
-
 /// The instance's alarm. Get it from [`Context::alarm`](crate::Context::alarm).
 #[derive(Clone)]
 pub struct Alarm {
@@ -539,7 +533,7 @@ async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
         None => None,
         Some(turn) => tokio::select! {
             biased;
-            () = slot.cancel.cancelled() => return Err(RunError::Closed),
+            () = slot.cancelled() => return Err(RunError::Closed),
             permit = turn.acquire() => Some(permit.map_err(|_| RunError::Closed)?),
         },
     };
@@ -607,9 +601,10 @@ async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
 
 impl HostShared {
     /// Arms (or re-arms) the timer of `id` for wall time `at` (ms).
-    pub(crate) fn arm(self: &Arc<Self>, id: &Arc<str>, at: i64) {
+    pub(crate) fn arm(self: &Arc<Self>, id: &str, at: i64) {
         let delay = Duration::from_millis(u64::try_from(at - wall_ms(self)).unwrap_or(0));
         let host = self.clone();
+        let id: Arc<str> = Arc::from(id);
         let target = id.clone();
         // The timer holds the host: it is aborted when disarmed or re-armed,
         // at shut-down, and ends when the worker is dropped.
@@ -622,7 +617,7 @@ impl HostShared {
             return;
         };
         if let Some(previous) = self.timers.insert(
-            id.clone(),
+            id,
             Timer {
                 at,
                 handle: handle.abort_handle(),

@@ -7,14 +7,13 @@
 //! cut rather than closed cleanly: a truncated download must never look
 //! complete to the client.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http_body::{Frame, SizeHint};
-use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::directory::Busy;
 
@@ -29,14 +28,16 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: Body,
         entry: Option<Busy>,
-        #[pin]
-        aborted: WaitForCancellationFutureOwned,
+        // Boxed to own the record it waits on (one allocation per stream;
+        // the record's abort signal is inline, so it cannot be owned).
+        aborted: BoxFuture<'static, ()>,
     }
 }
 
 impl TrackedBody {
     pub(crate) fn new(inner: Body, entry: Busy) -> Self {
-        let aborted = entry.slot().cancel.clone().cancelled_owned();
+        let slot = entry.slot().clone();
+        let aborted = Box::pin(async move { slot.cancelled().await });
         Self {
             inner,
             entry: Some(entry),
@@ -57,7 +58,7 @@ impl http_body::Body for TrackedBody {
         if this.entry.is_none() {
             return Poll::Ready(None);
         }
-        if this.aborted.poll(cx).is_ready() {
+        if this.aborted.as_mut().poll(cx).is_ready() {
             this.entry.take();
             return Poll::Ready(Some(Err(axum::Error::new(Truncated))));
         }

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use tokio_util::sync::WaitForCancellationFuture;
 
 use crate::alarm::Alarm;
 use crate::cluster::Cluster;
@@ -100,13 +99,13 @@ impl Context {
     /// # Cancel safety
     ///
     /// Cancel safe; create a new one to wait again.
-    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
-        self.slot.cancel.cancelled()
+    pub fn cancelled(&self) -> crate::Cancelled<'_> {
+        self.slot.cancelled()
     }
 
     /// Whether eviction has started.
     pub fn is_cancelled(&self) -> bool {
-        self.slot.cancel.is_cancelled()
+        self.slot.is_cancelled()
     }
 
     /// Force-ends the instance: in-flight requests answer 503
@@ -127,6 +126,7 @@ impl Context {
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
         self.slot
+            .extra()
             .on_stop
             .lock()
             .push(Box::new(move || handler().boxed()));
@@ -171,7 +171,7 @@ impl Context {
                 let outcome = if cancellable {
                     tokio::select! {
                         outcome = std::panic::AssertUnwindSafe(work).catch_unwind() => outcome,
-                        () = slot.cancel.cancelled() => return,
+                        () = slot.cancelled() => return,
                     }
                 } else {
                     std::panic::AssertUnwindSafe(work).catch_unwind().await
@@ -400,7 +400,7 @@ impl Context {
             }
             tokio::select! {
                 () = &mut notified => {}
-                () = self.slot.cancel.cancelled() => return Some(tokio::time::Instant::now()),
+                () = self.slot.cancelled() => return Some(tokio::time::Instant::now()),
             }
         }
     }

@@ -41,6 +41,7 @@
 //! refusal to start when the environment says production.
 #![forbid(unsafe_code)]
 
+mod abort;
 mod admit;
 mod alarm;
 mod auth;
@@ -79,6 +80,7 @@ pub mod tray;
 mod worker;
 pub mod ws;
 
+pub use abort::Cancelled;
 pub use alarm::{
     Alarm, AlarmError, Schedule, ALARM_TRAY_ID, ALARM_TRAY_NS, MAX_SCHEDULES, MAX_SCHEDULE_NAME,
 };

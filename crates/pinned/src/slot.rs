@@ -24,14 +24,21 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use futures_util::future::{BoxFuture, Shared};
+use once_cell::race::OnceBox;
 use parking_lot::Mutex;
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
+use crate::abort::Cancelled;
+use crate::alarm::AlarmState;
 use crate::directory::HostShared;
+use crate::tray::InstanceTrays;
 use crate::BoxError;
+
+/// An instance id: up to 24 bytes are stored inline in the record (no
+/// allocation of their own), longer ones on the heap.
+pub(crate) type Id = compact_str::CompactString;
 
 /// A live instance's state, type-erased so one directory serves any object.
 pub(crate) type Instance = Arc<dyn Any + Send + Sync>;
@@ -123,7 +130,7 @@ pub(crate) enum Vacated {
     Idle,
 }
 
-/// Wind-down state of one instance (rare, so boxed behind an `Option`).
+/// Wind-down state of one instance.
 #[derive(Default)]
 pub(crate) struct WindDown {
     /// `None` inside `Some(WindDown)` means "close when idle, never abort".
@@ -131,12 +138,34 @@ pub(crate) struct WindDown {
     pub(crate) timer: Option<AbortHandle>,
 }
 
+/// The parts of a record that few instances use, allocated on the first
+/// use: an idle instance that never registered an `on_stop` handler, wound
+/// down, took a tag, set an alarm or opened trays pays one pointer for
+/// them all.
+#[derive(Default)]
+pub(crate) struct Extra {
+    pub(crate) on_stop: Mutex<Vec<StopHook>>,
+    pub(crate) wind: Mutex<Option<WindDown>>,
+    /// The owner tag, stamped again when the instance adopts a newer epoch.
+    tag: Mutex<Option<Arc<str>>>,
+    /// Alarm turns.
+    alarm: OnceLock<AlarmState>,
+    /// The open trays (objects that declare trays, on a worker with a
+    /// store); taken at the end of teardown.
+    trays: Mutex<Option<Arc<InstanceTrays>>>,
+}
+
 /// One instance record. Shared as `Arc<Slot>`; the public [`Context`] is a
 /// handle to it.
 ///
+/// Every resident instance has one, so its size is the worker's memory per
+/// idle instance (with the object's state and a map bucket): what only
+/// some instances need sits behind [`Extra`] or a box.
+///
 /// [`Context`]: crate::Context
 pub(crate) struct Slot {
-    pub(crate) id: Arc<str>,
+    /// The instance id; the directory's map finds the record by it.
+    pub(crate) id: Id,
     pub(crate) host: Arc<HostShared>,
     /// Insertion order, for `/_pinned/stats`.
     pub(crate) seq: u64,
@@ -144,6 +173,13 @@ pub(crate) struct Slot {
     state: AtomicU64,
     /// Open streaming bodies and WebSockets (a subset of the in-flight count).
     streams: AtomicU32,
+    /// Mirrors `extra.wind.is_some()` so the request path never takes the lock.
+    pub(crate) winding: AtomicBool,
+    /// The close under way releases the placement (control-plane mode).
+    pub(crate) releasing: AtomicBool,
+    /// The abort signal is raised (teardown began): with `abort_waiters`,
+    /// what requests, streams and background work end on.
+    aborted: AtomicBool,
     /// Milliseconds since the host's clock base of the last activity.
     last_activity: AtomicU64,
     /// Milliseconds since the host's clock base when a client last had a
@@ -155,57 +191,63 @@ pub(crate) struct Slot {
     /// Wall-clock ms of the completed activation, 0 before.
     activated_at: AtomicU64,
     epoch: AtomicU64,
-    pub(crate) cancel: CancellationToken,
+    /// Woken when `aborted` is raised.
+    abort_waiters: Notify,
     /// The object's state: set when the activation succeeds, taken at the
     /// end of teardown (so nothing the state holds can keep it alive).
     instance: Mutex<Option<Instance>>,
-    pub(crate) activation: Mutex<Option<ActivationFuture>>,
-    pub(crate) on_stop: Mutex<Vec<StopHook>>,
-    pub(crate) wind: Mutex<Option<Box<WindDown>>>,
-    /// Mirrors `wind.is_some()` so the request path never takes the lock.
-    pub(crate) winding: AtomicBool,
-    /// The close under way releases the placement (control-plane mode).
-    pub(crate) releasing: AtomicBool,
+    /// The activation under way (boxed: it is there only while the
+    /// instance activates). A lock of its own: the activation task sets
+    /// the instance while its starter may still hold this one.
+    pub(crate) activation: Mutex<Option<Box<ActivationFuture>>>,
     /// Exclusive (turn-based) hosts: one request at a time.
-    pub(crate) turn: Option<Semaphore>,
-    /// The owner tag, stamped again when the instance adopts a newer epoch.
-    tag: Mutex<Option<Arc<str>>>,
-    /// Alarm turns, allocated on first use.
-    pub(crate) alarm: OnceLock<Box<crate::alarm::AlarmState>>,
-    /// The open trays (objects that declare trays, on a worker with a
-    /// store); taken at the end of teardown.
-    trays: Mutex<Option<Arc<crate::tray::InstanceTrays>>>,
+    pub(crate) turn: Option<Box<Semaphore>>,
+    /// One pointer until something needs it.
+    extra: OnceBox<Extra>,
 }
 
 impl Slot {
     /// A record in `Activating` holding `initial` in-flight entries (the
     /// requester's and the activation task's).
-    pub(crate) fn new(id: Arc<str>, host: Arc<HostShared>, seq: u64, initial: u64) -> Self {
+    pub(crate) fn new(id: &str, host: Arc<HostShared>, seq: u64, initial: u64) -> Self {
         let now = host.elapsed_ms();
-        let turn = host.options.exclusive.then(|| Semaphore::new(1));
+        let turn = host.options.exclusive.then(|| Box::new(Semaphore::new(1)));
         Self {
-            id,
+            id: Id::new(id),
             host,
             seq,
             state: AtomicU64::new(word(Phase::Activating, initial)),
             streams: AtomicU32::new(0),
+            winding: AtomicBool::new(false),
+            releasing: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
             last_activity: AtomicU64::new(now),
             last_connected: AtomicU64::new(now),
             idle_asked: AtomicU64::new(u64::MAX),
             activated_at: AtomicU64::new(0),
             epoch: AtomicU64::new(NO_EPOCH),
-            cancel: CancellationToken::new(),
+            abort_waiters: Notify::new(),
             instance: Mutex::new(None),
             activation: Mutex::new(None),
-            on_stop: Mutex::new(Vec::new()),
-            wind: Mutex::new(None),
-            winding: AtomicBool::new(false),
-            releasing: AtomicBool::new(false),
             turn,
-            tag: Mutex::new(None),
-            alarm: OnceLock::new(),
-            trays: Mutex::new(None),
+            extra: OnceBox::new(),
         }
+    }
+
+    /// The rarely used parts, allocated now if they were not yet.
+    pub(crate) fn extra(&self) -> &Extra {
+        // Two first uses at once may both allocate; one box is kept.
+        self.extra.get_or_init(Box::default)
+    }
+
+    /// The rarely used parts, if anything allocated them.
+    pub(crate) fn extra_if_any(&self) -> Option<&Extra> {
+        self.extra.get()
+    }
+
+    /// The alarm turns (allocated on first use).
+    pub(crate) fn alarm_state(&self) -> &AlarmState {
+        self.extra().alarm.get_or_init(AlarmState::default)
     }
 
     pub(crate) fn phase(&self) -> Phase {
@@ -233,17 +275,33 @@ impl Slot {
         self.instance.lock().take()
     }
 
-    pub(crate) fn trays(&self) -> Option<Arc<crate::tray::InstanceTrays>> {
-        self.trays.lock().clone()
+    /// Raises the abort signal (teardown began): requests, open streams
+    /// and background work waiting on [`cancelled`](Self::cancelled) end.
+    pub(crate) fn cancel(&self) {
+        crate::abort::raise(&self.aborted, &self.abort_waiters);
     }
 
-    pub(crate) fn set_trays(&self, trays: Arc<crate::tray::InstanceTrays>) {
-        *self.trays.lock() = Some(trays);
+    /// Whether the abort signal was raised.
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Completes once the abort signal is raised.
+    pub(crate) fn cancelled(&self) -> Cancelled<'_> {
+        crate::abort::cancelled(&self.aborted, &self.abort_waiters)
+    }
+
+    pub(crate) fn trays(&self) -> Option<Arc<InstanceTrays>> {
+        self.extra_if_any()?.trays.lock().clone()
+    }
+
+    pub(crate) fn set_trays(&self, trays: Arc<InstanceTrays>) {
+        *self.extra().trays.lock() = Some(trays);
     }
 
     /// Takes the trays out of a record that is leaving.
-    pub(crate) fn take_trays(&self) -> Option<Arc<crate::tray::InstanceTrays>> {
-        self.trays.lock().take()
+    pub(crate) fn take_trays(&self) -> Option<Arc<InstanceTrays>> {
+        self.extra_if_any()?.trays.lock().take()
     }
 
     /// Counts one in-flight entry unless the record is closing. Returns the
@@ -403,11 +461,11 @@ impl Slot {
 
     /// The owner tag last stamped with `Context::tag`.
     pub(crate) fn tag(&self) -> Option<Arc<str>> {
-        self.tag.lock().clone()
+        self.extra_if_any()?.tag.lock().clone()
     }
 
     pub(crate) fn set_tag(&self, tag: &str) {
-        *self.tag.lock() = Some(Arc::from(tag));
+        *self.extra().tag.lock() = Some(Arc::from(tag));
     }
 
     /// Winding down: the host drains or the instance was told to wind down.
@@ -417,7 +475,9 @@ impl Slot {
 
     /// The earliest of the instance's own deadline and the host's.
     pub(crate) fn effective_deadline(&self) -> Option<Instant> {
-        let own = self.wind.lock().as_ref().and_then(|wind| wind.deadline);
+        let own = self
+            .extra_if_any()
+            .and_then(|extra| extra.wind.lock().as_ref().and_then(|wind| wind.deadline));
         match (own, self.host.drain_deadline()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -448,6 +508,19 @@ mod tests {
         assert_eq!(vacated(word(Phase::Closed, 1)), Some(Vacated::Settled));
         assert_eq!(vacated(word(Phase::Activating, 1)), None);
         assert_eq!(vacated(word(Phase::Closing, 3)), None);
+    }
+
+    /// The record is most of an idle instance's memory: 184 bytes make a
+    /// 208-byte allocation with the `Arc` counts and glibc's header (the
+    /// next size up costs 16 bytes per resident instance).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn an_idle_record_stays_small() {
+        assert!(
+            std::mem::size_of::<Slot>() <= 184,
+            "Slot grew to {} bytes: move rarely used parts to `Extra`",
+            std::mem::size_of::<Slot>()
+        );
     }
 
     #[test]

@@ -294,7 +294,7 @@ impl Worker {
                 Ok(alarms) => {
                     for alarm in alarms {
                         if let Some(host) = worker.inner.hosts.find(&alarm.ns) {
-                            host.arm(&Arc::from(alarm.id.as_str()), alarm.at);
+                            host.arm(&alarm.id, alarm.at);
                         }
                     }
                 }

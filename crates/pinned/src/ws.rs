@@ -112,7 +112,7 @@ impl WebSocketUpgrade {
             let mut closer = socket.clone();
             tokio::select! {
                 () = callback(socket) => {}
-                () = slot.cancel.cancelled() => {
+                () = slot.cancelled() => {
                     let _ = closer.close(CLOSE_GOING_AWAY, CLOSE_REASON).await;
                 }
             }

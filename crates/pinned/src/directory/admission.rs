@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::Busy;
-use super::{panic_message, HostShared};
+use super::{panic_message, HostShared, Keyed};
 use crate::context::Context;
 use crate::slot::{Activation, Instance, Phase, Slot};
 use crate::tray::InstanceTrays;
@@ -96,7 +96,7 @@ impl HostShared {
             if self.shut_down.load(Ordering::SeqCst) {
                 return Err(self.shut_down_answer());
             }
-            let resident = self.slots.get(id).map(|entry| entry.value().clone());
+            let resident = self.slot(id);
             let Some(slot) = resident else {
                 match self.create(id, epoch)? {
                     Some(busy) => return Ok(Entered::Activating(busy)),
@@ -162,26 +162,28 @@ impl HostShared {
             self.count.fetch_sub(1, Ordering::SeqCst);
             return Err(Refusal::Capacity);
         }
-        let key: Arc<str> = Arc::from(id);
-        let entry = self.slots.entry(key.clone());
-        let vacant = match entry {
-            Entry::Occupied(_) => {
-                self.count.fetch_sub(1, Ordering::SeqCst);
-                return Ok(None);
-            }
-            Entry::Vacant(vacant) => vacant,
-        };
+        // The record is its own map key (the id is stored once, in it), so
+        // it is built before the map is asked; a lost race drops it unseen
+        // (its sequence number goes unused).
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         // The requester's entry; the activation task takes its own when it
         // starts.
-        let slot = Arc::new(Slot::new(key, self.clone(), seq, 1));
+        let slot = Arc::new(Slot::new(id, self.clone(), seq, 1));
         // The activation (and the store reads it makes) runs at the
         // admitted epoch.
         if let Some(epoch) = epoch {
             let _ = slot.adopt_epoch(epoch);
         }
-        vacant.insert(slot.clone());
-        Ok(Some(slot.adopt()))
+        match self.slots.entry(Keyed(slot.clone())) {
+            Entry::Occupied(_) => {
+                self.count.fetch_sub(1, Ordering::SeqCst);
+                Ok(None)
+            }
+            Entry::Vacant(vacant) => {
+                vacant.insert(());
+                Ok(Some(slot.adopt()))
+            }
+        }
     }
 
     /// Whether a new record fits beside `records` existing ones: fewer than
@@ -202,13 +204,13 @@ impl HostShared {
     fn evict_idle(&self) -> bool {
         let mut oldest: Option<(u64, Arc<Slot>)> = None;
         let idle = self.slots.iter().filter(|entry| {
-            let slot = entry.value();
+            let slot = &entry.key().0;
             slot.phase() == Phase::Live && slot.in_flight() == 0 && !slot.winding_down()
         });
         for entry in idle.take(EVICTION_SAMPLE) {
-            let idle_ms = entry.value().idle_ms();
+            let idle_ms = entry.key().0.idle_ms();
             if oldest.as_ref().is_none_or(|(best, _)| idle_ms > *best) {
-                oldest = Some((idle_ms, entry.value().clone()));
+                oldest = Some((idle_ms, entry.key().0.clone()));
             }
         }
         let Some((_, victim)) = oldest else {
@@ -280,7 +282,7 @@ impl HostShared {
             .catch_unwind();
             let outcome = tokio::select! {
                 outcome = activate => outcome,
-                () = slot.cancel.cancelled() => return Activation::Aborted,
+                () = slot.cancelled() => return Activation::Aborted,
             };
             let failure = match outcome {
                 Ok(Ok(instance)) => {
@@ -301,21 +303,21 @@ impl HostShared {
             };
             tracing::error!(namespace = %host.ns, id = %slot.id, error = %failure, "instance activation failed");
             host.metrics.request_failed("lifespan", "http");
-            slot.cancel.cancel();
+            slot.cancel();
             drop(slot.take_instance());
             drop(slot.take_trays());
             host.remove(&slot);
             Activation::Failed
         }.instrument(span));
-        *pending = Some(
+        *pending = Some(Box::new(
             async move { handle.await.unwrap_or(Activation::Failed) }
                 .boxed()
                 .shared(),
-        );
+        ));
     }
 
     async fn await_activation(busy: Busy) -> Result<(Busy, Instance), Admission> {
-        let pending = busy.slot().activation.lock().clone();
+        let pending = busy.slot().activation.lock().as_deref().cloned();
         let outcome = match pending {
             Some(activation) => activation.await,
             None => match (busy.slot().phase(), busy.slot().instance()) {
@@ -340,8 +342,8 @@ impl HostShared {
             changed.as_mut().enable();
             let present = self
                 .slots
-                .get(&*slot.id)
-                .is_some_and(|entry| Arc::ptr_eq(entry.value(), slot));
+                .get(slot.id.as_str())
+                .is_some_and(|entry| entry.key().is(slot));
             if !present {
                 return;
             }

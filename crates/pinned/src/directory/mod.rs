@@ -17,6 +17,8 @@
 //! [`drain`], [`wind_down`] and [`teardown`]; [`busy`] is the in-flight
 //! guard through which a record reports its last entry out.
 
+use std::borrow::Borrow;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,7 +37,7 @@ use crate::fence::FenceTable;
 use crate::host::HostOptions;
 use crate::metrics::Metrics;
 use crate::object::Lifecycle;
-use crate::slot::{Phase, Slot};
+use crate::slot::{Id, Phase, Slot};
 
 mod admission;
 mod busy;
@@ -50,15 +52,60 @@ use self::drain::DrainState;
 pub(crate) use self::wind_down::wind_down;
 pub(crate) use crate::task::{panic_message, spawn_detached};
 
+/// What one sweep pass does to a record.
+#[derive(Clone, Copy)]
+enum Sweep {
+    /// No client for the detached timeout: wind down now.
+    Detached,
+    /// Winding down (or draining) and idle: close.
+    Close,
+    /// Idle for the idle timeout: ask `on_idle`.
+    Idle,
+}
+
 /// One row of `/_pinned/stats` `instances`.
 pub(crate) struct InstanceRow {
     pub(crate) seq: u64,
-    pub(crate) id: Arc<str>,
+    pub(crate) id: Id,
     pub(crate) connections: u32,
     pub(crate) tasks: u64,
     pub(crate) idle_ms: u64,
     pub(crate) activated_at: Option<u64>,
 }
+
+/// A record as the key of its own map entry, found by its id: hashed and
+/// compared as the id string, so the map looks it up by `&str` while the
+/// id is stored once, in the record.
+#[derive(Clone)]
+pub(crate) struct Keyed(pub(crate) Arc<Slot>);
+
+impl Keyed {
+    /// Whether this entry is `slot` itself (not a newer record of the id).
+    pub(crate) fn is(&self, slot: &Arc<Slot>) -> bool {
+        Arc::ptr_eq(&self.0, slot)
+    }
+}
+
+impl Borrow<str> for Keyed {
+    fn borrow(&self) -> &str {
+        &self.0.id
+    }
+}
+
+impl Hash for Keyed {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As the `str` it borrows as: lookups by `&str` hash that.
+        <str as Hash>::hash(self.0.id.as_str(), state);
+    }
+}
+
+impl PartialEq for Keyed {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Eq for Keyed {}
 
 /// Everything one hosted namespace shares among its instances.
 pub(crate) struct HostShared {
@@ -68,7 +115,9 @@ pub(crate) struct HostShared {
     pub(crate) lifecycle: Lifecycle,
     /// The object's routes, built once for the namespace.
     pub(crate) router: Router,
-    slots: DashMap<Arc<str>, Arc<Slot>>,
+    /// The records, found by id: each is its own key ([`Keyed`]), so a
+    /// bucket is one pointer and the id is stored once.
+    slots: DashMap<Keyed, ()>,
     /// Records in `slots`, kept apart so capacity checks never walk the map.
     count: AtomicUsize,
     /// Of those, the records whose teardown began (they leave soon and no
@@ -223,7 +272,7 @@ impl HostShared {
     pub(crate) fn ids(&self) -> Vec<String> {
         self.slots
             .iter()
-            .map(|entry| entry.key().to_string())
+            .map(|entry| entry.key().0.id.to_string())
             .collect()
     }
 
@@ -239,7 +288,7 @@ impl HostShared {
     }
 
     fn slot(&self, id: &str) -> Option<Arc<Slot>> {
-        self.slots.get(id).map(|entry| entry.value().clone())
+        self.slots.get(id).map(|entry| entry.key().0.clone())
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -255,26 +304,53 @@ impl HostShared {
 
     /// One pass of the idle sweep: detached instances wind down, idle ones
     /// are offered to `on_idle` (winding-down ones close when idle).
+    ///
+    /// The pass reads every live record in place and keeps only those with
+    /// something to do, so with millions resident it allocates nothing and
+    /// writes to no record it leaves alone; the actions run after the map
+    /// is released.
     pub(crate) fn sweep(&self) {
         let idle_ms = u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
         let detached_ms =
             u64::try_from(self.options.detached_timeout.as_millis()).unwrap_or(u64::MAX);
         let draining = self.draining();
-        for slot in self.live() {
-            if slot.streams() > 0 {
+        let mut due = Vec::new();
+        for entry in self.slots.iter() {
+            let slot = &entry.key().0;
+            if slot.phase() != Phase::Live {
+                continue;
+            }
+            let action = if slot.streams() > 0 {
                 slot.connected();
+                None
             } else if !slot.winding.load(Ordering::SeqCst) && slot.detached_ms() >= detached_ms {
-                tracing::warn!(namespace = %self.ns, id = %slot.id, "no client for the detached timeout; winding the instance down");
-                wind_down(&slot, Some(Duration::ZERO));
-                continue;
+                Some(Sweep::Detached)
+            } else {
+                None
+            };
+            let action = action.or_else(|| {
+                if slot.in_flight() != 0 {
+                    None
+                } else if draining || slot.winding_down() {
+                    Some(Sweep::Close)
+                } else if slot.idle_ms() >= idle_ms {
+                    Some(Sweep::Idle)
+                } else {
+                    None
+                }
+            });
+            if let Some(action) = action {
+                due.push((slot.clone(), action));
             }
-            if slot.in_flight() != 0 {
-                continue;
-            }
-            if draining || slot.winding_down() {
-                Self::close_if_idle(&slot);
-            } else if slot.idle_ms() >= idle_ms {
-                crate::hooks::idle(&slot);
+        }
+        for (slot, action) in due {
+            match action {
+                Sweep::Detached => {
+                    tracing::warn!(namespace = %self.ns, id = %slot.id, "no client for the detached timeout; winding the instance down");
+                    wind_down(&slot, Some(Duration::ZERO));
+                }
+                Sweep::Close => Self::close_if_idle(&slot),
+                Sweep::Idle => crate::hooks::idle(&slot),
             }
         }
         self.fences.sweep(self.control.lease_ttl());
@@ -284,15 +360,15 @@ impl HostShared {
     pub(crate) fn live(&self) -> Vec<Arc<Slot>> {
         self.slots
             .iter()
-            .filter(|entry| entry.value().phase() == Phase::Live)
-            .map(|entry| entry.value().clone())
+            .filter(|entry| entry.key().0.phase() == Phase::Live)
+            .map(|entry| entry.key().0.clone())
             .collect()
     }
 
     fn all(&self) -> Vec<Arc<Slot>> {
         self.slots
             .iter()
-            .map(|entry| entry.value().clone())
+            .map(|entry| entry.key().0.clone())
             .collect()
     }
 
@@ -366,7 +442,7 @@ impl HostShared {
             .slots
             .iter()
             .map(|entry| {
-                let slot = entry.value();
+                let slot = &entry.key().0;
                 let streams = slot.streams();
                 InstanceRow {
                     seq: slot.seq,

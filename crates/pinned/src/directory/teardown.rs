@@ -26,7 +26,7 @@ impl HostShared {
         slot.finish();
         if self
             .slots
-            .remove_if(&*slot.id, |_, current| Arc::ptr_eq(current, slot))
+            .remove_if(slot.id.as_str(), |current, ()| current.is(slot))
             .is_some()
         {
             self.count.fetch_sub(1, Ordering::SeqCst);
@@ -57,7 +57,7 @@ impl HostShared {
             slot.host.closing.fetch_add(1, Ordering::SeqCst);
             // Cancelled now, not when the teardown task runs: a handler
             // finishing in the same poll must see the abort and answer 503.
-            slot.cancel.cancel();
+            slot.cancel();
             spawn_detached(
                 &slot.host.domain,
                 teardown(slot.clone(), true).instrument(slot.span()),
@@ -84,13 +84,18 @@ impl HostShared {
 /// handlers last-registered first, then leave the map.
 async fn teardown(slot: Arc<Slot>, aborted: bool) {
     let host = slot.host.clone();
-    if let Some(wind) = slot.wind.lock().as_mut() {
-        if let Some(timer) = wind.timer.take() {
+    if let Some(extra) = slot.extra_if_any() {
+        if let Some(timer) = extra
+            .wind
+            .lock()
+            .as_mut()
+            .and_then(|wind| wind.timer.take())
+        {
             timer.abort();
         }
     }
     let was_live = slot.activated_at().is_some();
-    slot.cancel.cancel();
+    slot.cancel();
     loop {
         let settled = host.settled.notified();
         tokio::pin!(settled);
@@ -110,7 +115,10 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
             host.metrics.shutdown_failed("directory");
         }
     }
-    let hooks = std::mem::take(&mut *slot.on_stop.lock());
+    let hooks = slot
+        .extra_if_any()
+        .map(|extra| std::mem::take(&mut *extra.on_stop.lock()))
+        .unwrap_or_default();
     for hook in hooks.into_iter().rev() {
         if let Err(error) = settle(hook()).await {
             tracing::error!(namespace = %host.ns, id = %slot.id, %error, "on_stop handler failed");

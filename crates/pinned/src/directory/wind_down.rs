@@ -34,8 +34,8 @@ pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
     // A deadline too far to represent never comes: no abort.
     let deadline = after.and_then(|after| Instant::now().checked_add(after));
     {
-        let mut wind = slot.wind.lock();
-        let state = wind.get_or_insert_with(|| Box::new(WindDown::default()));
+        let mut wind = slot.extra().wind.lock();
+        let state = wind.get_or_insert_with(WindDown::default);
         if let Some(timer) = state.timer.take() {
             timer.abort();
         }
@@ -58,9 +58,8 @@ pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
 /// Revokes an instance's wind-down (a `wind_down` message with a null
 /// deadline).
 pub(crate) fn unwind(slot: &Arc<Slot>) {
-    let mut wind = slot.wind.lock();
-    if let Some(state) = wind.take() {
-        if let Some(timer) = state.timer {
+    if let Some(extra) = slot.extra_if_any() {
+        if let Some(timer) = extra.wind.lock().take().and_then(|state| state.timer) {
             timer.abort();
         }
     }
