@@ -28,8 +28,8 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: Body,
         entry: Option<Busy>,
-        // Boxed to own the record it waits on (one allocation per stream;
-        // the record's abort signal is inline, so it cannot be owned).
+        // Owns the record whose inline abort signal it waits on, so it is
+        // a boxed future (one allocation per stream).
         aborted: BoxFuture<'static, ()>,
     }
 }
