@@ -45,8 +45,15 @@ impl DocText {
             if n > 0 {
                 text.push(',');
             }
-            // A string always encodes.
-            text.push_str(&Value::from(name).to_string());
+            // Field names rarely need escaping: only those that do pay for it.
+            if name.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+                // A string always encodes.
+                text.push_str(&Value::from(name).to_string());
+            } else {
+                text.push('"');
+                text.push_str(name);
+                text.push('"');
+            }
             text.push(':');
             text.push_str(value.get());
         }

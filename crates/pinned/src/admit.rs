@@ -365,12 +365,10 @@ where
                 Err(refused) => return admission_refused(refused),
             },
         };
-        let scope = Routed::Admitted(Scope { call, instance });
-        match request.extensions_mut().get_mut::<Routed>() {
-            Some(routed) => *routed = scope,
-            None => {
-                request.extensions_mut().insert(scope);
-            }
+        // `prepare` found the entry and left it `Taken`; nothing between
+        // could remove it (authorization sees the parts by reference).
+        if let Some(routed) = request.extensions_mut().get_mut::<Routed>() {
+            *routed = Routed::Admitted(Scope { call, instance });
         }
 
         let cancelled = slot.cancelled();

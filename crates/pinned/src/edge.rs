@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::config::ConfigError;
+use crate::directory::HostShared;
 use crate::dispatch;
 use crate::hosts::Hosts;
 
@@ -95,6 +96,15 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// Where one request goes.
+enum To {
+    /// A hosted namespace's dispatch.
+    Namespace(Arc<HostShared>),
+    /// The rest of the app: the worker's own routes, `/metrics`, and the
+    /// application's routes served beside them.
+    App(Router),
 }
 
 /// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
@@ -156,17 +166,18 @@ pub(crate) async fn serve(
             // A namespace's path goes straight to its dispatch: `app` would
             // only have matched nothing and fallen back to it (the routes
             // served beside the worker's never overlap a namespace).
-            let host = dispatch::host_of(&hosts, request.uri().path()).cloned();
-            let app = host.is_none().then(|| app.clone());
+            let to = match dispatch::host_of(&hosts, request.uri().path()) {
+                Some(host) => To::Namespace(host.clone()),
+                None => To::App(app.clone()),
+            };
             async move {
                 let request = request.map(Body::new);
-                let response = match (host, app) {
-                    (Some(host), _) => dispatch::dispatch_to(&host, request).await,
-                    (None, Some(app)) => match app.oneshot(request).await {
+                let response = match to {
+                    To::Namespace(host) => dispatch::dispatch_to(&host, request).await,
+                    To::App(app) => match app.oneshot(request).await {
                         Ok(response) => response,
                         Err(never) => match never {},
                     },
-                    (None, None) => dispatch::not_found(),
                 };
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
             }
