@@ -63,6 +63,17 @@ impl Now {
 pub trait Clock: Send + Sync + 'static {
     /// The current wall and monotonic time.
     fn now(&self) -> Now;
+
+    /// Monotonic milliseconds alone, for callers that need nothing else
+    /// (the proxy's per-request checks: one clock read, not two).
+    fn mono_ms(&self) -> u64 {
+        self.now().mono_ms
+    }
+
+    /// Wall-clock milliseconds alone, as [`mono_ms`](Self::mono_ms).
+    fn wall_ms(&self) -> u64 {
+        self.now().wall_ms
+    }
 }
 
 /// The real clock: `SystemTime` for wall, tokio's `Instant` for monotonic
@@ -89,14 +100,21 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Now {
-        let wall_ms = SystemTime::now()
+        Now {
+            wall_ms: self.wall_ms(),
+            mono_ms: self.mono_ms(),
+        }
+    }
+
+    fn mono_ms(&self) -> u64 {
+        self.origin.elapsed().as_millis() as u64
+    }
+
+    fn wall_ms(&self) -> u64 {
+        SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        Now {
-            wall_ms,
-            mono_ms: self.origin.elapsed().as_millis() as u64,
-        }
+            .unwrap_or(0)
     }
 }
 

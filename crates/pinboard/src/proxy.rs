@@ -71,7 +71,7 @@ use self::classify::{
 };
 use self::cluster::{Caller, ClusterError};
 pub use self::headers::ClientAddr;
-use self::headers::{add_forwarded, is_upgrade, sanitize_request, sanitize_response};
+use self::headers::{add_forwarded, sanitize_request, sanitize_response, Scan};
 use self::resolve::{Avoid, ResolveError, WorkerConn};
 use crate::outbound::ResBody;
 use crate::placement::{Placement, PlacementStore};
@@ -264,14 +264,21 @@ pub async fn serve<S: PlacementStore>(
         Cow::Borrowed(_) => Cow::Borrowed(target.key),
         Cow::Owned(id) => Cow::Owned(format!("{}/{id}", target.ns)),
     };
-    let caller = match cluster::verify(&parts.headers, &app.directory).await {
-        Ok(c) => c,
-        Err(e) => return cluster_refusal(e),
+    let scan = Scan::of(&parts.headers);
+    // Cluster credentials and worlds are `pinboard-*` headers: a request
+    // without any has neither.
+    let caller = match scan.pinboard {
+        false => None,
+        true => match cluster::verify(&parts.headers, &app.directory).await {
+            Ok(c) => c,
+            Err(e) => return cluster_refusal(e),
+        },
     };
     // The world is read before the `pinboard-*` headers are stripped. The
     // values are refcounted: a hostless request copies nothing.
     let named = match caller {
         Some(_) => (None, None),
+        None if !scan.pinboard => (None, None),
         None => (
             parts.headers.get(HOSTNAME).cloned(),
             parts.headers.get(ENV_HEADER).cloned(),
@@ -285,7 +292,7 @@ pub async fn serve<S: PlacementStore>(
         Ok(w) => w,
         Err(e) => return detail_response(e.status(), &e.to_string()),
     };
-    let upgrade = is_upgrade(&parts.headers);
+    let upgrade = scan.is_upgrade(&parts.headers);
     let on_upgrade = if upgrade {
         parts
             .extensions
@@ -305,9 +312,9 @@ pub async fn serve<S: PlacementStore>(
                 return client_fault(fault);
             }
         };
-    sanitize_request(&mut parts.headers, upgrade);
+    sanitize_request(&mut parts.headers, &scan, upgrade);
     if let Some(client) = client {
-        add_forwarded(&mut parts.headers, client);
+        add_forwarded(&mut parts.headers, &scan, client);
     }
     let path_and_query = match parts.uri.path_and_query() {
         Some(pq) => pq.clone(),
@@ -417,7 +424,7 @@ async fn attempts<S: PlacementStore>(
                 return detail_response(StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
             }
         };
-        let now = app.clock.now();
+        let wall_secs = app.clock.wall_ms() as f64 / 1000.0;
         let worker = &route.worker;
         let Ok(uri) = upstream_target(worker, path_and_query) else {
             return detail_response(StatusCode::BAD_GATEWAY, "worker address is not a valid URL");
@@ -426,25 +433,16 @@ async fn attempts<S: PlacementStore>(
         headers.insert(header::HOST, worker.host.clone());
         headers.insert(
             ATTESTATION,
-            worker.attestation(now.wall_secs(), caller.map(|c| (c.from.as_str(), c.depth))),
+            worker.attestation(wall_secs, caller.map(|c| (c.from.as_str(), c.depth))),
         );
         headers.insert(EPOCH, route.epoch_header.clone());
-        let mut builder = Request::builder()
-            .method(parts.method.clone())
-            .uri(uri)
-            .version(Version::HTTP_11);
-        if let Some(h) = builder.headers_mut() {
-            *h = headers;
-        }
-        let upstream_req = match builder.body(body.for_attempt()) {
-            Ok(r) => r,
-            Err(_) => {
-                return detail_response(
-                    StatusCode::BAD_GATEWAY,
-                    "worker address is not a valid URL",
-                )
-            }
-        };
+        // Built in place: the request builder carries a `Result` through
+        // each step, for parts that are already valid here.
+        let mut upstream_req = Request::new(body.for_attempt());
+        *upstream_req.method_mut() = parts.method.clone();
+        *upstream_req.uri_mut() = uri;
+        *upstream_req.version_mut() = Version::HTTP_11;
+        *upstream_req.headers_mut() = headers;
         let send = std::pin::pin!(app.outbound.send(worker, upstream_req));
         let sent = await_head(send, watch, app.proxy.upstream_timeout).await;
         let Ok(sent) = sent else {

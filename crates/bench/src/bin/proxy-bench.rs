@@ -85,6 +85,11 @@ struct Cli {
     /// few minutes and need valgrind).
     #[arg(long)]
     no_instructions: bool,
+    /// Keep the callgrind outputs of the instructions section in this
+    /// directory (`nginx/`, `pinboard/`, each a short and a long run), for
+    /// `callgrind_annotate`; by default they go with the scratch directory.
+    #[arg(long)]
+    callgrind_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -460,8 +465,13 @@ async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<()> {
         return Ok(());
     }
     let bench = warm.bench;
-    let scratch = bench.dir.join("callgrind");
-    std::fs::create_dir_all(&scratch)?;
+    let scratch = match &bench.cli.callgrind_dir {
+        Some(dir) => dir.clone(),
+        None => bench.dir.join("callgrind"),
+    };
+    let (nginx_out, pinboard_out) = (scratch.join("nginx"), scratch.join("pinboard"));
+    std::fs::create_dir_all(&nginx_out)?;
+    std::fs::create_dir_all(&pinboard_out)?;
     let probe = |_| Probe {
         method: Method::GET,
         path: warm.path.clone(),
@@ -486,7 +496,7 @@ async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<()> {
         },
         probe,
         lengths,
-        &scratch,
+        &nginx_out,
     )
     .await?;
     // A fresh pinboard under callgrind with a worker of its own. Leases and
@@ -519,7 +529,7 @@ async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<()> {
         },
         probe,
         lengths,
-        &scratch,
+        &pinboard_out,
     )
     .await?;
     println!(

@@ -21,6 +21,11 @@
 //! `X-Forwarded-Proto: http` is set unless a proxy in front set it. Only the
 //! last element of each list is pinboard's own word: the earlier ones are
 //! whatever arrived.
+//!
+//! Every rule here starts from a [`Scan`]: one pass over a request's header
+//! names that says which rules have anything to do. Most requests carry no
+//! `pinboard-*`, forwarding or hop-by-hop header, and then no lookup that
+//! would find nothing is made (each hashes the name).
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -79,6 +84,42 @@ impl ClientAddr {
     }
 }
 
+/// What one pass over a request's header names found: which of the rules
+/// here (and the cluster and world checks, all `pinboard-*` headers) have
+/// anything to do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// A `pinboard-*` header is present.
+    pub pinboard: bool,
+    /// `X-Forwarded-For`, `X-Forwarded-Proto` or `Forwarded` is present.
+    pub forwarding: bool,
+    /// A hop-by-hop header (or `Trailer`) is present.
+    pub hop_by_hop: bool,
+}
+
+impl Scan {
+    /// Scans `headers`' names once.
+    pub fn of(headers: &HeaderMap) -> Self {
+        let mut scan = Self::default();
+        for name in headers.keys() {
+            if is_pinboard_header(name) {
+                scan.pinboard = true;
+            } else if *name == X_FORWARDED_FOR || *name == FORWARDED || *name == X_FORWARDED_PROTO {
+                scan.forwarding = true;
+            } else if HOP_BY_HOP.contains(name) || *name == header::TRAILER {
+                scan.hop_by_hop = true;
+            }
+        }
+        scan
+    }
+
+    /// Whether the request asks to switch protocols (`Connection: upgrade`
+    /// with an `Upgrade` header), as [`is_upgrade`].
+    pub fn is_upgrade(&self, headers: &HeaderMap) -> bool {
+        self.hop_by_hop && is_upgrade(headers)
+    }
+}
+
 /// The names listed in every `Connection` header (RFC 9110 §7.6.1), as
 /// lowercase header names; tokens that are not header names are skipped.
 fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
@@ -94,8 +135,10 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
 /// Remove what must not reach a worker: client `pinboard-*` headers,
 /// `Host`, hop-by-hop headers and those `Connection` names. A WebSocket
 /// handshake (`upgrade`) keeps `Upgrade` with `Connection: upgrade`.
-pub fn sanitize_request(headers: &mut HeaderMap, upgrade: bool) {
-    if headers.keys().any(is_pinboard_header) {
+/// `scan` is [`Scan::of`] these headers.
+pub fn sanitize_request(headers: &mut HeaderMap, scan: &Scan, upgrade: bool) {
+    headers.remove(header::HOST);
+    if scan.pinboard {
         let names: Vec<HeaderName> = headers
             .keys()
             .filter(|n| is_pinboard_header(n))
@@ -104,6 +147,9 @@ pub fn sanitize_request(headers: &mut HeaderMap, upgrade: bool) {
         for n in names {
             headers.remove(n);
         }
+    }
+    if !scan.hop_by_hop {
+        return;
     }
     if headers.contains_key(header::CONNECTION) {
         for name in connection_named(headers) {
@@ -119,7 +165,6 @@ pub fn sanitize_request(headers: &mut HeaderMap, upgrade: bool) {
     };
     remove_hop_by_hop(headers);
     headers.remove(header::TRAILER);
-    headers.remove(header::HOST);
     if let Some(value) = upgrade_value {
         headers.insert(header::UPGRADE, value);
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -172,8 +217,15 @@ fn append(headers: &mut HeaderMap, name: HeaderName, element: &HeaderValue) {
     }
 }
 
-/// Add the forwarding headers for `client` (see the module doc).
-pub fn add_forwarded(headers: &mut HeaderMap, client: &ClientAddr) {
+/// Add the forwarding headers for `client` (see the module doc); `scan`
+/// is [`Scan::of`] these headers.
+pub fn add_forwarded(headers: &mut HeaderMap, scan: &Scan, client: &ClientAddr) {
+    if !scan.forwarding {
+        headers.insert(X_FORWARDED_FOR, client.xff.clone());
+        headers.insert(FORWARDED, client.forwarded.clone());
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        return;
+    }
     append(headers, X_FORWARDED_FOR, &client.xff);
     append(headers, FORWARDED, &client.forwarded);
     if !headers.contains_key(X_FORWARDED_PROTO) {
@@ -229,7 +281,16 @@ mod tests {
             ("upgrade", "h2c"),
             ("x-keep", "1"),
         ]);
-        sanitize_request(&mut h, false);
+        let scan = Scan::of(&h);
+        assert_eq!(
+            scan,
+            Scan {
+                pinboard: true,
+                forwarding: false,
+                hop_by_hop: true
+            }
+        );
+        sanitize_request(&mut h, &scan, false);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-keep"], "1");
 
@@ -239,8 +300,9 @@ mod tests {
             ("x-hop", "1"),
             ("sec-websocket-key", "k"),
         ]);
-        assert!(is_upgrade(&ws));
-        sanitize_request(&mut ws, true);
+        let scan = Scan::of(&ws);
+        assert!(scan.is_upgrade(&ws));
+        sanitize_request(&mut ws, &scan, true);
         assert_eq!(ws[header::CONNECTION], "upgrade");
         assert_eq!(ws[header::UPGRADE], "websocket");
         assert!(ws.get("x-hop").is_none());
@@ -266,8 +328,12 @@ mod tests {
     #[test]
     fn forwarding_headers_append_to_what_arrived() {
         let v4 = ClientAddr::new("10.1.2.3:5555".parse().expect("addr"));
-        let mut h = HeaderMap::new();
-        add_forwarded(&mut h, &v4);
+        let mut h = map(&[("host", "pinboard"), ("accept", "*/*")]);
+        let scan = Scan::of(&h);
+        assert_eq!(scan, Scan::default(), "nothing for the rules to do");
+        sanitize_request(&mut h, &scan, false);
+        add_forwarded(&mut h, &scan, &v4);
+        assert_eq!(h.len(), 4, "{h:?}");
         assert_eq!(h[X_FORWARDED_FOR], "10.1.2.3");
         assert_eq!(h[FORWARDED], "for=10.1.2.3;proto=http");
         assert_eq!(h[X_FORWARDED_PROTO], "http");
@@ -278,7 +344,9 @@ mod tests {
             ("forwarded", "for=203.0.113.9;proto=https"),
             ("x-forwarded-proto", "https"),
         ]);
-        add_forwarded(&mut h, &v4);
+        let scan = Scan::of(&h);
+        assert!(scan.forwarding && !scan.pinboard && !scan.hop_by_hop);
+        add_forwarded(&mut h, &scan, &v4);
         assert_eq!(h[X_FORWARDED_FOR], "203.0.113.9, 198.51.100.1, 10.1.2.3");
         assert_eq!(
             h[FORWARDED],
@@ -288,7 +356,7 @@ mod tests {
 
         let v6 = ClientAddr::new("[2001:db8::1]:80".parse().expect("addr"));
         let mut h = HeaderMap::new();
-        add_forwarded(&mut h, &v6);
+        add_forwarded(&mut h, &Scan::default(), &v6);
         assert_eq!(h[X_FORWARDED_FOR], "2001:db8::1");
         assert_eq!(h[FORWARDED], "for=\"[2001:db8::1]\";proto=http");
         let mapped = ClientAddr::new("[::ffff:127.0.0.1]:80".parse().expect("addr"));

@@ -72,7 +72,6 @@
 //! refusal always has (`Avoid::stale`): a worker that refused an id did
 //! not activate it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -258,7 +257,9 @@ impl Drop for RefreshGuard<'_> {
 
 #[derive(Debug, Default)]
 struct Snapshot {
-    by_session: HashMap<String, Arc<WorkerConn>>,
+    /// Keyed by session id; foldhash, as every cached route's liveness
+    /// check looks its owner up here.
+    by_session: foldhash::HashMap<String, Arc<WorkerConn>>,
     fetched_mono_ms: Option<u64>,
 }
 
@@ -494,11 +495,11 @@ impl<S: PlacementStore> Directory<S> {
         if force {
             return self.forced_workers().await;
         }
-        let now = self.clock.now();
+        let now_mono_ms = self.clock.mono_ms();
         {
             let snap = self.snapshot.read();
             if let Some(at) = snap.fetched_mono_ms {
-                let age = now.mono_ms.saturating_sub(at);
+                let age = now_mono_ms.saturating_sub(at);
                 if age < self.refresh_ms {
                     return Ok(snap.clone());
                 }
@@ -562,7 +563,8 @@ impl<S: PlacementStore> Directory<S> {
         self.counters.worker_reads.inc();
         let live = self.store.list_workers(now).await?;
         let old = self.snapshot.read().clone();
-        let mut by_session = HashMap::with_capacity(live.len());
+        let mut by_session =
+            foldhash::HashMap::with_capacity_and_hasher(live.len(), Default::default());
         for w in live {
             let sid = w.record.session_id.clone();
             let conn = match old.by_session.get(&sid) {
@@ -1067,7 +1069,7 @@ mod tests {
     #[tokio::test]
     async fn the_route_cache_stays_bounded_and_evicted_ids_resolve_from_the_store() {
         let (dir, _, _) = setup(0).await;
-        let mut owners = HashMap::new();
+        let mut owners = std::collections::HashMap::new();
         for i in 0..5000 {
             let (key, id) = (format!("/c/i{i}"), format!("i{i}"));
             let route = dir
