@@ -138,7 +138,8 @@ pub fn serve(app: impl IntoWorker) -> Serve {
 }
 
 impl Serve {
-    /// Serves on `listener` instead of binding `HOST:PORT`.
+    /// Serves on `listener` instead of binding `HOST:PORT` (an advertise
+    /// URL with port 0 takes this listener's port).
     pub fn listener(mut self, listener: TcpListener) -> Self {
         self.listener = Some(listener);
         self
