@@ -8,18 +8,14 @@
 mod support;
 
 use std::collections::HashMap;
-use std::process::Stdio;
 
 use anyhow::Context as _;
 use pinned::pinned_store::{PostgresOptions, PostgresStore, StateStore};
 use serde_json::Value;
 use support::jobs::{done, enqueue, wait};
-use support::{example_binary, pinboard_binary, PATIENCE};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use tokio::time::timeout;
+use support::{example_binary, pinboard_binary};
+use test_support::{Pinboard, Proc, RustWorker, TOKEN};
 
-const TOKEN: &str = "jobs-fleet-token";
 const RUNNERS: usize = 6;
 const JOBS: usize = 12;
 
@@ -28,57 +24,28 @@ fn database_url() -> String {
         .unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// pinboard on `127.0.0.1:0` with a 2 s lease and its sweeper on Postgres.
+async fn start_pinboard() -> anyhow::Result<Proc> {
+    Ok(Pinboard::new(pinboard_binary().await?)
+        .args(&["--database-url", &database_url()])
+        .args(&["--sweep-interval-ms", "200"])
+        .name("jobs-fleet-pinboard")
+        .start())
 }
 
-async fn start_pinboard() -> anyhow::Result<(Child, String)> {
-    let mut child = Command::new(pinboard_binary().await?)
-        .args(["--listen", "127.0.0.1:0", "--token", TOKEN])
-        .args(["--lease-ttl-ms", "2000", "--quarantine-ms", "0"])
-        .args([
-            "--database-url",
-            &database_url(),
-            "--sweep-interval-ms",
-            "200",
+/// A jobs worker on `PORT=0`, advertising the port it bound (the
+/// advertise URL's port 0); its `url` is the one it registered.
+async fn start_worker(pinboard: &str) -> anyhow::Result<Proc> {
+    Ok(RustWorker::new(example_binary("jobs").await?, pinboard)
+        .envs(&[
+            ("PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("ADVERTISE_URL", "http://127.0.0.1:0"),
+            ("DATABASE_URL", &database_url()),
+            ("JOBS_WORK_MS", "40"),
         ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
-    let url = timeout(PATIENCE, async {
-        while let Some(line) = lines.next_line().await? {
-            if let Some(at) = line.find("http://") {
-                return Ok(line[at..].trim().to_owned());
-            }
-        }
-        anyhow::bail!("pinboard exited before listening")
-    })
-    .await
-    .context("pinboard never listened")??;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, url))
-}
-
-async fn start_worker(pinboard: &str) -> anyhow::Result<(Child, String)> {
-    let port = free_port()?;
-    let advertise = format!("http://127.0.0.1:{port}");
-    let child = Command::new(example_binary("jobs").await?)
-        .env("PORT", port.to_string())
-        .env("HOST", "127.0.0.1")
-        .env("PINBOARD_URL", pinboard)
-        .env("PINBOARD_TOKEN", TOKEN)
-        .env("ADVERTISE_URL", &advertise)
-        .env("DATABASE_URL", database_url())
-        .env("JOBS_WORK_MS", "40")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
-    Ok((child, advertise))
+        .name("jobs-fleet-worker")
+        .start())
 }
 
 async fn overview(client: &reqwest::Client, pinboard: &str) -> anyhow::Result<Value> {
@@ -107,12 +74,13 @@ async fn marked(store: &PostgresStore, prefix: &str) -> anyhow::Result<Vec<Strin
 
 #[tokio::test]
 async fn the_sweeper_moves_a_killed_owners_marked_runners_to_the_survivor() -> anyhow::Result<()> {
-    let (_pinboard, pb) = start_pinboard().await?;
+    let pinboard = start_pinboard().await?;
+    let pb = pinboard.url.clone();
     let client = reqwest::Client::new();
     let mut workers = HashMap::new();
     for _ in 0..2 {
-        let (child, advertise) = start_worker(&pb).await?;
-        workers.insert(advertise, child);
+        let worker = start_worker(&pb).await?;
+        workers.insert(worker.url.clone(), worker);
     }
     wait("two workers registered", || async {
         let live = overview(&client, &pb).await?["workers"]
@@ -157,8 +125,7 @@ async fn the_sweeper_moves_a_killed_owners_marked_runners_to_the_survivor() -> a
         .filter(|id| session(id).as_deref() == Some(victim_session.as_str()))
         .collect();
     let mut victim = workers.remove(&victim_url).context("the victim process")?;
-    victim.start_kill()?;
-    victim.wait().await?;
+    victim.kill();
     let store = PostgresStore::open(&database_url(), PostgresOptions::default()).await?;
     let prefix = format!("fleet-{tag}-");
     let unfinished = marked(&store, &prefix)

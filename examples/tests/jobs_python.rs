@@ -4,18 +4,17 @@
 //! mid-work and the other finishes its jobs, exactly once, in order.
 //!
 //! Needs Postgres at `PINNED_TEST_DATABASE_URL` and the reference venv at
-//! `PINNED_TEST_PYTHON` (both set by `scripts/test`); fails, never skips,
-//! without them.
+//! `PINNED_PY` (both set by `scripts/test`); fails, never skips, without
+//! them.
 
 mod support;
 
 use std::path::PathBuf;
-use std::process::Stdio;
 
 use pinned::pinned_store::{InstanceKey, PostgresOptions, PostgresStore, StateStore};
 use support::jobs::{done, enqueue, wait};
 use support::start_example;
-use tokio::process::{Child, Command};
+use test_support::{Proc, PythonWorker};
 
 const JOBS: usize = 10;
 
@@ -24,59 +23,25 @@ fn database_url() -> String {
         .unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-fn python() -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("PINNED_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"));
-    anyhow::ensure!(
-        path.exists(),
-        "the Python reference venv is required: {} does not exist (run scripts/venv, or set PINNED_TEST_PYTHON)",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// The Python app on a free port; answers it and its base URL.
-async fn start_python(work_ms: &str) -> anyhow::Result<(Child, String)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+/// The Python app in local mode, on the port its launcher bound.
+fn start_python(work_ms: &str) -> anyhow::Result<Proc> {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py");
-    let child = Command::new(python()?)
-        .args(["-m", "uvicorn", "jobs_app:app", "--host", "127.0.0.1"])
-        .args(["--port", &port.to_string(), "--log-level", "warning"])
-        .current_dir(dir)
-        .env("DATABASE_URL", database_url())
-        .env("JOBS_WORK_MS", work_ms)
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
-    let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    wait("the Python app to answer", || async {
-        let answered = client.get(format!("{base}/openapi.json")).send().await;
-        Ok(answered.ok().map(drop))
-    })
-    .await?;
-    Ok((child, base))
+    Ok(PythonWorker::local()
+        .app(dir, "jobs_app:app")
+        .envs(&[("DATABASE_URL", &database_url()), ("JOBS_WORK_MS", work_ms)])
+        .name("jobs-python")
+        .start())
 }
 
-/// Waits until `id` has between 1 and `JOBS - 1` jobs done, then kills the
-/// process serving it.
-async fn kill_mid_work(
-    child: &mut Child,
-    client: &reqwest::Client,
-    base: &str,
-    id: &str,
-) -> anyhow::Result<usize> {
+/// Waits until `id` has between 1 and `JOBS - 1` jobs done (the moment to
+/// kill the process serving it); answers how many.
+async fn mid_work(client: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<usize> {
     let worked = wait("a first job done", || async {
         let worked = done(client, base, id).await?.len();
         Ok((worked >= 1).then_some(worked))
     })
     .await?;
     anyhow::ensure!(worked < JOBS, "every job was done before the kill");
-    child.start_kill()?;
-    child.wait().await?;
     Ok(worked)
 }
 
@@ -93,9 +58,10 @@ async fn a_rust_worker_finishes_the_jobs_a_python_worker_admitted_and_died_on() 
 {
     let id = unique_id("py2rs");
     let client = reqwest::Client::new();
-    let (mut python, base) = start_python("150").await?;
-    enqueue(&client, &base, &id, &names(&id)).await?;
-    let worked = kill_mid_work(&mut python, &client, &base, &id).await?;
+    let mut python = start_python("150")?;
+    enqueue(&client, &python.url, &id, &names(&id)).await?;
+    let worked = mid_work(&client, &python.url, &id).await?;
+    python.kill();
     eprintln!("python killed with {worked} of {JOBS} jobs done");
 
     // The Rust worker wakes the marked row itself: no request until done.
@@ -145,12 +111,15 @@ async fn a_python_worker_finishes_the_jobs_a_rust_worker_admitted_and_died_on() 
     .await?;
     let base = format!("http://{address}");
     enqueue(&client, &base, &id, &names(&id)).await?;
-    let worked = kill_mid_work(&mut rust, &client, &base, &id).await?;
+    let worked = mid_work(&client, &base, &id).await?;
+    rust.start_kill()?;
+    rust.wait().await?;
     eprintln!("rust killed with {worked} of {JOBS} jobs done");
 
     // The reference resumes marked trays when the id activates: one read
     // activates it.
-    let (mut python, base) = start_python("0").await?;
+    let mut python = start_python("0")?;
+    let base = python.url.clone();
     let finished = wait(
         "the Python worker to finish the Rust worker's jobs",
         || async {
@@ -160,7 +129,6 @@ async fn a_python_worker_finishes_the_jobs_a_rust_worker_admitted_and_died_on() 
     )
     .await?;
     assert_eq!(finished, names(&id));
-    python.start_kill()?;
-    python.wait().await?;
+    python.kill();
     Ok(())
 }

@@ -30,7 +30,9 @@ pub const ENV_HOST: &str = "HOST";
 pub const ENV_PINBOARD_URL: &str = "PINBOARD_URL";
 /// Environment variable: the deployment token shared with pinboard.
 pub const ENV_PINBOARD_TOKEN: &str = "PINBOARD_TOKEN";
-/// Environment variable: the URL pinboard reaches this process at.
+/// Environment variable: the URL pinboard reaches this process at; port 0
+/// (`http://10.0.0.5:0`) stands for the port [`serve`](crate::serve) binds
+/// (see [`Options::pinboard`]).
 pub const ENV_ADVERTISE_URL: &str = "ADVERTISE_URL";
 /// Environment variable: the worker's registered hostname.
 pub const ENV_PINNED_HOSTNAME: &str = "PINNED_HOSTNAME";
@@ -102,6 +104,14 @@ pub enum ConfigError {
     /// `pinboard_url` without an advertise URL.
     #[error("control plane mode requires an advertise URL (advertise_url=)")]
     MissingAdvertiseUrl,
+    /// An advertise URL with port 0 on a worker [`serve`](crate::serve)
+    /// does not bind, so nothing would fill the port in.
+    #[error(
+        "advertise_url {0:?} has port 0, which only pinned::serve(options) fills in with the \
+         port it binds; a worker built with Options::build and served on a listener of your \
+         own must advertise that listener's port"
+    )]
+    UnboundAdvertisePort(String),
     /// A token or advertise URL without `pinboard_url`.
     #[error("token and advertise_url require a pinboard_url (pinboard_url=)")]
     MissingPinboardUrl,
@@ -406,6 +416,13 @@ impl Options {
     /// Control-plane mode: register with the pinboard at `pinboard_url`
     /// using the deployment `token`, reachable at `advertise_url` (which must
     /// address this process alone).
+    ///
+    /// An `advertise_url` with port 0 (`http://10.0.0.5:0`) is this URL with
+    /// the port [`serve`](crate::serve) bound (with `PORT=0`, the one the
+    /// kernel picked), filled in before the worker first registers. Only
+    /// `serve(options)` can do that: [`build`](Self::build) refuses such a
+    /// URL ([`ConfigError::UnboundAdvertisePort`]), since a worker whose
+    /// router you serve yourself must advertise your listener's port.
     pub fn pinboard(
         mut self,
         pinboard_url: impl Into<String>,
@@ -547,8 +564,10 @@ impl Options {
         }
     }
 
-    /// Validates everything, reporting all problems at once.
-    pub(crate) fn validate(&self) -> Result<(), ConfigErrors> {
+    /// Validates everything, reporting all problems at once. `served`: the
+    /// worker goes to [`serve`](crate::serve), which binds and can fill in
+    /// an advertise URL's port 0.
+    pub(crate) fn validate(&self, served: bool) -> Result<(), ConfigErrors> {
         let mut errors = Vec::new();
         if self.hosts.is_empty() {
             errors.push(ConfigError::NoHosts);
@@ -581,8 +600,12 @@ impl Options {
                 if self.token.as_deref().is_none_or(str::is_empty) {
                     errors.push(ConfigError::MissingToken);
                 }
-                if self.advertise_url.as_deref().is_none_or(str::is_empty) {
-                    errors.push(ConfigError::MissingAdvertiseUrl);
+                match self.advertise_url.as_deref() {
+                    None | Some("") => errors.push(ConfigError::MissingAdvertiseUrl),
+                    Some(url) if !served && crate::advertise::zero_port(url).is_some() => {
+                        errors.push(ConfigError::UnboundAdvertisePort(url.to_owned()));
+                    }
+                    Some(_) => {}
                 }
             }
             None => {
@@ -665,5 +688,56 @@ impl Options {
 
     pub(crate) fn into_hosts(self) -> Vec<HostSpec> {
         self.hosts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nothing;
+
+    impl Object for Nothing {
+        async fn activate(_: &crate::Context) -> Result<Self, crate::BoxError> {
+            Ok(Nothing)
+        }
+
+        fn routes() -> crate::Routes<Self> {
+            axum::Router::new()
+        }
+    }
+
+    fn behind_pinboard(advertise: &str) -> Options {
+        Options::new().host::<Nothing>("/n").env_vars([
+            (ENV_PINBOARD_URL, "http://127.0.0.1:7070"),
+            (ENV_PINBOARD_TOKEN, "t"),
+            (ENV_ADVERTISE_URL, advertise),
+        ])
+    }
+
+    #[test]
+    fn a_zero_advertise_port_is_for_serve_alone() {
+        let url = "http://127.0.0.1:0";
+        assert_eq!(
+            behind_pinboard(url).validate(false),
+            Err(ConfigErrors(vec![ConfigError::UnboundAdvertisePort(
+                url.to_owned()
+            )]))
+        );
+        assert_eq!(behind_pinboard(url).validate(true), Ok(()));
+        // A real port is fine either way.
+        for served in [false, true] {
+            assert_eq!(
+                behind_pinboard("http://127.0.0.1:8080").validate(served),
+                Ok(())
+            );
+        }
+    }
+
+    #[test]
+    fn the_refusal_names_the_url_and_the_way_out() {
+        let error = ConfigError::UnboundAdvertisePort("http://h:0".into()).to_string();
+        assert!(error.contains("\"http://h:0\""), "{error}");
+        assert!(error.contains("pinned::serve"), "{error}");
     }
 }

@@ -43,6 +43,7 @@
 
 mod abort;
 mod admit;
+mod advertise;
 mod alarm;
 mod auth;
 mod body;

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
@@ -45,6 +45,8 @@ pub type Headroom = Arc<dyn Fn() -> i64 + Send + Sync>;
 pub(crate) struct PlaneConfig {
     pub(crate) pinboard_url: String,
     pub(crate) token: String,
+    /// As configured; port 0 waits for the bound port (see
+    /// [`Plane::advertise_url`]).
     pub(crate) advertise_url: String,
     pub(crate) hostname: Option<String>,
     pub(crate) env: Option<String>,
@@ -90,6 +92,10 @@ pub(crate) struct Plane {
     pub(crate) config: PlaneConfig,
     pub(crate) client_id: String,
     pub(crate) secret: Arc<str>,
+    /// The configured advertise URL with the bound port in place of its
+    /// port 0, set once when [`serve`](crate::serve) binds (before the
+    /// registration loop starts, so every register carries the same URL).
+    bound_advertise_url: OnceLock<String>,
     pub(crate) lease: Arc<Lease>,
     pub(crate) metrics: Arc<Metrics>,
     /// `(challenge, value)`, replaced before every register and heartbeat.
@@ -148,6 +154,7 @@ impl Plane {
             config,
             client_id: domain.random_hex(16),
             secret: Arc::from(domain.random_hex(32)),
+            bound_advertise_url: OnceLock::new(),
             lease: Arc::new(Lease::new(lease_buffer, metrics.clone())),
             metrics,
             challenge: RwLock::new((domain.random_hex(16), domain.random_hex(16))),
@@ -165,6 +172,31 @@ impl Plane {
             http,
             domain,
         })
+    }
+
+    /// The URL pinboard reaches this worker at: the configured one, its
+    /// port 0 replaced by the bound port once [`listening_on`] said it.
+    ///
+    /// [`listening_on`]: Self::listening_on
+    pub(crate) fn advertise_url(&self) -> &str {
+        self.bound_advertise_url
+            .get()
+            .map_or(&self.config.advertise_url, String::as_str)
+    }
+
+    /// Whether the advertise URL still has port 0 (nothing bound yet).
+    pub(crate) fn awaiting_port(&self) -> bool {
+        self.bound_advertise_url.get().is_none()
+            && crate::advertise::zero_port(&self.config.advertise_url).is_some()
+    }
+
+    /// The listener bound `port`: an advertise URL with port 0 takes it.
+    /// Only the first call counts (the worker is served on one listener).
+    pub(crate) fn listening_on(&self, port: u16) {
+        if let Some(url) = crate::advertise::with_port(&self.config.advertise_url, port) {
+            tracing::info!(advertise_url = %url, "advertising the bound port");
+            let _ = self.bound_advertise_url.set(url);
+        }
     }
 
     pub(crate) fn session(&self) -> Option<Arc<str>> {
@@ -257,5 +289,53 @@ impl Plane {
         {
             self.wake.notify_one();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plane(advertise_url: &str) -> Plane {
+        let config = PlaneConfig {
+            pinboard_url: "http://127.0.0.1:7070".into(),
+            token: "t".into(),
+            advertise_url: advertise_url.into(),
+            hostname: None,
+            env: None,
+            takeover: None,
+            epoch: 0,
+            cluster_host: ClusterHost::default(),
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            headroom: Arc::new(|| 0),
+            pinboard_ca: None,
+        };
+        Plane::new(
+            config,
+            Duration::from_secs(1),
+            Arc::new(Metrics::new()),
+            Domain::system(),
+        )
+        .expect("plane")
+    }
+
+    #[test]
+    fn a_zero_port_waits_for_the_bound_one_and_keeps_the_first() {
+        let plane = plane("http://127.0.0.1:0");
+        assert!(plane.awaiting_port());
+        assert_eq!(plane.advertise_url(), "http://127.0.0.1:0");
+        plane.listening_on(41234);
+        assert!(!plane.awaiting_port());
+        assert_eq!(plane.advertise_url(), "http://127.0.0.1:41234");
+        plane.listening_on(5);
+        assert_eq!(plane.advertise_url(), "http://127.0.0.1:41234");
+    }
+
+    #[test]
+    fn a_configured_port_is_advertised_whatever_was_bound() {
+        let plane = plane("http://worker-1:8080");
+        assert!(!plane.awaiting_port());
+        plane.listening_on(41234);
+        assert_eq!(plane.advertise_url(), "http://worker-1:8080");
     }
 }

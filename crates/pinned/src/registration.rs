@@ -166,7 +166,7 @@ impl Registrar {
             client_id: self.client_id.clone(),
             secret: self.secret.to_string(),
             namespaces: hosts.iter().map(|host| host.ns.to_string()).collect(),
-            advertise_url: self.config.advertise_url.clone(),
+            advertise_url: self.advertise_url().to_owned(),
             headroom: (self.config.headroom)(),
             draining: self.draining(),
             challenge,
@@ -543,6 +543,16 @@ impl Plane {
     /// Starts the loop (a no-op once superseded or already running).
     pub(crate) fn start(self: &Arc<Self>, hosts: Hosts) {
         if self.superseded() {
+            return;
+        }
+        // `Options::build` refuses port 0 and `serve` fills it in before it
+        // starts the worker; should neither have happened, registering port
+        // 0 would only send pinboard's challenge nowhere.
+        if self.awaiting_port() {
+            tracing::error!(
+                advertise_url = %self.config.advertise_url,
+                "advertise URL has port 0 and no listener was bound: not registering"
+            );
             return;
         }
         let mut task = self.task.lock();

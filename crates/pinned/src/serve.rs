@@ -52,9 +52,11 @@ pub trait IntoWorker: sealed::Sealed {
     fn into_worker(self) -> Result<Worker, ConfigErrors>;
 }
 
+/// Built for [`serve`]: unlike [`Options::build`], an advertise URL with
+/// port 0 is accepted, and takes the port `serve` binds.
 impl IntoWorker for Options {
     fn into_worker(self) -> Result<Worker, ConfigErrors> {
-        self.build()
+        self.build_served()
     }
 }
 
@@ -109,6 +111,10 @@ pub struct Serve {
 /// to [`with_graceful_shutdown`](Serve::with_graceful_shutdown)) drains with
 /// a 30 s deadline, closes the worker, and returns.
 ///
+/// The worker starts (and, behind pinboard, registers) only once the
+/// listener is bound: an advertise URL with port 0 advertises the port
+/// bound (see [`Options::pinboard`]).
+///
 /// ```no_run
 /// # use pinned::{BoxError, Context, Object, Options, Routes};
 /// # struct Counter;
@@ -132,7 +138,8 @@ pub fn serve(app: impl IntoWorker) -> Serve {
 }
 
 impl Serve {
-    /// Serves on `listener` instead of binding `HOST:PORT`.
+    /// Serves on `listener` instead of binding `HOST:PORT` (an advertise
+    /// URL with port 0 takes this listener's port).
     pub fn listener(mut self, listener: TcpListener) -> Self {
         self.listener = Some(listener);
         self
@@ -165,6 +172,8 @@ impl Serve {
 
     async fn run(self) -> Result<(), ServeError> {
         let worker = self.worker?;
+        // Merged before binding, so conflicting routes fail without a
+        // listening line; the worker is not started yet.
         let app = merge(&worker, self.routes)?;
         let listener = match self.listener {
             Some(listener) => listener,
@@ -183,6 +192,9 @@ impl Serve {
                 listener
             }
         };
+        // The registration loop must see the bound port, so the worker
+        // learns it before it starts.
+        worker.listening_on(listener.local_addr()?);
         worker.start();
         let signal = self.signal.unwrap_or_else(|| Box::pin(shutdown_signal()));
         let drain_deadline = self.drain_deadline;
@@ -207,7 +219,7 @@ impl Serve {
 /// cannot be served together (axum refuses overlapping routes by
 /// panicking; that becomes an error here).
 fn merge(worker: &Worker, routes: Router) -> Result<Router, ServeError> {
-    let ours = worker.router().merge(worker.metrics_router());
+    let ours = worker.build_router().merge(worker.metrics_router());
     std::panic::catch_unwind(AssertUnwindSafe(|| ours.merge(routes)))
         .map_err(|panic| ServeError::Routes(crate::directory::panic_message(panic.as_ref())))
 }

@@ -80,9 +80,22 @@ impl Options {
     ///
     /// Every configuration problem at once: invalid or duplicate
     /// namespaces, no hosts, bad per-host options, a non-integer `PORT`, an
-    /// incomplete control-plane configuration, dev mode in production.
-    pub fn build(mut self) -> Result<Worker, ConfigErrors> {
-        self.validate()?;
+    /// incomplete control-plane configuration, an advertise URL with port 0
+    /// (only [`serve`](crate::serve) given these options fills it in), dev
+    /// mode in production.
+    pub fn build(self) -> Result<Worker, ConfigErrors> {
+        self.build_worker(false)
+    }
+
+    /// [`build`](Self::build) for [`serve`](crate::serve), which binds
+    /// before the worker starts and so may take an advertise URL with port
+    /// 0 (filled in by [`Worker::listening_on`]).
+    pub(crate) fn build_served(self) -> Result<Worker, ConfigErrors> {
+        self.build_worker(true)
+    }
+
+    fn build_worker(mut self, served: bool) -> Result<Worker, ConfigErrors> {
+        self.validate(served)?;
         let tls = self.tls_acceptor().map_err(|e| ConfigErrors(vec![e]))?;
         let metrics = Arc::new(Metrics::new());
         let plane = match self.plane_config() {
@@ -159,7 +172,9 @@ impl Options {
 }
 
 impl Worker {
-    fn build_router(&self) -> Router {
+    /// The worker's routes without starting it ([`serve`](crate::serve)
+    /// starts it once the listener is bound).
+    pub(crate) fn build_router(&self) -> Router {
         let stats_worker = self.clone();
         let mut router = Router::new().route(
             "/_pinned/stats",
@@ -207,6 +222,15 @@ impl Worker {
     pub fn router(&self) -> Router {
         self.start();
         self.build_router()
+    }
+
+    /// Tells the worker the address its listener bound, before it starts:
+    /// an advertise URL with port 0 takes that port (see
+    /// [`Options::pinboard`]).
+    pub(crate) fn listening_on(&self, addr: std::net::SocketAddr) {
+        if let Some(plane) = self.inner.control.pinboard() {
+            plane.listening_on(addr.port());
+        }
     }
 
     /// The address [`serve`](crate::serve) binds: `HOST` (default

@@ -118,3 +118,20 @@ fn dev_mode_refuses_production_unless_allowed() {
         .build()
         .is_ok());
 }
+
+#[test]
+fn a_zero_advertise_port_is_refused_by_build() {
+    let errors = Options::new()
+        .host::<Nothing>("/n")
+        .env_vars(empty_env())
+        .pinboard("http://127.0.0.1:7070", "t", "http://127.0.0.1:0")
+        .build()
+        .err()
+        .expect("refused: nothing binds for a built worker");
+    assert_eq!(
+        errors.0,
+        [ConfigError::UnboundAdvertisePort(
+            "http://127.0.0.1:0".into()
+        )]
+    );
+}

@@ -1,8 +1,9 @@
 //! `pinned::serve`: a shutdown signal drains (in-flight work finishes,
 //! `on_stop` runs), then the server stops, also with the application's own
 //! routes beside the worker's; overlapping routes are an error, not a
-//! panic; and a request that meets a closing instance waits for the close
-//! and activates it afresh.
+//! panic; a request that meets a closing instance waits for the close
+//! and activates it afresh; and an advertise URL with port 0 registers the
+//! port served.
 
 mod support;
 
@@ -224,4 +225,65 @@ async fn every_configuration_problem_is_reported_by_serve() {
         panic!("expected a configuration error, got {served:?}");
     };
     assert_eq!(errors.0.len(), 2, "{errors}");
+}
+
+/// A stand-in pinboard that hands over each register body's `advertiseUrl`
+/// and defers the worker (503), so it keeps asking.
+async fn recording_pinboard() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    let (seen, heard) = tokio::sync::mpsc::unbounded_channel();
+    let app = Router::new().route(
+        "/registry/register",
+        post(move |Json(body): Json<serde_json::Value>| {
+            let seen = seen.clone();
+            async move {
+                let _ = seen.send(body["advertiseUrl"].as_str().unwrap_or("").to_owned());
+                (
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    [("retry-after", "0.05")],
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, heard)
+}
+
+#[tokio::test]
+async fn a_zero_advertise_port_registers_the_port_served() {
+    let (pinboard, mut heard) = recording_pinboard().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (stop, signal) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        pinned::serve(Options::new().host::<Counter>("/counter").env_vars([
+            ("PINBOARD_URL", pinboard.as_str()),
+            ("PINBOARD_TOKEN", "t"),
+            ("ADVERTISE_URL", "http://127.0.0.1:0"),
+        ]))
+        .listener(listener)
+        .drain_deadline(Duration::from_secs(1))
+        .with_graceful_shutdown(async move {
+            let _ = signal.await;
+        })
+        .into_future(),
+    );
+    for _ in 0..2 {
+        let advertised = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+            .await
+            .expect("a register within 10 s")
+            .expect("the stand-in pinboard runs");
+        assert_eq!(advertised, format!("http://127.0.0.1:{port}"));
+    }
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("stopped within 10 s")
+        .expect("joined")
+        .expect("served");
 }

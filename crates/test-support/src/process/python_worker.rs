@@ -31,14 +31,20 @@ impl PythonWorker {
     /// Pinboard's test app, registering with the pinboard at
     /// `pinboard_url` with [`TOKEN`](crate::TOKEN).
     pub fn new(pinboard_url: &str) -> Self {
+        Self::local()
+            .env("PINBOARD_URL", pinboard_url)
+            .env("PINBOARD_TOKEN", crate::TOKEN)
+    }
+
+    /// Pinboard's test app given no pinboard (an [`app`](Self::app) in the
+    /// reference's local mode).
+    pub fn local() -> Self {
         Self {
             app_dir: PathBuf::from(REFERENCE_APP),
             app: "app:app".into(),
             env: Vec::new(),
             name: "python-worker".into(),
         }
-        .env("PINBOARD_URL", pinboard_url)
-        .env("PINBOARD_TOKEN", crate::TOKEN)
     }
 
     /// Serves `app` (`module:attribute`) from the directory `dir` instead.
