@@ -101,13 +101,25 @@ impl Scan {
     /// Scans `headers`' names once.
     pub fn of(headers: &HeaderMap) -> Self {
         let mut scan = Self::default();
+        // A match on the lowercase text: a length check and at most a short
+        // compare per name, where `HeaderName` equality against each rule's
+        // list costs a comparison per listed name.
         for name in headers.keys() {
-            if is_pinboard_header(name) {
-                scan.pinboard = true;
-            } else if *name == X_FORWARDED_FOR || *name == FORWARDED || *name == X_FORWARDED_PROTO {
-                scan.forwarding = true;
-            } else if HOP_BY_HOP.contains(name) || *name == header::TRAILER {
-                scan.hop_by_hop = true;
+            match name.as_str() {
+                "connection"
+                | "keep-alive"
+                | "proxy-connection"
+                | "proxy-authorization"
+                | "proxy-authenticate"
+                | "te"
+                | "transfer-encoding"
+                | "upgrade"
+                | "trailer" => {
+                    scan.hop_by_hop = true;
+                }
+                "x-forwarded-for" | "x-forwarded-proto" | "forwarded" => scan.forwarding = true,
+                text if text.starts_with("pinboard-") => scan.pinboard = true,
+                _ => {}
             }
         }
         scan
@@ -307,6 +319,20 @@ mod tests {
         assert_eq!(ws[header::UPGRADE], "websocket");
         assert!(ws.get("x-hop").is_none());
         assert_eq!(ws["sec-websocket-key"], "k");
+    }
+
+    #[test]
+    fn the_scan_knows_every_hop_by_hop_name() {
+        for name in HOP_BY_HOP.iter().chain([&header::TRAILER]) {
+            let mut h = HeaderMap::new();
+            h.insert(name.clone(), HeaderValue::from_static("x"));
+            assert!(Scan::of(&h).hop_by_hop, "{name}");
+        }
+        for name in [X_FORWARDED_FOR, X_FORWARDED_PROTO, FORWARDED] {
+            let mut h = HeaderMap::new();
+            h.insert(name.clone(), HeaderValue::from_static("x"));
+            assert!(Scan::of(&h).forwarding, "{name}");
+        }
     }
 
     #[test]
