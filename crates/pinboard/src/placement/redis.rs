@@ -732,9 +732,8 @@ impl PlacementStore for RedisStore {
     }
 
     async fn superseded(&self, session_id: &str, _now: Now) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .send(redis::cmd("GET").arg(self.key("sup:", session_id)))
-            .await?)
+        self.send(redis::cmd("GET").arg(self.key("sup:", session_id)))
+            .await
     }
 
     async fn wind_down_worker(
