@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::{client, get_json, pinboard, rust_worker, wait_workers};
+use support::{client, get_json, pinboard, rust_worker, until, until_explained, wait_workers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn draining_the_old_worker_fails_no_request() {
@@ -62,7 +62,9 @@ async fn draining_the_old_worker_fails_no_request() {
         })
         .collect();
 
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The load is under way (not a guess at how long that takes).
+    let warm = || ok.load(Ordering::SeqCst) + failed.load(Ordering::SeqCst) >= 50;
+    until("the load to be under way", Duration::from_secs(10), warm).await;
     let _new = rust_worker(&pb.url).start();
     wait_workers(&c, &pb.url, 2).await;
     old.terminate();
@@ -70,7 +72,16 @@ async fn draining_the_old_worker_fails_no_request() {
         old.wait_exit(Duration::from_secs(15)).await.is_some(),
         "the old worker exits after its drain"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Requests keep going through once the old worker is gone: the new
+    // one answers a further 100 before the load stops.
+    let after_exit = ok.load(Ordering::SeqCst);
+    until_explained(
+        "100 answers after the old worker exited",
+        Duration::from_secs(10),
+        || ok.load(Ordering::SeqCst) >= after_exit + 100 || failed.load(Ordering::SeqCst) > 0,
+        || format!("{} answers since", ok.load(Ordering::SeqCst) - after_exit),
+    )
+    .await;
     stop.store(true, Ordering::SeqCst);
     for lane in clients {
         lane.await.expect("client lane");

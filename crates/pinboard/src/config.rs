@@ -24,6 +24,9 @@ pub const DEFAULT_LEASE_TTL_MS: u64 = 10_000;
 pub const DEFAULT_PROXY_RETRIES: u32 = 8;
 /// Default Redis key prefix.
 pub const DEFAULT_REDIS_PREFIX: &str = "pinboard:";
+/// Default time any Redis call waits for its answer (the claim batcher's
+/// default deadline).
+pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 5_000;
 /// Default largest request body buffered so it can be re-sent on a retry.
 pub const DEFAULT_RETRY_BODY_LIMIT: usize = 64 * 1024;
 /// Default timeout of the challenge round trip to a worker.
@@ -109,6 +112,12 @@ pub struct Config {
     /// Prefix of every Redis key (lets several deployments or tests share one Redis).
     #[arg(long, env = "PINBOARD_REDIS_PREFIX", default_value = DEFAULT_REDIS_PREFIX)]
     pub redis_prefix: String,
+
+    /// Time every Redis call (connect, claim, heartbeat, operator read,
+    /// sweeper query) waits for its answer, in milliseconds; past it the
+    /// call fails as the store being unavailable.
+    #[arg(long, env = "PINBOARD_REDIS_TIMEOUT_MS", default_value_t = DEFAULT_REDIS_TIMEOUT_MS)]
+    pub redis_timeout_ms: u64,
 
     /// Lease TTL granted to workers, in milliseconds (`expiresInMs`).
     #[arg(long, env = "PINBOARD_LEASE_TTL_MS", default_value_t = DEFAULT_LEASE_TTL_MS)]

@@ -55,17 +55,18 @@ pub mod upstream;
 pub mod world;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::clock::{Entropy, EpochFloor, SeededEntropy, SystemClock};
 pub use crate::config::Config;
-use crate::placement::{MemoryStore, PlacementStore, RedisStore, StoreError};
+use crate::placement::{Batching, MemoryStore, PlacementStore, RedisStore, StoreError};
 
 /// How long shutdown waits for the sweeper to finish its lap and release
 /// its lease.
-const SWEEPER_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+const SWEEPER_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Why pinboard could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -167,7 +168,11 @@ pub async fn run(
 ) -> Result<(), RunError> {
     match &config.redis_url {
         Some(url) => {
-            let store = RedisStore::connect(url, &config.redis_prefix)
+            let batching = Batching {
+                deadline: Duration::from_millis(config.redis_timeout_ms.max(1)),
+                ..Batching::default()
+            };
+            let store = RedisStore::connect_with(url, &config.redis_prefix, batching)
                 .await?
                 .with_row_grace(config.placement_grace_ms());
             tracing::info!(prefix = %config.redis_prefix, "placement in Redis");

@@ -212,9 +212,8 @@ pub enum StoreError {
     /// A stored value did not decode.
     #[error("corrupt stored value: {0}")]
     Corrupt(String),
-    /// The store did not answer within the deadline (Redis: a batched
-    /// claim or settle, see [`Batching::deadline`]); whether the call took
-    /// effect is unknown.
+    /// The store did not answer within the deadline (Redis: any call, see
+    /// [`Batching::deadline`]); whether the call took effect is unknown.
     #[error("the store did not answer within {0:?}")]
     Timeout(std::time::Duration),
     /// The store's background task is gone (it panicked).

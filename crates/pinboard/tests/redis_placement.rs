@@ -5,7 +5,9 @@ mod support;
 
 use std::time::Duration;
 
-use support::{client, get_json, pinboard, python_worker, redis_prefix, redis_wipe, wait_workers};
+use support::{
+    client, eventually, get_json, pinboard, python_worker, redis_prefix, redis_wipe, wait_workers,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_sharing_redis_keep_one_instance_across_1000_requests() {
@@ -113,19 +115,16 @@ async fn a_worker_reclaims_its_ids_after_redis_lost_its_session() {
     // The worker's next heartbeat answers `reregister`; it re-registers with
     // its instances, which it gets back (same process, same instance).
     wait_workers(&c, &n1.url, 1).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let e = epoch_of(&c, &n1.url, "keep").await;
-        if e != before {
-            assert!(e > before, "epoch went from {before} to {e}");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "placement never re-minted"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let e = eventually(
+        "the placement to be re-minted",
+        Duration::from_secs(10),
+        || async {
+            let e = epoch_of(&c, &n1.url, "keep").await;
+            (e != before).then_some(e)
+        },
+    )
+    .await;
+    assert!(e > before, "epoch went from {before} to {e}");
     let v = get_json(
         &c,
         &format!("{}/counter/keep/hit", n1.url),

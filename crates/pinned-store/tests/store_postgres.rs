@@ -55,26 +55,74 @@ enum Waiters {
 }
 
 /// Waits (at most 5 s) until a backend named `app` waits on a lock, then
-/// answers as `waiters` says.
-async fn lock_waiters(client: &tokio_postgres::Client, app: &str, waiters: Waiters, what: &str) {
+/// answers as `waiters` says: the pids it terminated (none when counting).
+async fn lock_waiters(
+    client: &tokio_postgres::Client,
+    app: &str,
+    waiters: Waiters,
+    what: &str,
+) -> Vec<i32> {
     let sql = match waiters {
         Waiters::Count => {
-            "SELECT count(*) FROM pg_stat_activity \
+            "SELECT pid FROM pg_stat_activity \
              WHERE application_name = $1 AND wait_event_type = 'Lock'"
         }
         Waiters::Kill => {
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+            // In the select list, so only the rows the filter kept are hit.
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity \
              WHERE application_name = $1 AND wait_event_type = 'Lock'"
         }
     };
-    test_support::eventually(what, Duration::from_secs(5), || async {
-        let found: i64 = client
-            .query_one(sql, &[&app])
+    let pids = test_support::eventually(what, Duration::from_secs(5), || async {
+        let pids: Vec<i32> = client
+            .query(sql, &[&app])
             .await
             .expect("pg_stat_activity")
-            .get(0);
-        (found > 0).then_some(())
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        (!pids.is_empty()).then_some(pids)
     })
+    .await;
+    match waiters {
+        Waiters::Count => Vec::new(),
+        Waiters::Kill => pids,
+    }
+}
+
+/// Terminates every backend named `app`; answers their pids.
+async fn kill_backends(client: &tokio_postgres::Client, app: &str) -> Vec<i32> {
+    client
+        .query(
+            "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .expect("pg_terminate_backend")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// Waits (at most 5 s) until the backends `pids` have exited:
+/// `pg_terminate_backend` only signals them.
+async fn backends_gone(client: &tokio_postgres::Client, pids: &[i32]) {
+    test_support::eventually(
+        "the terminated backends to exit",
+        Duration::from_secs(5),
+        || async {
+            let left: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+                    &[&pids],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            (left == 0).then_some(())
+        },
+    )
     .await;
 }
 
@@ -301,15 +349,9 @@ async fn killed_idle_connections_are_replaced_on_checkout() -> anyhow::Result<()
         .await?;
     // Kill every backend of this store behind its back: the pool still holds them.
     let client = raw().await;
-    let killed: i64 = client
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
-            &[&app],
-        )
-        .await?
-        .get(0);
-    assert!(killed >= 1);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let killed = kill_backends(&client, &app).await;
+    assert!(!killed.is_empty());
+    backends_gone(&client, &killed).await;
     // The pool's liveness check notices the dead connections and dials anew.
     store
         .set_tray(
@@ -363,14 +405,16 @@ async fn a_pooled_connection_dying_mid_transaction_is_retried() -> anyhow::Resul
     // Wait until the op is blocked on the row lock inside its transaction, then kill
     // its backend: a failure before commit on a pooled connection.
     let client = raw().await;
-    lock_waiters(
+    let killed = lock_waiters(
         &client,
         &app,
         Waiters::Kill,
         "the op to block on the row lock",
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Release the lock only once the kill landed: released first, the op
+    // could commit on the connection the test meant to break.
+    backends_gone(&client, &killed).await;
     tx.rollback().await?;
     op.await??;
     assert_eq!(

@@ -11,7 +11,7 @@ use serde_json::Value;
 // The shared harness, under this module's old names.
 #[allow(unused_imports)] // not every suite uses every helper
 pub use test_support::{
-    client, eventually, get_json, python, unique, until_explained, Proc, RedisServer, TOKEN,
+    client, eventually, get_json, python, unique, until, until_explained, Proc, RedisServer, TOKEN,
 };
 
 /// A unique Redis key prefix for one test.

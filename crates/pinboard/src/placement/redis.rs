@@ -10,6 +10,11 @@
 //! atomic and answered on its own, so under load a placement costs Redis
 //! a fraction of a round trip.
 //!
+//! Every call waits for Redis at most [`Batching::deadline`] (default 5 s):
+//! a frozen Redis answers [`StoreError::Timeout`], never a hang. Calls go
+//! through one place for that (`RedisStore::send`; the batcher keeps its own
+//! deadline per op); never send to the connection around it.
+//!
 //! # Key layout (inferred; all under a configurable prefix `P`, default `pinboard:`)
 //!
 //! | key | type | content |
@@ -42,12 +47,14 @@
 
 mod batch;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use pinned_store::InstanceKey;
 use pinned_wire::registry::ControlMessage;
-use redis::aio::ConnectionManager;
-use redis::{Script, Value};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisResult, Script, ScriptInvocation, Value};
 
 pub use self::batch::{BatchStats, Batching};
 use self::batch::{Batcher, Layout, Op};
@@ -66,6 +73,8 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     batcher: Arc<Batcher>,
     row_grace_ms: u64,
+    /// How long any call waits for Redis' answer ([`Batching::deadline`]).
+    deadline: Duration,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -359,16 +368,28 @@ impl RedisStore {
     /// As [`connect`](Self::connect), batching by `batching`. Starts the
     /// batcher's task on the current Tokio runtime.
     ///
+    /// Every call of the store (connecting included) waits for Redis at
+    /// most `batching.deadline`.
+    ///
     /// # Errors
     ///
-    /// When the URL is invalid or the first connection fails.
+    /// When the URL is invalid or the first connection fails
+    /// ([`StoreError::Timeout`] when it does not complete within the deadline).
     pub async fn connect_with(
         url: &str,
         prefix: &str,
         batching: Batching,
     ) -> Result<Self, StoreError> {
         let client = redis::Client::open(url)?;
-        let conn = ConnectionManager::new(client).await?;
+        // A reconnect attempt gets the deadline too, so a Redis that
+        // accepts but never answers cannot hold the manager's reconnect.
+        let config = ConnectionManagerConfig::new().set_connection_timeout(batching.deadline);
+        let conn = tokio::time::timeout(
+            batching.deadline,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| StoreError::Timeout(batching.deadline))??;
         let key = |kind: &str| format!("{prefix}{kind}");
         let layout = Layout {
             generation: key("gen"),
@@ -400,6 +421,7 @@ impl RedisStore {
                 open_generation: Script::new(OPEN_GENERATION),
             }),
             row_grace_ms: 60_000,
+            deadline: batching.deadline,
         })
     }
 
@@ -413,6 +435,23 @@ impl RedisStore {
     pub fn with_row_grace(mut self, ms: u64) -> Self {
         self.row_grace_ms = ms.max(1);
         self
+    }
+
+    /// Sends `request` (a command, pipeline or script call) and decodes its
+    /// answer, within the store's deadline: every call of the store but the
+    /// batched ones (which keep their own) goes through here, so none waits
+    /// on a frozen Redis for ever.
+    ///
+    /// Cancel safe as a single command is: a lapsed request may still run.
+    async fn send<T: FromRedisValue + Send>(
+        &self,
+        request: &impl Request,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn.clone();
+        match tokio::time::timeout(self.deadline, request.run(&mut conn)).await {
+            Ok(answer) => Ok(answer?),
+            Err(_) => Err(StoreError::Timeout(self.deadline)),
+        }
     }
 
     fn key(&self, kind: &str, rest: &str) -> String {
@@ -429,6 +468,42 @@ impl RedisStore {
         k.push('/');
         k.push_str(id);
         k
+    }
+}
+
+/// What [`RedisStore::send`] sends: the three request shapes of `redis`.
+trait Request: Sync {
+    fn run<T: FromRedisValue + Send>(
+        &self,
+        conn: &mut ConnectionManager,
+    ) -> impl Future<Output = RedisResult<T>> + Send;
+}
+
+impl Request for Cmd {
+    fn run<T: FromRedisValue + Send>(
+        &self,
+        conn: &mut ConnectionManager,
+    ) -> impl Future<Output = RedisResult<T>> + Send {
+        self.query_async(conn)
+    }
+}
+
+impl Request for Pipeline {
+    fn run<T: FromRedisValue + Send>(
+        &self,
+        conn: &mut ConnectionManager,
+    ) -> impl Future<Output = RedisResult<T>> + Send {
+        self.query_async(conn)
+    }
+}
+
+impl Request for ScriptInvocation<'_> {
+    fn run<T: FromRedisValue + Send>(
+        &self,
+        conn: &mut ConnectionManager,
+    ) -> impl Future<Output = RedisResult<T>> + Send {
+        // EVALSHA, loading the script first when Redis lacks it.
+        self.invoke_async(conn)
     }
 }
 
@@ -532,9 +607,11 @@ impl PlacementStore for RedisStore {
     ) -> Result<(), StoreError> {
         let key = self.key("w:", &record.session_id);
         let rec = serde_json::to_string(record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let mut conn = self.conn.clone();
-        redis::pipe()
-            .atomic()
+        let retire = record
+            .retire_at_wall_ms
+            .map_or_else(String::new, |ms| ms.to_string());
+        let mut put = redis::pipe();
+        put.atomic()
             .del(&key)
             .hset_multiple(
                 &key,
@@ -543,20 +620,13 @@ impl PlacementStore for RedisStore {
                     ("headroom", &record.headroom.to_string()),
                     ("draining", if record.draining { "1" } else { "0" }),
                     ("drain", &drain_field(record.server_drain)),
-                    (
-                        "retire",
-                        &record
-                            .retire_at_wall_ms
-                            .map_or_else(String::new, |ms| ms.to_string()),
-                    ),
+                    ("retire", &retire),
                 ],
             )
             .pexpire(&key, ttl_ms as i64)
             .sadd(self.key("workers", ""), &record.session_id)
-            .del(self.key("m:", &record.session_id))
-            .query_async::<()>(&mut conn)
-            .await?;
-        Ok(())
+            .del(self.key("m:", &record.session_id));
+        self.send::<()>(&put).await
     }
 
     async fn renew_worker(
@@ -567,16 +637,16 @@ impl PlacementStore for RedisStore {
         ttl_ms: u64,
         _now: Now,
     ) -> Result<Option<WorkerRecord>, StoreError> {
-        let mut conn = self.conn.clone();
         let v: Value = self
-            .scripts
-            .renew
-            .key(self.key("w:", session_id))
-            .key(self.key("m:", session_id))
-            .arg(headroom)
-            .arg(if draining { "1" } else { "0" })
-            .arg(ttl_ms)
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .renew
+                    .key(self.key("w:", session_id))
+                    .key(self.key("m:", session_id))
+                    .arg(headroom)
+                    .arg(if draining { "1" } else { "0" })
+                    .arg(ttl_ms),
+            )
             .await?;
         Ok(decode_worker(v)?.map(|w| w.record))
     }
@@ -587,13 +657,13 @@ impl PlacementStore for RedisStore {
         drain: Option<Option<u64>>,
         _now: Now,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.conn.clone();
         let n: i64 = self
-            .scripts
-            .drain
-            .key(self.key("w:", session_id))
-            .arg(drain_field(drain))
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .drain
+                    .key(self.key("w:", session_id))
+                    .arg(drain_field(drain)),
+            )
             .await?;
         Ok(n == 1)
     }
@@ -603,38 +673,35 @@ impl PlacementStore for RedisStore {
         session_id: &str,
         _now: Now,
     ) -> Result<Option<LiveWorker>, StoreError> {
-        let mut conn = self.conn.clone();
         let v: Value = self
-            .scripts
-            .get
-            .key(self.key("w:", session_id))
-            .invoke_async(&mut conn)
+            .send(&self.scripts.get.key(self.key("w:", session_id)))
             .await?;
         decode_worker(v)
     }
 
     async fn remove_worker(&self, session_id: &str) -> Result<bool, StoreError> {
-        let mut conn = self.conn.clone();
-        let (n, _, _, _): (i64, i64, i64, i64) = redis::pipe()
-            .atomic()
-            .del(self.key("w:", session_id))
-            .srem(self.key("workers", ""), session_id)
-            .del(self.key("m:", session_id))
-            .sadd(self.key("dead", ""), session_id)
-            .query_async(&mut conn)
+        let (n, _, _, _): (i64, i64, i64, i64) = self
+            .send(
+                redis::pipe()
+                    .atomic()
+                    .del(self.key("w:", session_id))
+                    .srem(self.key("workers", ""), session_id)
+                    .del(self.key("m:", session_id))
+                    .sadd(self.key("dead", ""), session_id),
+            )
             .await?;
         Ok(n == 1)
     }
 
     async fn list_workers(&self, _now: Now) -> Result<Vec<LiveWorker>, StoreError> {
-        let mut conn = self.conn.clone();
         let v: Value = self
-            .scripts
-            .list
-            .key(self.key("workers", ""))
-            .key(self.key("dead", ""))
-            .arg(self.key("w:", ""))
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .list
+                    .key(self.key("workers", ""))
+                    .key(self.key("dead", ""))
+                    .arg(self.key("w:", "")),
+            )
             .await?;
         let mut out = Vec::new();
         for row in items(v) {
@@ -653,23 +720,20 @@ impl PlacementStore for RedisStore {
         ttl_ms: u64,
         _now: Now,
     ) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
-        redis::cmd("SET")
-            .arg(self.key("sup:", session_id))
-            .arg(error)
-            .arg("PX")
-            .arg(ttl_ms.max(1))
-            .query_async::<()>(&mut conn)
-            .await?;
+        self.send::<()>(
+            redis::cmd("SET")
+                .arg(self.key("sup:", session_id))
+                .arg(error)
+                .arg("PX")
+                .arg(ttl_ms.max(1)),
+        )
+        .await?;
         Ok(())
     }
 
     async fn superseded(&self, session_id: &str, _now: Now) -> Result<Option<String>, StoreError> {
-        let mut conn = self.conn.clone();
-        Ok(redis::cmd("GET")
-            .arg(self.key("sup:", session_id))
-            .query_async(&mut conn)
-            .await?)
+        self.send(redis::cmd("GET").arg(self.key("sup:", session_id)))
+            .await
     }
 
     async fn wind_down_worker(
@@ -678,13 +742,13 @@ impl PlacementStore for RedisStore {
         deadline_wall_ms: u64,
         _now: Now,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.conn.clone();
         let n: i64 = self
-            .scripts
-            .wind_down
-            .key(self.key("w:", session_id))
-            .arg(deadline_wall_ms)
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .wind_down
+                    .key(self.key("w:", session_id))
+                    .arg(deadline_wall_ms),
+            )
             .await?;
         Ok(n == 1)
     }
@@ -694,19 +758,14 @@ impl PlacementStore for RedisStore {
         session_id: &str,
         mut message: ControlMessage,
     ) -> Result<String, StoreError> {
-        let mut conn = self.conn.clone();
-        let n: u64 = redis::cmd("INCR")
-            .arg(self.key("mseq", ""))
-            .query_async(&mut conn)
+        let n: u64 = self
+            .send(redis::cmd("INCR").arg(self.key("mseq", "")))
             .await?;
         let msg_id = n.to_string();
         message.msg_id = Some(msg_id.clone());
         let raw =
             serde_json::to_string(&message).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        redis::cmd("RPUSH")
-            .arg(self.key("m:", session_id))
-            .arg(raw)
-            .query_async::<()>(&mut conn)
+        self.send::<()>(redis::cmd("RPUSH").arg(self.key("m:", session_id)).arg(raw))
             .await?;
         Ok(msg_id)
     }
@@ -716,12 +775,11 @@ impl PlacementStore for RedisStore {
         session_id: &str,
         acks: &[String],
     ) -> Result<Vec<ControlMessage>, StoreError> {
-        let mut conn = self.conn.clone();
         let mut inv = self.scripts.acks.key(self.key("m:", session_id));
         for a in acks {
             inv.arg(a);
         }
-        let raw: Vec<String> = inv.invoke_async(&mut conn).await?;
+        let raw: Vec<String> = self.send(&inv).await?;
         Ok(raw
             .iter()
             .filter_map(|r| serde_json::from_str(r).ok())
@@ -761,20 +819,20 @@ impl PlacementStore for RedisStore {
     ) -> Result<ReclaimOutcome, StoreError> {
         let InstanceKey { ns, id } = instance;
         let name = Self::row_name(ns, id);
-        let mut conn = self.conn.clone();
         let v: Value = self
-            .scripts
-            .reclaim
-            .key(self.key("p:", &name))
-            .key(self.key("o:", session_id))
-            .key(self.key("unsettled", ""))
-            .arg(session_id)
-            .arg(prev_session.unwrap_or(""))
-            .arg(floor)
-            .arg(self.key("w:", ""))
-            .arg(&name)
-            .arg(self.key("o:", ""))
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .reclaim
+                    .key(self.key("p:", &name))
+                    .key(self.key("o:", session_id))
+                    .key(self.key("unsettled", ""))
+                    .arg(session_id)
+                    .arg(prev_session.unwrap_or(""))
+                    .arg(floor)
+                    .arg(self.key("w:", ""))
+                    .arg(&name)
+                    .arg(self.key("o:", "")),
+            )
             .await?;
         let parts = items(v);
         match parts.first().and_then(text).as_deref() {
@@ -795,18 +853,18 @@ impl PlacementStore for RedisStore {
     ) -> Result<bool, StoreError> {
         let InstanceKey { ns, id } = instance;
         let name = Self::row_name(ns, id);
-        let mut conn = self.conn.clone();
         let n: i64 = self
-            .scripts
-            .release
-            .key(self.key("p:", &name))
-            .key(self.key("o:", session_id))
-            .key(self.key("unsettled", ""))
-            .arg(session_id)
-            .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
-            .arg(self.row_grace_ms)
-            .arg(&name)
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .release
+                    .key(self.key("p:", &name))
+                    .key(self.key("o:", session_id))
+                    .key(self.key("unsettled", ""))
+                    .arg(session_id)
+                    .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
+                    .arg(self.row_grace_ms)
+                    .arg(&name),
+            )
             .await?;
         Ok(n == 1)
     }
@@ -819,15 +877,15 @@ impl PlacementStore for RedisStore {
         tag: &str,
     ) -> Result<bool, StoreError> {
         let InstanceKey { ns, id } = instance;
-        let mut conn = self.conn.clone();
         let n: i64 = self
-            .scripts
-            .tag
-            .key(self.key("p:", &Self::row_name(ns, id)))
-            .arg(session_id)
-            .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
-            .arg(tag)
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .tag
+                    .key(self.key("p:", &Self::row_name(ns, id)))
+                    .arg(session_id)
+                    .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
+                    .arg(tag),
+            )
             .await?;
         Ok(n == 1)
     }
@@ -860,13 +918,13 @@ impl PlacementStore for RedisStore {
     ) -> Result<Option<PlacementEntry>, StoreError> {
         let InstanceKey { ns, id } = instance;
         let name = Self::row_name(ns, id);
-        let mut conn = self.conn.clone();
         let v: Value = self
-            .scripts
-            .row
-            .key(self.key("p:", &name))
-            .arg(self.key("w:", ""))
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .row
+                    .key(self.key("p:", &name))
+                    .arg(self.key("w:", "")),
+            )
             .await?;
         if matches!(v, Value::Nil) {
             return Ok(None);
@@ -891,19 +949,19 @@ impl PlacementStore for RedisStore {
         limit: usize,
         _now: Now,
     ) -> Result<Vec<(String, String)>, StoreError> {
-        let mut conn = self.conn.clone();
         let v: Value = self
-            .scripts
-            .wake
-            .key(self.key("workers", ""))
-            .key(self.key("dead", ""))
-            .key(self.key("unsettled", ""))
-            .key(self.key("orphans", ""))
-            .arg(self.key("w:", ""))
-            .arg(self.key("o:", ""))
-            .arg(self.key("p:", ""))
-            .arg(limit)
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .wake
+                    .key(self.key("workers", ""))
+                    .key(self.key("dead", ""))
+                    .key(self.key("unsettled", ""))
+                    .key(self.key("orphans", ""))
+                    .arg(self.key("w:", ""))
+                    .arg(self.key("o:", ""))
+                    .arg(self.key("p:", ""))
+                    .arg(limit),
+            )
             .await?;
         let mut out: Vec<(String, String)> = items(v)
             .iter()
@@ -918,16 +976,16 @@ impl PlacementStore for RedisStore {
     }
 
     async fn list_placements(&self, _now: Now) -> Result<Vec<PlacementEntry>, StoreError> {
-        let mut conn = self.conn.clone();
         let v: Value = self
-            .scripts
-            .placements
-            .key(self.key("workers", ""))
-            .key(self.key("dead", ""))
-            .arg(self.key("o:", ""))
-            .arg(self.key("p:", ""))
-            .arg(self.key("w:", ""))
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .placements
+                    .key(self.key("workers", ""))
+                    .key(self.key("dead", ""))
+                    .arg(self.key("o:", ""))
+                    .arg(self.key("p:", ""))
+                    .arg(self.key("w:", "")),
+            )
             .await?;
         let mut out = Vec::new();
         for row in items(v) {
@@ -955,42 +1013,40 @@ impl PlacementStore for RedisStore {
     }
 
     async fn open_generation(&self, proposal: &Generation) -> Result<Generation, StoreError> {
-        let mut conn = self.conn.clone();
         let held: String = self
-            .scripts
-            .open_generation
-            .key(self.key("gen", ""))
-            .arg(&proposal.0)
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .open_generation
+                    .key(self.key("gen", ""))
+                    .arg(&proposal.0),
+            )
             .await?;
         Ok(Generation(held))
     }
 
     async fn generation(&self) -> Result<Option<Generation>, StoreError> {
-        let mut conn = self.conn.clone();
-        let held: Option<String> = redis::cmd("GET")
-            .arg(self.key("gen", ""))
-            .query_async(&mut conn)
+        let held: Option<String> = self
+            .send(redis::cmd("GET").arg(self.key("gen", "")))
             .await?;
         Ok(held.map(Generation))
     }
 
     async fn expire_placements(&self, budget: usize, _now: Now) -> Result<usize, StoreError> {
-        let mut conn = self.conn.clone();
         let n: i64 = self
-            .scripts
-            .expire_rows
-            .key(self.key("workers", ""))
-            .key(self.key("dead", ""))
-            .key(self.key("orphans", ""))
-            .key(self.key("unsettled", ""))
-            .arg(self.key("w:", ""))
-            .arg(self.key("o:", ""))
-            .arg(self.key("p:", ""))
-            .arg(self.row_grace_ms)
-            .arg(budget.max(1))
-            .arg(self.key("m:", ""))
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .expire_rows
+                    .key(self.key("workers", ""))
+                    .key(self.key("dead", ""))
+                    .key(self.key("orphans", ""))
+                    .key(self.key("unsettled", ""))
+                    .arg(self.key("w:", ""))
+                    .arg(self.key("o:", ""))
+                    .arg(self.key("p:", ""))
+                    .arg(self.row_grace_ms)
+                    .arg(budget.max(1))
+                    .arg(self.key("m:", "")),
+            )
             .await?;
         Ok(n.max(0) as usize)
     }
@@ -1001,14 +1057,15 @@ impl PlacementStore for RedisStore {
         ttl_ms: u64,
         _now: Now,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.conn.clone();
-        let set: Option<String> = redis::cmd("SET")
-            .arg(self.key("sweeper", ""))
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms.max(1))
-            .query_async(&mut conn)
+        let set: Option<String> = self
+            .send(
+                redis::cmd("SET")
+                    .arg(self.key("sweeper", ""))
+                    .arg(token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms.max(1)),
+            )
             .await?;
         Ok(set.is_some())
     }
@@ -1019,26 +1076,26 @@ impl PlacementStore for RedisStore {
         ttl_ms: u64,
         _now: Now,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.conn.clone();
         let n: i64 = self
-            .scripts
-            .lease_renew
-            .key(self.key("sweeper", ""))
-            .arg(token)
-            .arg(ttl_ms.max(1))
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .lease_renew
+                    .key(self.key("sweeper", ""))
+                    .arg(token)
+                    .arg(ttl_ms.max(1)),
+            )
             .await?;
         Ok(n == 1)
     }
 
     async fn release_sweeper_lease(&self, token: &str) -> Result<bool, StoreError> {
-        let mut conn = self.conn.clone();
         let n: i64 = self
-            .scripts
-            .lease_release
-            .key(self.key("sweeper", ""))
-            .arg(token)
-            .invoke_async(&mut conn)
+            .send(
+                self.scripts
+                    .lease_release
+                    .key(self.key("sweeper", ""))
+                    .arg(token),
+            )
             .await?;
         Ok(n == 1)
     }

@@ -157,6 +157,7 @@ pub struct Batching {
     /// Most ops waiting for a batch (default 4 096).
     pub queue: usize,
     /// How long a caller waits for its answer, from its call (default 5 s).
+    /// The store's other calls wait for Redis as long at most.
     pub deadline: Duration,
 }
 
