@@ -27,7 +27,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use crate::proxy::resolve::WorkerConn;
-use crate::upstream::{self, PooledBody, SendError, Upstream, UpstreamBody, UpstreamTls};
+use crate::upstream::{
+    self, BodyError, PooledBody, SendError, Upstream, UpstreamBody, UpstreamTls,
+};
 
 /// A boxed future, as [`Exchange`] returns it.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -84,8 +86,9 @@ impl Outbound {
         }
     }
 
-    /// The proxy's send: `request` has an origin-form URI and its `Host`
-    /// set; it goes to `worker` over its keep-alive pool.
+    /// The proxy's send: `head` has an origin-form URI and its `Host` set;
+    /// it goes to `worker` over its keep-alive pool. The head is borrowed:
+    /// a retry sends it again.
     ///
     /// # Errors
     ///
@@ -93,15 +96,19 @@ impl Outbound {
     pub async fn send(
         &self,
         worker: &WorkerConn,
-        request: Request<UpstreamBody>,
+        head: &http::request::Parts,
+        body: UpstreamBody,
     ) -> Result<Response<ResBody>, SendError> {
         match self {
             Self::Http(..) => worker
                 .pool
-                .send(request)
+                .send(head, body)
                 .await
                 .map(|res| res.map(|body| ResBody::Pooled { body })),
-            Self::Exchange(x) => exchange(&**x, &worker.record.advertise_url, request).await,
+            Self::Exchange(x) => {
+                let request = upstream::owned(head, body);
+                exchange(&**x, &worker.record.advertise_url, request).await
+            }
         }
     }
 
@@ -173,15 +180,15 @@ pin_project_lite::pin_project! {
 
 impl Body for ResBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.project() {
             ResBodyProj::Pooled { body } => body.poll_frame(cx),
-            ResBodyProj::Incoming { body } => body.poll_frame(cx),
+            ResBodyProj::Incoming { body } => body.poll_frame(cx).map_err(Into::into),
             ResBodyProj::Buffered { body } => match body.poll_frame(cx) {
                 Poll::Ready(Some(Err(never))) => match never {},
                 Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),

@@ -312,9 +312,18 @@ pub async fn serve<S: PlacementStore>(
                 return client_fault(fault);
             }
         };
-    sanitize_request(&mut parts.headers, &scan, upgrade);
+    // The worker's request head is built once, from the client's headers
+    // moved (not copied): each attempt sets its target and pinboard's
+    // headers in place. Room for those and the forwarding headers is made
+    // once, not an insert at a time.
+    let (mut upstream, ()) = Request::new(()).into_parts();
+    upstream.method = parts.method.clone();
+    upstream.version = Version::HTTP_11;
+    upstream.headers = std::mem::take(&mut parts.headers);
+    upstream.headers.reserve(6);
+    sanitize_request(&mut upstream.headers, &scan, upgrade);
     if let Some(client) = client {
-        add_forwarded(&mut parts.headers, &scan, client);
+        add_forwarded(&mut upstream.headers, &scan, client);
     }
     let path_and_query = match parts.uri.path_and_query() {
         Some(pq) => pq.clone(),
@@ -323,7 +332,7 @@ pub async fn serve<S: PlacementStore>(
     let started = Instant::now();
     let res = forward(
         app,
-        &parts,
+        &mut upstream,
         &path_and_query,
         (&key, target.ns, &id),
         (caller.as_ref(), Scope::World(world)),
@@ -341,7 +350,7 @@ pub async fn serve<S: PlacementStore>(
 /// back (`resolve`'s "Refused claims").
 async fn forward<S: PlacementStore>(
     app: &App<S>,
-    parts: &http::request::Parts,
+    head: &mut http::request::Parts,
     path_and_query: &PathAndQuery,
     (key, ns, id): (&str, &str, &str),
     (caller, scope): (Option<&Caller>, Scope<'_>),
@@ -351,7 +360,7 @@ async fn forward<S: PlacementStore>(
     let mut refused = None;
     let res = attempts(
         app,
-        parts,
+        head,
         path_and_query,
         (key, ns, id),
         (caller, scope),
@@ -375,7 +384,7 @@ async fn forward<S: PlacementStore>(
 #[allow(clippy::too_many_arguments)]
 async fn attempts<S: PlacementStore>(
     app: &App<S>,
-    parts: &http::request::Parts,
+    head: &mut http::request::Parts,
     path_and_query: &PathAndQuery,
     (key, ns, id): (&str, &str, &str),
     (caller, scope): (Option<&Caller>, Scope<'_>),
@@ -429,21 +438,15 @@ async fn attempts<S: PlacementStore>(
         let Ok(uri) = upstream_target(worker, path_and_query) else {
             return detail_response(StatusCode::BAD_GATEWAY, "worker address is not a valid URL");
         };
-        let mut headers = parts.headers.clone();
+        head.uri = uri;
+        let headers = &mut head.headers;
         headers.insert(header::HOST, worker.host.clone());
         headers.insert(
             ATTESTATION,
             worker.attestation(wall_secs, caller.map(|c| (c.from.as_str(), c.depth))),
         );
         headers.insert(EPOCH, route.epoch_header.clone());
-        // Built in place: the request builder carries a `Result` through
-        // each step, for parts that are already valid here.
-        let mut upstream_req = Request::new(body.for_attempt());
-        *upstream_req.method_mut() = parts.method.clone();
-        *upstream_req.uri_mut() = uri;
-        *upstream_req.version_mut() = Version::HTTP_11;
-        *upstream_req.headers_mut() = headers;
-        let send = std::pin::pin!(app.outbound.send(worker, upstream_req));
+        let send = std::pin::pin!(app.outbound.send(worker, head, body.for_attempt()));
         let sent = await_head(send, watch, app.proxy.upstream_timeout).await;
         let Ok(sent) = sent else {
             return upstream_timed_out(app, key);
@@ -458,8 +461,7 @@ async fn attempts<S: PlacementStore>(
                     return client_fault(fault);
                 }
                 app.metrics.proxy_upstream_errors.inc();
-                let v =
-                    classify_transport(e.before_send() || parts.method.is_idempotent(), attempt);
+                let v = classify_transport(e.before_send() || head.method.is_idempotent(), attempt);
                 if v == Verdict::Relay || attempt >= retries {
                     app.directory.invalidate(key);
                     tracing::debug!(target: "pinboard::proxy", error = %e, "worker unreachable");
@@ -664,11 +666,13 @@ mod tests {
             std::mem::size_of_val(&serve)
         );
         let worker = conn("http://127.0.0.1:9");
-        let upstream = Request::builder()
-            .uri("http://127.0.0.1:9/c/a/x")
-            .body(crate::upstream::UpstreamBody::Left(Default::default()))
-            .expect("request");
-        let mut send = std::pin::pin!(app.outbound.send(&worker, upstream));
+        let (upstream, ()) = Request::builder()
+            .uri("/c/a/x")
+            .body(())
+            .expect("request")
+            .into_parts();
+        let body = crate::upstream::UpstreamBody::Left(Default::default());
+        let mut send = std::pin::pin!(app.outbound.send(&worker, &upstream, body));
         let head = await_head(send.as_mut(), None, Duration::from_secs(1));
         assert!(
             std::mem::size_of_val(&head) <= 512,

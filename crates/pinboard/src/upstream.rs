@@ -6,13 +6,19 @@
 //! advertise URLs ([`UpstreamTls`]: the Mozilla roots plus
 //! `--upstream-ca`); never decides what to send or how to react (that is
 //! `proxy` and `challenge`).
+//!
+//! A [`Pool`] speaks HTTP/1.1 itself ([`h1`]) for what the hot path sends
+//! most: a plain `http://` worker, a buffered body, no upgrade. hyper's
+//! client takes the rest (TLS, streamed bodies, WebSockets).
+
+pub mod h1;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Request;
-use http_body_util::{Either, Full};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_rustls::HttpsConnector;
@@ -90,6 +96,17 @@ pub fn client(tls: &UpstreamTls) -> Upstream {
         .build(connector)
 }
 
+/// A request of `head`'s method, target, version and headers (not its
+/// extensions) with `body`, for a client that takes requests by value.
+pub fn owned<B>(head: &http::request::Parts, body: B) -> Request<B> {
+    let mut request = Request::new(body);
+    *request.method_mut() = head.method.clone();
+    *request.uri_mut() = head.uri.clone();
+    *request.version_mut() = head.version;
+    *request.headers_mut() = head.headers.clone();
+    request
+}
+
 /// An empty replayable body.
 pub fn empty() -> UpstreamBody {
     Either::Left(Full::new(Bytes::new()))
@@ -131,6 +148,12 @@ pub enum SendError {
     /// The request was (at least partly) sent and no response came back.
     #[error("worker connection failed: {0}")]
     Failed(hyper::Error),
+    /// As [`Unsent`](Self::Unsent), on a connection of [`h1`]'s.
+    #[error("worker connection closed before the request was sent: {0}")]
+    Unwritten(h1::ExchangeError),
+    /// As [`Failed`](Self::Failed), on a connection of [`h1`]'s.
+    #[error("worker connection failed: {0}")]
+    Exchange(h1::ExchangeError),
     /// The generic pooled client failed (sweeper calls, challenge probes).
     #[error("worker call failed: {0}")]
     Client(hyper_util::client::legacy::Error),
@@ -144,9 +167,9 @@ impl SendError {
     /// Nothing reached the worker, so sending again repeats nothing.
     pub fn before_send(&self) -> bool {
         match self {
-            Self::Connect(_) | Self::Unsent(_) => true,
+            Self::Connect(_) | Self::Unsent(_) | Self::Unwritten(_) => true,
             Self::Client(e) => e.is_connect(),
-            Self::Failed(_) | Self::Dropped(_) => false,
+            Self::Failed(_) | Self::Exchange(_) | Self::Dropped(_) => false,
         }
     }
 }
@@ -163,6 +186,8 @@ pub struct Pool {
     /// The handshake and the name it verifies, for an `https://` worker.
     tls: Option<(TlsConnector, ServerName<'static>)>,
     idle: Box<[parking_lot::Mutex<Vec<SendRequest<UpstreamBody>>>]>,
+    /// Idle connections of [`h1`]'s, per thread slot as `idle`.
+    idle_raw: Box<[parking_lot::Mutex<Vec<h1::Conn>>]>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -202,6 +227,9 @@ impl Pool {
             idle: (0..POOL_SLOTS)
                 .map(|_| parking_lot::Mutex::new(Vec::new()))
                 .collect(),
+            idle_raw: (0..POOL_SLOTS)
+                .map(|_| parking_lot::Mutex::new(Vec::new()))
+                .collect(),
         }))
     }
 
@@ -215,6 +243,46 @@ impl Pool {
     /// [`SendError`]: connect failure, or the connection failing before a
     /// response head arrived.
     pub async fn send(
+        self: &Arc<Self>,
+        head: &http::request::Parts,
+        body: UpstreamBody,
+    ) -> Result<http::Response<PooledBody>, SendError> {
+        let plain = self.tls.is_none() && !head.headers.contains_key(http::header::UPGRADE);
+        match body {
+            Either::Left(buffered) if plain => self.send_raw(head, buffered).await,
+            body => self.send_hyper(owned(head, body)).await,
+        }
+    }
+
+    /// [`send`](Self::send) over [`h1`]: a buffered body to a plain worker.
+    async fn send_raw(
+        self: &Arc<Self>,
+        head: &http::request::Parts,
+        mut body: Full<Bytes>,
+    ) -> Result<http::Response<PooledBody>, SendError> {
+        // A `Full` yields its one frame at once.
+        let body = match body.frame().await {
+            Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
+            _ => Bytes::new(),
+        };
+        loop {
+            let (conn, reused) = match self.take_raw() {
+                Some(conn) => (conn, true),
+                None => (Box::pin(self.dial()).await.map(h1::Conn::new)?, false),
+            };
+            match conn.exchange(head, &body, self).await {
+                Ok(response) => return Ok(response.map(|body| PooledBody::Raw { body })),
+                // The worker had closed an idle connection: nothing of the
+                // request went out, so it goes out once more on a new one.
+                Err((true, _)) if reused => {}
+                Err((true, error)) => return Err(SendError::Unwritten(error)),
+                Err((false, error)) => return Err(SendError::Exchange(error)),
+            }
+        }
+    }
+
+    /// [`send`](Self::send) over hyper's client.
+    async fn send_hyper(
         self: &Arc<Self>,
         mut request: Request<UpstreamBody>,
     ) -> Result<http::Response<PooledBody>, SendError> {
@@ -237,7 +305,7 @@ impl Pool {
                     // An upgraded connection belongs to the upgrade now.
                     let sender = (response.status() != http::StatusCode::SWITCHING_PROTOCOLS)
                         .then(|| (sender, self.clone()));
-                    return Ok(response.map(|body| PooledBody { body, home: sender }));
+                    return Ok(response.map(|body| PooledBody::Hyper { body, home: sender }));
                 }
                 Err(mut error) => match error.take_message() {
                     Some(unsent) if reused => request = unsent,
@@ -268,7 +336,26 @@ impl Pool {
         }
     }
 
-    async fn connect(&self) -> Result<SendRequest<UpstreamBody>, SendError> {
+    fn take_raw(&self) -> Option<h1::Conn> {
+        let mut idle = self.idle_raw[thread_slot()].lock();
+        while let Some(conn) = idle.pop() {
+            if conn.is_reusable() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// A connection of [`h1`]'s whose response ended cleanly.
+    fn put_raw(&self, conn: h1::Conn) {
+        let mut idle = self.idle_raw[thread_slot()].lock();
+        if idle.len() < POOL_MAX_IDLE {
+            idle.push(conn);
+        }
+    }
+
+    /// A TCP connection to the worker, within the connect timeout.
+    async fn dial(&self) -> Result<TcpStream, SendError> {
         let host = self.authority.host();
         let default_port = if self.tls.is_some() { 443 } else { 80 };
         let port = self.authority.port_u16().unwrap_or(default_port);
@@ -282,6 +369,11 @@ impl Pool {
             })?
             .map_err(SendError::Connect)?;
         let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+
+    async fn connect(&self) -> Result<SendRequest<UpstreamBody>, SendError> {
+        let stream = self.dial().await?;
         match &self.tls {
             None => handshake(stream).await,
             Some((connector, name)) => {
@@ -324,45 +416,67 @@ where
 }
 
 pin_project_lite::pin_project! {
-    /// A response body that hands its connection back to the [`Pool`] once
-    /// it has been read to the end (dropped early, the connection closes).
-    pub struct PooledBody {
-        #[pin]
-        body: Incoming,
-        home: Option<(SendRequest<UpstreamBody>, Arc<Pool>)>,
+    /// A worker's response body from a [`Pool`]: it hands its connection
+    /// back once read to the end (dropped early, the connection closes).
+    /// `body` is the body; `home` the connection and its pool.
+    #[allow(missing_docs)]
+    #[project = PooledProj]
+    pub enum PooledBody {
+        /// Over hyper's client.
+        Hyper {
+            #[pin]
+            body: Incoming,
+            home: Option<(SendRequest<UpstreamBody>, Arc<Pool>)>,
+        },
+        /// Over [`h1`].
+        Raw {
+            #[pin]
+            body: h1::RawBody,
+        },
     }
 }
 
-impl PooledBody {
-    fn finished(self: std::pin::Pin<&mut Self>) {
-        if let Some((sender, pool)) = self.project().home.take() {
-            pool.put(sender);
-        }
-    }
-}
+/// The error of a [`PooledBody`]: hyper's or [`h1`]'s.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl http_body::Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
+        self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
-        let polled = self.as_mut().project().body.poll_frame(cx);
-        match &polled {
-            std::task::Poll::Ready(None) => self.finished(),
-            std::task::Poll::Ready(Some(Ok(_))) if self.body.is_end_stream() => self.finished(),
-            _ => {}
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BodyError>>> {
+        match self.project() {
+            PooledProj::Raw { body } => body.poll_frame(cx).map_err(Into::into),
+            PooledProj::Hyper { mut body, home } => {
+                let polled = body.as_mut().poll_frame(cx);
+                let ended = match &polled {
+                    std::task::Poll::Ready(None) => true,
+                    std::task::Poll::Ready(Some(Ok(_))) => body.is_end_stream(),
+                    _ => false,
+                };
+                if ended {
+                    if let Some((sender, pool)) = home.take() {
+                        pool.put(sender);
+                    }
+                }
+                polled.map_err(Into::into)
+            }
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match self {
+            Self::Hyper { body, .. } => body.is_end_stream(),
+            Self::Raw { body } => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        match self {
+            Self::Hyper { body, .. } => body.size_hint(),
+            Self::Raw { body } => body.size_hint(),
+        }
     }
 }

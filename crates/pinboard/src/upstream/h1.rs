@@ -1,0 +1,707 @@
+//! A small HTTP/1.1 client for the proxy's hot path: a buffered request
+//! out, a response head in, the body relayed as it arrives, on a keep-alive
+//! connection that the request's own task drives.
+//!
+//! Owns the wire format of one exchange (the request head, the response
+//! head parsed with `httparse`, the body framing: a fixed length, chunked,
+//! or until close) and when a connection may carry another request. Never
+//! decides where to send or what to do with an answer, never speaks TLS
+//! and never switches protocols: `https://` workers, upgrades and streamed
+//! request bodies go through hyper's client ([`super::Pool`] chooses).
+//!
+//! Why not hyper's client here: hyper drives each connection from a task
+//! of its own and hands requests and responses across channels, which cost
+//! about a third of pinboard's instructions per proxied request. Here the
+//! request's task writes and reads the socket itself, and a response whose
+//! body is already in the read buffer (most are) gives its connection back
+//! to the pool before the client has read a byte of it.
+//!
+//! Bounds: a response head of at most [`MAX_HEAD`] bytes and
+//! [`MAX_HEADERS`] fields, chunk-size lines of at most [`MAX_CHUNK_LINE`]
+//! bytes, data frames of at most what one read returned. A connection is
+//! reused only after a complete, keep-alive HTTP/1.1 response with nothing
+//! after it.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, Version};
+use http_body::{Frame, SizeHint};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::Pool;
+
+/// Largest response head (status line and fields) accepted.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most fields in a response head or a trailer section.
+pub const MAX_HEADERS: usize = 100;
+/// Longest chunk-size line (hex digits and chunk extensions).
+pub const MAX_CHUNK_LINE: usize = 4096;
+/// How much room a read asks for.
+const READ_ROOM: usize = 8 * 1024;
+/// A request body up to this size is written with its head in one write.
+const COALESCE_BODY: usize = 16 * 1024;
+
+/// Why an exchange failed after its connection was open.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// Reading or writing the socket failed.
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The worker closed the connection before the response was complete.
+    #[error("connection closed before the response was complete")]
+    Closed,
+    /// The response head exceeded [`MAX_HEAD`] or [`MAX_HEADERS`].
+    #[error("response head too large")]
+    HeadTooLarge,
+    /// The response was not valid HTTP/1.1.
+    #[error("malformed response: {0}")]
+    Malformed(&'static str),
+}
+
+/// One keep-alive connection to a worker, with its read buffer and its
+/// reusable write buffer.
+#[derive(Debug)]
+pub struct Conn {
+    io: TcpStream,
+    read: BytesMut,
+    write: Vec<u8>,
+}
+
+impl Conn {
+    /// A connection over `io` (connected, `TCP_NODELAY` set by the caller).
+    pub fn new(io: TcpStream) -> Self {
+        Self {
+            io,
+            read: BytesMut::with_capacity(READ_ROOM),
+            write: Vec::with_capacity(1024),
+        }
+    }
+
+    /// Whether an idle connection can carry another request: nothing is
+    /// buffered, and the worker has neither closed it nor sent anything
+    /// unasked (one non-blocking read finds nothing to read).
+    pub fn is_reusable(&self) -> bool {
+        if !self.read.is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Reads what the socket has into the read buffer: the byte count, 0
+    /// at end of stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.io.poll_read_ready(cx))?;
+            if self.read.capacity() - self.read.len() < READ_ROOM / 4 {
+                self.read.reserve(READ_ROOM);
+            }
+            match self.io.try_read_buf(&mut self.read) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                done => return Poll::Ready(done),
+            }
+        }
+    }
+
+    /// Writes the request and reads its response head. The body comes
+    /// from [`RawBody`]; `pool` gets the connection back when the response
+    /// has been read whole and the worker keeps the connection open.
+    ///
+    /// # Errors
+    ///
+    /// [`ExchangeError`]; `Err((true, _))` when the request could not be
+    /// written at all (the worker closed the connection meanwhile), so
+    /// sending it again on another connection repeats nothing.
+    pub async fn exchange(
+        mut self,
+        head: &http::request::Parts,
+        body: &Bytes,
+        pool: &Arc<Pool>,
+    ) -> Result<Response<RawBody>, (bool, ExchangeError)> {
+        encode(head, body.len(), &mut self.write);
+        let coalesce = body.len() <= COALESCE_BODY;
+        if coalesce {
+            self.write.extend_from_slice(body);
+        }
+        if let Err(e) = self.io.write_all(&self.write).await {
+            return Err((true, e.into()));
+        }
+        if !coalesce {
+            if let Err(e) = self.io.write_all(body).await {
+                return Err((false, e.into()));
+            }
+        }
+        let head_only = head.method == Method::HEAD;
+        let parsed = loop {
+            match parse_head(&mut self.read, head_only) {
+                Ok(Some(parsed)) => break parsed,
+                Ok(None) => {}
+                Err(e) => return Err((false, e)),
+            }
+            if self.read.len() >= MAX_HEAD {
+                return Err((false, ExchangeError::HeadTooLarge));
+            }
+            match std::future::poll_fn(|cx| self.poll_fill(cx)).await {
+                Ok(0) => return Err((false, ExchangeError::Closed)),
+                Ok(_) => {}
+                Err(e) => return Err((false, e.into())),
+            }
+        };
+        let Parsed {
+            response,
+            framing,
+            keep_alive,
+        } = parsed;
+        let home = keep_alive.then(|| pool.clone());
+        let body = RawBody::start(self, framing, home);
+        Ok(response.map(|()| body))
+    }
+}
+
+/// The request head: origin-form target, the headers as given (but any
+/// `Content-Length`: the body's own length is written instead).
+fn encode(head: &http::request::Parts, body_len: usize, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(head.method.as_str().as_bytes());
+    out.push(b' ');
+    let target = head.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in &head.headers {
+        if name == http::header::CONTENT_LENGTH {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    // An empty body is announced only where a body is expected, as hyper
+    // does; elsewhere no length means none.
+    let announce =
+        body_len > 0 || matches!(head.method, Method::POST | Method::PUT | Method::PATCH);
+    if announce {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How a response body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// No body (HEAD, 204, 304).
+    Empty,
+    /// `Content-Length`.
+    Fixed(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the worker closes the connection.
+    UntilClose,
+}
+
+/// A parsed final response head.
+struct Parsed {
+    response: Response<()>,
+    framing: Framing,
+    keep_alive: bool,
+}
+
+/// Parses one final response head off the front of `buf` (interim 1xx
+/// heads are skipped); `None` when it is not complete yet.
+fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Parsed>, ExchangeError> {
+    loop {
+        if buf.is_empty() {
+            return Ok(None);
+        }
+        // Offsets, not slices, so the head can be split off the buffer and
+        // its field values shared without a copy. The field array is left
+        // uninitialised: zeroing a hundred fields per response cost more
+        // than the parse.
+        let (len, code, minor, spans) = {
+            let mut fields =
+                [const { std::mem::MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+            let mut res = httparse::Response::new(&mut []);
+            let config = httparse::ParserConfig::default();
+            let len = match config.parse_response_with_uninit_headers(&mut res, buf, &mut fields) {
+                Ok(httparse::Status::Complete(len)) => len,
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::HeadTooLarge),
+                Err(_) => return Err(ExchangeError::Malformed("response head")),
+            };
+            let base = buf.as_ptr() as usize;
+            let spans: Vec<[usize; 4]> = res
+                .headers
+                .iter()
+                .map(|field| {
+                    let name = field.name.as_ptr() as usize - base;
+                    let value = field.value.as_ptr() as usize - base;
+                    [
+                        name,
+                        name + field.name.len(),
+                        value,
+                        value + field.value.len(),
+                    ]
+                })
+                .collect();
+            (len, res.code.unwrap_or(0), res.version.unwrap_or(1), spans)
+        };
+        let head = buf.split_to(len).freeze();
+        if (100..200).contains(&code) {
+            if code == 101 {
+                return Err(ExchangeError::Malformed("switching protocols unasked"));
+            }
+            continue;
+        }
+        let status =
+            StatusCode::from_u16(code).map_err(|_| ExchangeError::Malformed("status code"))?;
+        let mut headers = HeaderMap::with_capacity(spans.len());
+        for &[n0, n1, v0, v1] in &spans {
+            let name = HeaderName::from_bytes(&head[n0..n1])
+                .map_err(|_| ExchangeError::Malformed("field name"))?;
+            let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
+                .map_err(|_| ExchangeError::Malformed("field value"))?;
+            headers.append(name, value);
+        }
+        let framing = framing(status, &headers, head_only)?;
+        let keep_alive = minor == 1 && !closes(&headers) && framing != Framing::UntilClose;
+        let mut response = Response::new(());
+        *response.status_mut() = status;
+        *response.version_mut() = if minor == 1 {
+            Version::HTTP_11
+        } else {
+            Version::HTTP_10
+        };
+        *response.headers_mut() = headers;
+        return Ok(Some(Parsed {
+            response,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// Whether a `Connection` field says `close`.
+fn closes(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("close"))
+}
+
+/// The body's framing from the status and fields.
+fn framing(
+    status: StatusCode,
+    headers: &HeaderMap,
+    head_only: bool,
+) -> Result<Framing, ExchangeError> {
+    if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing::Empty);
+    }
+    if let Some(last) = headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+    {
+        let chunked = last
+            .to_str()
+            .ok()
+            .and_then(|v| v.rsplit(',').next())
+            .is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked"));
+        return Ok(if chunked {
+            Framing::Chunked
+        } else {
+            Framing::UntilClose
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(http::header::CONTENT_LENGTH) {
+        let n = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or(ExchangeError::Malformed("content-length"))?;
+        if length.is_some_and(|m| m != n) {
+            return Err(ExchangeError::Malformed("conflicting content-length"));
+        }
+        length = Some(n);
+    }
+    Ok(length.map_or(Framing::UntilClose, Framing::Fixed))
+}
+
+/// Where a [`RawBody`] is.
+#[derive(Debug)]
+enum State {
+    /// The whole body, already read (the connection went home).
+    Whole(Option<Bytes>),
+    /// Bytes left of a fixed-length body.
+    Fixed(u64),
+    /// Before a chunk-size line.
+    ChunkSize,
+    /// Bytes left of a chunk's data.
+    ChunkData(u64),
+    /// Before the CRLF that ends a chunk's data.
+    ChunkEnd,
+    /// Before the trailer section that ends a chunked body.
+    Trailers,
+    /// Until the worker closes.
+    UntilClose,
+    /// Ended (read whole, or failed).
+    Done,
+}
+
+/// A worker's response body read off a [`Conn`]; the connection goes back
+/// to its pool when the body ended cleanly with nothing after it, and is
+/// closed otherwise (dropped early included).
+#[derive(Debug)]
+pub struct RawBody {
+    state: State,
+    conn: Option<Conn>,
+    home: Option<Arc<Pool>>,
+}
+
+impl RawBody {
+    fn start(mut conn: Conn, framing: Framing, home: Option<Arc<Pool>>) -> Self {
+        let state = match framing {
+            Framing::Empty => State::Whole(None),
+            // The common case: the whole body came with the head.
+            Framing::Fixed(n) if conn.read.len() as u64 == n => {
+                State::Whole((n > 0).then(|| conn.read.split().freeze()))
+            }
+            Framing::Fixed(n) => State::Fixed(n),
+            Framing::Chunked => State::ChunkSize,
+            Framing::UntilClose => State::UntilClose,
+        };
+        let mut body = Self {
+            state,
+            conn: Some(conn),
+            home,
+        };
+        if matches!(body.state, State::Whole(_)) {
+            body.release();
+        }
+        body
+    }
+
+    /// The body ended cleanly: the connection goes home if it may.
+    fn release(&mut self) {
+        if let (Some(conn), Some(pool)) = (self.conn.take(), self.home.take()) {
+            if conn.read.is_empty() {
+                pool.put_raw(conn);
+            }
+        }
+    }
+
+    fn fail(&mut self, e: ExchangeError) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+        self.state = State::Done;
+        self.conn = None;
+        Poll::Ready(Some(Err(e)))
+    }
+}
+
+/// The end of the line starting the buffer (the index of its `\n`).
+fn line_end(buf: &[u8]) -> Option<usize> {
+    buf.iter().position(|&b| b == b'\n')
+}
+
+/// The size in a chunk-size line (hex digits, then extensions).
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 15 {
+        return None;
+    }
+    if !matches!(line.get(digits), None | Some(b';' | b' ' | b'\t' | b'\r')) {
+        return None;
+    }
+    line[..digits].iter().try_fold(0u64, |n, &b| {
+        let d = char::from(b).to_digit(16)?;
+        Some(n * 16 + u64::from(d))
+    })
+}
+
+/// What the buffer allowed a [`RawBody`] to do.
+enum Step {
+    /// Hand on this frame.
+    Frame(Frame<Bytes>),
+    /// The body ended.
+    End,
+    /// The state changed; look again.
+    Again,
+    /// More bytes are needed.
+    Read,
+    /// The exchange failed.
+    Fail(ExchangeError),
+}
+
+impl RawBody {
+    /// One step on what is buffered, without reading.
+    fn step(&mut self) -> Step {
+        let Some(conn) = self.conn.as_mut() else {
+            return match &mut self.state {
+                State::Whole(data) => match data.take() {
+                    Some(d) => Step::Frame(Frame::data(d)),
+                    None => Step::End,
+                },
+                _ => Step::End,
+            };
+        };
+        let read = &mut conn.read;
+        let fixed = matches!(self.state, State::Fixed(_));
+        let (step, next, ended) = match &mut self.state {
+            State::Whole(data) => match data.take() {
+                Some(d) => (Step::Frame(Frame::data(d)), None, false),
+                None => (Step::End, None, false),
+            },
+            State::Done => (Step::End, None, false),
+            State::Fixed(left) | State::ChunkData(left) if !read.is_empty() => {
+                let take = read.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+                let data = read.split_to(take).freeze();
+                *left -= take as u64;
+                let done = *left == 0;
+                let next = match (done, fixed) {
+                    (false, _) => None,
+                    (true, true) => Some(State::Done),
+                    (true, false) => Some(State::ChunkEnd),
+                };
+                (Step::Frame(Frame::data(data)), next, done && fixed)
+            }
+            State::UntilClose if !read.is_empty() => {
+                (Step::Frame(Frame::data(read.split().freeze())), None, false)
+            }
+            State::ChunkSize => match line_end(read) {
+                Some(end) => match chunk_size(&read[..end]) {
+                    Some(size) => {
+                        read.advance(end + 1);
+                        let next = match size {
+                            0 => State::Trailers,
+                            n => State::ChunkData(n),
+                        };
+                        (Step::Again, Some(next), false)
+                    }
+                    None => (
+                        Step::Fail(ExchangeError::Malformed("chunk size")),
+                        None,
+                        false,
+                    ),
+                },
+                None if read.len() > MAX_CHUNK_LINE => (
+                    Step::Fail(ExchangeError::Malformed("chunk size line too long")),
+                    None,
+                    false,
+                ),
+                None => (Step::Read, None, false),
+            },
+            State::ChunkEnd => match line_end(read) {
+                Some(end) if end == 0 || (end == 1 && read[0] == b'\r') => {
+                    read.advance(end + 1);
+                    (Step::Again, Some(State::ChunkSize), false)
+                }
+                None if read.len() < 2 => (Step::Read, None, false),
+                _ => (
+                    Step::Fail(ExchangeError::Malformed("chunk end")),
+                    None,
+                    false,
+                ),
+            },
+            State::Trailers => match trailers(read) {
+                Ok(Some(trailers)) => {
+                    let step = match trailers {
+                        Some(t) => Step::Frame(Frame::trailers(t)),
+                        None => Step::End,
+                    };
+                    (step, Some(State::Done), true)
+                }
+                Ok(None) => (Step::Read, None, false),
+                Err(e) => (Step::Fail(e), None, false),
+            },
+            State::Fixed(_) | State::ChunkData(_) | State::UntilClose => (Step::Read, None, false),
+        };
+        if let Some(next) = next {
+            self.state = next;
+        }
+        if ended {
+            self.release();
+        }
+        step
+    }
+}
+
+/// Parses the trailer section off the front of `read`: `Ok(None)` when it
+/// is not complete yet, `Ok(Some(None))` when it is empty.
+fn trailers(read: &mut BytesMut) -> Result<Option<Option<HeaderMap>>, ExchangeError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let (len, map) = match httparse::parse_headers(read, &mut fields) {
+        Ok(httparse::Status::Complete((len, fields))) => {
+            let mut map = HeaderMap::with_capacity(fields.len());
+            for f in fields.iter() {
+                let name = HeaderName::from_bytes(f.name.as_bytes())
+                    .map_err(|_| ExchangeError::Malformed("trailer name"))?;
+                let value = HeaderValue::from_bytes(f.value)
+                    .map_err(|_| ExchangeError::Malformed("trailer value"))?;
+                map.append(name, value);
+            }
+            (len, (!map.is_empty()).then_some(map))
+        }
+        Ok(httparse::Status::Partial) if read.len() < MAX_HEAD => return Ok(None),
+        Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
+            return Err(ExchangeError::HeadTooLarge)
+        }
+        Err(_) => return Err(ExchangeError::Malformed("trailers")),
+    };
+    read.advance(len);
+    Ok(Some(map))
+}
+
+impl http_body::Body for RawBody {
+    type Data = Bytes;
+    type Error = ExchangeError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
+        let this = self.get_mut();
+        loop {
+            match this.step() {
+                Step::Frame(frame) => return Poll::Ready(Some(Ok(frame))),
+                Step::End => {
+                    this.state = State::Done;
+                    return Poll::Ready(None);
+                }
+                Step::Fail(e) => return this.fail(e),
+                Step::Again => continue,
+                Step::Read => {}
+            }
+            let Some(conn) = this.conn.as_mut() else {
+                return this.fail(ExchangeError::Closed);
+            };
+            match ready!(conn.poll_fill(cx)) {
+                Ok(0) if matches!(this.state, State::UntilClose) => {
+                    this.state = State::Done;
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Ok(0) => return this.fail(ExchangeError::Closed),
+                Ok(_) => {}
+                Err(e) => return this.fail(e.into()),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done | State::Whole(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.state {
+            State::Whole(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            State::Fixed(left) => SizeHint::with_exact(*left),
+            State::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Option<Parsed>, ExchangeError> {
+        parse_head(&mut BytesMut::from(text), false)
+    }
+
+    #[test]
+    fn heads_parse_with_their_framing() {
+        let p = parse("HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello")
+            .expect("valid")
+            .expect("complete");
+        assert_eq!(p.response.status(), StatusCode::OK);
+        assert_eq!(p.response.headers()["x-a"], "1");
+        assert_eq!(p.framing, Framing::Fixed(5));
+        assert!(p.keep_alive);
+
+        let p = parse("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+            .expect("valid")
+            .expect("complete");
+        assert_eq!(p.framing, Framing::Chunked);
+
+        let p = parse("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+            .expect("valid")
+            .expect("complete");
+        assert!(!p.keep_alive);
+
+        let p = parse("HTTP/1.0 200 OK\r\n\r\n")
+            .expect("valid")
+            .expect("complete");
+        assert_eq!(p.framing, Framing::UntilClose);
+        assert!(!p.keep_alive);
+
+        let p = parse("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n")
+            .expect("valid")
+            .expect("complete");
+        assert_eq!(p.response.status(), StatusCode::NO_CONTENT);
+        assert_eq!(p.framing, Framing::Empty);
+
+        assert!(parse("HTTP/1.1 200 OK\r\nContent-Le")
+            .expect("valid")
+            .is_none());
+    }
+
+    #[test]
+    fn bad_heads_are_refused() {
+        for bad in [
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+            "HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            "NOPE\r\n\r\n",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        let many = (0..MAX_HEADERS + 1).fold(String::from("HTTP/1.1 200 OK\r\n"), |s, i| {
+            s + &format!("x-{i}: 1\r\n")
+        }) + "\r\n";
+        assert!(matches!(parse(&many), Err(ExchangeError::HeadTooLarge)));
+    }
+
+    #[test]
+    fn chunk_sizes_parse_hex_and_ignore_extensions() {
+        assert_eq!(chunk_size(b"1a\r"), Some(26));
+        assert_eq!(chunk_size(b"0\r"), Some(0));
+        assert_eq!(chunk_size(b"ff;name=value\r"), Some(255));
+        assert_eq!(chunk_size(b"\r"), None);
+        assert_eq!(chunk_size(b"zz\r"), None);
+        assert_eq!(chunk_size(b"1234567890abcdef0\r"), None);
+    }
+
+    #[test]
+    fn the_request_head_carries_the_body_length_it_has() {
+        let (mut head, ()) = http::Request::builder()
+            .method(Method::POST)
+            .uri("/c/a/x?q=1")
+            .header("host", "w:1")
+            .header("content-length", "999")
+            .body(())
+            .expect("request")
+            .into_parts();
+        let mut out = Vec::new();
+        encode(&head, 3, &mut out);
+        assert_eq!(
+            String::from_utf8(out.clone()).expect("ascii"),
+            "POST /c/a/x?q=1 HTTP/1.1\r\nhost: w:1\r\ncontent-length: 3\r\n\r\n"
+        );
+        head.method = Method::GET;
+        encode(&head, 0, &mut out);
+        assert_eq!(
+            String::from_utf8(out).expect("ascii"),
+            "GET /c/a/x?q=1 HTTP/1.1\r\nhost: w:1\r\n\r\n"
+        );
+    }
+}
