@@ -310,6 +310,23 @@ mod tests {
     };
 
     #[tokio::test(start_paused = true)]
+    async fn a_request_starts_at_its_heads_first_byte() {
+        let phase = Phase::new();
+        tokio::time::advance(Duration::from_millis(30)).await;
+        phase.on_read();
+        let first_byte = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let (busy, head) = phase.begin_request_at();
+        assert_eq!(head, Some(first_byte));
+        // Bytes of a pipelined head arrive while the first is busy: no
+        // mark of its own, so no start to answer.
+        phase.on_read();
+        let (second, head) = phase.begin_request_at();
+        assert_eq!(head, None);
+        drop((busy, second));
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn each_phase_has_its_deadline() {
         let phase = Phase::new();
         let start = Instant::now();
