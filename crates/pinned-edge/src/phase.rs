@@ -78,7 +78,9 @@ pub struct Phase {
 
 #[derive(Debug)]
 struct Shared {
-    /// When the connection was accepted; marks are milliseconds after it.
+    /// When the connection was accepted; marks are nanoseconds after it (a
+    /// head's mark doubles as its request's start, see
+    /// [`Phase::begin_request_at`]).
     epoch: Instant,
     /// Requests whose head arrived and whose response body has not ended.
     busy: AtomicU32,
@@ -86,8 +88,8 @@ struct Shared {
     head_started: AtomicBool,
     /// Whether any request completed its head on this connection.
     served: AtomicBool,
-    /// Start of the current idle or head phase, ms after `epoch`.
-    mark_ms: AtomicU64,
+    /// Start of the current idle or head phase, ns after `epoch`.
+    mark_ns: AtomicU64,
 }
 
 impl Phase {
@@ -99,24 +101,24 @@ impl Phase {
                 busy: AtomicU32::new(0),
                 head_started: AtomicBool::new(false),
                 served: AtomicBool::new(false),
-                mark_ms: AtomicU64::new(0),
+                mark_ns: AtomicU64::new(0),
             }),
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.shared.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.shared.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    fn at(&self, ms: u64) -> Instant {
-        self.shared.epoch + Duration::from_millis(ms)
+    fn at(&self, ns: u64) -> Instant {
+        self.shared.epoch + Duration::from_nanos(ns)
     }
 
     /// Bytes arrived from the client.
     fn on_read(&self) {
         let s = &self.shared;
         if s.busy.load(Ordering::Acquire) == 0 && !s.head_started.load(Ordering::Acquire) {
-            s.mark_ms.store(self.now_ms(), Ordering::Release);
+            s.mark_ns.store(self.now_ns(), Ordering::Release);
             s.head_started.store(true, Ordering::Release);
         }
     }
@@ -124,13 +126,26 @@ impl Phase {
     /// A complete request head arrived: busy until the returned guard drops
     /// (move it into the response body with [`Tracked`]).
     pub fn begin_request(&self) -> Busy {
+        self.begin_request_at().0
+    }
+
+    /// [`begin_request`](Self::begin_request), also answering when the
+    /// head's first byte arrived, read from the mark the header deadline
+    /// counts from (so a server can time the request without a clock read
+    /// of its own). `None` when no mark was taken for this head: it arrived
+    /// while another request on the connection was busy (pipelining).
+    pub fn begin_request_at(&self) -> (Busy, Option<Instant>) {
         let s = &self.shared;
         s.busy.fetch_add(1, Ordering::AcqRel);
-        s.head_started.store(false, Ordering::Release);
+        let marked = s.head_started.swap(false, Ordering::AcqRel);
         s.served.store(true, Ordering::Release);
-        Busy {
-            phase: self.clone(),
-        }
+        let head = marked.then(|| self.at(s.mark_ns.load(Ordering::Acquire)));
+        (
+            Busy {
+                phase: self.clone(),
+            },
+            head,
+        )
     }
 
     /// Whether a deadline lapsed at `now`, or when to look again.
@@ -140,7 +155,7 @@ impl Phase {
         if s.busy.load(Ordering::Acquire) > 0 {
             return Check::Wait(look_again);
         }
-        let since = self.at(s.mark_ms.load(Ordering::Acquire));
+        let since = self.at(s.mark_ns.load(Ordering::Acquire));
         let (lapse, allowed) = if s.head_started.load(Ordering::Acquire) {
             (Lapse::Header, limits.header)
         } else if s.served.load(Ordering::Acquire) {
@@ -175,7 +190,7 @@ impl Drop for Busy {
         let s = &self.phase.shared;
         // Mark first: once `busy` reads zero the mark must be this one.
         if s.busy.load(Ordering::Acquire) == 1 {
-            s.mark_ms.store(self.phase.now_ms(), Ordering::Release);
+            s.mark_ns.store(self.phase.now_ns(), Ordering::Release);
         }
         s.busy.fetch_sub(1, Ordering::AcqRel);
     }
@@ -293,6 +308,23 @@ mod tests {
         header: Duration::from_millis(100),
         keep_alive: Duration::from_millis(1000),
     };
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_starts_at_its_heads_first_byte() {
+        let phase = Phase::new();
+        tokio::time::advance(Duration::from_millis(30)).await;
+        phase.on_read();
+        let first_byte = Instant::now();
+        tokio::time::advance(Duration::from_millis(5)).await;
+        let (busy, head) = phase.begin_request_at();
+        assert_eq!(head, Some(first_byte));
+        // Bytes of a pipelined head arrive while the first is busy: no
+        // mark of its own, so no start to answer.
+        phase.on_read();
+        let (second, head) = phase.begin_request_at();
+        assert_eq!(head, None);
+        drop((busy, second));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn each_phase_has_its_deadline() {

@@ -14,9 +14,10 @@
 
 use std::borrow::Cow;
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
+use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
@@ -25,6 +26,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
+use http::request::Parts;
 use http::{HeaderMap, StatusCode};
 use http_body::Body as _;
 use pinned_wire::attestation::Caller;
@@ -38,9 +40,10 @@ use crate::auth::AuthError;
 use crate::body::TrackedBody;
 use crate::call::{Call, Routed, Scope};
 use crate::context::Context;
-use crate::directory::{panic_message, Admission, Entered, HostShared};
+use crate::directory::{panic_message, Admission, Attempt, Entered, HostShared};
 use crate::object::{NotAnInstanceRoute, Object};
 use crate::response;
+use crate::slot::Slot;
 
 /// A newer epoch was adopted: the owner tag goes with the placement.
 fn retag(slot: &Arc<crate::slot::Slot>) {
@@ -208,215 +211,209 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let inner = self.inner.clone();
-        admit::<T, S>(inner, request).map(Ok).boxed()
+        let (parts, body) = request.into_parts();
+        Box::pin(admit::<T, S>(self.inner.clone(), parts, body))
     }
 }
 
-#[allow(clippy::manual_async_fn)] // see the comment inside
-fn admit<T, S>(inner: S, request: Request) -> impl Future<Output = Response> + Send
+/// What dispatch left in the request's extensions, taken (the entry stays,
+/// as [`Routed::Taken`], for the admitted scope to replace).
+fn take_pending(parts: &mut Parts) -> Option<Pending> {
+    let routed = parts.extensions.get_mut::<Routed>()?;
+    match std::mem::replace(routed, Routed::Taken) {
+        Routed::Pending(pending) => Some(pending),
+        Routed::Taken | Routed::Admitted(_) => None,
+    }
+}
+
+/// The request span (see [`admit`]): at debug, as tower-http's, so at the
+/// usual `info` a handler's lines carry the instance span alone, and with
+/// nothing listening no span is even cloned.
+fn request_span(slot: &Slot, parts: &Parts) -> tracing::Span {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let instance_span = slot.span();
+        tracing::debug_span!(parent: &instance_span, "request", method = %parts.method, path = %parts.uri.path())
+    } else if tracing::enabled!(tracing::Level::INFO) {
+        slot.span()
+    } else {
+        tracing::Span::none()
+    }
+}
+
+/// One request through admission: the checks in the reference's order,
+/// the directory's admission, the object's authorization, then (in the
+/// request's span) the activation when needed, the exclusive turn, and the
+/// handler raced against the instance's abort and shielded from panics.
+///
+/// One coroutine with the request's parts captured in place, no future
+/// nested in another: the boxed state is the request once plus the
+/// handler's future (a nested future would carry a second copy of the
+/// request, every byte of it copied as it is moved in, and push the box
+/// past the allocator's per-thread cache). The request's parts are lent
+/// to authorization where they lie and moved out only into the handler.
+#[allow(clippy::manual_async_fn)] // an `async fn` would copy its arguments into the coroutine again
+fn admit<T, S>(
+    inner: S,
+    mut parts: Parts,
+    body: Body,
+) -> impl Future<Output = Result<Response, Infallible>> + Send
 where
     T: Object,
     S: Service<Request, Error = Infallible> + Send + 'static,
     S::Response: IntoResponse,
     S::Future: Send + 'static,
 {
-    // Two awaits in a row, not one long body: only what `prepare` hands on
-    // is kept beside the handler's future, so the state boxed per request
-    // stays small (every byte of it is copied when it is boxed).
+    // The phases are blocks: a local's storage stays reserved until its
+    // scope ends, also once moved from, so what a phase needs is scoped to
+    // it and only its results are kept beside the handler's future.
     async move {
-        let admitted = match prepare::<T>(request).await {
-            Ok(admitted) => admitted,
-            Err(answer) => return answer,
-        };
-        let Admitted {
-            request,
-            call,
-            entered,
-            started,
-            span,
-        } = admitted;
-        serve(inner, request, call, entered, started)
-            .instrument(span)
-            .await
-    }
-}
-
-/// A request that passed the gate, the directory's admission and the
-/// object's authorization.
-struct Admitted {
-    request: Request,
-    call: Call,
-    entered: Entered,
-    started: Instant,
-    span: tracing::Span,
-}
-
-/// The checks in the reference's order, the directory's admission and the
-/// object's authorization; `Err` is the answer of a request refused on the way.
-#[allow(clippy::manual_async_fn)] // its argument is not copied twice
-fn prepare<T: Object>(
-    mut request: Request,
-) -> impl Future<Output = Result<Admitted, Response>> + Send {
-    async move {
-        let taken = request
-            .extensions_mut()
-            .get_mut::<Routed>()
-            .map(|routed| std::mem::replace(routed, Routed::Taken));
-        let Some(Routed::Pending(pending)) = taken else {
-            return Err(NotAnInstanceRoute("an object's routes").into_response());
-        };
-        let Pending {
-            host,
-            original,
-            id_at,
-            started,
-        } = pending;
-        let raw_id = original.path().get(id_at).unwrap_or_default();
-        let Passed {
-            id,
-            epoch,
-            caller,
-            depth,
-        } = match gate(&host, request.headers(), raw_id) {
-            Ok(passed) => passed,
-            Err(refused) => return Err(refused.into_response()),
-        };
-        let entered = match host.admit(&id, epoch).await {
-            Ok(entered) => entered,
-            Err(refused) => return Err(admission_refused(refused)),
-        };
-        let slot = match &entered {
-            Entered::Live(busy, _) | Entered::Activating(busy) => busy.slot().clone(),
-        };
-        if let Some(epoch) = epoch {
-            if slot.adopt_epoch(epoch) {
-                retag(&slot);
-            }
-        }
-        // App authorization: on the constructed record, before a cold
-        // instance activates, on every request.
-        let ctx = Context::new(slot.clone());
-        let (parts, body) = request.into_parts();
-        let verdict = T::authorize(&ctx, &parts).await;
-        let request = Request::from_parts(parts, body);
-        if let Err(refusal) = verdict {
-            if let Entered::Activating(busy) = entered {
-                HostShared::discard(busy);
-            }
-            return Err(match refusal {
-                AuthError::Denied(denial) => denial.into_response(),
-                AuthError::Failed(error) => {
-                    tracing::error!(namespace = %host.ns, id = %slot.id, %error, "authorization failed");
-                    host.metrics.request_failed("auth", "http");
-                    response::detail(StatusCode::SERVICE_UNAVAILABLE, "authorization failed")
+        let (host, started, slot, span, entry) = {
+            let (host, started, entered, epoch, caller, depth) = {
+                let Some(Pending {
+                    host,
+                    original,
+                    id_at,
+                    started,
+                }) = take_pending(&mut parts)
+                else {
+                    return Ok(NotAnInstanceRoute("an object's routes").into_response());
+                };
+                let raw_id = original.path().get(id_at).unwrap_or_default();
+                let Passed {
+                    id,
+                    epoch,
+                    caller,
+                    depth,
+                } = match gate(&host, &parts.headers, raw_id) {
+                    Ok(passed) => passed,
+                    Err(refused) => return Ok(refused.into_response()),
+                };
+                // A resident or new id is entered without waiting; only a
+                // record that is closing is waited out (boxed: that rare
+                // wait would otherwise size every request's state).
+                let entered = match host.try_admit(&id, epoch, started) {
+                    Ok(Attempt::Entered(entered)) => entered,
+                    Ok(Attempt::Closing(_)) => match Box::pin(host.admit(&id, epoch)).await {
+                        Ok(entered) => entered,
+                        Err(refused) => return Ok(admission_refused(refused)),
+                    },
+                    Err(refused) => return Ok(admission_refused(refused)),
+                };
+                (host, started, entered, epoch, caller, depth)
+            };
+            let slot = entered.slot().clone();
+            if let Some(epoch) = epoch {
+                if slot.adopt_epoch(epoch) {
+                    retag(&slot);
                 }
-            });
-        }
-        let call = Call {
-            ctx,
-            attestation: caller,
-            epoch,
-            depth,
+            }
+            // App authorization: on the constructed record, before a cold
+            // instance activates, on every request.
+            let ctx = Context::new(slot.clone());
+            if let Err(refusal) = T::authorize(&ctx, &parts).await {
+                if let Entered::Activating(busy) = entered {
+                    HostShared::discard(busy);
+                }
+                return Ok(match refusal {
+                    AuthError::Denied(denial) => denial.into_response(),
+                    AuthError::Failed(error) => {
+                        tracing::error!(namespace = %host.ns, id = %slot.id, %error, "authorization failed");
+                        host.metrics.request_failed("auth", "http");
+                        response::detail(StatusCode::SERVICE_UNAVAILABLE, "authorization failed")
+                    }
+                });
+            }
+            let call = Call {
+                ctx,
+                attestation: caller,
+                epoch,
+                depth,
+            };
+            let span = request_span(&slot, &parts);
+            // From here on in the request's span.
+            let (entry, instance) = match entered {
+                Entered::Live(busy, instance) => (busy, instance),
+                Entered::Activating(busy) => {
+                    match HostShared::activation(busy).instrument(span.clone()).await {
+                        Ok(activated) => activated,
+                        Err(refused) => return Ok(admission_refused(refused)),
+                    }
+                }
+            };
+            // The entry was found above and left `Taken`; nothing between
+            // could remove it (authorization sees the parts by reference).
+            if let Some(routed) = parts.extensions.get_mut::<Routed>() {
+                *routed = Routed::Admitted(Scope { call, instance });
+            }
+            (host, started, slot, span, entry)
         };
-        // The request span is at debug, as tower-http's: at the usual `info`
-        // a handler's lines carry the instance span alone, and with nothing
-        // listening no span is even cloned.
-        let span = if tracing::enabled!(tracing::Level::DEBUG) {
-            let instance_span = slot.span();
-            tracing::debug_span!(parent: &instance_span, "request", method = %request.method(), path = %request.uri().path())
-        } else if tracing::enabled!(tracing::Level::INFO) {
-            slot.span()
-        } else {
-            tracing::Span::none()
-        };
-        Ok(Admitted {
-            request,
-            call,
-            entered,
-            started,
-            span,
-        })
-    }
-}
 
-/// Activates when needed and runs the handler: the part of admission that
-/// belongs to the request's span.
-#[allow(clippy::manual_async_fn)] // its arguments are not copied twice
-fn serve<S>(
-    inner: S,
-    mut request: Request,
-    call: Call,
-    entered: Entered,
-    started: Instant,
-) -> impl Future<Output = Response> + Send
-where
-    S: Service<Request, Error = Infallible> + Send + 'static,
-    S::Response: IntoResponse,
-    S::Future: Send + 'static,
-{
-    async move {
-        let slot = call.ctx.slot().clone();
-        let host = slot.host.clone();
-        let (entry, instance) = match entered {
-            Entered::Live(busy, instance) => (busy, instance),
-            Entered::Activating(busy) => match HostShared::activation(busy).await {
-                Ok(activated) => activated,
-                Err(refused) => return admission_refused(refused),
-            },
-        };
-        // `prepare` found the entry and left it `Taken`; nothing between
-        // could remove it (authorization sees the parts by reference).
-        if let Some(routed) = request.extensions_mut().get_mut::<Routed>() {
-            *routed = Routed::Admitted(Scope { call, instance });
-        }
-
-        let cancelled = slot.cancelled();
-        tokio::pin!(cancelled);
+        let mut cancelled = pin!(slot.cancelled());
         let _turn = match &slot.turn {
             None => None,
-            Some(turn) => tokio::select! {
-                biased;
-                () = &mut cancelled => return response::refusal(Refusal::Aborted),
-                permit = turn.acquire() => match permit {
-                    Ok(permit) => Some(permit),
-                    Err(_) => return response::refusal(Refusal::Aborted),
-                },
-            },
+            Some(turn) => {
+                let mut acquire = pin!(turn.acquire());
+                let permit = poll_fn(|cx| {
+                    let _in_span = span.enter();
+                    if cancelled.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(None);
+                    }
+                    acquire.as_mut().poll(cx).map(Result::ok)
+                })
+                .await;
+                match permit {
+                    Some(permit) => Some(permit),
+                    None => return Ok(response::refusal(Refusal::Aborted)),
+                }
+            }
         };
         // The handler is polled first: one that answers at once never
         // registers with the abort's notifier (a lock and a list insert per
         // request). An abort signalled before it starts is caught here.
         if slot.is_cancelled() {
-            return response::refusal(Refusal::Aborted);
+            return Ok(response::refusal(Refusal::Aborted));
         }
-        let handler = AssertUnwindSafe(inner.oneshot(request)).catch_unwind();
-        let outcome = tokio::select! {
-            biased;
-            outcome = handler => outcome,
-            () = &mut cancelled => return response::refusal(Refusal::Aborted),
+        let request = Request::from_parts(parts, body);
+        let mut handler = pin!(AssertUnwindSafe(inner.oneshot(request)).catch_unwind());
+        let outcome = poll_fn(|cx| {
+            let _in_span = span.enter();
+            if let Poll::Ready(outcome) = handler.as_mut().poll(cx) {
+                return Poll::Ready(Some(outcome));
+            }
+            cancelled.as_mut().poll(cx).map(|()| None)
+        })
+        .await;
+        let Some(outcome) = outcome else {
+            return Ok(response::refusal(Refusal::Aborted));
         };
-        host.duration.observe(started.elapsed().as_secs_f64());
+        // The request's one clock read after its start: its duration and
+        // the instance's last activity.
+        let done = Instant::now();
+        host.duration
+            .observe(done.saturating_duration_since(started).as_secs_f64());
         let response = match outcome {
             Ok(Ok(response)) => response.into_response(),
             Ok(Err(infallible)) => match infallible {},
             Err(panic) => {
-                tracing::error!(
-                    namespace = %host.ns,
-                    id = %slot.id,
-                    error = %panic_message(panic.as_ref()),
-                    "handler panicked"
-                );
-                return response::internal_error();
+                span.in_scope(|| {
+                    tracing::error!(
+                        namespace = %host.ns,
+                        id = %slot.id,
+                        error = %panic_message(panic.as_ref()),
+                        "handler panicked"
+                    );
+                });
+                return Ok(response::internal_error());
             }
         };
         let body = response.body();
         if body.is_end_stream() || body.size_hint().exact().is_some() {
-            return response;
+            entry.leave_at(done);
+            return Ok(response);
         }
         // A streaming body: the instance stays in flight while it is pulled.
         let stream = slot.hold_stream();
         drop(entry);
-        response.map(|body| Body::new(TrackedBody::new(body, stream)))
+        Ok(response.map(|body| Body::new(TrackedBody::new(body, stream))))
     }
 }

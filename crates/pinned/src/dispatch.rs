@@ -64,7 +64,7 @@ pub(crate) async fn dispatch(hosts: &[Arc<HostShared>], request: Request) -> Res
     let Some(host) = host_of(hosts, request.uri().path()) else {
         return not_found();
     };
-    dispatch_to(host, request).await
+    dispatch_to(host, request, Instant::now()).await
 }
 
 /// The hosted namespace `path` is under, if any.
@@ -75,9 +75,15 @@ pub(crate) fn host_of<'h>(hosts: &'h [Arc<HostShared>], path: &str) -> Option<&'
     })
 }
 
-/// [`dispatch`] for a request already known to be under `host`'s namespace.
-pub(crate) async fn dispatch_to(host: &Arc<HostShared>, request: Request) -> Response {
-    let mut response = serve(host, request).await;
+/// [`dispatch`] for a request already known to be under `host`'s namespace,
+/// which arrived at `started` (its duration is measured from there, and
+/// the instance's activity stamped with it).
+pub(crate) async fn dispatch_to(
+    host: &Arc<HostShared>,
+    request: Request,
+    started: Instant,
+) -> Response {
+    let mut response = serve(host, request, started).await;
     if host.leaving() {
         response
             .headers_mut()
@@ -96,8 +102,7 @@ pub(crate) fn method_not_allowed() -> Response {
     response::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
 }
 
-async fn serve(host: &Arc<HostShared>, request: Request) -> Response {
-    let started = Instant::now();
+async fn serve(host: &Arc<HostShared>, request: Request, started: Instant) -> Response {
     let (mut parts, body) = request.into_parts();
     let target = target(&host.ns, parts.uri.path());
     // pinboard's alarm delivery authenticates with the proxy secret, not a

@@ -36,6 +36,7 @@ use pinned_edge::tls::{self, HandshakeError};
 use pinned_edge::{cap, defaults};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -100,8 +101,8 @@ impl Drop for Slot {
 
 /// Where one request goes.
 enum To {
-    /// A hosted namespace's dispatch.
-    Namespace(Arc<HostShared>),
+    /// A hosted namespace's dispatch, for a request that arrived then.
+    Namespace(Arc<HostShared>, Instant),
     /// The rest of the app: the worker's own routes, `/metrics`, and the
     /// application's routes served beside them.
     App(Router),
@@ -161,19 +162,23 @@ pub(crate) async fn serve(
         let phase = Phase::new();
         let (requests, app, hosts) = (phase.clone(), app.clone(), hosts.clone());
         let service = service_fn(move |mut request: hyper::Request<Incoming>| {
-            let busy = requests.begin_request();
+            // The head's mark is the request's start: dispatch times the
+            // request and stamps the instance with it, no clock read of its own.
+            let (busy, head) = requests.begin_request_at();
             request.extensions_mut().insert(ConnectInfo(peer));
             // A namespace's path goes straight to its dispatch: `app` would
             // only have matched nothing and fallen back to it (the routes
             // served beside the worker's never overlap a namespace).
             let to = match dispatch::host_of(&hosts, request.uri().path()) {
-                Some(host) => To::Namespace(host.clone()),
+                Some(host) => To::Namespace(host.clone(), head.unwrap_or_else(Instant::now)),
                 None => To::App(app.clone()),
             };
             async move {
                 let request = request.map(Body::new);
                 let response = match to {
-                    To::Namespace(host) => dispatch::dispatch_to(&host, request).await,
+                    To::Namespace(host, started) => {
+                        dispatch::dispatch_to(&host, request, started).await
+                    }
                     To::App(app) => match app.oneshot(request).await {
                         Ok(response) => response,
                         Err(never) => match never {},

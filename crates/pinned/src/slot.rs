@@ -307,13 +307,13 @@ impl Slot {
     /// Counts one in-flight entry unless the record is closing. Returns the
     /// phase seen on entry: `Ok` with `Activating` or `Live` (the entry is
     /// counted), `Err` with `Closing` or `Closed` (the entry is counted too,
-    /// and the caller must [`leave`](Self::leave) again at once).
-    pub(crate) fn count_entry(&self) -> Result<Phase, Phase> {
+    /// and the caller must [`leave`](Self::leave) again at once). `now` is
+    /// when the request arrived, in ms since the host's clock base.
+    pub(crate) fn count_entry(&self, now: u64) -> Result<Phase, Phase> {
         let old = self.state.fetch_add(1, Ordering::SeqCst);
         match phase_of(old) {
             phase @ (Phase::Activating | Phase::Live) => {
                 // A request is both activity and a connected client.
-                let now = self.host.elapsed_ms();
                 self.last_activity.store(now, Ordering::Relaxed);
                 self.last_connected.store(now, Ordering::Relaxed);
                 Ok(phase)
@@ -332,14 +332,18 @@ impl Slot {
         self.state.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// One in-flight entry leaves (`stream`: it was an open stream). Reports
-    /// the transition the owner must act on when it was the last one out.
+    /// One in-flight entry leaves (`stream`: it was an open stream; `touch`:
+    /// stamp the activity now, unless the caller stamped it already with
+    /// [`touch_at`](Self::touch_at)). Reports the transition the owner must
+    /// act on when it was the last one out.
     #[must_use = "the owner must act on the last entry out"]
-    pub(crate) fn leave(&self, stream: bool) -> Option<Vacated> {
+    pub(crate) fn leave(&self, stream: bool, touch: bool) -> Option<Vacated> {
         if stream {
             self.streams.fetch_sub(1, Ordering::Relaxed);
         }
-        self.touch();
+        if touch {
+            self.touch();
+        }
         vacated(self.state.fetch_sub(1, Ordering::SeqCst))
     }
 
@@ -391,8 +395,12 @@ impl Slot {
     }
 
     pub(crate) fn touch(&self) {
-        self.last_activity
-            .store(self.host.elapsed_ms(), Ordering::Relaxed);
+        self.touch_at(self.host.elapsed_ms());
+    }
+
+    /// Stamps the last activity at `now` (ms since the host's clock base).
+    pub(crate) fn touch_at(&self, now: u64) {
+        self.last_activity.store(now, Ordering::Relaxed);
     }
 
     /// A client is connected now (a request entered, or a stream is open).

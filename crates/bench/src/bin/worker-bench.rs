@@ -7,6 +7,7 @@
 //! cargo run --release -p pinned-bench --bin worker-bench -- --seconds 10 --connections 64
 //! cargo run --release -p pinned-bench --bin worker-bench -- --no-instructions   # skip callgrind
 //! cargo run --release -p pinned-bench --bin worker-bench -- memory --instances 10000000   # memory alone, 10 M resident (minutes; ~3 GiB)
+//! cargo run --release -p pinned-bench --bin worker-bench -- instructions   # section 5 alone (callgrind)
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,9 +55,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the counter object through a pinned worker (child process).
-    ServePinned,
+    ServePinned {
+        /// Instances (ids `r0` … `r<N-1>`) activated before listening.
+        #[arg(long, default_value_t = 0)]
+        resident: usize,
+    },
     /// Serve the same handlers in a bare axum app (child process).
-    ServeBare,
+    ServeBare {
+        /// Counters (ids `r0` … `r<N-1>`) in the warm map before listening.
+        #[arg(long, default_value_t = 0)]
+        resident: usize,
+    },
+    /// The instructions-per-request figures alone (section 5, callgrind).
+    Instructions,
     /// Activate idle instances in process and report memory per instance.
     Memory {
         /// How many instances.
@@ -127,8 +138,18 @@ fn worker_options() -> Options {
         .host_with::<Counter>("/counter", HostOptions::default().max_instances(50_000_000))
 }
 
-async fn serve_pinned() -> anyhow::Result<()> {
+/// The ids the `--resident` instances and counters have: `r0`, `r1`, ….
+fn resident_path(base: &str, i: usize) -> String {
+    format!("{base}/r{i}/increment")
+}
+
+async fn serve_pinned(resident: usize) -> anyhow::Result<()> {
     let worker = worker_options().build()?;
+    post_all(
+        &worker.router(),
+        (0..resident).map(|i| resident_path("/counter", i)),
+    )
+    .await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!(
         "pinned worker listening on http://{}",
@@ -142,8 +163,10 @@ async fn serve_pinned() -> anyhow::Result<()> {
 /// extractor, a `Mutex<HashMap>` of counters and a JSON answer for warm
 /// requests (every id already present after its first request), and a
 /// concurrent map insert per new id for activations.
-async fn serve_bare() -> anyhow::Result<()> {
-    let warm: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>> = Arc::default();
+async fn serve_bare(resident: usize) -> anyhow::Result<()> {
+    let warm: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>> = Arc::new(
+        std::sync::Mutex::new((0..resident).map(|i| (format!("r{i}"), 0)).collect()),
+    );
     let map: Arc<DashMap<String, Arc<Counter>>> = Arc::new(DashMap::new());
     let app = Router::new()
         .route(
@@ -408,6 +431,16 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     if cli.no_instructions {
         return Ok(());
     }
+    instructions_section(exe).await
+}
+
+/// Resident ids the spread figure cycles over.
+const SPREAD: usize = 10_000;
+
+/// Section 5: instructions per request, pinned against bare axum, for warm
+/// requests to one id, warm requests spread over [`SPREAD`] resident ids,
+/// and new ids.
+async fn instructions_section(exe: &str) -> anyhow::Result<()> {
     println!("5. user-space instructions per request (callgrind; Δ between 1 000 and 4 000 sequential requests on one connection, the load from this process)");
     if !instructions::available() {
         println!("   valgrind not found: skipped");
@@ -427,6 +460,31 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         "   warm       bare axum {bare_warm:>8.0}   pinned {pinned_warm:>8.0}   ratio {:.2}  (target <= 1.20)",
         pinned_warm / bare_warm
     );
+    // Every id activated (or present) before the runs, each request to the
+    // next one: the directory and the allocator see a populated map, not a
+    // single hot entry.
+    let spread = |base: &'static str| move |i: usize| resident_path(base, i % SPREAD);
+    let resident = SPREAD.to_string();
+    let bare_spread = instructions::per_request(
+        exe,
+        &["serve-bare", "--resident", &resident],
+        spread("/counter"),
+        lengths,
+        &scratch,
+    )
+    .await?;
+    let pinned_spread = instructions::per_request(
+        exe,
+        &["serve-pinned", "--resident", &resident],
+        spread("/counter"),
+        lengths,
+        &scratch,
+    )
+    .await?;
+    println!(
+        "   {SPREAD} ids  bare axum {bare_spread:>8.0}   pinned {pinned_spread:>8.0}   ratio {:.2}  (target <= 1.20)",
+        pinned_spread / bare_spread
+    );
     let fresh = |base: &'static str| move |i: usize| format!("{base}/i{i}/increment");
     let bare_fresh =
         instructions::per_request(exe, &["serve-bare"], fresh("/fresh"), lengths, &scratch).await?;
@@ -445,8 +503,12 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match &cli.command {
-        Some(Command::ServePinned) => serve_pinned().await,
-        Some(Command::ServeBare) => serve_bare().await,
+        Some(Command::ServePinned { resident }) => serve_pinned(*resident).await,
+        Some(Command::ServeBare { resident }) => serve_bare(*resident).await,
+        Some(Command::Instructions) => {
+            let exe = std::env::current_exe()?;
+            instructions_section(exe.to_str().context("exe path")?).await
+        }
         Some(Command::Memory { instances }) => memory(*instances).await,
         Some(Command::Churn { cycles }) => churn(*cycles).await,
         None => run(&cli).await,

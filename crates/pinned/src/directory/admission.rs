@@ -33,6 +33,24 @@ pub(crate) enum Entered {
     Activating(Busy),
 }
 
+impl Entered {
+    /// The record entered.
+    pub(crate) fn slot(&self) -> &Arc<Slot> {
+        match self {
+            Self::Live(busy, _) | Self::Activating(busy) => busy.slot(),
+        }
+    }
+}
+
+/// What one attempt to enter an instance came to.
+pub(crate) enum Attempt {
+    /// Entered.
+    Entered(Entered),
+    /// The id's record is closing: wait until it has left the map
+    /// ([`HostShared::wait_gone`]), then try again.
+    Closing(Arc<Slot>),
+}
+
 /// Why a request could not enter an instance.
 #[derive(Debug)]
 pub(crate) enum Admission {
@@ -81,6 +99,27 @@ impl HostShared {
         id: &str,
         epoch: Option<u64>,
     ) -> Result<Entered, Admission> {
+        let mut attempt = self.try_admit(id, epoch, Instant::now())?;
+        loop {
+            match attempt {
+                Attempt::Entered(entered) => return Ok(entered),
+                Attempt::Closing(slot) => self.wait_gone(&slot).await,
+            }
+            attempt = self.try_enter(id, epoch, Instant::now())?;
+        }
+    }
+
+    /// [`admit`](Self::admit) without waiting, for a request that arrived
+    /// at `now` (its entry counts as the instance's activity then): the
+    /// admission checks, then one attempt to enter. A record of `id` that
+    /// is closing comes back as [`Attempt::Closing`], to be waited out
+    /// before trying again ([`admit`](Self::admit) does).
+    pub(crate) fn try_admit(
+        self: &Arc<Self>,
+        id: &str,
+        epoch: Option<u64>,
+        now: Instant,
+    ) -> Result<Attempt, Admission> {
         if self.shut_down.load(Ordering::SeqCst) {
             return Err(self.shut_down_answer());
         }
@@ -92,6 +131,16 @@ impl HostShared {
         if let Some(epoch) = epoch {
             self.fences.admit(id, epoch, self.control.lease_ttl())?;
         }
+        self.try_enter(id, epoch, now)
+    }
+
+    /// One attempt to enter `id`'s record (creating it when there is none).
+    fn try_enter(
+        self: &Arc<Self>,
+        id: &str,
+        epoch: Option<u64>,
+        now: Instant,
+    ) -> Result<Attempt, Admission> {
         loop {
             if self.shut_down.load(Ordering::SeqCst) {
                 return Err(self.shut_down_answer());
@@ -99,11 +148,11 @@ impl HostShared {
             let resident = self.slot(id);
             let Some(slot) = resident else {
                 match self.create(id, epoch)? {
-                    Some(busy) => return Ok(Entered::Activating(busy)),
+                    Some(busy) => return Ok(Attempt::Entered(Entered::Activating(busy))),
                     None => continue,
                 }
             };
-            match slot.enter() {
+            return match slot.enter(self.ms_at(now)) {
                 Ok((busy, phase)) => {
                     if slot.winding.load(Ordering::Relaxed) || self.draining() {
                         if let Some(deadline) = slot.effective_deadline() {
@@ -112,13 +161,13 @@ impl HostShared {
                             }
                         }
                     }
-                    return match phase {
+                    match phase {
                         Phase::Live => match slot.instance() {
-                            Some(instance) => Ok(Entered::Live(busy, instance)),
+                            Some(instance) => Ok(Attempt::Entered(Entered::Live(busy, instance))),
                             None => Err(Admission::ActivationFailed),
                         },
-                        _ => Ok(Entered::Activating(busy)),
-                    };
+                        _ => Ok(Attempt::Entered(Entered::Activating(busy))),
+                    }
                 }
                 // While its placement release is in flight the proxy must
                 // re-resolve, not re-activate here; otherwise (local mode, a
@@ -128,11 +177,12 @@ impl HostShared {
                     if self.control.refuses_while_releasing()
                         && slot.releasing.load(Ordering::SeqCst)
                     {
-                        return Err(Refusal::Closing.into());
+                        Err(Refusal::Closing.into())
+                    } else {
+                        Ok(Attempt::Closing(slot))
                     }
-                    self.wait_gone(&slot).await;
                 }
-            }
+            };
         }
     }
 
@@ -335,7 +385,7 @@ impl HostShared {
     }
 
     /// Waits until `slot` has left the map.
-    async fn wait_gone(&self, slot: &Arc<Slot>) {
+    pub(crate) async fn wait_gone(&self, slot: &Arc<Slot>) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);

@@ -10,6 +10,8 @@
 
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use super::HostShared;
 use crate::slot::{Phase, Slot, Vacated};
 
@@ -18,17 +20,28 @@ use crate::slot::{Phase, Slot, Vacated};
 pub(crate) struct Busy {
     slot: Arc<Slot>,
     stream: bool,
+    /// The leave was stamped already ([`leave_at`](Self::leave_at)): the
+    /// drop reads no clock.
+    stamped: bool,
 }
 
 impl Busy {
     pub(crate) fn slot(&self) -> &Arc<Slot> {
         &self.slot
     }
+
+    /// Leaves at `now`, an instant the caller has just read (a request's
+    /// end, also observed by its duration histogram): the instance's
+    /// activity is stamped with it instead of a clock read of its own.
+    pub(crate) fn leave_at(mut self, now: Instant) {
+        self.slot.touch_at(self.slot.host.ms_at(now));
+        self.stamped = true;
+    }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        if let Some(vacated) = self.slot.leave(self.stream) {
+        if let Some(vacated) = self.slot.leave(self.stream, !self.stamped) {
             HostShared::vacated(&self.slot, vacated);
         }
     }
@@ -38,14 +51,17 @@ impl Drop for Busy {
 
 impl Slot {
     /// Enters the instance: counts one in-flight entry unless it is closing.
-    /// Returns the phase seen on entry (`Activating` or `Live`).
-    pub(crate) fn enter(self: &Arc<Self>) -> Result<(Busy, Phase), Phase> {
+    /// Returns the phase seen on entry (`Activating` or `Live`). `now_ms`
+    /// (on the host's clock, [`HostShared::ms_at`]) is when the request
+    /// arrived.
+    pub(crate) fn enter(self: &Arc<Self>, now_ms: u64) -> Result<(Busy, Phase), Phase> {
         // Built before the phase is judged: on a refusal, dropping it undoes
         // the count (and wakes a teardown waiting for it to reach zero).
-        let entered = self.count_entry();
+        let entered = self.count_entry(now_ms);
         let busy = Busy {
             slot: self.clone(),
             stream: false,
+            stamped: false,
         };
         entered.map(|phase| (busy, phase))
     }
@@ -56,6 +72,7 @@ impl Slot {
         Busy {
             slot: self.clone(),
             stream: false,
+            stamped: false,
         }
     }
 
@@ -66,6 +83,7 @@ impl Slot {
         Busy {
             slot: self.clone(),
             stream: false,
+            stamped: false,
         }
     }
 
@@ -75,6 +93,7 @@ impl Slot {
         Busy {
             slot: self.clone(),
             stream: true,
+            stamped: false,
         }
     }
 }

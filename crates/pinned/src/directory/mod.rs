@@ -45,7 +45,7 @@ mod drain;
 mod teardown;
 mod wind_down;
 
-pub(crate) use self::admission::{Admission, Entered};
+pub(crate) use self::admission::{Admission, Attempt, Entered};
 pub(crate) use self::busy::Busy;
 pub(crate) use self::drain::DrainKind;
 use self::drain::DrainState;
@@ -240,7 +240,14 @@ impl HostShared {
     }
 
     pub(crate) fn elapsed_ms(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+        self.ms_at(Instant::now())
+    }
+
+    /// `at` as the records' activity stamps count it: milliseconds since
+    /// the host's clock base (no clock read: the request path stamps with
+    /// instants it has already read).
+    pub(crate) fn ms_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
     }
 
     /// The host was shut down: every request is refused.
