@@ -457,7 +457,7 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
 async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<()> {
     let lengths = Lengths::default();
     println!(
-        "\ninstructions per proxied request (callgrind; Δ between {} and {} sequential requests on one connection, the load from this process; the worker not measured)",
+        "\ninstructions per proxied request (callgrind, counted from after a warm-up request; Δ between {} and {} sequential requests on one connection, the load from this process; the worker not measured)",
         lengths.short, lengths.long
     );
     if !instructions::available() {

@@ -441,14 +441,17 @@ const SPREAD: usize = 10_000;
 /// requests to one id, warm requests spread over [`SPREAD`] resident ids,
 /// and new ids.
 async fn instructions_section(exe: &str) -> anyhow::Result<()> {
-    println!("5. user-space instructions per request (callgrind; Δ between 1 000 and 4 000 sequential requests on one connection, the load from this process)");
+    let lengths = instructions::Lengths::default();
+    println!(
+        "5. user-space instructions per request (callgrind, counted from after a warm-up request; Δ between {} and {} sequential requests on one connection, the load from this process)",
+        lengths.short, lengths.long
+    );
     if !instructions::available() {
         println!("   valgrind not found: skipped");
         return Ok(());
     }
     let scratch = std::env::temp_dir().join(format!("worker-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let lengths = instructions::Lengths::default();
     let warm = |base: &'static str| move |_: usize| format!("{base}/a/increment");
     let bare_warm =
         instructions::per_request(exe, &["serve-bare"], warm("/counter"), lengths, &scratch)
