@@ -162,18 +162,9 @@ async fn measured(
     requests: usize,
     out: &Path,
 ) -> anyhow::Result<u64> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(1)
-        .build()?;
-    let base = run.server.url();
-    let warm_up = probe(0);
-    let mut request = client.request(warm_up.method, format!("{base}{}", warm_up.path));
-    for (name, value) in warm_up.headers {
-        request = request.header(name, value);
-    }
-    let answer = request.send().await?;
-    anyhow::ensure!(answer.status().is_success(), "warm-up: {}", answer.status());
-    answer.bytes().await?;
+    let mut connection = Connection::open(run.server.addr).await?;
+    let warm_up = connection.exchange(&probe(0)).await?;
+    anyhow::ensure!(warm_up.is_success(), "warm-up: {warm_up}");
     let pid = run.server.pid().context("the server has no pid")?;
     let on = tokio::process::Command::new("callgrind_control")
         .args(["--instr=on", &pid.to_string()])
@@ -186,23 +177,10 @@ async fn measured(
         String::from_utf8_lossy(&on.stderr)
     );
     for i in 0..requests {
-        let Probe {
-            method,
-            path,
-            headers,
-        } = probe(i);
-        let mut request = client.request(method, format!("{base}{path}"));
-        for (name, value) in headers {
-            request = request.header(name, value);
-        }
-        let answer = request.send().await?;
-        anyhow::ensure!(
-            answer.status().is_success(),
-            "request {i}: {}",
-            answer.status()
-        );
-        answer.bytes().await?;
+        let status = connection.exchange(&probe(i)).await?;
+        anyhow::ensure!(status.is_success(), "request {i}: {status}");
     }
+    drop(connection);
     run.server.terminate(Duration::from_secs(120)).await?;
     for mut helper in run.company {
         let _ = helper.kill().await;
@@ -217,4 +195,74 @@ async fn measured(
         .and_then(|value| value.split_whitespace().next())
         .and_then(|value| value.parse().ok())
         .context("no instruction total in the callgrind output")
+}
+
+/// One keep-alive HTTP/1.1 connection that sends one request at a time and
+/// reads each answer whole (`Content-Length` framed). Written out rather
+/// than a pooled client: a pool may open a second connection when a
+/// request goes out before the last answer's connection was handed back,
+/// and every connection the server accepts is counted against the
+/// requests.
+struct Connection {
+    stream: tokio::net::TcpStream,
+    host: String,
+    buf: Vec<u8>,
+}
+
+impl Connection {
+    async fn open(addr: std::net::SocketAddr) -> anyhow::Result<Self> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            stream,
+            host: addr.to_string(),
+            buf: Vec::with_capacity(16 * 1024),
+        })
+    }
+
+    /// Sends `probe` and reads its answer: the status.
+    async fn exchange(&mut self, probe: &Probe) -> anyhow::Result<http::StatusCode> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut head = format!(
+            "{} {} HTTP/1.1\r\nhost: {}\r\ncontent-length: 0\r\n",
+            probe.method, probe.path, self.host
+        );
+        for (name, value) in &probe.headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        self.stream.write_all(head.as_bytes()).await?;
+        self.buf.clear();
+        loop {
+            let mut fields = [httparse::EMPTY_HEADER; 64];
+            let mut response = httparse::Response::new(&mut fields);
+            if let httparse::Status::Complete(len) = response.parse(&self.buf)? {
+                let status = http::StatusCode::from_u16(response.code.unwrap_or(0))?;
+                let length = response
+                    .headers
+                    .iter()
+                    .find(|f| f.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|f| {
+                        std::str::from_utf8(f.value)
+                            .ok()?
+                            .trim()
+                            .parse::<usize>()
+                            .ok()
+                    })
+                    .context("an answer without Content-Length")?;
+                while self.buf.len() < len + length {
+                    anyhow::ensure!(
+                        self.stream.read_buf(&mut self.buf).await? > 0,
+                        "the server closed the connection mid-answer"
+                    );
+                }
+                anyhow::ensure!(self.buf.len() == len + length, "bytes after the answer");
+                return Ok(status);
+            }
+            anyhow::ensure!(
+                self.stream.read_buf(&mut self.buf).await? > 0,
+                "the server closed the connection"
+            );
+        }
+    }
 }

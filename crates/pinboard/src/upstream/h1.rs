@@ -262,15 +262,19 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Parsed>, Exc
         let status =
             StatusCode::from_u16(code).map_err(|_| ExchangeError::Malformed("status code"))?;
         let mut headers = HeaderMap::with_capacity(spans.len());
+        // The fields that frame the body are noted on the way (a lookup
+        // each afterwards would hash their names again).
+        let mut fields = FramingFields::default();
         for &[n0, n1, v0, v1] in &spans {
             let name = HeaderName::from_bytes(&head[n0..n1])
                 .map_err(|_| ExchangeError::Malformed("field name"))?;
             let value = HeaderValue::from_maybe_shared(head.slice(v0..v1))
                 .map_err(|_| ExchangeError::Malformed("field value"))?;
+            fields.note(&name, &value)?;
             headers.append(name, value);
         }
-        let framing = framing(status, &headers, head_only)?;
-        let keep_alive = minor == 1 && !closes(&headers) && framing != Framing::UntilClose;
+        let framing = fields.framing(status, head_only);
+        let keep_alive = minor == 1 && !fields.close && framing != Framing::UntilClose;
         let mut response = Response::new(());
         *response.status_mut() = status;
         *response.version_mut() = if minor == 1 {
@@ -287,54 +291,53 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Parsed>, Exc
     }
 }
 
-/// Whether a `Connection` field says `close`.
-fn closes(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("close"))
+/// What a response head's fields say about its body and its connection.
+#[derive(Debug, Default)]
+struct FramingFields {
+    /// `Content-Length` (every line of it agreeing).
+    length: Option<u64>,
+    /// The last `Transfer-Encoding` line ends in `chunked`; `None` without
+    /// one.
+    chunked: Option<bool>,
+    /// A `Connection` line says `close`.
+    close: bool,
 }
 
-/// The body's framing from the status and fields.
-fn framing(
-    status: StatusCode,
-    headers: &HeaderMap,
-    head_only: bool,
-) -> Result<Framing, ExchangeError> {
-    if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
-        return Ok(Framing::Empty);
-    }
-    if let Some(last) = headers
-        .get_all(http::header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-    {
-        let chunked = last
-            .to_str()
-            .ok()
-            .and_then(|v| v.rsplit(',').next())
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked"));
-        return Ok(if chunked {
-            Framing::Chunked
-        } else {
-            Framing::UntilClose
-        });
-    }
-    let mut length = None;
-    for value in headers.get_all(http::header::CONTENT_LENGTH) {
-        let n = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .ok_or(ExchangeError::Malformed("content-length"))?;
-        if length.is_some_and(|m| m != n) {
-            return Err(ExchangeError::Malformed("conflicting content-length"));
+impl FramingFields {
+    fn note(&mut self, name: &HeaderName, value: &HeaderValue) -> Result<(), ExchangeError> {
+        if *name == http::header::CONTENT_LENGTH {
+            let n = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or(ExchangeError::Malformed("content-length"))?;
+            if self.length.is_some_and(|m| m != n) {
+                return Err(ExchangeError::Malformed("conflicting content-length"));
+            }
+            self.length = Some(n);
+        } else if *name == http::header::TRANSFER_ENCODING {
+            let last = value.to_str().ok().and_then(|v| v.rsplit(',').next());
+            self.chunked = Some(last.is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked")));
+        } else if *name == http::header::CONNECTION {
+            self.close |= value
+                .to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")));
         }
-        length = Some(n);
+        Ok(())
     }
-    Ok(length.map_or(Framing::UntilClose, Framing::Fixed))
+
+    /// The body's framing (RFC 9112 §6.3): `Transfer-Encoding` wins over
+    /// `Content-Length`; neither means until close.
+    fn framing(&self, status: StatusCode, head_only: bool) -> Framing {
+        if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            return Framing::Empty;
+        }
+        match (self.chunked, self.length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) | (None, None) => Framing::UntilClose,
+            (None, Some(n)) => Framing::Fixed(n),
+        }
+    }
 }
 
 /// Where a [`RawBody`] is.
