@@ -345,19 +345,57 @@ async fn churn(cycles: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(cli: &Cli, addr: std::net::SocketAddr, paths: Paths) -> anyhow::Result<Report> {
-    load::run(Load {
-        addr,
-        connections: cli.connections,
-        warmup: Duration::from_secs(cli.warmup),
-        duration: Duration::from_secs(cli.seconds),
-        method: Method::POST,
-        paths,
-        headers: Vec::new(),
-        body: None,
-        rate: None,
-    })
-    .await
+/// One closed-loop run against `server`, with the server's CPU time per
+/// request over the measured part (its `/proc` ticks; the load runs in
+/// this process, not the server's).
+async fn measure(cli: &Cli, server: &Server, paths: Paths) -> anyhow::Result<Measured> {
+    let warmup = Duration::from_secs(cli.warmup);
+    let (report, before) = tokio::join!(
+        load::run(Load {
+            addr: server.addr,
+            connections: cli.connections,
+            warmup,
+            duration: Duration::from_secs(cli.seconds),
+            method: Method::POST,
+            paths,
+            headers: Vec::new(),
+            body: None,
+            rate: None,
+        }),
+        async {
+            tokio::time::sleep(warmup).await;
+            server.cpu_time()
+        }
+    );
+    let report = report?;
+    let cpu_us = match (before, server.cpu_time()) {
+        (Some(before), Some(after)) => after.checked_sub(before).map(|spent| {
+            spent.as_secs_f64() * 1e6 / (report.ok + report.errors).max(1) as f64
+        }),
+        _ => None,
+    };
+    Ok(Measured { report, cpu_us })
+}
+
+/// A run's report and the server's CPU time per request.
+struct Measured {
+    report: Report,
+    cpu_us: Option<f64>,
+}
+
+impl Measured {
+    fn ratio(&self, base: &Self) -> f64 {
+        self.report.ratio(&base.report)
+    }
+}
+
+impl std::fmt::Display for Measured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cpu_us {
+            Some(us) => write!(f, "{}  server cpu/req {us:.1} us", self.report),
+            None => write!(f, "{}  server cpu/req -", self.report),
+        }
+    }
 }
 
 async fn run(cli: &Cli) -> anyhow::Result<()> {
@@ -369,10 +407,10 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     );
 
     let bare = Server::start(exe, &["serve-bare"]).await?;
-    let bare_warm = measure(cli, bare.addr, Paths::Fixed("/counter/a/increment".into())).await?;
+    let bare_warm = measure(cli, &bare, Paths::Fixed("/counter/a/increment".into())).await?;
     let bare_fresh = measure(
         cli,
-        bare.addr,
+        &bare,
         Paths::Unique {
             prefix: "/fresh/".into(),
             suffix: "/increment".into(),
@@ -384,7 +422,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     let pinned = Server::start(exe, &["serve-pinned"]).await?;
     let pinned_warm = measure(
         cli,
-        pinned.addr,
+        &pinned,
         Paths::Fixed("/counter/a/increment".into()),
     )
     .await?;
@@ -393,7 +431,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     let pinned = Server::start(exe, &["serve-pinned"]).await?;
     let pinned_fresh = measure(
         cli,
-        pinned.addr,
+        &pinned,
         Paths::Unique {
             prefix: "/counter/".into(),
             suffix: "/increment".into(),
