@@ -227,14 +227,7 @@ fn record(session: &str) -> WorkerRecord {
         advertise_url: "http://127.0.0.1:9".into(),
         namespaces: vec![NS.into()],
         headroom: 1,
-        draining: false,
-        server_drain: None,
-        hostname: None,
-        env: None,
-        envs: Default::default(),
-        epoch: 0,
-        takeover: None,
-        retire_at_wall_ms: None,
+        ..Default::default()
     }
 }
 

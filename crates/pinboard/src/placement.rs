@@ -63,8 +63,10 @@ use crate::clock::Now;
 /// so one name means one instance on both sides.
 pub use pinned_store::InstanceKey;
 
-/// A registered worker session as the store keeps it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A registered worker session as the store keeps it. `Default` is an
+/// empty record with no drain, no hostname world and epoch 0, for struct
+/// update syntax (`WorkerRecord { session_id, .., ..Default::default() }`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkerRecord {
     /// Session id (lease token).

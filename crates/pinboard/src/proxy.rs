@@ -624,14 +624,7 @@ mod tests {
                 advertise_url: url.into(),
                 namespaces: vec!["/c".into()],
                 headroom: 1,
-                draining: false,
-                server_drain: None,
-                hostname: None,
-                env: None,
-                epoch: 0,
-                takeover: None,
-                envs: Default::default(),
-                retire_at_wall_ms: None,
+                ..Default::default()
             },
             None,
         )

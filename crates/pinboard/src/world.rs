@@ -279,17 +279,13 @@ mod tests {
             advertise_url: "http://127.0.0.1:1".into(),
             namespaces: vec!["/a".into(), "/b".into()],
             headroom: 1,
-            draining: false,
-            server_drain: None,
             hostname: hostname.map(Into::into),
             env: env.map(Into::into),
             envs: envs
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect::<BTreeMap<_, _>>(),
-            epoch: 0,
-            takeover: None,
-            retire_at_wall_ms: None,
+            ..Default::default()
         }
     }
 

@@ -30,29 +30,11 @@ const NS: &str = "/c";
 const FLOOR: u64 = 1_000_000;
 
 fn rec(sid: &str) -> WorkerRecord {
-    WorkerRecord {
-        session_id: sid.into(),
-        client_id: format!("client-{sid}"),
-        secret: "s".into(),
-        advertise_url: "http://127.0.0.1:9".into(),
-        namespaces: vec![NS.into()],
-        headroom: 1,
-        draining: false,
-        server_drain: None,
-        hostname: None,
-        env: None,
-        epoch: 0,
-        takeover: None,
-        envs: Default::default(),
-        retire_at_wall_ms: None,
-    }
+    support::record(sid, NS)
 }
 
 fn now() -> Now {
-    Now {
-        wall_ms: 1_800_000_000_000,
-        mono_ms: 0,
-    }
+    support::fixed_now()
 }
 
 fn key(id: &str) -> InstanceKey<'_> {

@@ -163,14 +163,7 @@ fn record(session_id: &str) -> WorkerRecord {
         advertise_url: "http://127.0.0.1:1".into(),
         namespaces: vec![NS.to_owned()],
         headroom: 100,
-        draining: false,
-        server_drain: None,
-        hostname: None,
-        env: None,
-        epoch: 0,
-        takeover: None,
-        envs: Default::default(),
-        retire_at_wall_ms: None,
+        ..Default::default()
     }
 }
 

@@ -12,22 +12,7 @@ use pinboard::placement::{
 };
 
 fn rec(sid: &str) -> WorkerRecord {
-    WorkerRecord {
-        session_id: sid.into(),
-        client_id: format!("client-{sid}"),
-        secret: "s".into(),
-        advertise_url: "http://127.0.0.1:9".into(),
-        namespaces: vec!["/c".into()],
-        headroom: 1,
-        draining: false,
-        server_drain: None,
-        hostname: None,
-        env: None,
-        epoch: 0,
-        takeover: None,
-        envs: Default::default(),
-        retire_at_wall_ms: None,
-    }
+    support::record(sid, "/c")
 }
 
 fn at(mono_ms: u64) -> Now {

@@ -25,29 +25,11 @@ const DEADLINE: Duration = Duration::from_millis(300);
 const BOUND: Duration = Duration::from_millis(3 * 300);
 
 fn rec(sid: &str) -> WorkerRecord {
-    WorkerRecord {
-        session_id: sid.into(),
-        client_id: format!("client-{sid}"),
-        secret: "s".into(),
-        advertise_url: "http://127.0.0.1:9".into(),
-        namespaces: vec!["/c".into()],
-        headroom: 1,
-        draining: false,
-        server_drain: None,
-        hostname: None,
-        env: None,
-        epoch: 0,
-        takeover: None,
-        envs: Default::default(),
-        retire_at_wall_ms: None,
-    }
+    support::record(sid, "/c")
 }
 
 fn now() -> Now {
-    Now {
-        wall_ms: 1_800_000_000_000,
-        mono_ms: 0,
-    }
+    support::fixed_now()
 }
 
 /// Every non-batched call of the store, each named, answering only

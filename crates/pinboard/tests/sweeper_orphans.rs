@@ -90,14 +90,7 @@ fn rec(sid: &str) -> WorkerRecord {
         advertise_url: format!("http://{sid}.test"),
         namespaces: vec!["/threads".into()],
         headroom: 10,
-        draining: false,
-        server_drain: None,
-        hostname: None,
-        env: None,
-        epoch: 0,
-        takeover: None,
-        envs: Default::default(),
-        retire_at_wall_ms: None,
+        ..Default::default()
     }
 }
 

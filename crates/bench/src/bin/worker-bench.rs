@@ -369,9 +369,9 @@ async fn measure(cli: &Cli, server: &Server, paths: Paths) -> anyhow::Result<Mea
     );
     let report = report?;
     let cpu_us = match (before, server.cpu_time()) {
-        (Some(before), Some(after)) => after.checked_sub(before).map(|spent| {
-            spent.as_secs_f64() * 1e6 / (report.ok + report.errors).max(1) as f64
-        }),
+        (Some(before), Some(after)) => after
+            .checked_sub(before)
+            .map(|spent| spent.as_secs_f64() * 1e6 / (report.ok + report.errors).max(1) as f64),
         _ => None,
     };
     Ok(Measured { report, cpu_us })
@@ -420,12 +420,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     drop(bare);
 
     let pinned = Server::start(exe, &["serve-pinned"]).await?;
-    let pinned_warm = measure(
-        cli,
-        &pinned,
-        Paths::Fixed("/counter/a/increment".into()),
-    )
-    .await?;
+    let pinned_warm = measure(cli, &pinned, Paths::Fixed("/counter/a/increment".into())).await?;
     drop(pinned);
     // A fresh worker, so activations do not share the map with the warm run.
     let pinned = Server::start(exe, &["serve-pinned"]).await?;

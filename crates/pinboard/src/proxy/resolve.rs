@@ -990,14 +990,7 @@ mod tests {
             advertise_url: format!("http://{sid}.invalid:1"),
             namespaces: vec!["/c".into()],
             headroom,
-            draining: false,
-            server_drain: None,
-            hostname: None,
-            env: None,
-            epoch: 0,
-            takeover: None,
-            envs: Default::default(),
-            retire_at_wall_ms: None,
+            ..Default::default()
         }
     }
 

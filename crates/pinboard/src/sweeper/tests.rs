@@ -82,14 +82,7 @@ async fn worker(app: &App<MemoryStore>, sid: &str, answers: &[(u16, bool)]) -> A
         advertise_url: format!("http://{addr}"),
         namespaces: vec![NS.into()],
         headroom: 10,
-        draining: false,
-        server_drain: None,
-        hostname: None,
-        env: None,
-        epoch: 0,
-        takeover: None,
-        envs: Default::default(),
-        retire_at_wall_ms: None,
+        ..Default::default()
     };
     app.store
         .put_worker(&record, 60_000, app.clock.now())

@@ -21,6 +21,29 @@ pub use test_support::{
     eventually, get_json, python, unique, unreachable_url, Proc, RedisServer, Signal, TOKEN,
 };
 
+/// A worker record for store-level suites: session `sid` (client
+/// `client-<sid>`, secret `s`) at an address nothing listens on, hosting
+/// `ns` with headroom 1.
+pub fn record(sid: &str, ns: &str) -> pinboard::placement::WorkerRecord {
+    pinboard::placement::WorkerRecord {
+        session_id: sid.into(),
+        client_id: format!("client-{sid}"),
+        secret: "s".into(),
+        advertise_url: "http://127.0.0.1:9".into(),
+        namespaces: vec![ns.into()],
+        headroom: 1,
+        ..Default::default()
+    }
+}
+
+/// A fixed moment for store-level suites (wall clock in 2027, monotonic 0).
+pub fn fixed_now() -> pinboard::clock::Now {
+    pinboard::clock::Now {
+        wall_ms: 1_800_000_000_000,
+        mono_ms: 0,
+    }
+}
+
 /// Lease TTL used by the suites (ms): the starter's default.
 pub const LEASE_TTL_MS: u64 = test_support::Pinboard::LEASE_TTL_MS;
 
