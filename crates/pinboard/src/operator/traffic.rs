@@ -8,7 +8,6 @@
 //! client paths cannot grow the table. One request costs a read lock, a
 //! map lookup and three atomic adds; never blocks on I/O.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +32,21 @@ struct Row {
     buckets: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
 }
 
+impl Row {
+    fn add(&self, status: u16, took: Duration) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if status >= 500 {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BUCKETS_MS
+            .iter()
+            .position(|&b| ms < b)
+            .unwrap_or(LATENCY_BUCKETS_MS.len());
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// One namespace's counters since start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -50,7 +64,8 @@ pub struct NamespaceTraffic {
 /// Per-namespace traffic of this node.
 #[derive(Debug, Default)]
 pub struct Traffic {
-    rows: RwLock<HashMap<String, Arc<Row>>>,
+    /// foldhash: every proxied request looks its namespace up here.
+    rows: RwLock<foldhash::HashMap<String, Arc<Row>>>,
     other: Row,
 }
 
@@ -73,18 +88,15 @@ impl Traffic {
 
     /// One request to `ns` answered `status` after `took`.
     pub fn record(&self, ns: &str, status: u16, took: Duration) {
-        let row = self.row(ns);
-        let row = row.as_deref().unwrap_or(&self.other);
-        row.requests.fetch_add(1, Ordering::Relaxed);
-        if status >= 500 {
-            row.errors.fetch_add(1, Ordering::Relaxed);
+        // A known namespace is counted under the read lock: no `Arc` taken.
+        if let Some(row) = self.rows.read().get(ns) {
+            row.add(status, took);
+            return;
         }
-        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
-        let bucket = LATENCY_BUCKETS_MS
-            .iter()
-            .position(|&b| ms < b)
-            .unwrap_or(LATENCY_BUCKETS_MS.len());
-        row.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        match self.row(ns) {
+            Some(row) => row.add(status, took),
+            None => self.other.add(status, took),
+        }
     }
 
     /// Every row, sorted by namespace (the `(other)` row last, when used).
