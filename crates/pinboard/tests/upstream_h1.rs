@@ -15,8 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use support::raw::{raw_worker, Act, Answer, Client, Framed, Gate, Raw, Seen};
+use support::raw::{kernel_socket, raw_worker, Act, Answer, Client, Framed, Gate, Raw, Seen};
 use support::{pinboard, Proc};
+use test_support::until;
 
 /// How long any one step may take.
 const PATIENCE: Duration = Duration::from_secs(5);
@@ -69,6 +70,14 @@ fn request(method: &str, path: &str, extra: &str) -> Vec<u8> {
 async fn get(client: &mut Client, path: &str) -> Framed {
     client.send(&request("GET", path, "")).await;
     client.response(false, PATIENCE).await
+}
+
+/// `/proc/net/tcp`'s code for an established connection.
+const ESTABLISHED: &str = "01";
+
+/// The ends (pinboard's, the worker's) of the worker's latest connection.
+fn last_peer(worker: &Raw) -> (std::net::SocketAddr, std::net::SocketAddr) {
+    *worker.peers.lock().last().expect("a connection")
 }
 
 fn conns(worker: &Raw) -> u32 {
@@ -297,8 +306,8 @@ async fn bodiless_answers_end_at_their_head_and_keep_the_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_reuses_one_connection_and_survives_the_worker_closing_it() {
-    let idle = Gate::new();
-    let i = idle.clone();
+    let (idle, later, written) = (Gate::new(), Gate::new(), Gate::new());
+    let (i, l, w) = (idle.clone(), later.clone(), written.clone());
     let (pb, worker, mut client) = setup("keepalive", move |seen, _| match target(seen) {
         "/counter/k/close" => Answer::Script(vec![
             Act::Write(
@@ -311,8 +320,19 @@ async fn keep_alive_reuses_one_connection_and_survives_the_worker_closing_it() {
             Act::Wait(i.clone()),
             Act::Close,
         ]),
-        // The answer, then bytes nobody asked for.
-        "/counter/k/stray" => writes([&ok("stray"), b"HTTP/1.1 200 OK\r\n"]),
+        // The answer with bytes nobody asked for right behind it.
+        "/counter/k/stray" => {
+            let mut bytes = ok("stray");
+            bytes.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+            Answer::Script(vec![Act::Write(bytes)])
+        }
+        // The answer, and later (the connection idle) unasked bytes.
+        "/counter/k/stray-later" => Answer::Script(vec![
+            Act::Write(ok("stray")),
+            Act::Wait(l.clone()),
+            Act::Write(b"HTTP/1.1 200 OK\r\n".to_vec()),
+            Act::Open(w.clone()),
+        ]),
         _ => writes([&ok("ok")]),
     })
     .await;
@@ -340,6 +360,11 @@ async fn keep_alive_reuses_one_connection_and_survives_the_worker_closing_it() {
         assert_ok(&f, b"idle", "idle");
         idle.open();
         worker.closed.pass_within(PATIENCE, "worker closed").await;
+        let end = last_peer(&worker);
+        until("pinboard's kernel took the close", PATIENCE, || {
+            kernel_socket(end).is_none_or(|(state, _)| state != ESTABLISHED)
+        })
+        .await;
         client
             .send(&request(
                 method,
@@ -352,12 +377,25 @@ async fn keep_alive_reuses_one_connection_and_survives_the_worker_closing_it() {
         assert_eq!(conns(&worker), n, "{method}");
     }
 
-    // Bytes after a complete answer: that connection is not reused.
+    // Bytes after a complete answer, with it or while the connection is
+    // idle: that connection is not reused.
     let f = get(&mut client, "/counter/k/stray").await;
     assert_ok(&f, b"stray", "stray");
     let f = get(&mut client, "/counter/k/after-stray").await;
     assert_ok(&f, b"ok", "after stray bytes");
     assert_eq!(conns(&worker), 5);
+    let f = get(&mut client, "/counter/k/stray-later").await;
+    assert_ok(&f, b"stray", "stray later");
+    later.open();
+    written.pass_within(PATIENCE, "stray bytes written").await;
+    let end = last_peer(&worker);
+    until("pinboard's kernel took the stray bytes", PATIENCE, || {
+        kernel_socket(end).is_some_and(|(_, unread)| unread > 0)
+    })
+    .await;
+    let f = get(&mut client, "/counter/k/after-stray-later").await;
+    assert_ok(&f, b"ok", "after later stray bytes");
+    assert_eq!(conns(&worker), 6);
     assert!(!client.ended());
     drop(pb);
 }

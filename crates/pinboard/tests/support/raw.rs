@@ -173,6 +173,9 @@ pub enum Act {
     Write(Vec<u8>),
     /// Wait until the test opens this gate.
     Wait(Arc<Gate>),
+    /// Open this gate for the test (everything written before it has
+    /// reached the peer's socket: loopback delivers within the write).
+    Open(Arc<Gate>),
     /// Close the connection (then [`Raw::closed`] opens once).
     Close,
 }
@@ -445,6 +448,9 @@ pub struct Raw {
     pub conns: AtomicU32,
     /// Opens once per connection an [`Act::Close`] closed, after it closed.
     pub closed: Arc<Gate>,
+    /// The ends (pinboard's, the worker's) of each connection counted in
+    /// `conns`, in order.
+    pub peers: Mutex<Vec<(SocketAddr, SocketAddr)>>,
     pub seen: Mutex<Vec<Seen>>,
     script: Box<Script>,
 }
@@ -552,6 +558,9 @@ async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
         if !counted {
             counted = true;
             raw.conns.fetch_add(1, Ordering::SeqCst);
+            if let (Ok(peer), Ok(own)) = (s.peer_addr(), s.local_addr()) {
+                raw.peers.lock().push((peer, own));
+            }
         }
         let hit = raw.hits.fetch_add(1, Ordering::SeqCst) + 1;
         let answer = (raw.script)(&seen, hit);
@@ -569,6 +578,7 @@ async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
                         }
                     }
                     Act::Wait(gate) => gate.pass().await,
+                    Act::Open(gate) => gate.open(),
                     Act::Close => {
                         drop(s);
                         raw.closed.open();
@@ -647,6 +657,7 @@ pub async fn raw_worker(
         hits: AtomicU32::new(0),
         conns: AtomicU32::new(0),
         closed: Gate::new(),
+        peers: Mutex::new(Vec::new()),
         seen: Mutex::new(Vec::new()),
         script: Box::new(script),
     });
@@ -676,6 +687,32 @@ pub async fn raw_worker(
     assert_eq!(res.status(), 200, "{:?}", res.text().await);
     let ack: Value = res.json().await.expect("ack");
     (raw, ack["sessionId"].as_str().expect("session").to_owned())
+}
+
+/// pinboard's end of the loopback connection `(pinboard's end, the
+/// worker's end)`, as the kernel has it: its TCP state (`01` established,
+/// `08` close-wait: the peer's FIN was taken) and the bytes waiting to be
+/// read; `None` when there is no such socket. A write or a close on one
+/// end can reach the other end's socket later than the call returns on a
+/// loaded machine; a test that needs pinboard to be able to see it waits
+/// on this. Read from `/proc/net/tcp` (Linux only).
+pub fn kernel_socket((local, remote): (SocketAddr, SocketAddr)) -> Option<(String, u64)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let (local, remote) = (
+        format!(":{:04X}", local.port()),
+        format!(":{:04X}", remote.port()),
+    );
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if !cols.get(1)?.ends_with(&local) || !cols.get(2)?.ends_with(&remote) {
+            return None;
+        }
+        let rx = cols.get(4)?.split(':').nth(1)?;
+        Some((
+            (*cols.get(3)?).to_owned(),
+            u64::from_str_radix(rx, 16).ok()?,
+        ))
+    })
 }
 
 /// The value of `name` in pinboard's `/metrics` text (0 when absent).
