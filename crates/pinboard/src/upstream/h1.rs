@@ -230,6 +230,11 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Parsed>, Exc
             let mut res = httparse::Response::new(&mut []);
             let config = httparse::ParserConfig::default();
             let len = match config.parse_response_with_uninit_headers(&mut res, buf, &mut fields) {
+                // A head that arrived whole in one large read is held to
+                // the bound as well as one still coming in (`exchange`).
+                Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => {
+                    return Err(ExchangeError::HeadTooLarge)
+                }
                 Ok(httparse::Status::Complete(len)) => len,
                 Ok(httparse::Status::Partial) => return Ok(None),
                 Err(httparse::Error::TooManyHeaders) => return Err(ExchangeError::HeadTooLarge),
@@ -542,6 +547,9 @@ impl RawBody {
 fn trailers(read: &mut BytesMut) -> Result<Option<Option<HeaderMap>>, ExchangeError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let (len, map) = match httparse::parse_headers(read, &mut fields) {
+        Ok(httparse::Status::Complete((len, _))) if len > MAX_HEAD => {
+            return Err(ExchangeError::HeadTooLarge)
+        }
         Ok(httparse::Status::Complete((len, fields))) => {
             let mut map = HeaderMap::with_capacity(fields.len());
             for f in fields.iter() {
@@ -672,6 +680,14 @@ mod tests {
             s + &format!("x-{i}: 1\r\n")
         }) + "\r\n";
         assert!(matches!(parse(&many), Err(ExchangeError::HeadTooLarge)));
+        // Whole in the buffer, but over the bound.
+        let big = format!("HTTP/1.1 200 OK\r\nx-big: {}\r\n\r\n", "a".repeat(MAX_HEAD));
+        assert!(matches!(parse(&big), Err(ExchangeError::HeadTooLarge)));
+        let trailer = format!("x-big: {}\r\n\r\n", "a".repeat(MAX_HEAD));
+        assert!(matches!(
+            trailers(&mut BytesMut::from(trailer.as_str())),
+            Err(ExchangeError::HeadTooLarge)
+        ));
     }
 
     #[test]

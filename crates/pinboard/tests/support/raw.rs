@@ -1,9 +1,14 @@
 //! Raw HTTP/1.1 on sockets, for the edge suites: a client that sends
 //! exactly the bytes a test wants (half a head, a broken chunk, a stalled
 //! body) and sees exactly when the server closes, and a scripted worker
-//! that may answer, close the connection without answering, or never
-//! answer at all. The worker answers the registration challenge itself;
-//! the test registers it (no heartbeats: use a long lease).
+//! that may answer, close the connection without answering, never answer
+//! at all, or play a script of exact writes paced by the test's [`Gate`]s.
+//! The worker answers the registration challenge itself; the test
+//! registers it (no heartbeats: use a long lease).
+//!
+//! [`Client`] is the other end: one connection to pinboard whose answers
+//! are decoded exactly as framed (a length, chunks and trailers, or until
+//! close), so a body cut short shows as incomplete rather than as a panic.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -132,9 +137,268 @@ pub async fn read_reply(s: &mut TcpStream, patience: Duration) -> Reply {
     }
 }
 
+/// A counting signal between a test and a scripted worker: each
+/// [`open`](Self::open) lets one [`pass`](Self::pass) through.
+#[derive(Debug)]
+pub struct Gate(tokio::sync::Semaphore);
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self(tokio::sync::Semaphore::new(0)))
+    }
+
+    /// Lets one waiter through (now or when it comes).
+    pub fn open(&self) {
+        self.0.add_permits(1);
+    }
+
+    /// Waits for an opening.
+    pub async fn pass(&self) {
+        self.0.acquire().await.expect("gate never closes").forget();
+    }
+
+    /// Waits for an opening for at most `patience`; panics after that.
+    pub async fn pass_within(&self, patience: Duration, what: &str) {
+        tokio::time::timeout(patience, self.pass())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: not within {patience:?}"));
+    }
+}
+
+/// One step of an [`Answer::Script`].
+#[derive(Debug, Clone)]
+pub enum Act {
+    /// Write these bytes (one `write_all`).
+    Write(Vec<u8>),
+    /// Wait until the test opens this gate.
+    Wait(Arc<Gate>),
+    /// Open this gate for the test (everything written before it has
+    /// reached the peer's socket: loopback delivers within the write).
+    Open(Arc<Gate>),
+    /// Close the connection (then [`Raw::closed`] opens once).
+    Close,
+}
+
+/// A response as it was framed on the wire.
+#[derive(Debug, Clone)]
+pub struct Framed {
+    pub status: u16,
+    /// Lowercase names, in arrival order.
+    pub headers: Vec<(String, String)>,
+    /// The body, chunk framing removed; what has come so far when
+    /// incomplete.
+    pub body: Vec<u8>,
+    /// The trailer section of a chunked body (lowercase names).
+    pub trailers: Vec<(String, String)>,
+    /// The framing says the body ended: its length was reached, its last
+    /// chunk and trailer section came, or (neither length nor chunks) the
+    /// peer closed.
+    pub complete: bool,
+    /// How many buffered bytes the message took.
+    len: usize,
+}
+
+impl Framed {
+    /// Every value of header `name` (lowercase).
+    pub fn all(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// The first value of header `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.all(name).first().copied()
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+fn field_lines(text: &str) -> Vec<(String, String)> {
+    text.split("\r\n")
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect()
+}
+
+/// Decodes one response off the front of `buf` (the answer to a `HEAD`
+/// when `head_request`); `None` until its head is complete. `eof`: the
+/// peer closed after `buf`.
+fn decode(buf: &[u8], head_request: bool, eof: bool) -> Option<Framed> {
+    let end = find_head_end(buf)?;
+    let (status_line, headers) = parse_head(&String::from_utf8_lossy(&buf[..end]));
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status");
+    let mut f = Framed {
+        status,
+        headers,
+        body: Vec::new(),
+        trailers: Vec::new(),
+        complete: false,
+        len: end,
+    };
+    let rest = &buf[end..];
+    if head_request || matches!(status, 100..=199 | 204 | 304) {
+        f.complete = true;
+        return Some(f);
+    }
+    let chunked = f
+        .header("transfer-encoding")
+        .is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
+    let length = f
+        .header("content-length")
+        .map(|v| v.parse::<usize>().expect("content-length"));
+    if chunked {
+        let mut at = 0;
+        while let Some(nl) = rest[at..].windows(2).position(|w| w == b"\r\n") {
+            let line = String::from_utf8_lossy(&rest[at..at + nl]).into_owned();
+            let digits = line.split(';').next().unwrap_or_default().trim();
+            let size = usize::from_str_radix(digits, 16).expect("chunk size");
+            let data = at + nl + 2;
+            if size == 0 {
+                let section = &rest[data..];
+                if section.starts_with(b"\r\n") {
+                    at = data + 2;
+                    f.complete = true;
+                } else if let Some(e) = find_head_end(section) {
+                    f.trailers = field_lines(&String::from_utf8_lossy(&section[..e]));
+                    at = data + e;
+                    f.complete = true;
+                }
+                break;
+            }
+            if rest.len() < data + size + 2 {
+                f.body
+                    .extend_from_slice(&rest[data..rest.len().min(data + size)]);
+                break;
+            }
+            assert_eq!(&rest[data + size..data + size + 2], b"\r\n", "chunk end");
+            f.body.extend_from_slice(&rest[data..data + size]);
+            at = data + size + 2;
+        }
+        f.len = end + at;
+    } else if let Some(length) = length {
+        let take = rest.len().min(length);
+        f.body = rest[..take].to_vec();
+        f.complete = take == length;
+        f.len = end + take;
+    } else {
+        f.body = rest.to_vec();
+        f.complete = eof;
+        f.len = buf.len();
+    }
+    Some(f)
+}
+
+/// One connection to pinboard that reads responses exactly as framed.
+pub struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+    eof: bool,
+}
+
+impl Client {
+    /// Connect to `addr`.
+    pub async fn connect(addr: SocketAddr) -> Self {
+        Self {
+            s: connect(addr).await,
+            buf: Vec::new(),
+            eof: false,
+        }
+    }
+
+    /// Writes `bytes` as they are.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).await.expect("write to pinboard");
+    }
+
+    /// The peer closed (or reset) the connection.
+    pub fn ended(&self) -> bool {
+        self.eof
+    }
+
+    /// Reads until the next response (to a `HEAD` when `head_request`)
+    /// satisfies `until` or the connection ends, and answers it as it is
+    /// then (not taken off the buffer). Panics when `patience` passes
+    /// first, or the connection ends before a whole head.
+    pub async fn read_until(
+        &mut self,
+        head_request: bool,
+        patience: Duration,
+        until: impl Fn(&Framed) -> bool,
+    ) -> Framed {
+        match self.read_until_or_end(head_request, patience, until).await {
+            Some(f) => f,
+            None => panic!(
+                "connection ended before a response head: {:?}",
+                String::from_utf8_lossy(&self.buf)
+            ),
+        }
+    }
+
+    /// As [`read_until`](Self::read_until), but `None` when the
+    /// connection ends before a whole head.
+    pub async fn read_until_or_end(
+        &mut self,
+        head_request: bool,
+        patience: Duration,
+        until: impl Fn(&Framed) -> bool,
+    ) -> Option<Framed> {
+        let deadline = Instant::now() + patience;
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            match decode(&self.buf, head_request, self.eof) {
+                Some(f) if self.eof || until(&f) => return Some(f),
+                None if self.eof => return None,
+                _ => {}
+            }
+            match tokio::time::timeout_at(deadline, self.s.read(&mut chunk)).await {
+                Err(_) => panic!(
+                    "no such response within {patience:?}; have {} bytes: {:?}",
+                    self.buf.len(),
+                    String::from_utf8_lossy(&self.buf[..self.buf.len().min(600)])
+                ),
+                Ok(Ok(0)) | Ok(Err(_)) => self.eof = true,
+                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// The next response: whole (and taken off the buffer, so the next
+    /// one can be read), or as far as it came before the connection ended
+    /// (`complete` false).
+    pub async fn response(&mut self, head_request: bool, patience: Duration) -> Framed {
+        let f = self
+            .read_until(head_request, patience, |f| f.complete)
+            .await;
+        if f.complete {
+            self.buf.drain(..f.len);
+        }
+        f
+    }
+
+    /// Bytes read and not yet taken by [`response`](Self::response).
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
 /// What a scripted worker does with an instance request.
 #[derive(Debug, Clone)]
 pub enum Answer {
+    /// Read the request body whole (recorded in [`Seen::body`]), then play
+    /// these acts; at their end, if the connection is still open, wait
+    /// for the next request on it.
+    Script(Vec<Act>),
     /// Read the body (by `Content-Length` or chunked), then answer this
     /// status with this JSON body.
     Json(u16, Value),
@@ -156,6 +420,9 @@ pub struct Seen {
     pub request_line: String,
     /// Lowercase names, in arrival order.
     pub headers: Vec<(String, String)>,
+    /// The request body as it came on the wire (only for
+    /// [`Answer::Script`]).
+    pub body: Vec<u8>,
 }
 
 impl Seen {
@@ -176,11 +443,25 @@ pub struct Raw {
     pub secret: String,
     challenge: (String, String),
     pub hits: AtomicU32,
+    /// Connections that carried an instance request (the challenge comes
+    /// on connections of its own and is not counted).
+    pub conns: AtomicU32,
+    /// Opens once per connection an [`Act::Close`] closed, after it closed.
+    pub closed: Arc<Gate>,
+    /// The ends (pinboard's, the worker's) of each connection counted in
+    /// `conns`, in order.
+    pub peers: Mutex<Vec<(SocketAddr, SocketAddr)>>,
     pub seen: Mutex<Vec<Seen>>,
     script: Box<Script>,
 }
 
-async fn read_body(s: &mut TcpStream, buf: &mut Vec<u8>, headers: &[(String, String)]) -> bool {
+/// Reads a request body off `buf` and `s`: the bytes as they came on the
+/// wire (chunk framing included), `None` if the connection ended first.
+async fn read_body(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    headers: &[(String, String)],
+) -> Option<Vec<u8>> {
     let mut chunk = [0u8; 8192];
     let header = |name: &str| {
         headers
@@ -191,26 +472,25 @@ async fn read_body(s: &mut TcpStream, buf: &mut Vec<u8>, headers: &[(String, Str
     if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
         while buf.len() < len {
             match s.read(&mut chunk).await {
-                Ok(0) | Err(_) => return false,
+                Ok(0) | Err(_) => return None,
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
         }
-        buf.drain(..len);
-        return true;
+        return Some(buf.drain(..len).collect());
     }
     if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
         // Good enough for tests: until the last chunk's terminator.
         while !buf.windows(5).any(|w| w == b"0\r\n\r\n") {
             match s.read(&mut chunk).await {
-                Ok(0) | Err(_) => return false,
+                Ok(0) | Err(_) => return None,
                 Ok(n) => buf.extend_from_slice(&chunk[..n]),
             }
         }
         if let Some(i) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
-            buf.drain(..i + 5);
+            return Some(buf.drain(..i + 5).collect());
         }
     }
-    true
+    Some(Vec::new())
 }
 
 async fn respond(s: &mut TcpStream, status: u16, body: &Value) -> bool {
@@ -238,6 +518,7 @@ async fn respond_with(
 async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
+    let mut counted = false;
     loop {
         let end = loop {
             if let Some(end) = find_head_end(&buf) {
@@ -250,9 +531,10 @@ async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
         };
         let (request_line, headers) = parse_head(&String::from_utf8_lossy(&buf[..end]));
         buf.drain(..end);
-        let seen = Seen {
+        let mut seen = Seen {
             request_line,
             headers,
+            body: Vec::new(),
         };
         let target = seen
             .request_line
@@ -273,11 +555,43 @@ async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
             }
             continue;
         }
+        if !counted {
+            counted = true;
+            raw.conns.fetch_add(1, Ordering::SeqCst);
+            if let (Ok(peer), Ok(own)) = (s.peer_addr(), s.local_addr()) {
+                raw.peers.lock().push((peer, own));
+            }
+        }
         let hit = raw.hits.fetch_add(1, Ordering::SeqCst) + 1;
         let answer = (raw.script)(&seen, hit);
+        if let Answer::Script(acts) = answer {
+            let Some(body) = read_body(&mut s, &mut buf, &seen.headers).await else {
+                return;
+            };
+            seen.body = body;
+            raw.seen.lock().push(seen);
+            for act in acts {
+                match act {
+                    Act::Write(bytes) => {
+                        if s.write_all(&bytes).await.is_err() {
+                            return;
+                        }
+                    }
+                    Act::Wait(gate) => gate.pass().await,
+                    Act::Open(gate) => gate.open(),
+                    Act::Close => {
+                        drop(s);
+                        raw.closed.open();
+                        return;
+                    }
+                }
+            }
+            continue;
+        }
         raw.seen.lock().push(seen.clone());
         match answer {
             Answer::Close => return,
+            Answer::Script(_) => unreachable!("played above"),
             Answer::SwitchEcho => {
                 let head = "HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n";
                 if s.write_all(head.as_bytes()).await.is_err() {
@@ -302,7 +616,7 @@ async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
                 std::future::pending::<()>().await;
             }
             Answer::Json(status, body) => {
-                if !read_body(&mut s, &mut buf, &seen.headers).await {
+                if read_body(&mut s, &mut buf, &seen.headers).await.is_none() {
                     return;
                 }
                 if !respond(&mut s, status, &body).await {
@@ -310,7 +624,7 @@ async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
                 }
             }
             Answer::JsonWith(status, extra, body) => {
-                if !read_body(&mut s, &mut buf, &seen.headers).await {
+                if read_body(&mut s, &mut buf, &seen.headers).await.is_none() {
                     return;
                 }
                 if !respond_with(&mut s, status, &extra, &body).await {
@@ -318,7 +632,7 @@ async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
                 }
             }
             Answer::After(wait, status, body) => {
-                if !read_body(&mut s, &mut buf, &seen.headers).await {
+                if read_body(&mut s, &mut buf, &seen.headers).await.is_none() {
                     return;
                 }
                 tokio::time::sleep(wait).await;
@@ -341,6 +655,9 @@ pub async fn raw_worker(
         secret: format!("secret-of-{name}"),
         challenge: (format!("ch{name}"), format!("val{name}")),
         hits: AtomicU32::new(0),
+        conns: AtomicU32::new(0),
+        closed: Gate::new(),
+        peers: Mutex::new(Vec::new()),
         seen: Mutex::new(Vec::new()),
         script: Box::new(script),
     });
@@ -349,6 +666,9 @@ pub async fn raw_worker(
     let serving = raw.clone();
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
+            // Each write leaves as written (a script's pacing and splits
+            // must not be merged by Nagle's algorithm).
+            let _ = s.set_nodelay(true);
             tokio::spawn(serve_conn(serving.clone(), s));
         }
     });
@@ -367,6 +687,32 @@ pub async fn raw_worker(
     assert_eq!(res.status(), 200, "{:?}", res.text().await);
     let ack: Value = res.json().await.expect("ack");
     (raw, ack["sessionId"].as_str().expect("session").to_owned())
+}
+
+/// pinboard's end of the loopback connection `(pinboard's end, the
+/// worker's end)`, as the kernel has it: its TCP state (`01` established,
+/// `08` close-wait: the peer's FIN was taken) and the bytes waiting to be
+/// read; `None` when there is no such socket. A write or a close on one
+/// end can reach the other end's socket later than the call returns on a
+/// loaded machine; a test that needs pinboard to be able to see it waits
+/// on this. Read from `/proc/net/tcp` (Linux only).
+pub fn kernel_socket((local, remote): (SocketAddr, SocketAddr)) -> Option<(String, u64)> {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let (local, remote) = (
+        format!(":{:04X}", local.port()),
+        format!(":{:04X}", remote.port()),
+    );
+    table.lines().skip(1).find_map(|line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if !cols.get(1)?.ends_with(&local) || !cols.get(2)?.ends_with(&remote) {
+            return None;
+        }
+        let rx = cols.get(4)?.split(':').nth(1)?;
+        Some((
+            (*cols.get(3)?).to_owned(),
+            u64::from_str_radix(rx, 16).ok()?,
+        ))
+    })
 }
 
 /// The value of `name` in pinboard's `/metrics` text (0 when absent).
