@@ -39,6 +39,8 @@ use super::Pool;
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most fields in a response head or a trailer section.
 pub const MAX_HEADERS: usize = 100;
+/// Most interim (1xx) answers skipped before the final one.
+pub const MAX_INTERIM: usize = 16;
 /// Longest chunk-size line (hex digits and chunk extensions).
 pub const MAX_CHUNK_LINE: usize = 4096;
 /// How much room a read asks for.
@@ -137,8 +139,9 @@ impl Conn {
             }
         }
         let head_only = head.method == Method::HEAD;
+        let mut interim = 0;
         let parsed = loop {
-            match parse_head(&mut self.read, head_only) {
+            match parse_head(&mut self.read, head_only, &mut interim) {
                 Ok(Some(parsed)) => break parsed,
                 Ok(None) => {}
                 Err(e) => return Err((false, e)),
@@ -215,7 +218,12 @@ struct Parsed {
 
 /// Parses one final response head off the front of `buf` (interim 1xx
 /// heads are skipped); `None` when it is not complete yet.
-fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Parsed>, ExchangeError> {
+/// `interim` counts the 1xx heads skipped so far (at most [`MAX_INTERIM`]).
+fn parse_head(
+    buf: &mut BytesMut,
+    head_only: bool,
+    interim: &mut usize,
+) -> Result<Option<Parsed>, ExchangeError> {
     loop {
         if buf.is_empty() {
             return Ok(None);
@@ -261,6 +269,10 @@ fn parse_head(buf: &mut BytesMut, head_only: bool) -> Result<Option<Parsed>, Exc
         if (100..200).contains(&code) {
             if code == 101 {
                 return Err(ExchangeError::Malformed("switching protocols unasked"));
+            }
+            *interim += 1;
+            if *interim > MAX_INTERIM {
+                return Err(ExchangeError::Malformed("too many interim answers"));
             }
             continue;
         }
@@ -626,7 +638,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Option<Parsed>, ExchangeError> {
-        parse_head(&mut BytesMut::from(text), false)
+        parse_head(&mut BytesMut::from(text), false, &mut 0)
     }
 
     #[test]
@@ -688,6 +700,16 @@ mod tests {
             trailers(&mut BytesMut::from(trailer.as_str())),
             Err(ExchangeError::HeadTooLarge)
         ));
+    }
+
+    #[test]
+    fn interim_answers_are_bounded() {
+        let many =
+            "HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INTERIM + 1) + "HTTP/1.1 200 OK\r\n\r\n";
+        assert!(matches!(parse(&many), Err(ExchangeError::Malformed(_))));
+        let few =
+            "HTTP/1.1 100 Continue\r\n\r\n".repeat(MAX_INTERIM) + "HTTP/1.1 204 No Content\r\n\r\n";
+        assert!(parse(&few).expect("valid").is_some());
     }
 
     #[test]
