@@ -13,6 +13,8 @@
 
 pub mod h1;
 
+use self::h1::Reached;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -265,8 +267,13 @@ impl Pool {
             Some(Ok(frame)) => frame.into_data().unwrap_or_default(),
             _ => Bytes::new(),
         };
+        // After a reused connection failed, the next try dials: the other
+        // idle ones may be as stale.
+        let mut fresh = false;
         loop {
-            let (conn, reused) = match self.take_raw() {
+            let idle = if fresh { None } else { self.take_raw() };
+            fresh = true;
+            let (conn, reused) = match idle {
                 Some(conn) => (conn, true),
                 None => (Box::pin(self.dial()).await.map(h1::Conn::new)?, false),
             };
@@ -274,9 +281,14 @@ impl Pool {
                 Ok(response) => return Ok(response.map(|body| PooledBody::Raw { body })),
                 // The worker had closed an idle connection: nothing of the
                 // request went out, so it goes out once more on a new one.
-                Err((true, _)) if reused => {}
-                Err((true, error)) => return Err(SendError::Unwritten(error)),
-                Err((false, error)) => return Err(SendError::Exchange(error)),
+                Err((Reached::Nothing, _)) if reused => {}
+                // The same race seen later: the worker closed the reused
+                // connection as the request went out and never answered.
+                // An idempotent request goes out once more on a new
+                // connection; anything else is the proxy's to decide.
+                Err((Reached::NoAnswer, _)) if reused && head.method.is_idempotent() => {}
+                Err((Reached::Nothing, error)) => return Err(SendError::Unwritten(error)),
+                Err((_, error)) => return Err(SendError::Exchange(error)),
             }
         }
     }

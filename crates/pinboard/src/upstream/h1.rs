@@ -65,6 +65,20 @@ pub enum ExchangeError {
     Malformed(&'static str),
 }
 
+/// How far an exchange got before it failed: what sending the request
+/// again could repeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reached {
+    /// The request could not be written: nothing reached the worker.
+    Nothing,
+    /// The request was written and the connection ended (closed or reset)
+    /// before a byte of an answer: the keep-alive race of a connection the
+    /// worker closed as it was reused, or a worker that died on it.
+    NoAnswer,
+    /// Part of an answer arrived, or the answer was invalid.
+    Answer,
+}
+
 /// One keep-alive connection to a worker, with its read buffer and its
 /// reusable write buffer.
 #[derive(Debug)]
@@ -116,43 +130,44 @@ impl Conn {
     ///
     /// # Errors
     ///
-    /// [`ExchangeError`]; `Err((true, _))` when the request could not be
-    /// written at all (the worker closed the connection meanwhile), so
-    /// sending it again on another connection repeats nothing.
+    /// [`ExchangeError`], with how far the exchange got ([`Reached`]).
     pub async fn exchange(
         mut self,
         head: &http::request::Parts,
         body: &Bytes,
         pool: &Arc<Pool>,
-    ) -> Result<Response<RawBody>, (bool, ExchangeError)> {
+    ) -> Result<Response<RawBody>, (Reached, ExchangeError)> {
         encode(head, body.len(), &mut self.write);
         let coalesce = body.len() <= COALESCE_BODY;
         if coalesce {
             self.write.extend_from_slice(body);
         }
         if let Err(e) = self.io.write_all(&self.write).await {
-            return Err((true, e.into()));
+            return Err((Reached::Nothing, e.into()));
         }
         if !coalesce {
             if let Err(e) = self.io.write_all(body).await {
-                return Err((false, e.into()));
+                return Err((Reached::Answer, e.into()));
             }
         }
         let head_only = head.method == Method::HEAD;
         let mut interim = 0;
+        // Until a byte of an answer arrives, a connection that ends is the
+        // keep-alive race or a dead worker (see `Reached::NoAnswer`).
+        let mut reached = Reached::NoAnswer;
         let parsed = loop {
             match parse_head(&mut self.read, head_only, &mut interim) {
                 Ok(Some(parsed)) => break parsed,
                 Ok(None) => {}
-                Err(e) => return Err((false, e)),
+                Err(e) => return Err((Reached::Answer, e)),
             }
             if self.read.len() >= MAX_HEAD {
-                return Err((false, ExchangeError::HeadTooLarge));
+                return Err((Reached::Answer, ExchangeError::HeadTooLarge));
             }
             match std::future::poll_fn(|cx| self.poll_fill(cx)).await {
-                Ok(0) => return Err((false, ExchangeError::Closed)),
-                Ok(_) => {}
-                Err(e) => return Err((false, e.into())),
+                Ok(0) => return Err((reached, ExchangeError::Closed)),
+                Ok(_) => reached = Reached::Answer,
+                Err(e) => return Err((reached, e.into())),
             }
         };
         let Parsed {
