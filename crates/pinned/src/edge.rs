@@ -38,10 +38,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use futures_util::future::Either;
+use futures_util::FutureExt;
 use tower::ServiceExt;
 
 use crate::config::ConfigError;
-use crate::directory::HostShared;
 use crate::dispatch;
 use crate::hosts::Hosts;
 
@@ -97,15 +98,6 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// Where one request goes.
-enum To {
-    /// A hosted namespace's dispatch, for a request that arrived then.
-    Namespace(Arc<HostShared>, Instant),
-    /// The rest of the app: the worker's own routes, `/metrics`, and the
-    /// application's routes served beside them.
-    App(Router),
 }
 
 /// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
@@ -168,24 +160,22 @@ pub(crate) async fn serve(
             request.extensions_mut().insert(ConnectInfo(peer));
             // A namespace's path goes straight to its dispatch: `app` would
             // only have matched nothing and fallen back to it (the routes
-            // served beside the worker's never overlap a namespace).
-            let to = match dispatch::host_of(&hosts, request.uri().path()) {
-                Some(host) => To::Namespace(host.clone(), head.unwrap_or_else(Instant::now)),
-                None => To::App(app.clone()),
+            // served beside the worker's never overlap a namespace). Its
+            // routing runs here; the future hyper keeps is only what the
+            // object's routes started (no copy of the request held beside).
+            let request = request.map(Body::new);
+            let response = match dispatch::host_of(&hosts, request.uri().path()) {
+                Some(host) => {
+                    Either::Left(dispatch::route(host, request, head.unwrap_or_else(Instant::now)))
+                }
+                None => Either::Right(app.clone().oneshot(request).map(|answered| match answered {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                })),
             };
-            async move {
-                let request = request.map(Body::new);
-                let response = match to {
-                    To::Namespace(host, started) => {
-                        dispatch::dispatch_to(&host, request, started).await
-                    }
-                    To::App(app) => match app.oneshot(request).await {
-                        Ok(response) => response,
-                        Err(never) => match never {},
-                    },
-                };
+            response.map(move |response| {
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
-            }
+            })
         });
         let (stopping, abort, timeouts) = (stopping.clone(), abort.clone(), settings.timeouts);
         let (http, tls) = (http.clone(), tls.clone());
