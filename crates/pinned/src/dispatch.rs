@@ -126,7 +126,9 @@ impl Future for Routing {
                 Ok(response) => closing(host, response),
                 Err(infallible) => match infallible {},
             },
-            RoutingProj::Durable { future, host } => closing(host, ready!(future.as_mut().poll(cx))),
+            RoutingProj::Durable { future, host } => {
+                closing(host, ready!(future.as_mut().poll(cx)))
+            }
             // Polled again after its answer: never by hyper or tower.
             RoutingProj::Ready { response } => {
                 response.take().unwrap_or_else(response::internal_error)
