@@ -8,13 +8,19 @@
 //! layer around the object's matched routes ([`admit`](crate::admit)) does,
 //! so an unknown path or method is answered before any instance exists.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context as TaskContext, Poll};
 
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
+use axum::routing::future::RouteFuture;
+use futures_util::future::BoxFuture;
 use http::{HeaderValue, StatusCode, Uri};
 use tokio::time::Instant;
-use tower::ServiceExt;
+use tower::Service;
 
 use crate::admit::{gate, Pending};
 use crate::call::Routed;
@@ -64,7 +70,7 @@ pub(crate) async fn dispatch(hosts: &[Arc<HostShared>], request: Request) -> Res
     let Some(host) = host_of(hosts, request.uri().path()) else {
         return not_found();
     };
-    dispatch_to(host, request, Instant::now()).await
+    route(host, request, Instant::now()).await
 }
 
 /// The hosted namespace `path` is under, if any.
@@ -73,23 +79,6 @@ pub(crate) fn host_of<'h>(hosts: &'h [Arc<HostShared>], path: &str) -> Option<&'
         path.strip_prefix(&*host.ns)
             .is_some_and(|after| after.starts_with('/'))
     })
-}
-
-/// [`dispatch`] for a request already known to be under `host`'s namespace,
-/// which arrived at `started` (its duration is measured from there, and
-/// the instance's activity stamped with it).
-pub(crate) async fn dispatch_to(
-    host: &Arc<HostShared>,
-    request: Request,
-    started: Instant,
-) -> Response {
-    let mut response = serve(host, request, started).await;
-    if host.leaving() {
-        response
-            .headers_mut()
-            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
 }
 
 /// 404 `{"detail":"Not Found"}`, the reference framework's answer.
@@ -102,25 +91,88 @@ pub(crate) fn method_not_allowed() -> Response {
     response::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
 }
 
-async fn serve(host: &Arc<HostShared>, request: Request, started: Instant) -> Response {
+pin_project_lite::pin_project! {
+    /// One request under a namespace on its way through [`route`]: the
+    /// object's routes running, or an answer that did not need them.
+    ///
+    /// A named future rather than an `async fn`: the routing itself is
+    /// synchronous, so the state kept while the object's routes run is
+    /// their future alone, not the request again in every caller's frame
+    /// (each copy of which is copied again whenever the future moves).
+    #[project = RoutingProj]
+    pub(crate) enum Routing {
+        /// The object's routes (admission around each) are running.
+        Routed {
+            #[pin]
+            future: RouteFuture<Infallible>,
+            host: Arc<HostShared>,
+        },
+        /// pinboard's entry points (`_alarm`, `_wake`): rare, boxed.
+        Durable {
+            future: BoxFuture<'static, Response>,
+            host: Arc<HostShared>,
+        },
+        /// Answered at once (taken when polled).
+        Ready { response: Option<Response> },
+    }
+}
+
+impl Future for Routing {
+    type Output = Response;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Response> {
+        Poll::Ready(match self.project() {
+            RoutingProj::Routed { future, host } => match ready!(future.poll(cx)) {
+                Ok(response) => closing(host, response),
+                Err(infallible) => match infallible {},
+            },
+            RoutingProj::Durable { future, host } => {
+                closing(host, ready!(future.as_mut().poll(cx)))
+            }
+            // Polled again after its answer: never by hyper or tower.
+            RoutingProj::Ready { response } => {
+                response.take().unwrap_or_else(response::internal_error)
+            }
+        })
+    }
+}
+
+/// `response`, with `Connection: close` during the worker's own drain (see
+/// [`dispatch`]).
+fn closing(host: &HostShared, mut response: Response) -> Response {
+    if host.leaving() {
+        response
+            .headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// [`dispatch`] for a request already known to be under `host`'s namespace,
+/// which arrived at `started` (its duration is measured from there, and
+/// the instance's activity stamped with it): the path split and rewritten
+/// and the object's router called here, synchronously; the returned future
+/// only runs what that router started.
+pub(crate) fn route(host: &Arc<HostShared>, request: Request, started: Instant) -> Routing {
     let (mut parts, body) = request.into_parts();
     let target = target(&host.ns, parts.uri.path());
     // pinboard's alarm delivery authenticates with the proxy secret, not a
     // token, so it is routed before the attestation gate.
     let durable = host.control.serves_durable_entry_points() && host.store.is_some();
-    if durable && target.rest == "/_alarm" {
-        return durable::alarm(host, &parts, target.raw_id).await;
-    }
-    if durable && target.rest == "/_wake" {
-        let passed = match gate(host, &parts.headers, target.raw_id) {
-            Ok(passed) => passed,
-            Err(refused) => return refused.into_response(),
+    if durable && (target.rest == "/_alarm" || target.rest == "/_wake") {
+        return Routing::Durable {
+            future: Box::pin(durable_entry(host.clone(), parts)),
+            host: host.clone(),
         };
-        return durable::wake(host, &parts.method, passed.id.into_owned(), passed.epoch).await;
     }
     let uri = match rewrite(target.rest, parts.uri.query()) {
         Ok(uri) => uri,
-        Err(_) => return response::detail(StatusCode::BAD_REQUEST, "invalid request path"),
+        Err(_) => {
+            let response = response::detail(StatusCode::BAD_REQUEST, "invalid request path");
+            return Routing::Ready {
+                response: Some(closing(host, response)),
+            };
+        }
     };
     // `target` split `/<ns>/<id><rest>`: the id starts after `/<ns>/`.
     let id_start = host.ns.len() + 1;
@@ -132,11 +184,25 @@ async fn serve(host: &Arc<HostShared>, request: Request, started: Instant) -> Re
         id_at,
         started,
     }));
-    let request = Request::from_parts(parts, body);
-    match host.router.clone().oneshot(request).await {
-        Ok(response) => response,
-        Err(infallible) => match infallible {},
+    // The router is always ready (axum's `poll_ready` answers at once).
+    let future = host.router.clone().call(Request::from_parts(parts, body));
+    Routing::Routed {
+        future,
+        host: host.clone(),
     }
+}
+
+/// pinboard's `_alarm` and `_wake` for the request whose head is `parts`.
+async fn durable_entry(host: Arc<HostShared>, parts: http::request::Parts) -> Response {
+    let target = target(&host.ns, parts.uri.path());
+    if target.rest == "/_alarm" {
+        return durable::alarm(&host, &parts, target.raw_id).await;
+    }
+    let passed = match gate(&host, &parts.headers, target.raw_id) {
+        Ok(passed) => passed,
+        Err(refused) => return refused.into_response(),
+    };
+    durable::wake(&host, &parts.method, passed.id.into_owned(), passed.epoch).await
 }
 
 #[cfg(test)]

@@ -25,6 +25,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::Router;
+use futures_util::future::Either;
+use futures_util::FutureExt;
+use http::Extensions;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -41,7 +44,6 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::config::ConfigError;
-use crate::directory::HostShared;
 use crate::dispatch;
 use crate::hosts::Hosts;
 
@@ -99,13 +101,27 @@ impl Drop for Slot {
     }
 }
 
-/// Where one request goes.
-enum To {
-    /// A hosted namespace's dispatch, for a request that arrived then.
-    Namespace(Arc<HostShared>, Instant),
-    /// The rest of the app: the worker's own routes, `/metrics`, and the
-    /// application's routes served beside them.
-    App(Router),
+/// The extensions every request of the connection from `peer` starts with
+/// (each request a clone): the peer's [`ConnectInfo`], in a map with room
+/// for the entries a namespace request gathers on its way (the worker's
+/// own, then axum's `OriginalUri`, `MatchedPath` and path parameters).
+/// An empty map is created for three and would be regrown, rehashed and
+/// freed at the fourth insert of every request.
+fn request_extensions(peer: std::net::SocketAddr) -> Extensions {
+    /// Placeholder entries that size the map, removed again.
+    #[derive(Clone)]
+    struct Room<const N: usize>;
+    let mut extensions = Extensions::new();
+    extensions.insert(Room::<0>);
+    extensions.insert(Room::<1>);
+    extensions.insert(Room::<2>);
+    extensions.insert(Room::<3>);
+    extensions.remove::<Room<0>>();
+    extensions.remove::<Room<1>>();
+    extensions.remove::<Room<2>>();
+    extensions.remove::<Room<3>>();
+    extensions.insert(ConnectInfo(peer));
+    extensions
 }
 
 /// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
@@ -161,31 +177,38 @@ pub(crate) async fn serve(
         let _ = tcp.set_nodelay(true);
         let phase = Phase::new();
         let (requests, app, hosts) = (phase.clone(), app.clone(), hosts.clone());
+        let extensions = request_extensions(peer);
         let service = service_fn(move |mut request: hyper::Request<Incoming>| {
             // The head's mark is the request's start: dispatch times the
             // request and stamps the instance with it, no clock read of its own.
             let (busy, head) = requests.begin_request_at();
-            request.extensions_mut().insert(ConnectInfo(peer));
+            let mut first = extensions.clone();
+            // Whatever hyper put there itself (nothing, for HTTP/1 as
+            // configured here) is kept.
+            first.extend(std::mem::take(request.extensions_mut()));
+            *request.extensions_mut() = first;
             // A namespace's path goes straight to its dispatch: `app` would
             // only have matched nothing and fallen back to it (the routes
-            // served beside the worker's never overlap a namespace).
-            let to = match dispatch::host_of(&hosts, request.uri().path()) {
-                Some(host) => To::Namespace(host.clone(), head.unwrap_or_else(Instant::now)),
-                None => To::App(app.clone()),
-            };
-            async move {
-                let request = request.map(Body::new);
-                let response = match to {
-                    To::Namespace(host, started) => {
-                        dispatch::dispatch_to(&host, request, started).await
-                    }
-                    To::App(app) => match app.oneshot(request).await {
+            // served beside the worker's never overlap a namespace). Its
+            // routing runs here; the future hyper keeps is only what the
+            // object's routes started (no copy of the request held beside).
+            let request = request.map(Body::new);
+            let response = match dispatch::host_of(&hosts, request.uri().path()) {
+                Some(host) => Either::Left(dispatch::route(
+                    host,
+                    request,
+                    head.unwrap_or_else(Instant::now),
+                )),
+                None => {
+                    Either::Right(app.clone().oneshot(request).map(|answered| match answered {
                         Ok(response) => response,
                         Err(never) => match never {},
-                    },
-                };
+                    }))
+                }
+            };
+            response.map(move |response| {
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
-            }
+            })
         });
         let (stopping, abort, timeouts) = (stopping.clone(), abort.clone(), settings.timeouts);
         let (http, tls) = (http.clone(), tls.clone());

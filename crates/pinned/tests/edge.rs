@@ -7,7 +7,8 @@
 //! shutdown deadline, bad edge settings are configuration errors, and with
 //! `Options::tls` the worker answers HTTPS (a self-signed certificate made
 //! in the test), closing a connection that never handshakes at the header
-//! deadline.
+//! deadline. Handlers see the peer's address (`ConnectInfo`) and the
+//! rewritten request line on every request of a keep-alive connection.
 
 mod support;
 
@@ -64,6 +65,11 @@ async fn closed_within(s: &mut TcpStream, patience: Duration) -> bool {
 /// Sends one `GET` and reads its answer's status, leaving the connection
 /// open (keep-alive).
 async fn exchange(s: &mut TcpStream, path: &str) -> u16 {
+    exchange_text(s, path).await.0
+}
+
+/// [`exchange`], also answering the body (as text).
+async fn exchange_text(s: &mut TcpStream, path: &str) -> (u16, String) {
     s.write_all(format!("GET {path} HTTP/1.1\r\nHost: w\r\n\r\n").as_bytes())
         .await
         .expect("write");
@@ -88,7 +94,8 @@ async fn exchange(s: &mut TcpStream, path: &str) -> u16 {
                 })
                 .unwrap_or(0);
             if got.len() >= end + 4 + length {
-                return text[9..12].parse().expect("status");
+                let status = text[9..12].parse().expect("status");
+                return (status, text[end + 4..end + 4 + length].to_owned());
             }
         }
     }
@@ -354,4 +361,43 @@ fn tls_needs_both_files_and_names_a_bad_one() {
         text.contains("key.pem") && text.contains("no CERTIFICATE"),
         "{text}"
     );
+}
+
+/// An object whose one route answers what its handler extracts of the
+/// connection and the request line.
+struct Peer;
+
+impl pinned::Object for Peer {
+    async fn activate(_ctx: &pinned::Context) -> Result<Self, pinned::BoxError> {
+        Ok(Peer)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        axum::Router::new().route(
+            "/peer",
+            axum::routing::get(
+                |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+                 uri: http::Uri| async move { format!("{peer} {uri}") },
+            ),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_see_the_peer_address_on_every_request_of_a_connection() {
+    let (addr, stop, server) = serving(Options::new().host::<Peer>("/peer")).await;
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let me = s.local_addr().expect("local addr");
+    // Twice on one keep-alive connection: each request starts from the
+    // connection's extensions, not only the first.
+    for id in ["a", "b"] {
+        let (status, body) = exchange_text(&mut s, &format!("/peer/{id}/peer?x=1")).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (200, format!("{me} /peer?x=1").as_str())
+        );
+    }
+    drop(s);
+    let _ = stop.send(());
+    server.await.expect("join").expect("served");
 }

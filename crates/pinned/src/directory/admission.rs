@@ -99,18 +99,19 @@ impl HostShared {
         id: &str,
         epoch: Option<u64>,
     ) -> Result<Entered, Admission> {
-        let mut attempt = self.try_admit(id, epoch, Instant::now())?;
+        let mut attempt = self.try_admit(id, epoch, self.elapsed_ms())?;
         loop {
             match attempt {
                 Attempt::Entered(entered) => return Ok(entered),
                 Attempt::Closing(slot) => self.wait_gone(&slot).await,
             }
-            attempt = self.try_enter(id, epoch, Instant::now())?;
+            attempt = self.try_enter(id, epoch, self.elapsed_ms())?;
         }
     }
 
     /// [`admit`](Self::admit) without waiting, for a request that arrived
-    /// at `now` (its entry counts as the instance's activity then): the
+    /// at `now_ms` (on the host's clock, [`HostShared::ms_at`]; its entry
+    /// counts as the instance's activity then): the
     /// admission checks, then one attempt to enter. A record of `id` that
     /// is closing comes back as [`Attempt::Closing`], to be waited out
     /// before trying again ([`admit`](Self::admit) does).
@@ -118,7 +119,7 @@ impl HostShared {
         self: &Arc<Self>,
         id: &str,
         epoch: Option<u64>,
-        now: Instant,
+        now_ms: u64,
     ) -> Result<Attempt, Admission> {
         if self.shut_down.load(Ordering::SeqCst) {
             return Err(self.shut_down_answer());
@@ -131,7 +132,7 @@ impl HostShared {
         if let Some(epoch) = epoch {
             self.fences.admit(id, epoch, self.control.lease_ttl())?;
         }
-        self.try_enter(id, epoch, now)
+        self.try_enter(id, epoch, now_ms)
     }
 
     /// One attempt to enter `id`'s record (creating it when there is none).
@@ -139,7 +140,7 @@ impl HostShared {
         self: &Arc<Self>,
         id: &str,
         epoch: Option<u64>,
-        now: Instant,
+        now_ms: u64,
     ) -> Result<Attempt, Admission> {
         loop {
             if self.shut_down.load(Ordering::SeqCst) {
@@ -152,7 +153,7 @@ impl HostShared {
                     None => continue,
                 }
             };
-            return match slot.enter(self.ms_at(now)) {
+            return match slot.enter(now_ms) {
                 Ok((busy, phase)) => {
                     if slot.winding.load(Ordering::Relaxed) || self.draining() {
                         if let Some(deadline) = slot.effective_deadline() {

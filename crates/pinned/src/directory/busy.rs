@@ -10,8 +10,6 @@
 
 use std::sync::Arc;
 
-use tokio::time::Instant;
-
 use super::HostShared;
 use crate::slot::{Phase, Slot, Vacated};
 
@@ -30,11 +28,12 @@ impl Busy {
         &self.slot
     }
 
-    /// Leaves at `now`, an instant the caller has just read (a request's
-    /// end, also observed by its duration histogram): the instance's
-    /// activity is stamped with it instead of a clock read of its own.
-    pub(crate) fn leave_at(mut self, now: Instant) {
-        self.slot.touch_at(self.slot.host.ms_at(now));
+    /// Leaves at `now_ms` (on the host's clock, [`HostShared::ms_at`]), a
+    /// time the caller has just worked out (a request's end, also observed
+    /// by its duration histogram): the instance's activity is stamped with
+    /// it instead of a clock read of its own.
+    pub(crate) fn leave_at(mut self, now_ms: u64) {
+        self.slot.touch_at(now_ms);
         self.stamped = true;
     }
 }
