@@ -36,6 +36,20 @@ pub enum Serve {
     },
     /// Run the bench's Rust counter worker in control-plane mode.
     ServeWorker(WorkerArgs),
+    /// Serve the counter object through a pinned worker on its own
+    /// ([`crate::counters::serve_pinned`]).
+    ServePinned {
+        /// Instances (ids `r0` … `r<N-1>`) activated before listening.
+        #[arg(long, default_value_t = 0)]
+        resident: usize,
+    },
+    /// Serve the same handlers in a bare axum app
+    /// ([`crate::counters::serve_bare`]).
+    ServeBare {
+        /// Counters (ids `r0` … `r<N-1>`) in the warm map before listening.
+        #[arg(long, default_value_t = 0)]
+        resident: usize,
+    },
 }
 
 /// Flags of the Rust counter worker.
@@ -75,6 +89,8 @@ impl Serve {
         match self {
             Serve::ServePinboard { args } => serve_pinboard(args).await,
             Serve::ServeWorker(args) => serve_worker(args).await,
+            Serve::ServePinned { resident } => crate::counters::serve_pinned(*resident).await,
+            Serve::ServeBare { resident } => crate::counters::serve_bare(*resident).await,
         }
     }
 }

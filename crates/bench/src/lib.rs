@@ -7,6 +7,7 @@
 //! tested.
 
 pub mod child;
+pub mod counters;
 pub mod deploy;
 pub mod instructions;
 pub mod load;

@@ -21,8 +21,11 @@
 //! target/release/proxy-bench --no-instructions        # skip callgrind
 //! ```
 //!
-//! It ends with instructions per proxied request of nginx and of pinboard
-//! under callgrind (the same figure whatever else the machine does).
+//! It ends with instructions per request under callgrind (the same figure
+//! whatever else the machine does) of nginx and pinboard, and of the bare
+//! axum counter and the pinned worker on their own, then one table of the
+//! four hot paths: req/s, the server's CPU per request and instructions per
+//! request, with the ratios issue 14 sets targets for.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -177,7 +180,7 @@ impl Bench<'_> {
     async fn measure(
         &self,
         addr: std::net::SocketAddr,
-        paths: Paths,
+        (method, paths): (Method, Paths),
         headers: Vec<(String, String)>,
         target: Target<'_>,
         rate: Option<f64>,
@@ -207,7 +210,7 @@ impl Bench<'_> {
                 },
                 warmup,
                 duration: Duration::from_secs(self.cli.seconds),
-                method: Method::GET,
+                method,
                 paths,
                 headers,
                 body: None,
@@ -382,10 +385,13 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
         let report = bench
             .measure(
                 pb_redis.addr,
-                Paths::Unique {
-                    prefix: format!("{}/p{round}-", deploy::NAMESPACE),
-                    suffix: "/hit".into(),
-                },
+                (
+                    Method::GET,
+                    Paths::Unique {
+                        prefix: format!("{}/p{round}-", deploy::NAMESPACE),
+                        suffix: "/hit".into(),
+                    },
+                ),
                 Vec::new(),
                 Target {
                     proxy: Some(&pb_redis),
@@ -437,9 +443,12 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
             ms(d.0.p50_us as i64 - a.0.p50_us as i64),
         );
     }
-    if !cli.no_instructions {
-        instructions_per_request(&warm).await?;
-    }
+    let workers = worker_pair(bench).await?;
+    let instructions = match cli.no_instructions {
+        true => None,
+        false => Some(instructions_per_request(&warm).await?),
+    };
+    hot_paths(&workers, [&via_nginx, &via_mem], instructions);
     for server in [
         &mut worker_mem,
         &mut worker_redis,
@@ -454,7 +463,7 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
 /// Instructions per proxied request of nginx and of pinboard (memory
 /// store) in front of the same kind of warm counter worker, each proxy under
 /// callgrind (the worker is not measured); see [`instructions`].
-async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<()> {
+async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<Option<[f64; 4]>> {
     let lengths = Lengths::default();
     println!(
         "\ninstructions per proxied request (callgrind, counted from after a warm-up request; Δ between {} and {} sequential requests on one connection, the load from this process; the worker not measured)",
@@ -462,7 +471,7 @@ async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<()> {
     );
     if !instructions::available() {
         println!("  skipped: valgrind not found");
-        return Ok(());
+        return Ok(None);
     }
     let bench = warm.bench;
     let scratch = match &bench.cli.callgrind_dir {
@@ -536,7 +545,103 @@ async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<()> {
         "  nginx {nginx:>7.0}   pinboard {pinboard:>7.0}   ratio {:.2}  (target <= 1.20)",
         pinboard / nginx
     );
-    Ok(())
+    // The worker's side of the issue: the counter served by a pinned
+    // worker on its own against the bare axum counter, warm, one id.
+    let exe = bench.exe.to_str().context("exe path")?;
+    let warm_counter = |_: usize| "/counter/a/increment".to_owned();
+    let bare =
+        instructions::per_request(exe, &["serve-bare"], warm_counter, lengths, &scratch).await?;
+    let pinned =
+        instructions::per_request(exe, &["serve-pinned"], warm_counter, lengths, &scratch).await?;
+    println!(
+        "  bare axum {bare:>7.0}   pinned worker {pinned:>7.0}   ratio {:.2}  (target <= 1.20)",
+        pinned / bare
+    );
+    Ok(Some([bare, pinned, nginx, pinboard]))
+}
+
+/// The worker's closed-loop figures for the hot-paths table: the counter
+/// through a pinned worker on its own, and the bare axum counter, warm on
+/// one id (`POST /counter/a/increment`), each server alone.
+async fn worker_pair(bench: &Bench<'_>) -> anyhow::Result<[(Report, Cost); 2]> {
+    println!("\nworker alone: warm POST /counter/a/increment, pinned worker and bare axum counter");
+    let exe = bench.exe.to_str().context("exe path")?;
+    let mut out = Vec::with_capacity(2);
+    for (label, command) in [
+        ("bare axum", "serve-bare"),
+        ("pinned worker", "serve-pinned"),
+    ] {
+        let mut server = Server::start(exe, &[command]).await?;
+        let measured = bench
+            .measure(
+                server.addr,
+                (Method::POST, Paths::Fixed("/counter/a/increment".into())),
+                Vec::new(),
+                Target {
+                    proxy: None,
+                    worker: &server,
+                    redis: false,
+                },
+                None,
+            )
+            .await;
+        stop(&mut server).await;
+        let measured = measured?;
+        line(label, &measured);
+        out.push(measured);
+    }
+    let [bare, pinned]: [(Report, Cost); 2] = out
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("two measurements"))?;
+    Ok([bare, pinned])
+}
+
+/// Issue 14's table: req/s, the server's CPU per request and its
+/// instructions per request for bare axum and the pinned worker (each
+/// alone), and for nginx and pinboard (memory store) in front of the same
+/// worker; ratios against the baseline of each pair.
+fn hot_paths(
+    workers: &[(Report, Cost); 2],
+    proxies: [&Series; 2],
+    instructions: Option<Option<[f64; 4]>>,
+) {
+    let [nginx, pinboard] = proxies.map(Series::best);
+    let rows = [
+        ("bare axum", &workers[0], workers[0].1.worker),
+        ("pinned worker", &workers[1], workers[1].1.worker),
+        ("nginx", &nginx, nginx.1.proxy.unwrap_or(f64::NAN)),
+        (
+            "pinboard, memory",
+            &pinboard,
+            pinboard.1.proxy.unwrap_or(f64::NAN),
+        ),
+    ];
+    let counts = instructions.flatten();
+    println!(
+        "\nhot paths (issue 14; each figure from this run; proxies: best round, their own CPU)"
+    );
+    println!(
+        "  {:<18} {:>9} {:>14} {:>14}",
+        "", "req/s", "cpu/req (us)", "instr/req"
+    );
+    for (i, (label, (report, _), cpu)) in rows.iter().enumerate() {
+        let instr = counts.map_or("-".to_owned(), |c| format!("{:.0}", c[i]));
+        println!("  {label:<18} {:>9.0} {cpu:>14.1} {instr:>14}", report.rps);
+    }
+    let ratio = |a: usize, b: usize| {
+        let (ra, rb) = (rows[a].1, rows[b].1);
+        let instr = counts.map_or("-".to_owned(), |c| format!("{:.2}", c[a] / c[b]));
+        println!(
+            "  {} / {}: req/s {:.2}, cpu/req {:.2}, instr/req {instr}",
+            rows[a].0,
+            rows[b].0,
+            ra.0.ratio(&rb.0),
+            rows[a].2 / rows[b].2,
+        );
+    };
+    ratio(1, 0);
+    ratio(3, 2);
+    println!("  targets: worker req/s >= 0.90 and instr <= 1.20 of bare axum; pinboard req/s >= 1.0 and instr <= 1.20 of nginx");
 }
 
 /// The four warm paths to one counter: (a) direct to the worker, (b)
@@ -646,7 +751,7 @@ impl Warm<'_> {
         let paths = Paths::Fixed(self.path.clone());
         let report = self
             .bench
-            .measure(addr, paths, headers, target, rate)
+            .measure(addr, (Method::GET, paths), headers, target, rate)
             .await?;
         line(label, &report);
         Ok(report)

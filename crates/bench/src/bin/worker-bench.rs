@@ -10,23 +10,19 @@
 //! cargo run --release -p pinned-bench --bin worker-bench -- instructions   # section 5 alone (callgrind)
 //! ```
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::extract::Path;
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::Router;
 use clap::{Parser, Subcommand};
-use dashmap::DashMap;
-use futures_util::StreamExt;
 use http::Method;
-use pinned::{BoxError, Context, HostOptions, Object, Options, This};
+use pinned::{BoxError, Context, HostOptions, Object, Options};
 use pinned_bench::child::Server;
+use pinned_bench::counters::{post_all, resident_path, Counter};
+use pinned_bench::deploy::Serve;
 use pinned_bench::instructions;
 use pinned_bench::load::{self, Load, Paths, Report};
-use serde_json::{json, Value};
 
 #[derive(Parser)]
 #[command(about = "pinned worker benchmark")]
@@ -54,18 +50,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the counter object through a pinned worker (child process).
-    ServePinned {
-        /// Instances (ids `r0` … `r<N-1>`) activated before listening.
-        #[arg(long, default_value_t = 0)]
-        resident: usize,
-    },
-    /// Serve the same handlers in a bare axum app (child process).
-    ServeBare {
-        /// Counters (ids `r0` … `r<N-1>`) in the warm map before listening.
-        #[arg(long, default_value_t = 0)]
-        resident: usize,
-    },
+    #[command(flatten)]
+    Serve(Serve),
     /// The instructions-per-request figures alone (section 5, callgrind).
     Instructions,
     /// Activate idle instances in process and report memory per instance.
@@ -81,15 +67,6 @@ enum Command {
         #[arg(long, default_value_t = 100_000)]
         cycles: u64,
     },
-}
-
-/// The benchmarked object: the issue's counter.
-struct Counter {
-    value: AtomicU64,
-}
-
-async fn increment(this: This<Counter>) -> Json<Value> {
-    Json(json!({ "value": this.value.fetch_add(1, Ordering::Relaxed) + 1 }))
 }
 
 /// The churned object: its state holds its own context (once a reference
@@ -120,121 +97,10 @@ impl Object for Churned {
     }
 }
 
-impl Object for Counter {
-    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
-        Ok(Counter {
-            value: AtomicU64::new(0),
-        })
-    }
-
-    fn routes() -> pinned::Routes<Self> {
-        Router::new().route("/increment", post(increment))
-    }
-}
-
-fn worker_options() -> Options {
-    Options::new()
-        .env_vars(Vec::<(String, String)>::new())
-        .host_with::<Counter>("/counter", HostOptions::default().max_instances(50_000_000))
-}
-
-/// The ids the `--resident` instances and counters have: `r0`, `r1`, ….
-fn resident_path(base: &str, i: usize) -> String {
-    format!("{base}/r{i}/increment")
-}
-
-async fn serve_pinned(resident: usize) -> anyhow::Result<()> {
-    let worker = worker_options().build()?;
-    post_all(
-        &worker.router(),
-        (0..resident).map(|i| resident_path("/counter", i)),
-    )
-    .await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    println!(
-        "pinned worker listening on http://{}",
-        listener.local_addr()?
-    );
-    pinned::serve(worker).listener(listener).await?;
-    Ok(())
-}
-
-/// The bare baseline, the issue's "minimal axum counter": a path
-/// extractor, a `Mutex<HashMap>` of counters and a JSON answer for warm
-/// requests (every id already present after its first request), and a
-/// concurrent map insert per new id for activations.
-async fn serve_bare(resident: usize) -> anyhow::Result<()> {
-    let warm: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>> = Arc::new(
-        std::sync::Mutex::new((0..resident).map(|i| (format!("r{i}"), 0)).collect()),
-    );
-    let map: Arc<DashMap<String, Arc<Counter>>> = Arc::new(DashMap::new());
-    let app = Router::new()
-        .route(
-            "/counter/{id}/increment",
-            post(move |Path(id): Path<String>| {
-                let warm = warm.clone();
-                async move {
-                    let value = {
-                        let mut counters = warm.lock().unwrap_or_else(|e| e.into_inner());
-                        let value = counters.entry(id).or_insert(0);
-                        *value += 1;
-                        *value
-                    };
-                    Json(json!({ "value": value }))
-                }
-            }),
-        )
-        .route(
-            "/fresh/{id}/increment",
-            post(move |Path(id): Path<String>| {
-                let map = map.clone();
-                async move {
-                    let counter = map
-                        .entry(id)
-                        .or_insert_with(|| {
-                            Arc::new(Counter {
-                                value: AtomicU64::new(0),
-                            })
-                        })
-                        .clone();
-                    Json(json!({ "value": counter.value.fetch_add(1, Ordering::Relaxed) + 1 }))
-                }
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    println!("bare axum listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await?;
-    Ok(())
-}
-
 fn rss_bytes() -> anyhow::Result<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm")?;
     let pages: u64 = statm.split_whitespace().nth(1).context("statm")?.parse()?;
     Ok(pages * 4096)
-}
-
-/// POSTs every path through `router` in process, 256 at a time; every
-/// answer must be a success.
-async fn post_all(router: &Router, paths: impl Iterator<Item = String>) -> anyhow::Result<()> {
-    use tower::ServiceExt;
-    let post = |path: String| {
-        let router = router.clone();
-        async move {
-            let request = http::Request::post(&path)
-                .body(axum::body::Body::empty())
-                .map_err(anyhow::Error::from)?;
-            let response = router.oneshot(request).await.map_err(anyhow::Error::from)?;
-            anyhow::ensure!(response.status().is_success(), "POST {path} failed");
-            Ok::<(), anyhow::Error>(())
-        }
-    };
-    let mut stream = futures_util::stream::iter(paths)
-        .map(post)
-        .buffer_unordered(256);
-    while let Some(result) = stream.next().await {
-        result?;
-    }
-    Ok(())
 }
 
 async fn memory(instances: u64) -> anyhow::Result<()> {
@@ -539,8 +405,7 @@ async fn instructions_section(exe: &str) -> anyhow::Result<()> {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match &cli.command {
-        Some(Command::ServePinned { resident }) => serve_pinned(*resident).await,
-        Some(Command::ServeBare { resident }) => serve_bare(*resident).await,
+        Some(Command::Serve(serve)) => serve.run().await,
         Some(Command::Instructions) => {
             let exe = std::env::current_exe()?;
             instructions_section(exe.to_str().context("exe path")?).await
