@@ -178,6 +178,12 @@ pub(crate) fn route(host: &Arc<HostShared>, request: Request, started: Instant) 
     let id_start = host.ns.len() + 1;
     let id_at = id_start..id_start + target.raw_id.len();
     let original = std::mem::replace(&mut parts.uri, uri);
+    // axum's `OriginalUri` is the URI the client sent, `/<ns>/<id>…`, as
+    // through `Worker::router()`. Set here, it is a refcount on the bytes
+    // hyper parsed; left to axum, a copy of the rewritten one.
+    parts
+        .extensions
+        .insert(axum::extract::OriginalUri(original.clone()));
     parts.extensions.insert(Routed::Pending(Pending {
         host: host.clone(),
         original,

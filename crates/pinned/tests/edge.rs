@@ -364,7 +364,8 @@ fn tls_needs_both_files_and_names_a_bad_one() {
 }
 
 /// An object whose one route answers what its handler extracts of the
-/// connection and the request line.
+/// connection and the request line: the peer, the URI below the instance,
+/// and the URI the client sent.
 struct Peer;
 
 impl pinned::Object for Peer {
@@ -377,7 +378,8 @@ impl pinned::Object for Peer {
             "/peer",
             axum::routing::get(
                 |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
-                 uri: http::Uri| async move { format!("{peer} {uri}") },
+                 axum::extract::OriginalUri(original): axum::extract::OriginalUri,
+                 uri: http::Uri| async move { format!("{peer} {uri} {original}") },
             ),
         )
     }
@@ -394,7 +396,7 @@ async fn handlers_see_the_peer_address_on_every_request_of_a_connection() {
         let (status, body) = exchange_text(&mut s, &format!("/peer/{id}/peer?x=1")).await;
         assert_eq!(
             (status, body.as_str()),
-            (200, format!("{me} /peer?x=1").as_str())
+            (200, format!("{me} /peer?x=1 /peer/{id}/peer?x=1").as_str())
         );
     }
     drop(s);
