@@ -92,6 +92,15 @@ impl Report {
             - i64::try_from(baseline.p99_us).unwrap_or(i64::MAX)
     }
 
+    /// The CPU time a process spent between two readings over the measured
+    /// part, per request answered, in microseconds (`None` without both
+    /// readings).
+    pub fn per_request_us(&self, before: Option<Duration>, after: Option<Duration>) -> Option<f64> {
+        let spent = after?.checked_sub(before?)?;
+        let requests = (self.ok + self.errors).max(1) as f64;
+        Some(spent.as_secs_f64() * 1e6 / requests)
+    }
+
     /// `rps / other.rps`.
     pub fn ratio(&self, other: &Report) -> f64 {
         if other.rps == 0.0 {
@@ -120,6 +129,28 @@ impl std::fmt::Display for Report {
             self.rps, self.p50_us, self.p99_us, self.ok, self.errors
         )
     }
+}
+
+/// [`run`], with `sample` read once the warm-up is over and once at the
+/// end: the readings (the CPU time of the processes under load) bracket
+/// exactly the measured part.
+///
+/// # Errors
+///
+/// As [`run`].
+pub async fn run_sampled<T, F, Fut>(load: Load, sample: F) -> anyhow::Result<(Report, T, T)>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let warmup = load.warmup;
+    let (report, before) = tokio::join!(run(load), async {
+        tokio::time::sleep(warmup).await;
+        sample().await
+    });
+    let report = report?;
+    let after = sample().await;
+    Ok((report, before, after))
 }
 
 /// Runs `load` and reports.

@@ -200,8 +200,8 @@ impl Bench<'_> {
             };
             (proxy.and_then(Server::cpu_time), worker.cpu_time(), redis)
         };
-        let (report, before) = tokio::join!(
-            load::run(Load {
+        let (report, before, after) = load::run_sampled(
+            Load {
                 addr,
                 connections: if rate.is_some() {
                     self.cli.paced_connections
@@ -215,23 +215,14 @@ impl Bench<'_> {
                 headers,
                 body: None,
                 rate,
-            }),
-            async {
-                tokio::time::sleep(warmup).await;
-                cpu().await
-            }
-        );
-        let report = report?;
-        let after = cpu().await;
-        let per_request = |before: Option<Duration>, after: Option<Duration>| {
-            let spent = after?.checked_sub(before?)?;
-            let requests = (report.ok + report.errors).max(1) as f64;
-            Some(spent.as_secs_f64() * 1e6 / requests)
-        };
+            },
+            cpu,
+        )
+        .await?;
         let cost = Cost {
-            proxy: per_request(before.0, after.0),
-            worker: per_request(before.1, after.1).unwrap_or(0.0),
-            redis: per_request(before.2, after.2),
+            proxy: report.per_request_us(before.0, after.0),
+            worker: report.per_request_us(before.1, after.1).unwrap_or(0.0),
+            redis: report.per_request_us(before.2, after.2),
         };
         Ok((report, cost))
     }

@@ -215,31 +215,22 @@ async fn churn(cycles: u64) -> anyhow::Result<()> {
 /// request over the measured part (its `/proc` ticks; the load runs in
 /// this process, not the server's).
 async fn measure(cli: &Cli, server: &Server, paths: Paths) -> anyhow::Result<Measured> {
-    let warmup = Duration::from_secs(cli.warmup);
-    let (report, before) = tokio::join!(
-        load::run(Load {
+    let (report, before, after) = load::run_sampled(
+        Load {
             addr: server.addr,
             connections: cli.connections,
-            warmup,
+            warmup: Duration::from_secs(cli.warmup),
             duration: Duration::from_secs(cli.seconds),
             method: Method::POST,
             paths,
             headers: Vec::new(),
             body: None,
             rate: None,
-        }),
-        async {
-            tokio::time::sleep(warmup).await;
-            server.cpu_time()
-        }
-    );
-    let report = report?;
-    let cpu_us = match (before, server.cpu_time()) {
-        (Some(before), Some(after)) => after
-            .checked_sub(before)
-            .map(|spent| spent.as_secs_f64() * 1e6 / (report.ok + report.errors).max(1) as f64),
-        _ => None,
-    };
+        },
+        || async { server.cpu_time() },
+    )
+    .await?;
+    let cpu_us = report.per_request_us(before, after);
     Ok(Measured { report, cpu_us })
 }
 

@@ -479,23 +479,19 @@ enum Step {
 impl RawBody {
     /// One step on what is buffered, without reading.
     fn step(&mut self) -> Step {
-        let Some(conn) = self.conn.as_mut() else {
-            return match &mut self.state {
-                State::Whole(data) => match data.take() {
-                    Some(d) => Step::Frame(Frame::data(d)),
-                    None => Step::End,
-                },
-                _ => Step::End,
-            };
+        // A whole body needs no connection (it went home at the start).
+        if let State::Whole(data) = &mut self.state {
+            return data
+                .take()
+                .map_or(Step::End, |d| Step::Frame(Frame::data(d)));
+        }
+        let (Some(conn), false) = (self.conn.as_mut(), matches!(self.state, State::Done)) else {
+            return Step::End;
         };
         let read = &mut conn.read;
         let fixed = matches!(self.state, State::Fixed(_));
         let (step, next, ended) = match &mut self.state {
-            State::Whole(data) => match data.take() {
-                Some(d) => (Step::Frame(Frame::data(d)), None, false),
-                None => (Step::End, None, false),
-            },
-            State::Done => (Step::End, None, false),
+            State::Whole(_) | State::Done => (Step::End, None, false),
             State::Fixed(left) | State::ChunkData(left) if !read.is_empty() => {
                 let take = read.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
                 let data = read.split_to(take).freeze();

@@ -35,10 +35,7 @@ pub struct Reply {
 impl Reply {
     /// The first value of header `name` (lowercase).
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        values(&self.headers, name).first().copied()
     }
 
     /// The body as JSON.
@@ -83,14 +80,17 @@ fn find_head_end(buf: &[u8]) -> Option<usize> {
 }
 
 fn parse_head(head: &str) -> (String, Vec<(String, String)>) {
-    let mut lines = head.split("\r\n");
-    let first = lines.next().unwrap_or_default().to_owned();
-    let headers = lines
-        .filter(|l| !l.is_empty())
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    (first, headers)
+    let (first, fields) = head.split_once("\r\n").unwrap_or((head, ""));
+    (first.to_owned(), field_lines(fields))
+}
+
+/// Every value of header `name` (lowercase) in `headers`.
+fn values<'a>(headers: &'a [(String, String)], name: &str) -> Vec<&'a str> {
+    headers
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+        .collect()
 }
 
 /// Read one response (a `Content-Length` body, or none) within `patience`.
@@ -202,11 +202,7 @@ pub struct Framed {
 impl Framed {
     /// Every value of header `name` (lowercase).
     pub fn all(&self, name: &str) -> Vec<&str> {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-            .collect()
+        values(&self.headers, name)
     }
 
     /// The first value of header `name` (lowercase).
@@ -428,11 +424,7 @@ pub struct Seen {
 impl Seen {
     /// Every value of header `name` (lowercase).
     pub fn all(&self, name: &str) -> Vec<&str> {
-        self.headers
-            .iter()
-            .filter(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-            .collect()
+        values(&self.headers, name)
     }
 }
 
