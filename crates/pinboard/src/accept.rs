@@ -5,10 +5,11 @@
 //! (`TCP_NODELAY`, the TLS handshake with `--tls-cert`, upgrades), the
 //! edge's bounds and deadlines (the connection cap in [`cap`], accept
 //! back-off in [`backoff`], the header and keep-alive deadlines of
-//! [`phase`], the head size limit, the shutdown deadline), the one split
-//! every request goes through (the few
-//! control paths to the axum router of [`server::router`], every other
-//! path straight to [`proxy::serve`]), and graceful shutdown (stop
+//! [`phase`], the head size limit, the shutdown deadline), the two stages
+//! a connection goes through ([`front`] serves proxied requests itself;
+//! the first request it leaves alone hands the connection to hyper, which
+//! sends the few control paths to the axum router of [`server::router`]
+//! and every other path to [`proxy::serve`]), and graceful shutdown (stop
 //! accepting, let open connections finish within `--shutdown-timeout-ms`,
 //! then drop the rest).
 //!
@@ -30,7 +31,7 @@ pub use pinned_edge::{backoff, cap, phase};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,14 +44,17 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tower::ServiceExt;
 
+use hyper_util::rt::TokioIo;
 use pinned_edge::defaults::MIN_READ_BUFFER;
-use pinned_edge::drive::serve_connection;
+use pinned_edge::drive::{drive_to_end, Driven};
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use pinned_edge::tls::{self, HandshakeError};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use self::backoff::Acceptor;
-use self::phase::{ConnTimeouts, Lapse, Phase, Tracked};
+use self::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
 use crate::config::Config;
+use crate::front::{self, Ended, Served};
 use crate::placement::PlacementStore;
 use crate::proxy::{self, ClientAddr, UpgradeHold};
 use crate::server::{self, App};
@@ -279,8 +283,13 @@ async fn io_loop<S: PlacementStore>(
         // Held by the connection task, its service and any WebSocket it
         // hands over: the connection counts against the cap until all end.
         let slot = Arc::new(Slot::new(open.clone(), &app));
-        let (handler, control, requests, hold) =
-            (app.clone(), control.clone(), phase.clone(), slot.clone());
+        let (handler, control, requests, hold, front_client) = (
+            app.clone(),
+            control.clone(),
+            phase.clone(),
+            slot.clone(),
+            client.clone(),
+        );
         let service = service_fn(move |mut request: hyper::Request<Incoming>| {
             let busy = requests.begin_request();
             if request.headers().contains_key(http::header::UPGRADE) {
@@ -295,14 +304,25 @@ async fn io_loop<S: PlacementStore>(
         });
         let (stopping, app, http) = (stopping.clone(), app.clone(), http.clone());
         let (tls, timeouts) = (settings.tls.clone(), settings.timeouts);
+        let limits = front::Limits {
+            max_head: settings.max_header_bytes,
+            max_body: app.proxy.retry_body_limit,
+            body_timeout: app.proxy.body_timeout,
+        };
         tokio::spawn(async move {
+            let stages = Stages {
+                app: &app,
+                client: front_client,
+                phase,
+                timeouts,
+                limits,
+                http: &http,
+            };
             let lapse = match tls {
-                None => serve_connection(&http, tcp, service, &phase, timeouts, stopping).await,
+                None => stages.serve(tcp, service, stopping).await,
                 // The header deadline counts from accept, handshake included.
                 Some(acceptor) => match tls::accept(&acceptor, tcp, timeouts.header).await {
-                    Ok(tls) => {
-                        serve_connection(&http, tls, service, &phase, timeouts, stopping).await
-                    }
+                    Ok(tls) => stages.serve(tls, service, stopping).await,
                     Err(HandshakeError::TimedOut(_)) => Some(Lapse::Header),
                     Err(HandshakeError::Failed(error)) => {
                         app.metrics.tls_handshake_failures.inc();
@@ -332,6 +352,71 @@ async fn io_loop<S: PlacementStore>(
             open_at_signal = left,
             "shutdown deadline passed; dropping the connections still open"
         );
+    }
+}
+
+/// What one connection's two stages share: the front first, then hyper if
+/// the front hands the connection over (see [`front`]).
+struct Stages<'a, S> {
+    app: &'a Arc<App<S>>,
+    client: Arc<ClientAddr>,
+    phase: Phase,
+    timeouts: ConnTimeouts,
+    limits: front::Limits,
+    http: &'a http1::Builder,
+}
+
+impl<S: PlacementStore> Stages<'_, S> {
+    /// Serves `io` to its end under the phase deadlines: `Some` when a
+    /// deadline closed it.
+    async fn serve<IO, Svc>(
+        self,
+        io: IO,
+        service: Svc,
+        mut stopping: watch::Receiver<()>,
+    ) -> Option<Lapse>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        Svc: hyper::service::HttpService<Incoming>,
+        Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        Svc::ResBody: 'static,
+        <Svc::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let io = Watched::new(io, self.phase.clone());
+        let run = front::serve(
+            io,
+            self.app.clone(),
+            self.client,
+            self.phase.clone(),
+            stop.clone(),
+            self.limits,
+        );
+        let rest = match drive_to_end(
+            Served::new(run, stop.clone()),
+            &self.phase,
+            self.timeouts,
+            &mut stopping,
+        )
+        .await
+        {
+            Driven::Lapsed(lapse) => return Some(lapse),
+            Driven::Ended(Ended::Closed) => return None,
+            Driven::Ended(Ended::HandOff(rest)) => rest,
+        };
+        let connection = self
+            .http
+            .serve_connection(TokioIo::new(rest), service)
+            .with_upgrades();
+        let mut connection = std::pin::pin!(connection);
+        // A stop the front saw is not seen again by `stopping`.
+        if stop.load(Ordering::Acquire) {
+            connection.as_mut().graceful_shutdown();
+        }
+        match drive_to_end(connection, &self.phase, self.timeouts, &mut stopping).await {
+            Driven::Ended(_) => None,
+            Driven::Lapsed(lapse) => Some(lapse),
+        }
     }
 }
 

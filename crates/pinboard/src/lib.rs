@@ -40,6 +40,7 @@ pub mod clock;
 pub mod config;
 pub mod dashboard;
 pub mod epoch_mark;
+pub mod front;
 pub mod metrics;
 pub mod operator;
 pub mod operator_cli;

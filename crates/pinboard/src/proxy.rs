@@ -118,7 +118,7 @@ pub fn detail_response(status: StatusCode, detail: &str) -> Response {
 /// The answer to a body the client broke: its fault's status and detail,
 /// and `Connection: close` (the rest of that request cannot be told from
 /// the next one).
-fn client_fault(fault: BodyFault) -> Response {
+pub(crate) fn client_fault(fault: BodyFault) -> Response {
     let mut res = detail_response(fault.status(), &fault.to_string());
     res.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));

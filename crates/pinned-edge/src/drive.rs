@@ -36,6 +36,21 @@ where
     }
 }
 
+impl<C: GracefulShutdown + ?Sized> GracefulShutdown for Pin<&mut C> {
+    fn shutdown_gracefully(self: Pin<&mut Self>) {
+        self.get_mut().as_mut().shutdown_gracefully();
+    }
+}
+
+/// How a driven connection ended.
+#[derive(Debug)]
+pub enum Driven<T> {
+    /// The connection future finished, with its output.
+    Ended(T),
+    /// A deadline lapsed; the connection was dropped.
+    Lapsed(Lapse),
+}
+
 /// Runs `connection` to its end: served out (`None`), closed by a lapsed
 /// deadline (`Some`, the connection dropped), or finished gracefully after
 /// `stopping` changed or its sender dropped. A client that goes away
@@ -54,11 +69,35 @@ pub async fn drive<C>(
 where
     C: Future + GracefulShutdown,
 {
+    match drive_to_end(connection, phase, timeouts, &mut stopping).await {
+        Driven::Ended(_) => None,
+        Driven::Lapsed(lapse) => Some(lapse),
+    }
+}
+
+/// [`drive`], answering the connection future's output: for a server
+/// that serves a connection in stages (its own loop first, another server
+/// for the rest) and drives each stage in turn. A stop already seen by
+/// `stopping` is not seen again by the next stage; the stage that saw it
+/// was asked to finish gracefully and can tell the next one.
+///
+/// # Cancel safety
+///
+/// Dropping the future drops the connection (the socket closes).
+pub async fn drive_to_end<C>(
+    connection: C,
+    phase: &Phase,
+    timeouts: ConnTimeouts,
+    stopping: &mut watch::Receiver<()>,
+) -> Driven<C::Output>
+where
+    C: Future + GracefulShutdown,
+{
     tokio::pin!(connection);
     let start = tokio::time::Instant::now();
     let first = match phase.check(start, timeouts) {
         Check::Wait(at) => at,
-        Check::Close(lapse) => return Some(lapse),
+        Check::Close(lapse) => return Driven::Lapsed(lapse),
     };
     let deadline = tokio::time::sleep_until(first);
     tokio::pin!(deadline);
@@ -71,7 +110,7 @@ where
     loop {
         tokio::select! {
             biased;
-            _ = connection.as_mut() => return None,
+            out = connection.as_mut() => return Driven::Ended(out),
             changed = stop.as_mut(), if !stopped => {
                 // A send or the sender's drop: finish either way.
                 let _ = changed;
@@ -80,7 +119,7 @@ where
             }
             () = deadline.as_mut() => match phase.check(tokio::time::Instant::now(), timeouts) {
                 Check::Wait(at) => deadline.as_mut().reset(at),
-                Check::Close(lapse) => return Some(lapse),
+                Check::Close(lapse) => return Driven::Lapsed(lapse),
             },
         }
     }
