@@ -230,6 +230,10 @@ pub(crate) async fn serve(
                 }
             };
             tokio::select! {
+                // Fixed order: the connection is what wakes this task, once
+                // or more per request; a random start would cost a random
+                // number per wake-up, and the abort is seen either way.
+                biased;
                 lapse = served => {
                     if let Some(lapse) = lapse {
                         let deadline = match lapse {
