@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{OriginalUri, Request};
 use axum::response::{IntoResponse, Response};
 use axum::routing::Route;
 use futures_util::FutureExt;
@@ -67,10 +67,9 @@ fn admission_refused(refused: Admission) -> Response {
 #[derive(Clone)]
 pub(crate) struct Pending {
     pub(crate) host: Arc<HostShared>,
-    /// The request's original URI (a cheap clone: its bytes are shared)
-    /// and where the raw id segment lies in its path, so no id is copied
-    /// before the gate decodes it.
-    pub(crate) original: http::Uri,
+    /// Where the raw id segment lies in the path of the request's
+    /// [`OriginalUri`] (set by dispatch, which axum's router leaves as it
+    /// is), so no id is copied before the gate decodes it.
     pub(crate) id_at: std::ops::Range<usize>,
     pub(crate) started: Instant,
 }
@@ -206,17 +205,21 @@ where
 fn panicked(
     host: &HostShared,
     slot: &Slot,
-    span: &tracing::Span,
+    span: Option<&tracing::Span>,
     panic: &(dyn std::any::Any + Send),
 ) -> Response {
-    span.in_scope(|| {
+    let log = || {
         tracing::error!(
             namespace = %host.ns,
             id = %slot.id,
             error = %panic_message(panic),
             "handler panicked"
         );
-    });
+    };
+    match span {
+        Some(span) => span.in_scope(log),
+        None => log(),
+    }
     response::internal_error()
 }
 
@@ -243,16 +246,19 @@ fn take_pending(parts: &mut Parts) -> Option<Pending> {
 }
 
 /// The request span (see [`admit`]): at debug, as tower-http's, so at the
-/// usual `info` a handler's lines carry the instance span alone, and with
-/// nothing listening no span is even cloned.
-fn request_span(slot: &Slot, parts: &Parts) -> tracing::Span {
+/// usual `info` a handler's lines carry the instance span alone. With
+/// nothing listening at `info` there is none, not even a disabled one: no
+/// span is cloned, entered on every poll, or dropped.
+fn request_span(slot: &Slot, parts: &Parts) -> Option<tracing::Span> {
     if tracing::enabled!(tracing::Level::DEBUG) {
         let instance_span = slot.span();
-        tracing::debug_span!(parent: &instance_span, "request", method = %parts.method, path = %parts.uri.path())
+        Some(
+            tracing::debug_span!(parent: &instance_span, "request", method = %parts.method, path = %parts.uri.path()),
+        )
     } else if tracing::enabled!(tracing::Level::INFO) {
-        slot.span()
+        Some(slot.span())
     } else {
-        tracing::Span::none()
+        None
     }
 }
 
@@ -281,7 +287,6 @@ pub(crate) fn admit<T: Object>(
             let (host, started, arrived, entered, epoch, caller, depth) = {
                 let Some(Pending {
                     host,
-                    original,
                     id_at,
                     started,
                 }) = take_pending(&mut parts)
@@ -291,7 +296,11 @@ pub(crate) fn admit<T: Object>(
                 // The arrival on the host's clock: the entry's activity
                 // stamp, and with the request's duration its leave's.
                 let arrived = host.ms_at(started);
-                let raw_id = original.path().get(id_at).unwrap_or_default();
+                let raw_id = parts
+                    .extensions
+                    .get::<OriginalUri>()
+                    .and_then(|OriginalUri(original)| original.path().get(id_at))
+                    .unwrap_or_default();
                 let Passed {
                     id,
                     epoch,
@@ -347,7 +356,8 @@ pub(crate) fn admit<T: Object>(
             let (entry, instance) = match entered {
                 Entered::Live(busy, instance) => (busy, instance),
                 Entered::Activating(busy) => {
-                    match HostShared::activation(busy).instrument(span.clone()).await {
+                    let in_span = span.clone().unwrap_or_else(tracing::Span::none);
+                    match HostShared::activation(busy).instrument(in_span).await {
                         Ok(activated) => activated,
                         Err(refused) => return Ok(admission_refused(refused)),
                     }
@@ -367,7 +377,7 @@ pub(crate) fn admit<T: Object>(
             Some(turn) => {
                 let mut acquire = pin!(turn.acquire());
                 let permit = poll_fn(|cx| {
-                    let _in_span = span.enter();
+                    let _in_span = span.as_ref().map(tracing::Span::enter);
                     if cancelled.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(None);
                     }
@@ -394,11 +404,11 @@ pub(crate) fn admit<T: Object>(
         // handler's future.
         let handler = match std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(request))) {
             Ok(handler) => handler,
-            Err(panic) => return Ok(panicked(&host, &slot, &span, panic.as_ref())),
+            Err(panic) => return Ok(panicked(&host, &slot, span.as_ref(), panic.as_ref())),
         };
         let mut handler = pin!(AssertUnwindSafe(handler).catch_unwind());
         let outcome = poll_fn(|cx| {
-            let _in_span = span.enter();
+            let _in_span = span.as_ref().map(tracing::Span::enter);
             if let Poll::Ready(outcome) = handler.as_mut().poll(cx) {
                 return Poll::Ready(Some(outcome));
             }
@@ -415,7 +425,7 @@ pub(crate) fn admit<T: Object>(
         let response = match outcome {
             Ok(Ok(response)) => response.into_response(),
             Ok(Err(infallible)) => match infallible {},
-            Err(panic) => return Ok(panicked(&host, &slot, &span, panic.as_ref())),
+            Err(panic) => return Ok(panicked(&host, &slot, span.as_ref(), panic.as_ref())),
         };
         let body = response.body();
         if body.is_end_stream() || body.size_hint().exact().is_some() {

@@ -228,13 +228,13 @@ pub(crate) fn route(
     let original = std::mem::replace(&mut parts.uri, uri);
     // axum's `OriginalUri` is the URI the client sent, `/<ns>/<id>…`, as
     // through `Worker::router()`. Set here, it is a refcount on the bytes
-    // hyper parsed; left to axum, a copy of the rewritten one.
+    // hyper parsed; left to axum, a copy of the rewritten one. Admission
+    // reads the id from it.
     parts
         .extensions
-        .insert(axum::extract::OriginalUri(original.clone()));
+        .insert(axum::extract::OriginalUri(original));
     parts.extensions.insert(Routed::Pending(Pending {
         host: host.clone(),
-        original,
         id_at,
         started,
     }));
