@@ -268,8 +268,9 @@ fn request_span(slot: &Slot, parts: &Parts) -> Option<tracing::Span> {
 /// handler raced against the instance's abort and shielded from panics.
 ///
 /// One coroutine with the request's parts captured in place, no future
-/// nested in another: the boxed state is the request once plus the
-/// handler's future (a nested future would carry a second copy of the
+/// nested in another: the state (in the box axum's route allocates, see
+/// [`AdmitLayer`]) is the request once plus the handler's future, `inner`'s
+/// own (a nested future would carry a second copy of the
 /// request, every byte of it copied as it is moved in, and push the box
 /// past the allocator's per-thread cache). The request's parts are lent
 /// to authorization where they lie and moved out only into the handler.
