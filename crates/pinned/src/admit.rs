@@ -15,16 +15,15 @@
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
-use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use axum::body::Body;
-use axum::extract::Request;
+use axum::extract::{OriginalUri, Request};
 use axum::response::{IntoResponse, Response};
-use futures_util::future::BoxFuture;
+use axum::routing::Route;
 use futures_util::FutureExt;
 use http::request::Parts;
 use http::{HeaderMap, StatusCode};
@@ -33,7 +32,7 @@ use pinned_wire::attestation::Caller;
 use pinned_wire::refusal::Refusal;
 use pinned_wire::{attestation, epoch, headers, ids};
 use tokio::time::Instant;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 use tracing::Instrument;
 
 use crate::auth::AuthError;
@@ -68,10 +67,9 @@ fn admission_refused(refused: Admission) -> Response {
 #[derive(Clone)]
 pub(crate) struct Pending {
     pub(crate) host: Arc<HostShared>,
-    /// The request's original URI (a cheap clone: its bytes are shared)
-    /// and where the raw id segment lies in its path, so no id is copied
-    /// before the gate decodes it.
-    pub(crate) original: http::Uri,
+    /// Where the raw id segment lies in the path of the request's
+    /// [`OriginalUri`] (set by dispatch, which axum's router leaves as it
+    /// is), so no id is copied before the gate decodes it.
     pub(crate) id_at: std::ops::Range<usize>,
     pub(crate) started: Instant,
 }
@@ -154,66 +152,75 @@ pub(crate) fn gate<'a>(
     })
 }
 
-/// The admission layer of object `T`'s routes (see the module docs).
-pub(crate) struct AdmitLayer<T>(PhantomData<fn() -> T>);
+/// The admission layer of an object's routes (see the module docs), made
+/// from its admission function: `AdmitLayer(admit::<T>)` for object `T`.
+///
+/// It carries that function (a zero-sized fn item) rather than naming `T`:
+/// the service's future is then the function's own return type, named
+/// through `F`, so axum's route puts the admission coroutine in the one box
+/// it allocates for every route future, not a second box of its own (an
+/// allocation, a free and an indirect poll per request).
+#[derive(Clone, Copy)]
+pub(crate) struct AdmitLayer<F>(pub(crate) F);
 
-impl<T> AdmitLayer<T> {
-    pub(crate) fn new() -> Self {
-        Self(PhantomData)
-    }
-}
+impl<S, F: Clone> Layer<S> for AdmitLayer<F> {
+    type Service = Admit<S, F>;
 
-impl<T> Clone for AdmitLayer<T> {
-    fn clone(&self) -> Self {
-        Self::new()
-    }
-}
-
-impl<T, S> Layer<S> for AdmitLayer<T> {
-    type Service = Admit<T, S>;
-
-    fn layer(&self, inner: S) -> Admit<T, S> {
+    fn layer(&self, inner: S) -> Admit<S, F> {
         Admit {
             inner,
-            object: PhantomData,
+            admit: self.0.clone(),
         }
     }
 }
 
-/// One matched route of `T`, wrapped by [`AdmitLayer`].
-pub(crate) struct Admit<T, S> {
+/// One matched route of an object, wrapped by [`AdmitLayer`].
+#[derive(Clone)]
+pub(crate) struct Admit<S, F> {
     inner: S,
-    object: PhantomData<fn() -> T>,
+    admit: F,
 }
 
-impl<T, S: Clone> Clone for Admit<T, S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            object: PhantomData,
-        }
-    }
-}
-
-impl<T, S> Service<Request> for Admit<T, S>
+impl<S, F, Fut> Service<Request> for Admit<S, F>
 where
-    T: Object,
-    S: Service<Request, Error = Infallible> + Clone + Send + 'static,
-    S::Response: IntoResponse,
-    S::Future: Send + 'static,
+    S: Clone,
+    F: Fn(S, Parts, Body) -> Fut,
+    Fut: Future<Output = Result<Response, Infallible>>,
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+    type Future = Fut;
 
     fn poll_ready(&mut self, _cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: Request) -> Self::Future {
+    fn call(&mut self, request: Request) -> Fut {
         let (parts, body) = request.into_parts();
-        Box::pin(admit::<T, S>(self.inner.clone(), parts, body))
+        (self.admit)(self.inner.clone(), parts, body)
     }
+}
+
+/// The answer to a request whose handler panicked, logged in its span.
+fn panicked(
+    host: &HostShared,
+    slot: &Slot,
+    span: Option<&tracing::Span>,
+    panic: &(dyn std::any::Any + Send),
+) -> Response {
+    let log = || {
+        tracing::error!(
+            namespace = %host.ns,
+            id = %slot.id,
+            error = %panic_message(panic),
+            "handler panicked"
+        );
+    };
+    match span {
+        Some(span) => span.in_scope(log),
+        None => log(),
+    }
+    response::internal_error()
 }
 
 /// When a request that arrived at `arrived_ms` (on the host's clock) and
@@ -239,16 +246,19 @@ fn take_pending(parts: &mut Parts) -> Option<Pending> {
 }
 
 /// The request span (see [`admit`]): at debug, as tower-http's, so at the
-/// usual `info` a handler's lines carry the instance span alone, and with
-/// nothing listening no span is even cloned.
-fn request_span(slot: &Slot, parts: &Parts) -> tracing::Span {
+/// usual `info` a handler's lines carry the instance span alone. With
+/// nothing listening at `info` there is none, not even a disabled one: no
+/// span is cloned, entered on every poll, or dropped.
+fn request_span(slot: &Slot, parts: &Parts) -> Option<tracing::Span> {
     if tracing::enabled!(tracing::Level::DEBUG) {
         let instance_span = slot.span();
-        tracing::debug_span!(parent: &instance_span, "request", method = %parts.method, path = %parts.uri.path())
+        Some(
+            tracing::debug_span!(parent: &instance_span, "request", method = %parts.method, path = %parts.uri.path()),
+        )
     } else if tracing::enabled!(tracing::Level::INFO) {
-        slot.span()
+        Some(slot.span())
     } else {
-        tracing::Span::none()
+        None
     }
 }
 
@@ -258,23 +268,18 @@ fn request_span(slot: &Slot, parts: &Parts) -> tracing::Span {
 /// handler raced against the instance's abort and shielded from panics.
 ///
 /// One coroutine with the request's parts captured in place, no future
-/// nested in another: the boxed state is the request once plus the
-/// handler's future (a nested future would carry a second copy of the
+/// nested in another: the state (in the box axum's route allocates, see
+/// [`AdmitLayer`]) is the request once plus the handler's future, `inner`'s
+/// own (a nested future would carry a second copy of the
 /// request, every byte of it copied as it is moved in, and push the box
 /// past the allocator's per-thread cache). The request's parts are lent
 /// to authorization where they lie and moved out only into the handler.
 #[allow(clippy::manual_async_fn)] // an `async fn` would copy its arguments into the coroutine again
-fn admit<T, S>(
-    inner: S,
+pub(crate) fn admit<T: Object>(
+    mut inner: Route,
     mut parts: Parts,
     body: Body,
-) -> impl Future<Output = Result<Response, Infallible>> + Send
-where
-    T: Object,
-    S: Service<Request, Error = Infallible> + Send + 'static,
-    S::Response: IntoResponse,
-    S::Future: Send + 'static,
-{
+) -> impl Future<Output = Result<Response, Infallible>> + Send {
     // The phases are blocks: a local's storage stays reserved until its
     // scope ends, also once moved from, so what a phase needs is scoped to
     // it and only its results are kept beside the handler's future.
@@ -283,7 +288,6 @@ where
             let (host, started, arrived, entered, epoch, caller, depth) = {
                 let Some(Pending {
                     host,
-                    original,
                     id_at,
                     started,
                 }) = take_pending(&mut parts)
@@ -293,7 +297,11 @@ where
                 // The arrival on the host's clock: the entry's activity
                 // stamp, and with the request's duration its leave's.
                 let arrived = host.ms_at(started);
-                let raw_id = original.path().get(id_at).unwrap_or_default();
+                let raw_id = parts
+                    .extensions
+                    .get::<OriginalUri>()
+                    .and_then(|OriginalUri(original)| original.path().get(id_at))
+                    .unwrap_or_default();
                 let Passed {
                     id,
                     epoch,
@@ -349,7 +357,8 @@ where
             let (entry, instance) = match entered {
                 Entered::Live(busy, instance) => (busy, instance),
                 Entered::Activating(busy) => {
-                    match HostShared::activation(busy).instrument(span.clone()).await {
+                    let in_span = span.clone().unwrap_or_else(tracing::Span::none);
+                    match HostShared::activation(busy).instrument(in_span).await {
                         Ok(activated) => activated,
                         Err(refused) => return Ok(admission_refused(refused)),
                     }
@@ -369,7 +378,7 @@ where
             Some(turn) => {
                 let mut acquire = pin!(turn.acquire());
                 let permit = poll_fn(|cx| {
-                    let _in_span = span.enter();
+                    let _in_span = span.as_ref().map(tracing::Span::enter);
                     if cancelled.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(None);
                     }
@@ -389,9 +398,18 @@ where
             return Ok(response::refusal(Refusal::Aborted));
         }
         let request = Request::from_parts(parts, body);
-        let mut handler = pin!(AssertUnwindSafe(inner.oneshot(request)).catch_unwind());
+        // Called here, not through `oneshot`: a `Route` is always ready
+        // (its `poll_ready` answers at once), and no `Oneshot` state then
+        // sits around the handler's future. A route that is a service of
+        // the application's own may panic in `call` too: caught as in the
+        // handler's future.
+        let handler = match std::panic::catch_unwind(AssertUnwindSafe(|| inner.call(request))) {
+            Ok(handler) => handler,
+            Err(panic) => return Ok(panicked(&host, &slot, span.as_ref(), panic.as_ref())),
+        };
+        let mut handler = pin!(AssertUnwindSafe(handler).catch_unwind());
         let outcome = poll_fn(|cx| {
-            let _in_span = span.enter();
+            let _in_span = span.as_ref().map(tracing::Span::enter);
             if let Poll::Ready(outcome) = handler.as_mut().poll(cx) {
                 return Poll::Ready(Some(outcome));
             }
@@ -408,17 +426,7 @@ where
         let response = match outcome {
             Ok(Ok(response)) => response.into_response(),
             Ok(Err(infallible)) => match infallible {},
-            Err(panic) => {
-                span.in_scope(|| {
-                    tracing::error!(
-                        namespace = %host.ns,
-                        id = %slot.id,
-                        error = %panic_message(panic.as_ref()),
-                        "handler panicked"
-                    );
-                });
-                return Ok(response::internal_error());
-            }
+            Err(panic) => return Ok(panicked(&host, &slot, span.as_ref(), panic.as_ref())),
         };
         let body = response.body();
         if body.is_end_stream() || body.size_hint().exact().is_some() {

@@ -8,6 +8,7 @@
 //! layer around the object's matched routes ([`admit`](crate::admit)) does,
 //! so an unknown path or method is answered before any instance exists.
 
+use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -18,6 +19,7 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::future::RouteFuture;
 use futures_util::future::BoxFuture;
+use http::uri::PathAndQuery;
 use http::{HeaderValue, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::Service;
@@ -58,6 +60,42 @@ fn rewrite(rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri
     }
 }
 
+/// How many rewritten paths a connection keeps.
+const RECENT_REWRITES: usize = 4;
+
+/// The paths one connection's requests were last rewritten to (without a
+/// query), so a repeated one is a refcount on the bytes parsed before
+/// instead of a copy and a parse of every byte again (an allocation and
+/// some 300 instructions a request). An object has few routes, so a
+/// connection's requests mostly repeat a handful of paths; a path with a
+/// query is rewritten afresh every time.
+///
+/// One per connection ([`edge`](crate::edge)), never shared: no lock.
+#[derive(Default)]
+pub(crate) struct Rewrites {
+    recent: RefCell<[Option<PathAndQuery>; RECENT_REWRITES]>,
+    /// The entry the next new path replaces (round robin).
+    next: Cell<usize>,
+}
+
+impl Rewrites {
+    /// [`rewrite`], from the recent paths when `rest` is one of them.
+    fn rewrite(&self, rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri> {
+        if query.is_some() {
+            return rewrite(rest, query);
+        }
+        let mut recent = self.recent.borrow_mut();
+        if let Some(path) = recent.iter().flatten().find(|path| path.as_str() == rest) {
+            return Ok(Uri::from(path.clone()));
+        }
+        let uri = rewrite(rest, None)?;
+        let next = self.next.get();
+        recent[next] = uri.path_and_query().cloned();
+        self.next.set((next + 1) % RECENT_REWRITES);
+        Ok(uri)
+    }
+}
+
 /// Serves one request for a path under a hosted namespace, or answers 404
 /// `{"detail":"Not Found"}` for any other path.
 ///
@@ -70,7 +108,7 @@ pub(crate) async fn dispatch(hosts: &[Arc<HostShared>], request: Request) -> Res
     let Some(host) = host_of(hosts, request.uri().path()) else {
         return not_found();
     };
-    route(host, request, Instant::now()).await
+    route(host, request, Instant::now(), None).await
 }
 
 /// The hosted namespace `path` is under, if any.
@@ -151,9 +189,15 @@ fn closing(host: &HostShared, mut response: Response) -> Response {
 /// [`dispatch`] for a request already known to be under `host`'s namespace,
 /// which arrived at `started` (its duration is measured from there, and
 /// the instance's activity stamped with it): the path split and rewritten
-/// and the object's router called here, synchronously; the returned future
-/// only runs what that router started.
-pub(crate) fn route(host: &Arc<HostShared>, request: Request, started: Instant) -> Routing {
+/// (with the connection's `rewrites`, if any) and the object's router
+/// called here, synchronously; the returned future only runs what that
+/// router started.
+pub(crate) fn route(
+    host: &Arc<HostShared>,
+    request: Request,
+    started: Instant,
+    rewrites: Option<&Rewrites>,
+) -> Routing {
     let (mut parts, body) = request.into_parts();
     let target = target(&host.ns, parts.uri.path());
     // pinboard's alarm delivery authenticates with the proxy secret, not a
@@ -165,7 +209,11 @@ pub(crate) fn route(host: &Arc<HostShared>, request: Request, started: Instant) 
             host: host.clone(),
         };
     }
-    let uri = match rewrite(target.rest, parts.uri.query()) {
+    let rewritten = match rewrites {
+        Some(rewrites) => rewrites.rewrite(target.rest, parts.uri.query()),
+        None => rewrite(target.rest, parts.uri.query()),
+    };
+    let uri = match rewritten {
         Ok(uri) => uri,
         Err(_) => {
             let response = response::detail(StatusCode::BAD_REQUEST, "invalid request path");
@@ -180,13 +228,13 @@ pub(crate) fn route(host: &Arc<HostShared>, request: Request, started: Instant) 
     let original = std::mem::replace(&mut parts.uri, uri);
     // axum's `OriginalUri` is the URI the client sent, `/<ns>/<id>…`, as
     // through `Worker::router()`. Set here, it is a refcount on the bytes
-    // hyper parsed; left to axum, a copy of the rewritten one.
+    // hyper parsed; left to axum, a copy of the rewritten one. Admission
+    // reads the id from it.
     parts
         .extensions
-        .insert(axum::extract::OriginalUri(original.clone()));
+        .insert(axum::extract::OriginalUri(original));
     parts.extensions.insert(Routed::Pending(Pending {
         host: host.clone(),
-        original,
         id_at,
         started,
     }));
@@ -227,6 +275,23 @@ mod tests {
         assert_eq!((t.raw_id, t.rest), ("", "/x"));
         let t = target("/counter", "/counter/");
         assert_eq!((t.raw_id, t.rest), ("", "/"));
+    }
+
+    #[test]
+    fn recent_rewrites_answer_as_a_fresh_rewrite() {
+        let rewrites = Rewrites::default();
+        let paths = ["/a", "/b/c", "/", "/d", "/e", "/a", "/b/c", "/a"];
+        for rest in paths {
+            for query in [None, Some("x=1")] {
+                let fresh = rewrite(rest, query).map(|uri| uri.to_string()).ok();
+                let recent = rewrites
+                    .rewrite(rest, query)
+                    .map(|uri| uri.to_string())
+                    .ok();
+                assert_eq!(recent, fresh, "{rest} {query:?}");
+            }
+        }
+        assert!(rewrites.rewrite("/a b", None).is_err());
     }
 
     #[test]

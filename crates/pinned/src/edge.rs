@@ -8,6 +8,9 @@
 //! application's [`Router`] does). The per-request cost is what
 //! `axum::serve` paid (the `ConnectInfo` extension and the body box) plus
 //! a few atomic operations for the phase: nothing allocates per request.
+//! Each connection keeps the paths its namespace requests were last
+//! rewritten to ([`Rewrites`](crate::dispatch::Rewrites)), so a repeated
+//! route is not parsed again.
 //!
 //! With [`Options::tls`](crate::Options::tls) the handshake runs in the
 //! connection's task: the connection already counts against the cap, and
@@ -178,6 +181,7 @@ pub(crate) async fn serve(
         let phase = Phase::new();
         let (requests, app, hosts) = (phase.clone(), app.clone(), hosts.clone());
         let extensions = request_extensions(peer);
+        let rewrites = dispatch::Rewrites::default();
         let service = service_fn(move |mut request: hyper::Request<Incoming>| {
             // The head's mark is the request's start: dispatch times the
             // request and stamps the instance with it, no clock read of its own.
@@ -198,6 +202,7 @@ pub(crate) async fn serve(
                     host,
                     request,
                     head.unwrap_or_else(Instant::now),
+                    Some(&rewrites),
                 )),
                 None => {
                     Either::Right(app.clone().oneshot(request).map(|answered| match answered {
@@ -230,6 +235,10 @@ pub(crate) async fn serve(
                 }
             };
             tokio::select! {
+                // Fixed order: the connection is what wakes this task, once
+                // or more per request; a random start would cost a random
+                // number per wake-up, and the abort is seen either way.
+                biased;
                 lapse = served => {
                     if let Some(lapse) = lapse {
                         let deadline = match lapse {

@@ -390,7 +390,7 @@ fn activate<T: Object>(ctx: Context) -> BoxFuture<'static, Result<Instance, BoxE
 fn routes<T: Object>() -> Router {
     let routes = T::routes();
     let routes = if routes.has_routes() {
-        routes.route_layer(crate::admit::AdmitLayer::<T>::new())
+        routes.route_layer(crate::admit::AdmitLayer(crate::admit::admit::<T>))
     } else {
         routes
     };
