@@ -28,7 +28,7 @@ use hyper::body::Incoming;
 
 use crate::proxy::resolve::WorkerConn;
 use crate::upstream::{
-    self, BodyError, PooledBody, SendError, Upstream, UpstreamBody, UpstreamTls,
+    self, BodyError, PooledBody, SendError, Stamp, Upstream, UpstreamBody, UpstreamTls,
 };
 
 /// A boxed future, as [`Exchange`] returns it.
@@ -86,9 +86,9 @@ impl Outbound {
         }
     }
 
-    /// The proxy's send: `head` has an origin-form URI and its `Host` set;
-    /// it goes to `worker` over its keep-alive pool. The head is borrowed:
-    /// a retry sends it again.
+    /// The proxy's send: `head` (an origin-form URI, the client's fields)
+    /// with `stamp`'s fields (`Host` among them) goes to `worker` over its
+    /// keep-alive pool. The head is borrowed: a retry sends it again.
     ///
     /// # Errors
     ///
@@ -97,16 +97,17 @@ impl Outbound {
         &self,
         worker: &WorkerConn,
         head: &http::request::Parts,
+        stamp: &Stamp<'_>,
         body: UpstreamBody,
     ) -> Result<Response<ResBody>, SendError> {
         match self {
             Self::Http(..) => worker
                 .pool
-                .send(head, body)
+                .send(head, stamp, body)
                 .await
                 .map(|res| res.map(|body| ResBody::Pooled { body })),
             Self::Exchange(x) => {
-                let request = upstream::owned(head, body);
+                let request = upstream::stamped(head, stamp, body);
                 exchange(&**x, &worker.record.advertise_url, request).await
             }
         }

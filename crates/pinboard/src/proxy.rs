@@ -60,7 +60,7 @@ use http::{HeaderValue, Request, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use pinned_wire::headers::{ATTESTATION, EPOCH, HOSTNAME, REFUSAL};
+use pinned_wire::headers::{HOSTNAME, REFUSAL};
 use pinned_wire::ids::decode_id_segment;
 use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
@@ -76,6 +76,7 @@ use self::resolve::{Avoid, ResolveError, WorkerConn};
 use crate::outbound::ResBody;
 use crate::placement::{Placement, PlacementStore};
 use crate::server::App;
+use crate::upstream::Stamp;
 use crate::world::{cluster_world, Scope, World, ENV_HEADER};
 
 /// Largest refusal body read to classify it.
@@ -322,9 +323,17 @@ pub async fn serve<S: PlacementStore>(
     upstream.headers = std::mem::take(&mut parts.headers);
     upstream.headers.reserve(6);
     sanitize_request(&mut upstream.headers, &scan, upgrade);
-    if let Some(client) = client {
-        add_forwarded(&mut upstream.headers, &scan, client);
-    }
+    // A request that arrived with forwarding fields gets the client
+    // appended to them; one without gets the client's own from each
+    // attempt's stamp.
+    let forwarding = match client {
+        Some(client) if !scan.forwarding => Some(client.forwarding()),
+        Some(client) => {
+            add_forwarded(&mut upstream.headers, &scan, client);
+            None
+        }
+        None => None,
+    };
     let path_and_query = match parts.uri.path_and_query() {
         Some(pq) => pq.clone(),
         None => PathAndQuery::from_static("/"),
@@ -334,6 +343,7 @@ pub async fn serve<S: PlacementStore>(
         app,
         &mut upstream,
         &path_and_query,
+        forwarding,
         (&key, target.ns, &id),
         (caller.as_ref(), Scope::World(world)),
         (&mut body, watch.as_ref()),
@@ -345,13 +355,19 @@ pub async fn serve<S: PlacementStore>(
     res
 }
 
+/// The client's own forwarding values, for a request that arrived with
+/// none (see [`add_forwarded`]).
+type Forwarding<'a> = Option<(&'a HeaderValue, &'a HeaderValue)>;
+
 /// Resolve, send, classify, retry; then, if a placement this request
 /// claimed was refused and no worker answered the request, hand the claim
 /// back (`resolve`'s "Refused claims").
+#[allow(clippy::too_many_arguments)]
 async fn forward<S: PlacementStore>(
     app: &App<S>,
     head: &mut http::request::Parts,
     path_and_query: &PathAndQuery,
+    forwarding: Forwarding<'_>,
     (key, ns, id): (&str, &str, &str),
     (caller, scope): (Option<&Caller>, Scope<'_>),
     body: (&mut ReqBody, Option<&BodyWatch>),
@@ -362,6 +378,7 @@ async fn forward<S: PlacementStore>(
         app,
         head,
         path_and_query,
+        forwarding,
         (key, ns, id),
         (caller, scope),
         body,
@@ -386,6 +403,7 @@ async fn attempts<S: PlacementStore>(
     app: &App<S>,
     head: &mut http::request::Parts,
     path_and_query: &PathAndQuery,
+    forwarding: Forwarding<'_>,
     (key, ns, id): (&str, &str, &str),
     (caller, scope): (Option<&Caller>, Scope<'_>),
     (body, watch): (&mut ReqBody, Option<&BodyWatch>),
@@ -439,14 +457,13 @@ async fn attempts<S: PlacementStore>(
             return detail_response(StatusCode::BAD_GATEWAY, "worker address is not a valid URL");
         };
         head.uri = uri;
-        let headers = &mut head.headers;
-        headers.insert(header::HOST, worker.host.clone());
-        headers.insert(
-            ATTESTATION,
-            worker.attestation(wall_secs, caller.map(|c| (c.from.as_str(), c.depth))),
-        );
-        headers.insert(EPOCH, route.epoch_header.clone());
-        let send = std::pin::pin!(app.outbound.send(worker, head, body.for_attempt()));
+        let stamp = Stamp {
+            host: &worker.host,
+            attestation: worker.attestation(wall_secs, caller.map(|c| (c.from.as_str(), c.depth))),
+            epoch: &route.epoch_header,
+            forwarded: forwarding,
+        };
+        let send = std::pin::pin!(app.outbound.send(worker, head, &stamp, body.for_attempt()));
         let sent = await_head(send, watch, app.proxy.upstream_timeout).await;
         let Ok(sent) = sent else {
             return upstream_timed_out(app, key);
@@ -665,7 +682,13 @@ mod tests {
             .expect("request")
             .into_parts();
         let body = crate::upstream::UpstreamBody::Left(Default::default());
-        let mut send = std::pin::pin!(app.outbound.send(&worker, &upstream, body));
+        let stamp = Stamp {
+            host: &worker.host,
+            attestation: HeaderValue::from_static("t"),
+            epoch: &worker.host,
+            forwarded: None,
+        };
+        let mut send = std::pin::pin!(app.outbound.send(&worker, &upstream, &stamp, body));
         let head = await_head(send.as_mut(), None, Duration::from_secs(1));
         assert!(
             std::mem::size_of_val(&head) <= 512,

@@ -12,6 +12,9 @@
 //! client takes the rest (TLS, streamed bodies, WebSockets).
 
 pub mod h1;
+pub mod stamp;
+
+pub use self::stamp::Stamp;
 
 use self::h1::Reached;
 
@@ -106,6 +109,13 @@ pub fn owned<B>(head: &http::request::Parts, body: B) -> Request<B> {
     *request.uri_mut() = head.uri.clone();
     *request.version_mut() = head.version;
     *request.headers_mut() = head.headers.clone();
+    request
+}
+
+/// [`owned`], with `stamp`'s fields set.
+pub fn stamped<B>(head: &http::request::Parts, stamp: &Stamp<'_>, body: B) -> Request<B> {
+    let mut request = owned(head, body);
+    stamp.insert_into(request.headers_mut());
     request
 }
 
@@ -247,12 +257,13 @@ impl Pool {
     pub async fn send(
         self: &Arc<Self>,
         head: &http::request::Parts,
+        stamp: &Stamp<'_>,
         body: UpstreamBody,
     ) -> Result<http::Response<PooledBody>, SendError> {
         let plain = self.tls.is_none() && !head.headers.contains_key(http::header::UPGRADE);
         match body {
-            Either::Left(buffered) if plain => self.send_raw(head, buffered).await,
-            body => self.send_hyper(owned(head, body)).await,
+            Either::Left(buffered) if plain => self.send_raw(head, stamp, buffered).await,
+            body => self.send_hyper(stamped(head, stamp, body)).await,
         }
     }
 
@@ -260,6 +271,7 @@ impl Pool {
     async fn send_raw(
         self: &Arc<Self>,
         head: &http::request::Parts,
+        stamp: &Stamp<'_>,
         mut body: Full<Bytes>,
     ) -> Result<http::Response<PooledBody>, SendError> {
         // A `Full` yields its one frame at once.
@@ -277,7 +289,7 @@ impl Pool {
                 Some(conn) => (conn, true),
                 None => (Box::pin(self.dial()).await.map(h1::Conn::new)?, false),
             };
-            match conn.exchange(head, &body, self).await {
+            match conn.exchange(head, stamp, &body, self).await {
                 Ok(response) => return Ok(response.map(|body| PooledBody::Raw { body })),
                 // The worker had closed an idle connection: nothing of the
                 // request went out, so it goes out once more on a new one.

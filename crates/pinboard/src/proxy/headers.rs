@@ -66,6 +66,12 @@ pub struct ClientAddr {
 }
 
 impl ClientAddr {
+    /// The `X-Forwarded-For` and `Forwarded` values of a request that
+    /// arrived with no forwarding fields: this client's address alone.
+    pub fn forwarding(&self) -> (&HeaderValue, &HeaderValue) {
+        (&self.xff, &self.forwarded)
+    }
+
     /// The forwarding values for a client at `addr`.
     pub fn new(addr: SocketAddr) -> Self {
         let ip = addr.ip().to_canonical();
@@ -149,7 +155,6 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
 /// handshake (`upgrade`) keeps `Upgrade` with `Connection: upgrade`.
 /// `scan` is [`Scan::of`] these headers.
 pub fn sanitize_request(headers: &mut HeaderMap, scan: &Scan, upgrade: bool) {
-    headers.remove(header::HOST);
     if scan.pinboard {
         let names: Vec<HeaderName> = headers
             .keys()
@@ -230,12 +235,11 @@ fn append(headers: &mut HeaderMap, name: HeaderName, element: &HeaderValue) {
 }
 
 /// Add the forwarding headers for `client` (see the module doc); `scan`
-/// is [`Scan::of`] these headers.
+/// is [`Scan::of`] these headers. A request that arrived with none of
+/// them gets none here: the attempt's stamp carries them
+/// ([`ClientAddr::forwarding`]), written without an insert each.
 pub fn add_forwarded(headers: &mut HeaderMap, scan: &Scan, client: &ClientAddr) {
     if !scan.forwarding {
-        headers.insert(X_FORWARDED_FOR, client.xff.clone());
-        headers.insert(FORWARDED, client.forwarded.clone());
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
         return;
     }
     append(headers, X_FORWARDED_FOR, &client.xff);
@@ -303,8 +307,11 @@ mod tests {
             }
         );
         sanitize_request(&mut h, &scan, false);
-        assert_eq!(h.len(), 1, "{h:?}");
+        // `Host` stays in the map: every attempt's stamp replaces it
+        // (`upstream::Stamp`).
+        assert_eq!(h.len(), 2, "{h:?}");
         assert_eq!(h["x-keep"], "1");
+        assert_eq!(h["host"], "evil");
 
         let mut ws = map(&[
             ("connection", "Upgrade, x-hop"),
@@ -359,10 +366,11 @@ mod tests {
         assert_eq!(scan, Scan::default(), "nothing for the rules to do");
         sanitize_request(&mut h, &scan, false);
         add_forwarded(&mut h, &scan, &v4);
-        assert_eq!(h.len(), 4, "{h:?}");
-        assert_eq!(h[X_FORWARDED_FOR], "10.1.2.3");
-        assert_eq!(h[FORWARDED], "for=10.1.2.3;proto=http");
-        assert_eq!(h[X_FORWARDED_PROTO], "http");
+        // None arrived: the stamp carries the client's own.
+        assert_eq!(h.len(), 2, "{h:?}");
+        let (xff, forwarded) = v4.forwarding();
+        assert_eq!(xff, "10.1.2.3");
+        assert_eq!(forwarded, "for=10.1.2.3;proto=http");
 
         let mut h = map(&[
             ("x-forwarded-for", "203.0.113.9"),
@@ -381,10 +389,9 @@ mod tests {
         assert_eq!(h[X_FORWARDED_PROTO], "https");
 
         let v6 = ClientAddr::new("[2001:db8::1]:80".parse().expect("addr"));
-        let mut h = HeaderMap::new();
-        add_forwarded(&mut h, &Scan::default(), &v6);
-        assert_eq!(h[X_FORWARDED_FOR], "2001:db8::1");
-        assert_eq!(h[FORWARDED], "for=\"[2001:db8::1]\";proto=http");
+        let (xff, forwarded) = v6.forwarding();
+        assert_eq!(xff, "2001:db8::1");
+        assert_eq!(forwarded, "for=\"[2001:db8::1]\";proto=http");
         let mapped = ClientAddr::new("[::ffff:127.0.0.1]:80".parse().expect("addr"));
         assert_eq!(mapped.xff, "127.0.0.1");
     }

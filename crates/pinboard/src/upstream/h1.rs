@@ -33,7 +33,7 @@ use http_body::{Frame, SizeHint};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::Pool;
+use super::{Pool, Stamp};
 
 /// Largest response head (status line and fields) accepted.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -134,10 +134,11 @@ impl Conn {
     pub async fn exchange(
         mut self,
         head: &http::request::Parts,
+        stamp: &Stamp<'_>,
         body: &Bytes,
         pool: &Arc<Pool>,
     ) -> Result<Response<RawBody>, (Reached, ExchangeError)> {
-        encode(head, body.len(), &mut self.write);
+        encode(head, stamp, body.len(), &mut self.write);
         let coalesce = body.len() <= COALESCE_BODY;
         if coalesce {
             self.write.extend_from_slice(body);
@@ -182,8 +183,9 @@ impl Conn {
 }
 
 /// The request head: origin-form target, the headers as given (but any
-/// `Content-Length`: the body's own length is written instead).
-fn encode(head: &http::request::Parts, body_len: usize, out: &mut Vec<u8>) {
+/// `Content-Length`: the body's own length is written instead; and any
+/// `Host`: the stamp's is), then `stamp`'s fields.
+fn encode(head: &http::request::Parts, stamp: &Stamp<'_>, body_len: usize, out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(head.method.as_str().as_bytes());
     out.push(b' ');
@@ -191,7 +193,7 @@ fn encode(head: &http::request::Parts, body_len: usize, out: &mut Vec<u8>) {
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in &head.headers {
-        if name == http::header::CONTENT_LENGTH {
+        if name == http::header::CONTENT_LENGTH || name == http::header::HOST {
             continue;
         }
         out.extend_from_slice(name.as_str().as_bytes());
@@ -199,6 +201,7 @@ fn encode(head: &http::request::Parts, body_len: usize, out: &mut Vec<u8>) {
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    stamp.write(out);
     // An empty body is announced only where a body is expected, as hyper
     // does; elsewhere no length means none.
     let announce =
@@ -743,17 +746,29 @@ mod tests {
             .body(())
             .expect("request")
             .into_parts();
+        let (host, epoch) = (
+            HeaderValue::from_static("w:2"),
+            HeaderValue::from_static("7"),
+        );
+        let stamp = Stamp {
+            host: &host,
+            attestation: HeaderValue::from_static("tok"),
+            epoch: &epoch,
+            forwarded: None,
+        };
         let mut out = Vec::new();
-        encode(&head, 3, &mut out);
+        encode(&head, &stamp, 3, &mut out);
         assert_eq!(
             String::from_utf8(out.clone()).expect("ascii"),
-            "POST /c/a/x?q=1 HTTP/1.1\r\nhost: w:1\r\ncontent-length: 3\r\n\r\n"
+            "POST /c/a/x?q=1 HTTP/1.1\r\nhost: w:2\r\npinboard-attestation: tok\r\n\
+             pinboard-epoch: 7\r\ncontent-length: 3\r\n\r\n"
         );
         head.method = Method::GET;
-        encode(&head, 0, &mut out);
+        encode(&head, &stamp, 0, &mut out);
         assert_eq!(
             String::from_utf8(out).expect("ascii"),
-            "GET /c/a/x?q=1 HTTP/1.1\r\nhost: w:1\r\n\r\n"
+            "GET /c/a/x?q=1 HTTP/1.1\r\nhost: w:2\r\npinboard-attestation: tok\r\n\
+             pinboard-epoch: 7\r\n\r\n"
         );
     }
 }
