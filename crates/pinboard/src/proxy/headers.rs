@@ -192,6 +192,11 @@ pub fn sanitize_request(headers: &mut HeaderMap, scan: &Scan, upgrade: bool) {
 /// worker's response before it is relayed. Not for a 101 (its
 /// `Connection`/`Upgrade` belong to the handshake).
 pub fn sanitize_response(headers: &mut HeaderMap) {
+    // Most answers carry none: the scan's one pass over the names says so
+    // without a lookup.
+    if !Scan::of(headers).hop_by_hop {
+        return;
+    }
     if headers.contains_key(header::CONNECTION) {
         for name in connection_named(headers) {
             if name != header::TRAILER {
