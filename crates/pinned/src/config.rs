@@ -290,7 +290,9 @@ impl Options {
     }
 
     /// Reads configuration from these variables instead of the process
-    /// environment (tests, embedding).
+    /// environment (tests, embedding). A setting made in code before this
+    /// call (`.port`, `.pinboard`, `.hostname`, `.tls`, the edge's bounds)
+    /// stays unless one of the variables names another value.
     pub fn env_vars<K, V>(mut self, vars: impl IntoIterator<Item = (K, V)>) -> Self
     where
         K: Into<String>,
@@ -300,14 +302,20 @@ impl Options {
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
             .collect();
-        self.port = vars.get(ENV_PORT).cloned();
-        self.bind = vars.get(ENV_HOST).cloned();
-        self.pinboard_url = vars.get(ENV_PINBOARD_URL).cloned();
-        self.token = vars.get(ENV_PINBOARD_TOKEN).cloned();
-        self.advertise_url = vars.get(ENV_ADVERTISE_URL).cloned();
-        self.hostname = vars.get(ENV_PINNED_HOSTNAME).cloned();
-        // TLS files and edge settings given in code stay unless a variable
-        // names another.
+        // Settings given in code before this call stay unless a variable
+        // names another: the last word wins, whichever said it.
+        for (variable, field) in [
+            (ENV_PORT, &mut self.port),
+            (ENV_HOST, &mut self.bind),
+            (ENV_PINBOARD_URL, &mut self.pinboard_url),
+            (ENV_PINBOARD_TOKEN, &mut self.token),
+            (ENV_ADVERTISE_URL, &mut self.advertise_url),
+            (ENV_PINNED_HOSTNAME, &mut self.hostname),
+        ] {
+            if let Some(value) = vars.get(variable) {
+                *field = Some(value.clone());
+            }
+        }
         for (variable, field) in [
             (ENV_PINBOARD_CA, &mut self.pinboard_ca),
             (ENV_TLS_CERT, &mut self.tls_cert),

@@ -135,3 +135,39 @@ fn a_zero_advertise_port_is_refused_by_build() {
         )]
     );
 }
+
+#[test]
+fn settings_made_in_code_survive_an_environment_that_does_not_name_them() {
+    // Control-plane settings, then an environment without them: still
+    // control-plane mode (the empty URL is refused, not forgotten).
+    let errors = Options::new()
+        .host::<Nothing>("/n")
+        .pinboard("", "token", "http://127.0.0.1:1")
+        .env_vars(empty_env())
+        .build()
+        .err()
+        .expect("an empty pinboard URL was forgotten, not refused");
+    assert!(errors.contains(&ConfigError::EmptyPinboardUrl), "{errors}");
+    // A variable that names another value wins.
+    let built = Options::new()
+        .host::<Nothing>("/n")
+        .pinboard("", "token", "http://127.0.0.1:1")
+        .env_vars([("PINBOARD_URL", "http://127.0.0.1:2")])
+        .build();
+    assert!(built.is_ok(), "{:?}", built.err());
+    // The same for the port: set in code, kept; named by `PORT`, replaced.
+    let port_only = |vars: Vec<(&str, &str)>| {
+        Options::new()
+            .host::<Nothing>("/n")
+            .port(8080)
+            .env_vars(vars)
+            .build()
+            .err()
+    };
+    assert!(port_only(vec![]).is_none());
+    let errors = port_only(vec![("PORT", "eighty")]).expect("PORT named a bad port");
+    assert!(
+        errors.contains(&ConfigError::Port("eighty".into())),
+        "{errors}"
+    );
+}
