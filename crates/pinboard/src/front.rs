@@ -130,8 +130,14 @@ where
     let mut out = Vec::with_capacity(1024);
     let mut fields = Fields::default();
     loop {
+        // How much of the buffer the last parse of this head saw.
+        let mut seen = 0;
         let layout = loop {
-            if !buf.is_empty() {
+            // A head can only end with a newline: bytes dripped in without
+            // one are not parsed again from the start (a slow client must
+            // not cost a parse of the whole head per byte).
+            let fresh = &buf[seen..];
+            if !fresh.is_empty() && (seen == 0 || fresh.contains(&b'\n')) {
                 match head::parse(&buf, &mut fields) {
                     Parse::Complete(layout) if layout.len <= limits.max_head => break layout,
                     // hyper answers what the front will not: 431 to a head
@@ -139,11 +145,12 @@ where
                     Parse::Complete(_) | Parse::Hyper => {
                         return Ended::HandOff(Rewind::new(buf.freeze(), io));
                     }
-                    Parse::Partial if buf.len() >= limits.max_head => {
-                        return Ended::HandOff(Rewind::new(buf.freeze(), io));
-                    }
                     Parse::Partial => {}
                 }
+            }
+            seen = buf.len();
+            if buf.len() >= limits.max_head {
+                return Ended::HandOff(Rewind::new(buf.freeze(), io));
             }
             let read = poll_fn(|cx| {
                 if buf.is_empty() && stop.load(Ordering::Acquire) {

@@ -266,3 +266,23 @@ async fn heads_over_the_limit_are_431_whether_they_arrive_whole_or_in_pieces() {
     assert_eq!(small.response(false, PATIENCE).await.status, 200);
     drop(pb);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_dripped_a_byte_at_a_time_is_served_once_whole() {
+    let (pb, worker, mut client) = setup(&[], echo).await;
+    let head = get("/counter/d/drip", "x-a: 1\r\n");
+    for byte in head.as_bytes() {
+        client.send(&[*byte]).await;
+    }
+    let f = client.response(false, PATIENCE).await;
+    assert_eq!(String::from_utf8_lossy(&f.body), "GET /counter/d/drip");
+    // The next one, in two pieces split inside its last line break.
+    let next = get("/counter/d/next", "");
+    let (a, b) = next.as_bytes().split_at(next.len() - 1);
+    client.send(a).await;
+    client.send(b).await;
+    let f = client.response(false, PATIENCE).await;
+    assert_eq!(String::from_utf8_lossy(&f.body), "GET /counter/d/next");
+    assert_eq!(worker.hits.load(Ordering::Relaxed), 2);
+    drop(pb);
+}
