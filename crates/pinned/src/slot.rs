@@ -403,17 +403,17 @@ impl Slot {
         self.last_activity.store(now, Ordering::Relaxed);
     }
 
-    /// A client is connected now (a request entered, or a stream is open).
-    pub(crate) fn connected(&self) {
-        self.last_connected
-            .store(self.host.elapsed_ms(), Ordering::Relaxed);
+    /// A client was connected at `now_ms` (a request entered, or a stream
+    /// is open; the host's milliseconds, see
+    /// [`HostShared::ms_at`](crate::directory::HostShared::ms_at)).
+    pub(crate) fn connected_at(&self, now_ms: u64) {
+        self.last_connected.store(now_ms, Ordering::Relaxed);
     }
 
-    /// Milliseconds since a client was last connected.
-    pub(crate) fn detached_ms(&self) -> u64 {
-        self.host
-            .elapsed_ms()
-            .saturating_sub(self.last_connected.load(Ordering::Relaxed))
+    /// Milliseconds from the last connected client to `now_ms`: a pass
+    /// over every record reads the clock once, not once per record.
+    pub(crate) fn detached_ms_at(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.last_connected.load(Ordering::Relaxed))
     }
 
     /// The last activity, as an opaque mark for [`mark_idle_asked`](Self::mark_idle_asked).
@@ -429,9 +429,12 @@ impl Slot {
 
     /// Milliseconds since the last activity, floored at 0.
     pub(crate) fn idle_ms(&self) -> u64 {
-        self.host
-            .elapsed_ms()
-            .saturating_sub(self.last_activity.load(Ordering::Relaxed))
+        self.idle_ms_at(self.host.elapsed_ms())
+    }
+
+    /// Milliseconds from the last activity to `now_ms`, floored at 0.
+    pub(crate) fn idle_ms_at(&self, now_ms: u64) -> u64 {
+        now_ms.saturating_sub(self.last_activity.load(Ordering::Relaxed))
     }
 
     pub(crate) fn activated_at(&self) -> Option<u64> {

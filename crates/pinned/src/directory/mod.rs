@@ -321,6 +321,10 @@ impl HostShared {
         let detached_ms =
             u64::try_from(self.options.detached_timeout.as_millis()).unwrap_or(u64::MAX);
         let draining = self.draining();
+        // One clock read for the pass: with millions resident, a read per
+        // record made each pass seconds long, holding the map's shards
+        // against activations all that time.
+        let now = self.elapsed_ms();
         let mut due = Vec::new();
         for entry in self.slots.iter() {
             let slot = &entry.key().0;
@@ -328,9 +332,11 @@ impl HostShared {
                 continue;
             }
             let action = if slot.streams() > 0 {
-                slot.connected();
+                slot.connected_at(now);
                 None
-            } else if !slot.winding.load(Ordering::SeqCst) && slot.detached_ms() >= detached_ms {
+            } else if !slot.winding.load(Ordering::SeqCst)
+                && slot.detached_ms_at(now) >= detached_ms
+            {
                 Some(Sweep::Detached)
             } else {
                 None
@@ -340,7 +346,7 @@ impl HostShared {
                     None
                 } else if draining || slot.winding_down() {
                     Some(Sweep::Close)
-                } else if slot.idle_ms() >= idle_ms {
+                } else if slot.idle_ms_at(now) >= idle_ms {
                     Some(Sweep::Idle)
                 } else {
                     None
