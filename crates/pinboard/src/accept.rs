@@ -46,7 +46,7 @@ use tower::ServiceExt;
 
 use hyper_util::rt::TokioIo;
 use pinned_edge::defaults::MIN_READ_BUFFER;
-use pinned_edge::drive::{drive_to_end, Driven};
+use pinned_edge::drive::{drive_to_end, Driven, EdgeService};
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use pinned_edge::tls::{self, HandshakeError};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -377,10 +377,7 @@ impl<S: PlacementStore> Stages<'_, S> {
     ) -> Option<Lapse>
     where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-        Svc: hyper::service::HttpService<Incoming>,
-        Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-        Svc::ResBody: 'static,
-        <Svc::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        Svc: EdgeService,
     {
         let stop = Arc::new(AtomicBool::new(false));
         let io = Watched::new(io, self.phase.clone());

@@ -16,6 +16,36 @@ use tokio::sync::watch;
 
 use crate::phase::{Check, ConnTimeouts, Lapse, Phase, Watched};
 
+/// An error hyper can report: any error boxed.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A service hyper's HTTP/1 server can serve: its errors, and its
+/// response body's, convert into boxed errors. Implemented for every such
+/// service; it names hyper's bounds once for the functions that serve
+/// connections.
+pub trait EdgeService:
+    hyper::service::HttpService<Incoming, Error = Self::Failure, ResBody = Self::Body>
+{
+    /// The service's error.
+    type Failure: Into<BoxError>;
+    /// The response body.
+    type Body: http_body::Body<Error = Self::BodyFailure> + 'static;
+    /// The response body's error.
+    type BodyFailure: Into<BoxError>;
+}
+
+impl<S, E, B> EdgeService for S
+where
+    S: hyper::service::HttpService<Incoming, Error = E, ResBody = B>,
+    E: Into<BoxError>,
+    B: http_body::Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Failure = E;
+    type Body = B;
+    type BodyFailure = B::Error;
+}
+
 /// A connection future that can be asked to finish gracefully (stop
 /// reading new requests, finish the one in flight).
 pub trait GracefulShutdown {
@@ -139,10 +169,7 @@ pub async fn serve_connection<IO, Svc>(
 ) -> Option<Lapse>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    Svc: hyper::service::HttpService<Incoming>,
-    Svc::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    Svc::ResBody: 'static,
-    <Svc::ResBody as http_body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    Svc: EdgeService,
 {
     let connection = http
         .serve_connection(TokioIo::new(Watched::new(io, phase.clone())), service)
