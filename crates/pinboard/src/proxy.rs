@@ -314,26 +314,14 @@ pub async fn serve<S: PlacementStore>(
             }
         };
     // The worker's request head is built once, from the client's headers
-    // moved (not copied): each attempt sets its target and pinboard's
-    // headers in place. Room for those and the forwarding headers is made
-    // once, not an insert at a time.
+    // moved (not copied): each attempt sets its target in place and
+    // stamps pinboard's fields on the way out (`upstream::Stamp`).
     let (mut upstream, ()) = Request::new(()).into_parts();
     upstream.method = parts.method.clone();
     upstream.version = Version::HTTP_11;
     upstream.headers = std::mem::take(&mut parts.headers);
-    upstream.headers.reserve(6);
     sanitize_request(&mut upstream.headers, &scan, upgrade);
-    // A request that arrived with forwarding fields gets the client
-    // appended to them; one without gets the client's own from each
-    // attempt's stamp.
-    let forwarding = match client {
-        Some(client) if !scan.forwarding => Some(client.forwarding()),
-        Some(client) => {
-            add_forwarded(&mut upstream.headers, &scan, client);
-            None
-        }
-        None => None,
-    };
+    let forwarding = client.and_then(|c| add_forwarded(&mut upstream.headers, &scan, c));
     let path_and_query = match parts.uri.path_and_query() {
         Some(pq) => pq.clone(),
         None => PathAndQuery::from_static("/"),

@@ -102,19 +102,14 @@ pub fn client(tls: &UpstreamTls) -> Upstream {
 }
 
 /// A request of `head`'s method, target, version and headers (not its
-/// extensions) with `body`, for a client that takes requests by value.
-pub fn owned<B>(head: &http::request::Parts, body: B) -> Request<B> {
+/// extensions) with `stamp`'s fields set and `body`, for a client that
+/// takes requests by value.
+pub fn stamped<B>(head: &http::request::Parts, stamp: &Stamp<'_>, body: B) -> Request<B> {
     let mut request = Request::new(body);
     *request.method_mut() = head.method.clone();
     *request.uri_mut() = head.uri.clone();
     *request.version_mut() = head.version;
     *request.headers_mut() = head.headers.clone();
-    request
-}
-
-/// [`owned`], with `stamp`'s fields set.
-pub fn stamped<B>(head: &http::request::Parts, stamp: &Stamp<'_>, body: B) -> Request<B> {
-    let mut request = owned(head, body);
     stamp.insert_into(request.headers_mut());
     request
 }

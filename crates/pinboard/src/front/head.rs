@@ -147,9 +147,7 @@ pub fn sort(head: &Bytes, layout: &Layout, fields: &Fields, body_limit: usize) -
     let Ok(uri) = Uri::from_maybe_shared(target) else {
         return None;
     };
-    // Room for the fields pinboard adds on the way to the worker: the
-    // proxy's `reserve` then finds it made.
-    let mut headers = HeaderMap::with_capacity(fields.0.len() + 6);
+    let mut headers = HeaderMap::with_capacity(fields.0.len());
     let mut body_len: Option<usize> = None;
     let mut close = false;
     let mut trailers = false;

@@ -11,6 +11,7 @@
 //! answer of pinboard's own) goes out with its head in one write.
 
 use std::future::poll_fn;
+use std::io::Write as _;
 use std::pin::pin;
 use std::task::Poll;
 
@@ -210,7 +211,8 @@ async fn write_body<IO: AsyncWrite + Unpin>(
                     }
                     left -= n;
                 } else {
-                    out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+                    // Writing to a `Vec` cannot fail.
+                    let _ = write!(out, "{:x}\r\n", data.len());
                 }
                 if data.len() < COPY_BELOW {
                     out.extend_from_slice(&data);

@@ -151,8 +151,9 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
 }
 
 /// Remove what must not reach a worker: client `pinboard-*` headers,
-/// `Host`, hop-by-hop headers and those `Connection` names. A WebSocket
-/// handshake (`upgrade`) keeps `Upgrade` with `Connection: upgrade`.
+/// hop-by-hop headers and those `Connection` names. A WebSocket handshake
+/// (`upgrade`) keeps `Upgrade` with `Connection: upgrade`. The client's
+/// `Host` stays: each attempt's stamp replaces it (`upstream::Stamp`).
 /// `scan` is [`Scan::of`] these headers.
 pub fn sanitize_request(headers: &mut HeaderMap, scan: &Scan, upgrade: bool) {
     if scan.pinboard {
@@ -241,17 +242,23 @@ fn append(headers: &mut HeaderMap, name: HeaderName, element: &HeaderValue) {
 
 /// Add the forwarding headers for `client` (see the module doc); `scan`
 /// is [`Scan::of`] these headers. A request that arrived with none of
-/// them gets none here: the attempt's stamp carries them
-/// ([`ClientAddr::forwarding`]), written without an insert each.
-pub fn add_forwarded(headers: &mut HeaderMap, scan: &Scan, client: &ClientAddr) {
+/// them gets none here: the answer is `client`'s own values
+/// ([`ClientAddr::forwarding`]) for each attempt's stamp to write, without
+/// an insert each.
+pub fn add_forwarded<'c>(
+    headers: &mut HeaderMap,
+    scan: &Scan,
+    client: &'c ClientAddr,
+) -> Option<(&'c HeaderValue, &'c HeaderValue)> {
     if !scan.forwarding {
-        return;
+        return Some(client.forwarding());
     }
     append(headers, X_FORWARDED_FOR, &client.xff);
     append(headers, FORWARDED, &client.forwarded);
     if !headers.contains_key(X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
+    None
 }
 
 /// Whether the request asks to switch protocols (`Connection: upgrade`
@@ -370,10 +377,9 @@ mod tests {
         let scan = Scan::of(&h);
         assert_eq!(scan, Scan::default(), "nothing for the rules to do");
         sanitize_request(&mut h, &scan, false);
-        add_forwarded(&mut h, &scan, &v4);
         // None arrived: the stamp carries the client's own.
+        let (xff, forwarded) = add_forwarded(&mut h, &scan, &v4).expect("the client's own");
         assert_eq!(h.len(), 2, "{h:?}");
-        let (xff, forwarded) = v4.forwarding();
         assert_eq!(xff, "10.1.2.3");
         assert_eq!(forwarded, "for=10.1.2.3;proto=http");
 
@@ -385,7 +391,7 @@ mod tests {
         ]);
         let scan = Scan::of(&h);
         assert!(scan.forwarding && !scan.pinboard && !scan.hop_by_hop);
-        add_forwarded(&mut h, &scan, &v4);
+        assert!(add_forwarded(&mut h, &scan, &v4).is_none());
         assert_eq!(h[X_FORWARDED_FOR], "203.0.113.9, 198.51.100.1, 10.1.2.3");
         assert_eq!(
             h[FORWARDED],
