@@ -46,7 +46,7 @@ use tower::ServiceExt;
 
 use hyper_util::rt::TokioIo;
 use pinned_edge::defaults::MIN_READ_BUFFER;
-use pinned_edge::drive::{drive_to_end, Driven, EdgeService};
+use pinned_edge::drive::{drive, drive_to_end, Driven, EdgeService};
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use pinned_edge::tls::{self, HandshakeError};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -410,10 +410,7 @@ impl<S: PlacementStore> Stages<'_, S> {
         if stop.load(Ordering::Acquire) {
             connection.as_mut().graceful_shutdown();
         }
-        match drive_to_end(connection, &self.phase, self.timeouts, &mut stopping).await {
-            Driven::Ended(_) => None,
-            Driven::Lapsed(lapse) => Some(lapse),
-        }
+        drive(connection, &self.phase, self.timeouts, stopping).await
     }
 }
 

@@ -88,7 +88,8 @@ impl Outbound {
 
     /// The proxy's send: `head` (an origin-form URI, the client's fields)
     /// with `stamp`'s fields (`Host` among them) goes to `worker` over its
-    /// keep-alive pool. The head is borrowed: a retry sends it again.
+    /// keep-alive pool; `upgrade`: it asks to switch protocols. The head is
+    /// borrowed: a retry sends it again.
     ///
     /// # Errors
     ///
@@ -98,12 +99,13 @@ impl Outbound {
         worker: &WorkerConn,
         head: &http::request::Parts,
         stamp: &Stamp<'_>,
+        upgrade: bool,
         body: UpstreamBody,
     ) -> Result<Response<ResBody>, SendError> {
         match self {
             Self::Http(..) => worker
                 .pool
-                .send(head, stamp, body)
+                .send(head, stamp, upgrade, body)
                 .await
                 .map(|res| res.map(|body| ResBody::Pooled { body })),
             Self::Exchange(x) => {

@@ -335,7 +335,7 @@ pub async fn serve<S: PlacementStore>(
         (&key, target.ns, &id),
         (caller.as_ref(), Scope::World(world)),
         (&mut body, watch.as_ref()),
-        on_upgrade,
+        (upgrade, on_upgrade),
     )
     .await;
     app.traffic
@@ -359,7 +359,7 @@ async fn forward<S: PlacementStore>(
     (key, ns, id): (&str, &str, &str),
     (caller, scope): (Option<&Caller>, Scope<'_>),
     body: (&mut ReqBody, Option<&BodyWatch>),
-    on_upgrade: Option<ClientUpgrade>,
+    upgrade: (bool, Option<ClientUpgrade>),
 ) -> Response {
     let mut refused = None;
     let res = attempts(
@@ -370,7 +370,7 @@ async fn forward<S: PlacementStore>(
         (key, ns, id),
         (caller, scope),
         body,
-        on_upgrade,
+        upgrade,
         &mut refused,
     )
     .await;
@@ -384,8 +384,9 @@ async fn forward<S: PlacementStore>(
     res
 }
 
-/// The attempts of [`forward`]; `refused` is set to a placement claimed
-/// here that its worker refused to activate.
+/// The attempts of [`forward`]; `upgrade`: whether the request asks to
+/// switch protocols, and the client side of the switch. `refused` is set
+/// to a placement claimed here that its worker refused to activate.
 #[allow(clippy::too_many_arguments)]
 async fn attempts<S: PlacementStore>(
     app: &App<S>,
@@ -395,7 +396,7 @@ async fn attempts<S: PlacementStore>(
     (key, ns, id): (&str, &str, &str),
     (caller, scope): (Option<&Caller>, Scope<'_>),
     (body, watch): (&mut ReqBody, Option<&BodyWatch>),
-    mut on_upgrade: Option<ClientUpgrade>,
+    (upgrade, mut on_upgrade): (bool, Option<ClientUpgrade>),
     refused: &mut Option<Placement>,
 ) -> Response {
     let retries = if body.replayable() {
@@ -451,7 +452,8 @@ async fn attempts<S: PlacementStore>(
             epoch: &route.epoch_header,
             forwarded: forwarding,
         };
-        let send = std::pin::pin!(app.outbound.send(worker, head, &stamp, body.for_attempt()));
+        let sent_body = body.for_attempt();
+        let send = std::pin::pin!(app.outbound.send(worker, head, &stamp, upgrade, sent_body));
         let sent = await_head(send, watch, app.proxy.upstream_timeout).await;
         let Ok(sent) = sent else {
             return upstream_timed_out(app, key);
@@ -676,7 +678,7 @@ mod tests {
             epoch: &worker.host,
             forwarded: None,
         };
-        let mut send = std::pin::pin!(app.outbound.send(&worker, &upstream, &stamp, body));
+        let mut send = std::pin::pin!(app.outbound.send(&worker, &upstream, &stamp, false, body));
         let head = await_head(send.as_mut(), None, Duration::from_secs(1));
         assert!(
             std::mem::size_of_val(&head) <= 512,

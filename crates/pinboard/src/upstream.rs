@@ -149,18 +149,13 @@ pub enum SendError {
     #[error("cannot connect to the worker: {0}")]
     Connect(std::io::Error),
     /// The connection closed before the request was written: nothing was
-    /// sent.
+    /// sent (hyper's or [`h1`]'s error).
     #[error("worker connection closed before the request was sent: {0}")]
-    Unsent(hyper::Error),
-    /// The request was (at least partly) sent and no response came back.
+    Unsent(BodyError),
+    /// The request was (at least partly) sent and no response came back
+    /// (hyper's or [`h1`]'s error).
     #[error("worker connection failed: {0}")]
-    Failed(hyper::Error),
-    /// As [`Unsent`](Self::Unsent), on a connection of [`h1`]'s.
-    #[error("worker connection closed before the request was sent: {0}")]
-    Unwritten(h1::ExchangeError),
-    /// As [`Failed`](Self::Failed), on a connection of [`h1`]'s.
-    #[error("worker connection failed: {0}")]
-    Exchange(h1::ExchangeError),
+    Failed(BodyError),
     /// The generic pooled client failed (sweeper calls, challenge probes).
     #[error("worker call failed: {0}")]
     Client(hyper_util::client::legacy::Error),
@@ -174,9 +169,9 @@ impl SendError {
     /// Nothing reached the worker, so sending again repeats nothing.
     pub fn before_send(&self) -> bool {
         match self {
-            Self::Connect(_) | Self::Unsent(_) | Self::Unwritten(_) => true,
+            Self::Connect(_) | Self::Unsent(_) => true,
             Self::Client(e) => e.is_connect(),
-            Self::Failed(_) | Self::Exchange(_) | Self::Dropped(_) => false,
+            Self::Failed(_) | Self::Dropped(_) => false,
         }
     }
 }
@@ -240,10 +235,11 @@ impl Pool {
         }))
     }
 
-    /// Sends `request` (origin-form URI, `Host` set by the caller) on an
-    /// idle connection, or a new one. A request that a reused connection
-    /// refused unsent (the worker had closed it) goes out once more on a
-    /// fresh connection.
+    /// Sends `head` (origin-form URI) with `stamp`'s fields and `body` on
+    /// an idle connection, or a new one; `upgrade`: the request asks to
+    /// switch protocols (hyper's client takes it). A request that a reused
+    /// connection refused unsent (the worker had closed it) goes out once
+    /// more on a fresh connection.
     ///
     /// # Errors
     ///
@@ -253,9 +249,10 @@ impl Pool {
         self: &Arc<Self>,
         head: &http::request::Parts,
         stamp: &Stamp<'_>,
+        upgrade: bool,
         body: UpstreamBody,
     ) -> Result<http::Response<PooledBody>, SendError> {
-        let plain = self.tls.is_none() && !head.headers.contains_key(http::header::UPGRADE);
+        let plain = self.tls.is_none() && !upgrade;
         match body {
             Either::Left(buffered) if plain => self.send_raw(head, stamp, buffered).await,
             body => self.send_hyper(stamped(head, stamp, body)).await,
@@ -294,8 +291,8 @@ impl Pool {
                 // An idempotent request goes out once more on a new
                 // connection; anything else is the proxy's to decide.
                 Err((Reached::NoAnswer, _)) if reused && head.method.is_idempotent() => {}
-                Err((Reached::Nothing, error)) => return Err(SendError::Unwritten(error)),
-                Err((_, error)) => return Err(SendError::Exchange(error)),
+                Err((Reached::Nothing, error)) => return Err(SendError::Unsent(error.into())),
+                Err((_, error)) => return Err(SendError::Failed(error.into())),
             }
         }
     }
@@ -317,7 +314,7 @@ impl Pool {
                 if reused {
                     continue;
                 }
-                return Err(SendError::Unsent(error));
+                return Err(SendError::Unsent(error.into()));
             }
             match sender.try_send_request(request).await {
                 Ok(response) => {
@@ -328,8 +325,8 @@ impl Pool {
                 }
                 Err(mut error) => match error.take_message() {
                     Some(unsent) if reused => request = unsent,
-                    Some(_) => return Err(SendError::Unsent(error.into_error())),
-                    None => return Err(SendError::Failed(error.into_error())),
+                    Some(_) => return Err(SendError::Unsent(error.into_error().into())),
+                    None => return Err(SendError::Failed(error.into_error().into())),
                 },
             }
         }
@@ -425,7 +422,7 @@ where
 {
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
-        .map_err(SendError::Unsent)?;
+        .map_err(|e| SendError::Unsent(e.into()))?;
     tokio::spawn(async move {
         // Ends when the worker closes the connection or the last handle
         // to it is dropped; either is routine.

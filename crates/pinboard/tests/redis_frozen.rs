@@ -22,7 +22,7 @@ use tokio::time::{timeout, Instant};
 const DEADLINE: Duration = Duration::from_millis(300);
 /// How long a call may take on a frozen Redis before the test calls it a
 /// hang: the deadline plus generous slack for a loaded machine.
-const BOUND: Duration = Duration::from_millis(3 * 300);
+const BOUND: Duration = DEADLINE.saturating_mul(3);
 
 fn rec(sid: &str) -> WorkerRecord {
     support::record(sid, "/c")
@@ -128,6 +128,36 @@ fn calls(store: &RedisStore) -> Vec<(&'static str, BoxFuture<'_, Result<(), Stor
         (
             "remove_worker",
             async { store.remove_worker("s9").await.map(drop) }.boxed(),
+        ),
+        (
+            "mark_superseded",
+            async { store.mark_superseded("s1", "newer", 60_000, now()).await }.boxed(),
+        ),
+        (
+            "superseded",
+            async { store.superseded("s1", now()).await.map(drop) }.boxed(),
+        ),
+        (
+            "wind_down_worker",
+            async { store.wind_down_worker("s1", 1, now()).await.map(drop) }.boxed(),
+        ),
+        (
+            "tag",
+            async move { store.tag(key, "s1", None, "t").await.map(drop) }.boxed(),
+        ),
+        (
+            "renew_sweeper_lease",
+            async {
+                store
+                    .renew_sweeper_lease("tok", 60_000, now())
+                    .await
+                    .map(drop)
+            }
+            .boxed(),
+        ),
+        (
+            "release_sweeper_lease",
+            async { store.release_sweeper_lease("tok").await.map(drop) }.boxed(),
         ),
     ]
 }

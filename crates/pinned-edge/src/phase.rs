@@ -126,7 +126,10 @@ impl Phase {
     /// A complete request head arrived: busy until the returned guard drops
     /// (move it into the response body with [`Tracked`]).
     pub fn begin_request(&self) -> Busy {
-        self.begin_request_at().0
+        let s = &self.shared;
+        s.busy.fetch_add(1, Ordering::AcqRel);
+        s.head_started.store(false, Ordering::Release);
+        self.served()
     }
 
     /// [`begin_request`](Self::begin_request), also answering when the
@@ -138,14 +141,20 @@ impl Phase {
         let s = &self.shared;
         s.busy.fetch_add(1, Ordering::AcqRel);
         let marked = s.head_started.swap(false, Ordering::AcqRel);
-        s.served.store(true, Ordering::Release);
-        let head = marked.then(|| self.at(s.mark_ns.load(Ordering::Acquire)));
+        let busy = self.served();
         (
-            Busy {
-                phase: self.clone(),
-            },
-            head,
+            busy,
+            marked.then(|| self.at(s.mark_ns.load(Ordering::Acquire))),
         )
+    }
+
+    /// The rest of beginning a request: the connection has served one,
+    /// and is busy until the guard drops.
+    fn served(&self) -> Busy {
+        self.shared.served.store(true, Ordering::Release);
+        Busy {
+            phase: self.clone(),
+        }
     }
 
     /// Whether a deadline lapsed at `now`, or when to look again.

@@ -23,6 +23,7 @@ use http_body::Body as _;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::lists;
+use crate::upstream::h1::field_line;
 
 /// A data frame at least this long is written from its own buffer rather
 /// than copied behind the head.
@@ -114,23 +115,23 @@ pub async fn write<IO: AsyncWrite + Unpin>(
             continue;
         }
         dated |= *name == header::DATE;
-        field(out, name.as_str().as_bytes(), value.as_bytes());
+        field_line(out, name.as_str().as_bytes(), value.as_bytes());
     }
     if !dated {
         let now = httpdate::HttpDate::from(std::time::SystemTime::now()).to_string();
-        field(out, b"date", now.as_bytes());
+        field_line(out, b"date", now.as_bytes());
     }
     match framing {
         Framing::Empty => {}
-        Framing::Fixed(n) => field(
+        Framing::Fixed(n) => field_line(
             out,
             b"content-length",
             itoa::Buffer::new().format(n).as_bytes(),
         ),
-        Framing::Chunked => field(out, b"transfer-encoding", b"chunked"),
+        Framing::Chunked => field_line(out, b"transfer-encoding", b"chunked"),
     }
     if close {
-        field(out, b"connection", b"close");
+        field_line(out, b"connection", b"close");
     }
     out.extend_from_slice(b"\r\n");
     let whole = match framing {
@@ -150,13 +151,6 @@ pub async fn write<IO: AsyncWrite + Unpin>(
     } else {
         After::Close
     }
-}
-
-fn field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    out.extend_from_slice(name);
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes what `out` holds and empties it.
@@ -229,7 +223,7 @@ async fn write_body<IO: AsyncWrite + Unpin>(
                     let named = named.map_or(&b""[..], HeaderValue::as_bytes);
                     for (name, value) in &trailers {
                         if lists(named, name.as_str().as_bytes()) {
-                            field(out, name.as_str().as_bytes(), value.as_bytes());
+                            field_line(out, name.as_str().as_bytes(), value.as_bytes());
                         }
                     }
                     out.extend_from_slice(b"\r\n");

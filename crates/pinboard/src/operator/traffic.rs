@@ -9,7 +9,6 @@
 //! map lookup and three atomic adds; never blocks on I/O.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
@@ -64,39 +63,34 @@ pub struct NamespaceTraffic {
 /// Per-namespace traffic of this node.
 #[derive(Debug, Default)]
 pub struct Traffic {
-    /// foldhash: every proxied request looks its namespace up here.
-    rows: RwLock<foldhash::HashMap<String, Arc<Row>>>,
+    /// foldhash: every proxied request looks its namespace up here. Rows
+    /// are never removed, so the first namespaces seen keep theirs.
+    rows: RwLock<foldhash::HashMap<String, Row>>,
     other: Row,
 }
 
 impl Traffic {
-    fn row(&self, ns: &str) -> Option<Arc<Row>> {
-        if let Some(row) = self.rows.read().get(ns) {
-            return Some(row.clone());
-        }
-        let mut rows = self.rows.write();
-        if let Some(row) = rows.get(ns) {
-            return Some(row.clone());
-        }
-        if rows.len() >= MAX_TRACKED_NAMESPACES {
-            return None;
-        }
-        let row = Arc::new(Row::default());
-        rows.insert(ns.to_owned(), row.clone());
-        Some(row)
-    }
-
     /// One request to `ns` answered `status` after `took`.
     pub fn record(&self, ns: &str, status: u16, took: Duration) {
-        // A known namespace is counted under the read lock: no `Arc` taken.
-        if let Some(row) = self.rows.read().get(ns) {
-            row.add(status, took);
+        // A known namespace, or a full table, is counted under the read
+        // lock; only a namespace's first request takes the write lock.
+        {
+            let rows = self.rows.read();
+            if let Some(row) = rows.get(ns) {
+                row.add(status, took);
+                return;
+            }
+            if rows.len() >= MAX_TRACKED_NAMESPACES {
+                self.other.add(status, took);
+                return;
+            }
+        }
+        let mut rows = self.rows.write();
+        if !rows.contains_key(ns) && rows.len() >= MAX_TRACKED_NAMESPACES {
+            self.other.add(status, took);
             return;
         }
-        match self.row(ns) {
-            Some(row) => row.add(status, took),
-            None => self.other.add(status, took),
-        }
+        rows.entry(ns.to_owned()).or_default().add(status, took);
     }
 
     /// Every row, sorted by namespace (the `(other)` row last, when used).

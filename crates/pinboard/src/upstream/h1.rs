@@ -196,10 +196,7 @@ fn encode(head: &http::request::Parts, stamp: &Stamp<'_>, body_len: usize, out: 
         if name == http::header::CONTENT_LENGTH || name == http::header::HOST {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        field_line(out, name.as_str().as_bytes(), value.as_bytes());
     }
     stamp.write(out);
     // An empty body is announced only where a body is expected, as hyper
@@ -207,10 +204,18 @@ fn encode(head: &http::request::Parts, stamp: &Stamp<'_>, body_len: usize, out: 
     let announce =
         body_len > 0 || matches!(head.method, Method::POST | Method::PUT | Method::PATCH);
     if announce {
-        out.extend_from_slice(b"content-length: ");
-        out.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
-        out.extend_from_slice(b"\r\n");
+        let mut digits = itoa::Buffer::new();
+        field_line(out, b"content-length", digits.format(body_len).as_bytes());
     }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends one `name: value` head line (a request's, a response's or a
+/// trailer section's).
+pub(crate) fn field_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
 }
 

@@ -12,6 +12,8 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use pinned_wire::headers::{ATTESTATION, EPOCH};
 
+use super::h1::field_line;
+
 /// `X-Forwarded-For`.
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `X-Forwarded-Proto`.
@@ -49,12 +51,7 @@ impl Stamp<'_> {
 
     /// Appends the fields as head lines.
     pub fn write(&self, out: &mut Vec<u8>) {
-        self.each(|name, value| {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        });
+        self.each(|name, value| field_line(out, name.as_str().as_bytes(), value.as_bytes()));
     }
 
     /// Sets the fields in `headers` (each replaces any of its name).

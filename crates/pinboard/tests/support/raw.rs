@@ -456,10 +456,9 @@ async fn read_body(
 ) -> Option<Vec<u8>> {
     let mut chunk = [0u8; 8192];
     let header = |name: &str| {
-        headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.to_ascii_lowercase())
+        values(headers, name)
+            .first()
+            .map(|v| v.to_ascii_lowercase())
     };
     if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
         while buf.len() < len {
