@@ -223,18 +223,6 @@ fn panicked(
     response::internal_error()
 }
 
-/// When a request that arrived at `arrived_ms` (on the host's clock) and
-/// took `elapsed` left: rounded up, so never before the millisecond the
-/// clock would have read (an idle deadline counted from it never comes
-/// early), and at most one later.
-fn left_ms(arrived_ms: u64, elapsed: std::time::Duration) -> u64 {
-    let ms = elapsed
-        .as_secs()
-        .saturating_mul(1_000)
-        .saturating_add(u64::from(elapsed.subsec_nanos().div_ceil(1_000_000)));
-    arrived_ms.saturating_add(ms)
-}
-
 /// What dispatch left in the request's extensions, taken (the entry stays,
 /// as [`Routed::Taken`], for the admitted scope to replace).
 fn take_pending(parts: &mut Parts) -> Option<Pending> {
@@ -284,8 +272,8 @@ pub(crate) fn admit<T: Object>(
     // scope ends, also once moved from, so what a phase needs is scoped to
     // it and only its results are kept beside the handler's future.
     async move {
-        let (host, started, arrived, slot, span, entry) = {
-            let (host, started, arrived, entered, epoch, caller, depth) = {
+        let (host, started, slot, span, entry) = {
+            let (host, started, entered, epoch, caller, depth) = {
                 let Some(Pending {
                     host,
                     id_at,
@@ -295,7 +283,7 @@ pub(crate) fn admit<T: Object>(
                     return Ok(NotAnInstanceRoute("an object's routes").into_response());
                 };
                 // The arrival on the host's clock: the entry's activity
-                // stamp, and with the request's duration its leave's.
+                // stamp.
                 let arrived = host.ms_at(started);
                 let raw_id = parts
                     .extensions
@@ -316,13 +304,15 @@ pub(crate) fn admit<T: Object>(
                 // wait would otherwise size every request's state).
                 let entered = match host.try_admit(&id, epoch, arrived) {
                     Ok(Attempt::Entered(entered)) => entered,
-                    Ok(Attempt::Closing(_)) => match Box::pin(host.admit(&id, epoch)).await {
-                        Ok(entered) => entered,
-                        Err(refused) => return Ok(admission_refused(refused)),
-                    },
+                    Ok(Attempt::Closing(slot)) => {
+                        match Box::pin(host.enter_after(slot, &id, epoch)).await {
+                            Ok(entered) => entered,
+                            Err(refused) => return Ok(admission_refused(refused)),
+                        }
+                    }
                     Err(refused) => return Ok(admission_refused(refused)),
                 };
-                (host, started, arrived, entered, epoch, caller, depth)
+                (host, started, entered, epoch, caller, depth)
             };
             let slot = entered.slot().clone();
             if let Some(epoch) = epoch {
@@ -369,7 +359,7 @@ pub(crate) fn admit<T: Object>(
             if let Some(routed) = parts.extensions.get_mut::<Routed>() {
                 *routed = Routed::Admitted(Scope { call, instance });
             }
-            (host, started, arrived, slot, span, entry)
+            (host, started, slot, span, entry)
         };
 
         let mut cancelled = pin!(slot.cancelled());
@@ -419,9 +409,10 @@ pub(crate) fn admit<T: Object>(
         let Some(outcome) = outcome else {
             return Ok(response::refusal(Refusal::Aborted));
         };
-        // The request's one clock read after its start: its duration, and
-        // from that the instance's last activity.
-        let elapsed = Instant::now().saturating_duration_since(started);
+        // The request's one clock read after its start: its duration and
+        // the instance's last activity.
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(started);
         host.duration.observe(elapsed.as_secs_f64());
         let response = match outcome {
             Ok(Ok(response)) => response.into_response(),
@@ -430,28 +421,12 @@ pub(crate) fn admit<T: Object>(
         };
         let body = response.body();
         if body.is_end_stream() || body.size_hint().exact().is_some() {
-            entry.leave_at(left_ms(arrived, elapsed));
+            entry.leave_at(host.ms_at(now));
             return Ok(response);
         }
         // A streaming body: the instance stays in flight while it is pulled.
         let stream = slot.hold_stream();
         drop(entry);
         Ok(response.map(|body| Body::new(TrackedBody::new(body, stream))))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::left_ms;
-
-    #[test]
-    fn the_leave_stamp_rounds_the_duration_up() {
-        assert_eq!(left_ms(10, Duration::ZERO), 10);
-        assert_eq!(left_ms(10, Duration::from_nanos(1)), 11);
-        assert_eq!(left_ms(10, Duration::from_millis(3)), 13);
-        assert_eq!(left_ms(10, Duration::new(2, 1_000_001)), 2_012);
-        assert_eq!(left_ms(u64::MAX - 1, Duration::from_secs(1)), u64::MAX);
     }
 }

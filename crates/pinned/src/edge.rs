@@ -187,8 +187,8 @@ pub(crate) async fn serve(
             // request and stamps the instance with it, no clock read of its own.
             let (busy, head) = requests.begin_request_at();
             let mut first = extensions.clone();
-            // Whatever hyper put there itself (nothing, for HTTP/1 as
-            // configured here) is kept.
+            // Whatever hyper put there itself (the `OnUpgrade` of an
+            // upgrade request) is kept.
             first.extend(std::mem::take(request.extensions_mut()));
             *request.extensions_mut() = first;
             // A namespace's path goes straight to its dispatch: `app` would

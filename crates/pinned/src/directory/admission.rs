@@ -47,7 +47,7 @@ pub(crate) enum Attempt {
     /// Entered.
     Entered(Entered),
     /// The id's record is closing: wait until it has left the map
-    /// ([`HostShared::wait_gone`]), then try again.
+    /// ([`HostShared::enter_after`] waits it out and tries again).
     Closing(Arc<Slot>),
 }
 
@@ -99,13 +99,32 @@ impl HostShared {
         id: &str,
         epoch: Option<u64>,
     ) -> Result<Entered, Admission> {
-        let mut attempt = self.try_admit(id, epoch, self.elapsed_ms())?;
+        match self.try_admit(id, epoch, self.elapsed_ms())? {
+            Attempt::Entered(entered) => Ok(entered),
+            Attempt::Closing(slot) => self.enter_after(slot, id, epoch).await,
+        }
+    }
+
+    /// Enters `id` once its closing record `slot` has left the map (the
+    /// admission checks already passed: [`try_admit`](Self::try_admit)
+    /// answered [`Attempt::Closing`]), waiting out any record that closes
+    /// in between.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub(crate) async fn enter_after(
+        self: &Arc<Self>,
+        mut slot: Arc<Slot>,
+        id: &str,
+        epoch: Option<u64>,
+    ) -> Result<Entered, Admission> {
         loop {
-            match attempt {
+            self.wait_gone(&slot).await;
+            match self.try_enter(id, epoch, self.elapsed_ms())? {
                 Attempt::Entered(entered) => return Ok(entered),
-                Attempt::Closing(slot) => self.wait_gone(&slot).await,
+                Attempt::Closing(closing) => slot = closing,
             }
-            attempt = self.try_enter(id, epoch, self.elapsed_ms())?;
         }
     }
 
@@ -386,7 +405,7 @@ impl HostShared {
     }
 
     /// Waits until `slot` has left the map.
-    pub(crate) async fn wait_gone(&self, slot: &Arc<Slot>) {
+    async fn wait_gone(&self, slot: &Arc<Slot>) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
