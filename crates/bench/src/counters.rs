@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 /// The benchmarked object: the counter.
 pub struct Counter {
     /// The count.
-    pub value: AtomicU64,
+    value: AtomicU64,
 }
 
 async fn increment(this: This<Counter>) -> Json<Value> {
@@ -40,19 +40,25 @@ impl Object for Counter {
 
 /// The pinned worker hosting [`Counter`] at `/counter` (up to 50 million
 /// instances), with no settings from the environment.
-pub fn worker_options() -> Options {
+fn worker_options() -> Options {
     Options::new()
         .env_vars(Vec::<(String, String)>::new())
         .host_with::<Counter>("/counter", HostOptions::default().max_instances(50_000_000))
 }
 
 /// The ids the `--resident` instances and counters have: `r0`, `r1`, ….
-pub fn resident_path(base: &str, i: usize) -> String {
-    format!("{base}/r{i}/increment")
+fn resident_id(i: usize) -> String {
+    format!("r{i}")
 }
 
-/// Serves [`worker_options`] on `127.0.0.1:0` with `resident` instances
-/// activated first; prints `pinned worker listening on http://<addr>`.
+/// The increment path of resident id `i` under `base`.
+pub fn resident_path(base: &str, i: usize) -> String {
+    format!("{base}/{}/increment", resident_id(i))
+}
+
+/// Serves the pinned worker hosting [`Counter`] at `/counter` on
+/// `127.0.0.1:0` with `resident` instances activated first; prints
+/// `pinned worker listening on http://<addr>`.
 ///
 /// # Errors
 ///
@@ -83,7 +89,7 @@ pub async fn serve_pinned(resident: usize) -> anyhow::Result<()> {
 /// The listener cannot be bound or the server fails.
 pub async fn serve_bare(resident: usize) -> anyhow::Result<()> {
     let warm: Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>> = Arc::new(
-        std::sync::Mutex::new((0..resident).map(|i| (format!("r{i}"), 0)).collect()),
+        std::sync::Mutex::new((0..resident).map(|i| (resident_id(i), 0)).collect()),
     );
     let map: Arc<DashMap<String, Arc<Counter>>> = Arc::new(DashMap::new());
     let app = Router::new()

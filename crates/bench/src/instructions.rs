@@ -70,6 +70,37 @@ pub async fn per_request(
     Ok((long as f64 - short as f64) / (lengths.long - lengths.short) as f64)
 }
 
+/// [`per_request`] for the bench's bare axum counter (`serve-bare`) and
+/// for the pinned worker's (`serve-pinned`), each started with `args`
+/// after its command and asked for `bare_path(i)` / `pinned_path(i)`; the
+/// callgrind outputs go to `scratch`'s `bare/` and `pinned/`. Answers
+/// `(bare, pinned)`.
+///
+/// # Errors
+///
+/// As [`per_request`], or a folder cannot be made.
+pub async fn bare_and_pinned(
+    exe: &str,
+    args: &[&str],
+    (bare_path, pinned_path): (impl Fn(usize) -> String, impl Fn(usize) -> String),
+    lengths: Lengths,
+    scratch: &Path,
+) -> anyhow::Result<(f64, f64)> {
+    let mut counts = [0.0; 2];
+    let runs: [(&str, &dyn Fn(usize) -> String); 2] =
+        [("bare", &bare_path), ("pinned", &pinned_path)];
+    for (count, (name, path)) in counts.iter_mut().zip(runs) {
+        let out = scratch.join(name);
+        std::fs::create_dir_all(&out)?;
+        let command = format!("serve-{name}");
+        let args: Vec<&str> = std::iter::once(command.as_str())
+            .chain(args.iter().copied())
+            .collect();
+        *count = per_request(exe, &args, path, lengths, &out).await?;
+    }
+    Ok((counts[0], counts[1]))
+}
+
 /// Total instructions of one server run serving `requests` requests.
 async fn total(
     exe: &str,

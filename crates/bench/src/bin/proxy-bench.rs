@@ -89,8 +89,9 @@ struct Cli {
     #[arg(long)]
     no_instructions: bool,
     /// Keep the callgrind outputs of the instructions section in this
-    /// directory (`nginx/`, `pinboard/`, each a short and a long run), for
-    /// `callgrind_annotate`; by default they go with the scratch directory.
+    /// directory (`nginx/`, `pinboard/`, `bare/`, `pinned/`, each a short
+    /// and a long run), for `callgrind_annotate`; by default they go with
+    /// the scratch directory.
     #[arg(long)]
     callgrind_dir: Option<PathBuf>,
 }
@@ -435,9 +436,10 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
         );
     }
     let workers = worker_pair(bench).await?;
-    let instructions = match cli.no_instructions {
-        true => None,
-        false => Some(instructions_per_request(&warm).await?),
+    let instructions = if cli.no_instructions {
+        None
+    } else {
+        instructions_per_request(&warm).await?
     };
     hot_paths(&workers, [&via_nginx, &via_mem], instructions);
     for server in [
@@ -540,10 +542,9 @@ async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<Option<[f64
     // worker on its own against the bare axum counter, warm, one id.
     let exe = bench.exe.to_str().context("exe path")?;
     let warm_counter = |_: usize| "/counter/a/increment".to_owned();
-    let bare =
-        instructions::per_request(exe, &["serve-bare"], warm_counter, lengths, &scratch).await?;
-    let pinned =
-        instructions::per_request(exe, &["serve-pinned"], warm_counter, lengths, &scratch).await?;
+    let (bare, pinned) =
+        instructions::bare_and_pinned(exe, &[], (warm_counter, warm_counter), lengths, &scratch)
+            .await?;
     println!(
         "  bare axum {bare:>7.0}   pinned worker {pinned:>7.0}   ratio {:.2}  (target <= 1.20)",
         pinned / bare
@@ -556,46 +557,44 @@ async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<Option<[f64
 /// one id (`POST /counter/a/increment`), each server alone.
 async fn worker_pair(bench: &Bench<'_>) -> anyhow::Result<[(Report, Cost); 2]> {
     println!("\nworker alone: warm POST /counter/a/increment, pinned worker and bare axum counter");
+    Ok([
+        worker_alone(bench, "bare axum", "serve-bare").await?,
+        worker_alone(bench, "pinned worker", "serve-pinned").await?,
+    ])
+}
+
+/// One of [`worker_pair`]'s servers (`exe <command>`), measured alone.
+async fn worker_alone(
+    bench: &Bench<'_>,
+    label: &str,
+    command: &str,
+) -> anyhow::Result<(Report, Cost)> {
     let exe = bench.exe.to_str().context("exe path")?;
-    let mut out = Vec::with_capacity(2);
-    for (label, command) in [
-        ("bare axum", "serve-bare"),
-        ("pinned worker", "serve-pinned"),
-    ] {
-        let mut server = Server::start(exe, &[command]).await?;
-        let measured = bench
-            .measure(
-                server.addr,
-                (Method::POST, Paths::Fixed("/counter/a/increment".into())),
-                Vec::new(),
-                Target {
-                    proxy: None,
-                    worker: &server,
-                    redis: false,
-                },
-                None,
-            )
-            .await;
-        stop(&mut server).await;
-        let measured = measured?;
-        line(label, &measured);
-        out.push(measured);
-    }
-    let [bare, pinned]: [(Report, Cost); 2] = out
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("two measurements"))?;
-    Ok([bare, pinned])
+    let mut server = Server::start(exe, &[command]).await?;
+    let measured = bench
+        .measure(
+            server.addr,
+            (Method::POST, Paths::Fixed("/counter/a/increment".into())),
+            Vec::new(),
+            Target {
+                proxy: None,
+                worker: &server,
+                redis: false,
+            },
+            None,
+        )
+        .await;
+    stop(&mut server).await;
+    let measured = measured?;
+    line(label, &measured);
+    Ok(measured)
 }
 
 /// Issue 14's table: req/s, the server's CPU per request and its
 /// instructions per request for bare axum and the pinned worker (each
 /// alone), and for nginx and pinboard (memory store) in front of the same
 /// worker; ratios against the baseline of each pair.
-fn hot_paths(
-    workers: &[(Report, Cost); 2],
-    proxies: [&Series; 2],
-    instructions: Option<Option<[f64; 4]>>,
-) {
+fn hot_paths(workers: &[(Report, Cost); 2], proxies: [&Series; 2], counts: Option<[f64; 4]>) {
     let [nginx, pinboard] = proxies.map(Series::best);
     let rows = [
         ("bare axum", &workers[0], workers[0].1.worker),
@@ -607,7 +606,6 @@ fn hot_paths(
             pinboard.1.proxy.unwrap_or(f64::NAN),
         ),
     ];
-    let counts = instructions.flatten();
     println!(
         "\nhot paths (issue 14; each figure from this run; proxies: best round, their own CPU)"
     );

@@ -342,13 +342,9 @@ async fn instructions_section(exe: &str) -> anyhow::Result<()> {
     }
     let scratch = std::env::temp_dir().join(format!("worker-bench-{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    let warm = |base: &'static str| move |_: usize| format!("{base}/a/increment");
-    let bare_warm =
-        instructions::per_request(exe, &["serve-bare"], warm("/counter"), lengths, &scratch)
-            .await?;
-    let pinned_warm =
-        instructions::per_request(exe, &["serve-pinned"], warm("/counter"), lengths, &scratch)
-            .await?;
+    let warm = |_: usize| "/counter/a/increment".to_owned();
+    let (bare_warm, pinned_warm) =
+        instructions::bare_and_pinned(exe, &[], (warm, warm), lengths, &scratch).await?;
     println!(
         "   warm       bare axum {bare_warm:>8.0}   pinned {pinned_warm:>8.0}   ratio {:.2}  (target <= 1.20)",
         pinned_warm / bare_warm
@@ -356,20 +352,12 @@ async fn instructions_section(exe: &str) -> anyhow::Result<()> {
     // Every id activated (or present) before the runs, each request to the
     // next one: the directory and the allocator see a populated map, not a
     // single hot entry.
-    let spread = |base: &'static str| move |i: usize| resident_path(base, i % SPREAD);
+    let spread = |i: usize| resident_path("/counter", i % SPREAD);
     let resident = SPREAD.to_string();
-    let bare_spread = instructions::per_request(
+    let (bare_spread, pinned_spread) = instructions::bare_and_pinned(
         exe,
-        &["serve-bare", "--resident", &resident],
-        spread("/counter"),
-        lengths,
-        &scratch,
-    )
-    .await?;
-    let pinned_spread = instructions::per_request(
-        exe,
-        &["serve-pinned", "--resident", &resident],
-        spread("/counter"),
+        &["--resident", &resident],
+        (spread, spread),
         lengths,
         &scratch,
     )
@@ -379,11 +367,14 @@ async fn instructions_section(exe: &str) -> anyhow::Result<()> {
         pinned_spread / bare_spread
     );
     let fresh = |base: &'static str| move |i: usize| format!("{base}/i{i}/increment");
-    let bare_fresh =
-        instructions::per_request(exe, &["serve-bare"], fresh("/fresh"), lengths, &scratch).await?;
-    let pinned_fresh =
-        instructions::per_request(exe, &["serve-pinned"], fresh("/counter"), lengths, &scratch)
-            .await?;
+    let (bare_fresh, pinned_fresh) = instructions::bare_and_pinned(
+        exe,
+        &[],
+        (fresh("/fresh"), fresh("/counter")),
+        lengths,
+        &scratch,
+    )
+    .await?;
     println!(
         "   new ids    bare axum {bare_fresh:>8.0}   pinned {pinned_fresh:>8.0}   ratio {:.2}",
         pinned_fresh / bare_fresh
