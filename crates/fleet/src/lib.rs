@@ -4,6 +4,7 @@
 //! `src/bin/` are the processes they start.
 //!
 //! [`counter`] is the object those Rust workers host; the benchmarks host it
-//! too.
+//! too. [`guarded`] is an object behind `authorize`, hosted on request.
 
 pub mod counter;
+pub mod guarded;

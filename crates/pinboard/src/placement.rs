@@ -16,10 +16,17 @@
 //!   turn), so two pinboard nodes racing for a new id agree on one owner.
 //! - At most one `token` holds the sweeper lease at a time (see
 //!   `crate::sweeper`); it lapses `ttl_ms` after its last grant or renewal.
-//! - Releasing keeps the id's epoch (the row stays with an empty owner) for
-//!   the row grace, so a placement soon after continues above it; after the
-//!   grace the row is gone and [`crate::clock::EpochFloor`] keeps the next
-//!   epoch above it, as it does when the store lost everything.
+//! - Releasing a *settled* row (see [`PlacementStore::settle`]) keeps the
+//!   id's epoch (the row stays with an empty owner) for the row grace, so a
+//!   placement soon after continues above it; after the grace the row is
+//!   gone and [`crate::clock::EpochFloor`] keeps the next epoch above it, as
+//!   it does when the store lost everything.
+//! - Releasing a row that was never settled (its owner never answered at
+//!   that epoch: a claim the worker refused, or an instance record whose
+//!   every request `authorize` denied) *drops* it at once and raises the
+//!   store's *dropped mark* (the highest epoch dropped so): every later
+//!   claim mints above the mark, so no epoch is handed out twice for an id
+//!   whichever node claims it next, although no row remembers it.
 //!
 //! # Bounds (rows do not outlive their owner)
 //!
@@ -33,8 +40,9 @@
 //! store holds are bounded by the live sessions' instances plus what was
 //! vacated within one grace, whatever ids clients invent. A claim the
 //! worker refused (it never activated the id) is released by the proxy at
-//! once (`release` at the claimed epoch), so refused ids leave no row
-//! beyond the grace either.
+//! once (`release` at the claimed epoch), and a record the worker
+//! discarded because `authorize` denied its requests is released by the
+//! worker at once: neither was settled, so neither leaves a row at all.
 //!
 //! # Generation (store loss)
 //!
@@ -362,8 +370,10 @@ pub trait PlacementStore: Send + Sync + 'static {
         now: Now,
     ) -> impl Future<Output = Result<ReclaimOutcome, StoreError>> + Send;
 
-    /// Free `instance` if `session_id` owns it (and at `epoch`, when given);
-    /// the row keeps its epoch for the row grace, then goes.
+    /// Free `instance` if `session_id` owns it (and at `epoch`, when given):
+    /// a settled row keeps its epoch for the row grace, then goes; one never
+    /// settled is dropped at once, its epoch kept in the dropped mark (see
+    /// the module doc).
     fn release(
         &self,
         instance: InstanceKey<'_>,

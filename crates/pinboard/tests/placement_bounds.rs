@@ -1,8 +1,8 @@
-//! Placement rows are bounded: a claim the worker refused is handed back,
-//! a released row and the rows of an owner that is gone expire after the
-//! row grace, in Redis (counted as keys in a private Redis) and in memory
-//! (counted through the operator overview). Ids are invented by the test,
-//! as a client flooding random ids would.
+//! Placement rows are bounded: a claim the worker refused is handed back
+//! and its row deleted, a released (served) row and the rows of an owner
+//! that is gone expire after the row grace, in Redis (counted as keys in a
+//! private Redis) and in memory (counted through the operator overview).
+//! Ids are invented by the test, as a client flooding random ids would.
 
 mod support;
 
@@ -62,19 +62,21 @@ async fn refused_claims_leave_no_rows_in_redis() {
         metric(&c, &pb, "pinboard_placements_rolled_back_total").await,
         2000
     );
-    // Each refused claim was handed back: what is left is in its grace and
-    // then gone, although the worker that refused is alive.
+    // Each refused claim was handed back, and as it was never settled its
+    // row went at once, although the worker that refused is alive.
     eventually(
-        "the refused ids' rows to expire",
+        "the refused ids' rows to go",
         Duration::from_secs(10),
         || async { redis.keys("pinboard:p:*").await.is_empty().then_some(()) },
     )
     .await;
     assert!(redis.keys("pinboard:o:*").await.is_empty());
-    // What stays is one generation, the worker's record and the set of workers.
+    // What stays is one generation, the dropped mark (the highest epoch of
+    // a row so deleted), the worker's record and the set of workers.
     let mut left = redis.keys("pinboard:*").await;
     left.sort();
-    assert_eq!(left.len(), 3, "{left:?}");
+    assert_eq!(left.len(), 4, "{left:?}");
+    assert!(left.contains(&"pinboard:dropped".to_owned()), "{left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

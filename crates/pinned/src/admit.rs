@@ -328,7 +328,10 @@ pub(crate) fn admit<T: Object>(
                     HostShared::discard(busy);
                 }
                 return Ok(match refusal {
-                    AuthError::Denied(denial) => denial.into_response(),
+                    AuthError::Denied(denial) => {
+                        host.metrics.auth_denials.inc();
+                        denial.into_response()
+                    }
                     AuthError::Failed(error) => {
                         tracing::error!(namespace = %host.ns, id = %slot.id, %error, "authorization failed");
                         host.metrics.request_failed("auth", "http");

@@ -56,6 +56,9 @@ pub(crate) struct Metrics {
     pub(crate) registered: Gauge,
     pub(crate) registration_failures: Counter,
     pub(crate) duplicate_quits: Counter,
+    /// Requests `Object::authorize` denied (not in the reference: there a
+    /// denial of a cold request shows only as an eviction and an abort).
+    pub(crate) auth_denials: Counter,
     pub(crate) control_plane_failures: Family<OperationReason, Counter>,
     pub(crate) request_failures: Family<PhaseTransport, Counter>,
     callback_failures: Family<Hook, Counter>,
@@ -74,6 +77,7 @@ impl Metrics {
         let registered: Gauge = Gauge::default();
         let registration_failures: Counter = Counter::default();
         let duplicate_quits: Counter = Counter::default();
+        let auth_denials: Counter = Counter::default();
         let request_failures = Family::default();
         let callback_failures: Family<Hook, Counter> = Family::default();
         let shutdown_failures: Family<Phase, Counter> = Family::default();
@@ -123,6 +127,11 @@ impl Metrics {
             duplicate_quits.clone(),
         );
         registry.register(
+            "pinned_auth_denials",
+            "Requests the object's authorize denied (its 401/403 or own answer)",
+            auth_denials.clone(),
+        );
+        registry.register(
             "pinned_request_failures",
             "Pinned request setup failures by phase and transport",
             request_failures.clone(),
@@ -159,6 +168,7 @@ impl Metrics {
             registered,
             registration_failures,
             duplicate_quits,
+            auth_denials,
             control_plane_failures,
             request_failures,
             callback_failures,

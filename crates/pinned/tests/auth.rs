@@ -129,3 +129,64 @@ async fn authorize_can_decide_per_route() {
     assert_eq!(answer.status(), 200);
     assert_eq!(answer.text().await.expect("text"), "audited");
 }
+
+/// The value of the metric line `name` (`_total` included) in the worker's
+/// Prometheus text; 0 when absent.
+fn metric(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn denials_are_counted_as_denials_not_as_evictions_or_aborts() {
+    let w = start(Options::new().host::<Account>("/account")).await;
+    // A scanner: 50 unauthenticated requests for 50 ids.
+    for i in 0..50 {
+        let answer = w.get(&format!("/account/scan-{i}/balance")).await;
+        assert_eq!(answer.status(), 401);
+    }
+    // Every denied cold record is gone (its close has run to the end)...
+    let stats = w
+        .wait_for("denied records discarded", |stats| {
+            stats["instances"].as_array().is_some_and(Vec::is_empty)
+        })
+        .await;
+    // ...and none of them counted as an instance's close.
+    assert_eq!(stats["namespaces"]["/account"]["evictions"], 0, "{stats}");
+    let metrics = w.worker.metrics();
+    assert_eq!(
+        metric(&metrics, "pinned_auth_denials_total"),
+        50,
+        "{metrics}"
+    );
+    for name in [
+        "pinned_instance_evictions_total",
+        "pinned_instance_aborts_total",
+        "pinned_instance_activations_total",
+        "pinned_active_instances",
+    ] {
+        assert_eq!(metric(&metrics, name), 0, "{name}: {metrics}");
+    }
+    // A denial of a live instance is counted too, and leaves it be (not
+    // `ada`: the other test counts her activations).
+    let owner = w
+        .client
+        .get(w.url("/account/bob/balance"))
+        .header("x-user", "bob")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(owner.status(), 200);
+    assert_eq!(w.get("/account/bob/balance").await.status(), 401);
+    let metrics = w.worker.metrics();
+    assert_eq!(
+        metric(&metrics, "pinned_auth_denials_total"),
+        51,
+        "{metrics}"
+    );
+    assert_eq!(metric(&metrics, "pinned_active_instances"), 1, "{metrics}");
+    assert_eq!(metric(&metrics, "pinned_instance_evictions_total"), 0);
+}

@@ -10,7 +10,8 @@
 //! and send `Pinboard-Hostname`), `FLEET_EPOCH`, `FLEET_TAKEOVER` (`wind_down`|`deny`),
 //! `FLEET_HEARTBEAT_MS`, `FLEET_LEASE_BUFFER_MS`, `FLEET_DRAIN_MS` (the
 //! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
-//! `FLEET_NS` (the namespace, default `/counter`), `FLEET_MAX_INSTANCES`,
+//! `FLEET_NS` (the namespace, default `/counter`), `FLEET_GUARDED_NS` (also
+//! host the `authorize`-guarded object there), `FLEET_MAX_INSTANCES`,
 //! `FLEET_PG_IDLE_TXN_MS` (the store's idle-in-transaction timeout),
 //! `PINNED_TLS_CERT` / `PINNED_TLS_KEY` and `PINNED_PINBOARD_CA` (read by
 //! `Options::from_env`: serve HTTPS, advertised as `https://`, and trust
@@ -28,6 +29,7 @@ use axum::{Json, Router};
 use pinned::pinned_store::PostgresOptions;
 use pinned::{ClusterHost, HostOptions, Options, Takeover};
 use pinned_fleet::counter::{lease_events, process_token, writes, Counter};
+use pinned_fleet::guarded::Guarded;
 
 fn ms(name: &str) -> Option<Duration> {
     std::env::var(name)
@@ -64,13 +66,15 @@ async fn main() -> anyhow::Result<()> {
         host = host.env(env);
     }
     let ns = std::env::var("FLEET_NS").unwrap_or_else(|_| "/counter".to_owned());
-    let mut options = Options::from_env()
-        .host_with::<Counter>(&ns, host)
-        .pinboard(
-            std::env::var("PINBOARD_URL")?,
-            std::env::var("PINBOARD_TOKEN")?,
-            format!("{scheme}://{addr}"),
-        );
+    let mut options = Options::from_env().host_with::<Counter>(&ns, host);
+    if let Ok(guarded) = std::env::var("FLEET_GUARDED_NS") {
+        options = options.host::<Guarded>(&guarded);
+    }
+    let mut options = options.pinboard(
+        std::env::var("PINBOARD_URL")?,
+        std::env::var("PINBOARD_TOKEN")?,
+        format!("{scheme}://{addr}"),
+    );
     if let Ok(env) = std::env::var("FLEET_ENV") {
         options = options.placement_env(env);
     }

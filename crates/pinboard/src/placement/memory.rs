@@ -7,7 +7,9 @@
 //! cold-start quarantine in `proxy::resolve`: a new process always writes
 //! a new generation).
 //!
-//! Rows are bounded as the trait says: [`PlacementStore::expire_placements`]
+//! Rows are bounded as the trait says: a release drops a row that was
+//! never settled at once (raising the dropped mark), and
+//! [`PlacementStore::expire_placements`]
 //! stamps each vacated row (released, or owner gone) with the time it was
 //! first seen vacated and removes it one row grace later, along with
 //! lapsed sessions and expired supersession notes. It walks every row once
@@ -62,6 +64,9 @@ struct State {
     /// Sweeper lease: holder token and monotonic expiry.
     sweeper: Option<(String, u64)>,
     generation: Option<Generation>,
+    /// The dropped mark: the highest epoch of a row dropped at its release
+    /// (see `placement`'s invariants); claims mint above it.
+    dropped: u64,
 }
 
 impl State {
@@ -302,7 +307,7 @@ impl PlacementStore for MemoryStore {
         if st.live(candidate, now).is_none() {
             return Ok(ClaimOutcome::CandidateGone);
         }
-        let epoch = next_epoch(epoch, floor);
+        let epoch = next_epoch(epoch.max(st.dropped), floor);
         st.rows.insert(
             key,
             Row {
@@ -367,14 +372,21 @@ impl PlacementStore for MemoryStore {
     ) -> Result<bool, StoreError> {
         let InstanceKey { ns, id } = instance;
         let mut st = self.state.lock();
-        let Some(row) = st.rows.get_mut(&(ns.to_owned(), id.to_owned())) else {
+        let key = (ns.to_owned(), id.to_owned());
+        let Some(row) = st.rows.get_mut(&key) else {
             return Ok(false);
         };
         if row.owner != session_id || epoch.is_some_and(|e| e != row.epoch) {
             return Ok(false);
         }
-        row.owner.clear();
-        row.tag = None;
+        if row.is_settled() {
+            row.owner.clear();
+            row.tag = None;
+        } else {
+            let dropped = row.epoch;
+            st.rows.remove(&key);
+            st.dropped = st.dropped.max(dropped);
+        }
         Ok(true)
     }
 
@@ -818,7 +830,16 @@ mod tests {
             .await
             .expect("claim");
         }
-        // One of the live owner's ids is released.
+        // One of the live owner's ids, served (settled), is released.
+        let i1 = InstanceKey::new("/c", "i1");
+        let epoch = s
+            .placement(i1, at(1))
+            .await
+            .expect("row")
+            .expect("placed")
+            .placement
+            .epoch;
+        assert!(s.settle(i1, "long", epoch).await.expect("settle"));
         assert!(s
             .release(InstanceKey::new("/c", "i1"), "long", None)
             .await
@@ -837,5 +858,34 @@ mod tests {
         s.expire_placements(0, at(700)).await.expect("expire");
         assert_eq!(s.rows(), 49, "only the live owner's rows stay");
         assert!(s.get_worker("short", at(700)).await.expect("get").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_row_never_settled_is_dropped_at_its_release_and_its_epoch_kept() {
+        let s = MemoryStore::new();
+        let g = opened(&s).await;
+        s.put_worker(&rec("w"), 100_000, at(0)).await.expect("put");
+        let claim = |id: &'static str, floor| {
+            let (s, g) = (&s, &g);
+            async move {
+                match s
+                    .resolve_or_claim(InstanceKey::new("/c", id), Some("w"), None, floor, g, at(1))
+                    .await
+                    .expect("claim")
+                {
+                    ClaimOutcome::Claimed(p) => p.epoch,
+                    other => panic!("{other:?}"),
+                }
+            }
+        };
+        let denied = claim("denied", 500).await;
+        assert!(s
+            .release(InstanceKey::new("/c", "denied"), "w", Some(denied))
+            .await
+            .expect("release"));
+        assert_eq!(s.rows(), 0, "dropped at once, no grace");
+        // The next claim of any id, at a floor below, mints above it.
+        assert_eq!(claim("denied", 1).await, denied + 1);
+        assert!(claim("other", 1).await > denied);
     }
 }

@@ -26,7 +26,8 @@
 //! | `P m:<session>` | list, `PX` = lease TTL | queued control messages (JSON with `msgId`), oldest first |
 //! | `P mseq` | string | `INCR` counter for `msgId`s |
 //! | `P sup:<session>` | string, `PX` | the supersession reason |
-//! | `P p:<ns>/<id>` | hash; no TTL while its owner lives, `PX` = row grace once vacated | `s` owner session (empty when released), `e` epoch, `t` tag |
+//! | `P p:<ns>/<id>` | hash; no TTL while its owner lives, `PX` = row grace once vacated | `s` owner session (empty when released), `e` epoch, `t` tag, `ok` `<session>@<epoch>` once settled; a release of a row never settled deletes it |
+//! | `P dropped` | string, no TTL | the dropped mark: the highest epoch of a row a release deleted; every claim mints above it |
 //! | `P o:<session>` | set | `<ns>/<id>` of every row the session owns (kept exact by every claim, reclaim and release) |
 //! | `P sweeper` | string, `PX` = sweeper lease TTL | token of the node holding the sweeper lease |
 //!
@@ -34,7 +35,8 @@
 //! for every worker): protect the Redis like the deployment token.
 //!
 //! A placement is live while `P w:<s>` exists. A row gets a TTL of the row
-//! grace when it is released, and when its owner is gone: the expiry pass
+//! grace when it is released after it was settled (one never settled is
+//! deleted at once), and when its owner is gone: the expiry pass
 //! (`EXPIRE_ROWS`, every half lease TTL on every node, each call bounded)
 //! moves lapsed sessions from `P workers` to `P dead` and pops each dead
 //! session's `P o:<session>`, expiring the rows it still owns. A claim or
@@ -174,17 +176,27 @@ redis.call('SADD', KEYS[3], ARGV[5])
 return {'reclaimed', e}
 "#;
 
-// KEYS: placement row, the session's owner index, the unsettled set.
-// ARGV: sid, epoch ('' = any), row grace ms, row name.
+// KEYS: placement row, the session's owner index, the unsettled set, the
+// dropped mark. ARGV: sid, epoch ('' = any), row grace ms, row name.
+// A settled row keeps its epoch for the grace; one never settled is
+// dropped now and its epoch raises the mark, which every claim mints above.
 const RELEASE: &str = r#"
-local owner = redis.call('HGET', KEYS[1], 's')
-if owner ~= ARGV[1] then return 0 end
-if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'e') ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], 's', '')
-redis.call('HDEL', KEYS[1], 't')
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local v = redis.call('HMGET', KEYS[1], 's', 'e', 'ok')
+if v[1] ~= ARGV[1] then return 0 end
+if ARGV[2] ~= '' and v[2] ~= ARGV[2] then return 0 end
 redis.call('SREM', KEYS[2], ARGV[4])
 redis.call('SREM', KEYS[3], ARGV[4])
+if v[3] == v[1] .. '@' .. v[2] then
+  redis.call('HSET', KEYS[1], 's', '')
+  redis.call('HDEL', KEYS[1], 't')
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
+redis.call('DEL', KEYS[1])
+local e = tonumber(v[2])
+if e > tonumber(redis.call('GET', KEYS[4]) or '0') then
+  redis.call('SET', KEYS[4], string.format('%.0f', e))
+end
 return 1
 "#;
 
@@ -394,6 +406,7 @@ impl RedisStore {
         let layout = Layout {
             generation: key("gen"),
             unsettled: key("unsettled"),
+            dropped: key("dropped"),
             workers: key("w:"),
             owners: key("o:"),
             rows: key("p:"),
@@ -860,6 +873,7 @@ impl PlacementStore for RedisStore {
                     .key(self.key("p:", &name))
                     .key(self.key("o:", session_id))
                     .key(self.key("unsettled", ""))
+                    .key(self.key("dropped", ""))
                     .arg(session_id)
                     .arg(epoch.map(|e| e.to_string()).unwrap_or_default())
                     .arg(self.row_grace_ms)

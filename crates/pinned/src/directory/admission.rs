@@ -305,7 +305,7 @@ impl HostShared {
             && slot.in_flight() == 1;
         drop(busy);
         if untouched {
-            Self::abort(&slot);
+            Self::discard_unserved(&slot);
         }
     }
 

@@ -1,6 +1,13 @@
-//! Teardown: how an instance leaves (idle close, abort), in order: signal,
-//! let open work settle, run `Object::on_stop` and the `on_stop`
-//! handlers, drop the state, release the placement, leave the map.
+//! Teardown: how an instance leaves (idle close, abort, or the discard of
+//! a record no request was authorized to enter), in order: signal, let
+//! open work settle, run `Object::on_stop` and the `on_stop` handlers,
+//! drop the state, release the placement, leave the map.
+//!
+//! Only closes of an instance are lifecycle events (counted as evictions
+//! and aborts, logged at info); a discarded record never activated, so
+//! its close is neither: it is logged at debug and counts nothing but the
+//! denial that caused it (`pinned_auth_denials_total`, counted where the
+//! request was denied).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
@@ -17,6 +24,20 @@ use crate::slot::{Phase, Slot};
 /// How long a closing instance waits for its placement release before the
 /// release continues in the background (about one registry call).
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// Why an instance record closes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Close {
+    /// Idle (or winding down with nothing left in flight): open work is
+    /// awaited; the placement is released if the namespace says so.
+    Idle,
+    /// Aborted: work is cancelled and the placement released.
+    Abort,
+    /// A constructed record whose every request was denied: it never
+    /// activated, so its close is no instance lifecycle event; the
+    /// placement its claim made is released at once.
+    Discard,
+}
 
 impl HostShared {
     pub(super) fn remove(&self, slot: &Arc<Slot>) {
@@ -47,12 +68,22 @@ impl HostShared {
         slot.host.closing.fetch_add(1, Ordering::SeqCst);
         spawn_detached(
             &slot.host.domain,
-            teardown(slot.clone(), false).instrument(slot.span()),
+            teardown(slot.clone(), Close::Idle).instrument(slot.span()),
         );
     }
 
     /// Aborts `slot`: cancels its work and closes it.
     pub(crate) fn abort(slot: &Arc<Slot>) {
+        Self::close_cancelling(slot, Close::Abort);
+    }
+
+    /// Closes a record that never activated and that no request was
+    /// authorized to enter, releasing its placement (see [`Close::Discard`]).
+    pub(super) fn discard_unserved(slot: &Arc<Slot>) {
+        Self::close_cancelling(slot, Close::Discard);
+    }
+
+    fn close_cancelling(slot: &Arc<Slot>, close: Close) {
         if slot.begin_abort() {
             slot.host.closing.fetch_add(1, Ordering::SeqCst);
             // Cancelled now, not when the teardown task runs: a handler
@@ -60,7 +91,7 @@ impl HostShared {
             slot.cancel();
             spawn_detached(
                 &slot.host.domain,
-                teardown(slot.clone(), true).instrument(slot.span()),
+                teardown(slot.clone(), close).instrument(slot.span()),
             );
         }
     }
@@ -82,7 +113,7 @@ impl HostShared {
 
 /// Closes one instance: signal, let open work settle, run `on_stop`
 /// handlers last-registered first, then leave the map.
-async fn teardown(slot: Arc<Slot>, aborted: bool) {
+async fn teardown(slot: Arc<Slot>, close: Close) {
     let host = slot.host.clone();
     if let Some(extra) = slot.extra_if_any() {
         if let Some(timer) = extra
@@ -147,18 +178,22 @@ async fn teardown(slot: Arc<Slot>, aborted: bool) {
     if slot.releasing.load(Ordering::SeqCst) {
         release(&host, &slot).await;
     }
-    host.evictions.fetch_add(1, Ordering::Relaxed);
-    host.metrics.evictions.inc();
-    if aborted {
+    if close != Close::Discard {
+        host.evictions.fetch_add(1, Ordering::Relaxed);
+        host.metrics.evictions.inc();
+    }
+    if close == Close::Abort {
         host.metrics.aborts.inc();
     }
     if was_live {
         host.metrics.active_instances.dec();
     }
-    if aborted {
-        tracing::info!(namespace = %host.ns, id = %slot.id, "aborted instance");
-    } else {
-        tracing::info!(namespace = %host.ns, id = %slot.id, "evicted instance");
+    match close {
+        Close::Idle => tracing::info!(namespace = %host.ns, id = %slot.id, "evicted instance"),
+        Close::Abort => tracing::info!(namespace = %host.ns, id = %slot.id, "aborted instance"),
+        Close::Discard => {
+            tracing::debug!(namespace = %host.ns, id = %slot.id, "discarded a denied record")
+        }
     }
     host.remove(&slot);
     // Locally nobody else wakes an instance that left with tray work

@@ -43,8 +43,8 @@ use tokio::time::Instant;
 
 use super::super::StoreError;
 
-// KEYS: generation key, unsettled set. ARGV: worker prefix, owner index
-// prefix, row prefix, then the ops, each
+// KEYS: generation key, unsettled set, dropped mark. ARGV: worker prefix,
+// owner index prefix, row prefix, then the ops, each
 //   'c', row name, candidate ('' = none), floor, stale sid, stale epoch,
 //        expected generation                       (resolve or claim)
 //   's', row name, sid, epoch                      (settle)
@@ -54,9 +54,9 @@ use super::super::StoreError;
 // an op that raised as `{'err', msg}`.
 //
 // Why batching leaves what the ops one by one would:
-// - the generation and the worker records are read at most once per call:
-//   no op here writes them, and a script sees no time pass (keys do not
-//   expire under it);
+// - the generation, the dropped mark and the worker records are read at
+//   most once per call: no op here writes them, and a script sees no time
+//   pass (keys do not expire under it);
 // - membership changes of the owner indexes and the unsettled set are
 //   applied at the end, the last change of each member winning: no op here
 //   reads those sets, and a set's final content after a run of SADD/SREM is
@@ -66,6 +66,7 @@ use super::super::StoreError;
 const PLACE: &str = r#"
 local wp, ip, rp = ARGV[1], ARGV[2], ARGV[3]
 local gen, gen_read = false, false
+local dropped = nil
 local live, sets = {}, {}
 local function mark(key, member, add)
   local s = sets[key]
@@ -90,7 +91,9 @@ local function claim(name, cand, floor, stale_sid, stale_epoch, want)
   if not gen_read then gen = redis.call('GET', KEYS[1]); gen_read = true end
   if gen ~= want then return {'generation', gen or ''} end
   if not exists(cand) then return {'gone'} end
-  local next = math.max(epoch + 1, tonumber(floor))
+  -- Above every epoch a release dropped with its row (see `RELEASE`).
+  if dropped == nil then dropped = tonumber(redis.call('GET', KEYS[3]) or '0') end
+  local next = math.max(epoch + 1, tonumber(floor), dropped + 1)
   local e = string.format('%.0f', next)
   redis.call('HSET', row, 's', cand, 'e', e)
   if v[3] then redis.call('HDEL', row, 't') end
@@ -187,6 +190,7 @@ pub struct BatchStats {
 pub(super) struct Layout {
     pub(super) generation: String,
     pub(super) unsettled: String,
+    pub(super) dropped: String,
     pub(super) workers: String,
     pub(super) owners: String,
     pub(super) rows: String,
@@ -402,13 +406,14 @@ async fn send(
     }
 }
 
-/// `EVALSHA <sha> 2 <gen> <unsettled> <prefixes...> <ops...>`.
+/// `EVALSHA <sha> 3 <gen> <unsettled> <dropped> <prefixes...> <ops...>`.
 fn command(sha: &str, layout: &Layout, ops: &[Queued]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(sha)
-        .arg(2)
+        .arg(3)
         .arg(&layout.generation)
         .arg(&layout.unsettled)
+        .arg(&layout.dropped)
         .arg(&layout.workers)
         .arg(&layout.owners)
         .arg(&layout.rows);
