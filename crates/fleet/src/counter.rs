@@ -83,7 +83,8 @@ static WRITES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new())
 
 static LEASE_EVENTS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
-/// Lease hooks heard in this process so far, as `<hook> <id>`.
+/// Lease hooks heard in this process so far, as `<hook> <id>` (the
+/// wind-down hook adds the time left, see [`Counter`]'s `on_wind_down`).
 pub fn lease_events() -> Vec<String> {
     LEASE_EVENTS.lock().map(|e| e.clone()).unwrap_or_default()
 }
@@ -234,6 +235,25 @@ impl Object for Counter {
 
     async fn on_restored(&self, ctx: &Context) -> Result<(), BoxError> {
         log_lease_event("on_restored", ctx.id());
+        Ok(())
+    }
+
+    /// Heard as `on_wind_down <id> <ms>`: the milliseconds left to the
+    /// deadline when it was applied (`none` without one).
+    async fn on_wind_down(
+        &self,
+        ctx: &Context,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<(), BoxError> {
+        let left = deadline.map_or_else(
+            || "none".to_owned(),
+            |at| {
+                at.saturating_duration_since(tokio::time::Instant::now())
+                    .as_millis()
+                    .to_string()
+            },
+        );
+        log_lease_event("on_wind_down", &format!("{} {left}", ctx.id()));
         Ok(())
     }
 

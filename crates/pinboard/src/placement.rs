@@ -91,10 +91,10 @@ pub struct WorkerRecord {
     pub headroom: i64,
     /// The worker's own drain flag (last report).
     pub draining: bool,
-    /// Operator drain: `Some(deadline)` while drained by `/registry/push`;
-    /// the deadline is wall milliseconds or `None` for no deadline.
+    /// Operator drain: `Some(deadline)` while drained by `/registry/push`
+    /// (or wound down for a newer deployment).
     #[serde(default)]
-    pub server_drain: Option<Option<u64>>,
+    pub server_drain: Option<DrainDeadline>,
     /// Deployment hostname.
     #[serde(default)]
     pub hostname: Option<String>,
@@ -131,6 +131,49 @@ impl WorkerRecord {
     /// The environment this worker serves `ns` in: `envs[ns]`, else `env`.
     pub fn env_for(&self, ns: &str) -> Option<&str> {
         self.envs.get(ns).or(self.env.as_ref()).map(String::as_str)
+    }
+}
+
+/// The deadline of an operator drain, as the store keeps it.
+///
+/// An operator's deadline counts from its *delivery*: pushed, it waits as
+/// [`AfterDelivery`](Self::AfterDelivery) until the first heartbeat that
+/// renews the session, which turns it into [`At`](Self::At) (atomically
+/// with the renewal) and so echoes the whole duration the operator asked
+/// for; later acks count down from there. Otherwise a deadline would lose
+/// up to a heartbeat interval between the push and the worker hearing of
+/// it (a 2 s deadline on a 3 s heartbeat arrived as 0: an abort with no
+/// drain window at all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DrainDeadline {
+    /// No deadline: the drain never aborts anything.
+    Never,
+    /// Pushed and not yet delivered: ends this many milliseconds after the
+    /// ack that delivers it.
+    AfterDelivery(u64),
+    /// Ends at this wall time (ms): delivered, or set by pinboard itself
+    /// (a takeover wind-down, whose supersession is due then too).
+    At(u64),
+}
+
+impl DrainDeadline {
+    /// Delivered at `now_wall_ms`: a pending deadline starts counting.
+    #[must_use]
+    pub fn delivered(self, now_wall_ms: u64) -> Self {
+        match self {
+            Self::AfterDelivery(ms) => Self::At(now_wall_ms.saturating_add(ms)),
+            other => other,
+        }
+    }
+
+    /// The `drainDeadline` of an ack sent at `now_wall_ms`: the seconds
+    /// remaining (floored at 0), `None` for no deadline.
+    pub fn remaining_secs(self, now_wall_ms: u64) -> Option<f64> {
+        match self {
+            Self::Never => None,
+            Self::AfterDelivery(ms) => Some(ms as f64 / 1000.0),
+            Self::At(at) => Some(at.saturating_sub(now_wall_ms) as f64 / 1000.0),
+        }
     }
 }
 
@@ -243,8 +286,9 @@ pub trait PlacementStore: Send + Sync + 'static {
         now: Now,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Renew a live record with fresh headroom and drain flag; `None` when
-    /// the session is unknown or lapsed.
+    /// Renew a live record with fresh headroom and drain flag, delivering
+    /// a pending operator drain deadline at `now` (see [`DrainDeadline`]);
+    /// `None` when the session is unknown or lapsed.
     fn renew_worker(
         &self,
         session_id: &str,
@@ -259,7 +303,7 @@ pub trait PlacementStore: Send + Sync + 'static {
     fn set_server_drain(
         &self,
         session_id: &str,
-        drain: Option<Option<u64>>,
+        drain: Option<DrainDeadline>,
         now: Now,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 

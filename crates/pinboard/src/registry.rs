@@ -50,7 +50,10 @@
 //!   pinboard nodes (two racing registrations may both pass).
 //! - An operator drain lives on the session record: the next acks echo
 //!   `draining: true` with the remaining seconds; it is not carried over to a
-//!   later session of the same process.
+//!   later session of the same process. Its deadline counts from its
+//!   delivery, not from the push: the first heartbeat ack that carries it
+//!   gives the whole duration asked for, and later acks count down from
+//!   that heartbeat (see [`DrainDeadline`]).
 
 pub mod auth;
 pub mod error;
@@ -70,7 +73,7 @@ pub use self::error::RegistryError;
 use crate::challenge::{ChallengeError, ChallengeProver};
 use crate::clock::{Clock, Entropy, EpochFloor, Now};
 use crate::placement::InstanceKey;
-use crate::placement::{LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
+use crate::placement::{DrainDeadline, LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
 use crate::world::{validate_env, validate_hostname};
 
 /// Namespaces pinboard serves itself (they could never be proxied).
@@ -185,13 +188,13 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         self.clock.now()
     }
 
+    /// The drain echo of an ack sent at `now`: `draining`, and the seconds
+    /// left of the deadline (counted from its delivery, see
+    /// [`DrainDeadline`]).
     fn drain_echo(record: &WorkerRecord, now: Now) -> (Option<bool>, Option<Option<f64>>) {
         match record.server_drain {
             None => (Some(false), None),
-            Some(deadline) => (
-                Some(true),
-                Some(deadline.map(|d| d.saturating_sub(now.wall_ms) as f64 / 1000.0)),
-            ),
+            Some(deadline) => (Some(true), Some(deadline.remaining_secs(now.wall_ms))),
         }
     }
 
@@ -582,10 +585,13 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
                 deadline,
             } => {
                 check_deadline(deadline)?;
-                let at = deadline.map(|d| now.wall_ms.saturating_add((d * 1000.0) as u64));
+                // Counted from the ack that delivers it, not from now.
+                let drain = deadline.map_or(DrainDeadline::Never, |d| {
+                    DrainDeadline::AfterDelivery((d * 1000.0) as u64)
+                });
                 if !self
                     .store
-                    .set_server_drain(&session_id, Some(at), now)
+                    .set_server_drain(&session_id, Some(drain), now)
                     .await?
                 {
                     return Err(RegistryError::UnknownSession);
@@ -899,6 +905,39 @@ mod tests {
         reg.push(drain(MAX_OPERATOR_DEADLINE_SECS))
             .await
             .expect("a year is fine");
+    }
+
+    #[tokio::test]
+    async fn a_drain_deadline_counts_from_the_ack_that_delivers_it() {
+        let (reg, clock, _) = registry();
+        let (ack, _) = reg.register(register_req("ok")).await.expect("register");
+        let sid = ack.session_id;
+        reg.push(PushRequest::Drain {
+            session_id: sid.clone(),
+            deadline: Some(10.0),
+        })
+        .await
+        .expect("drain");
+        // The worker's next heartbeat comes most of an interval later.
+        clock.0.lock().wall_ms += 2_900;
+        let (hb, _) = reg.heartbeat(beat(&sid, vec![])).await.expect("beat");
+        assert_eq!(hb.drain_deadline, Some(Some(10.0)), "the whole deadline");
+        clock.0.lock().wall_ms += 3_000;
+        let (hb, _) = reg.heartbeat(beat(&sid, vec![])).await.expect("beat");
+        assert_eq!(hb.drain_deadline, Some(Some(7.0)), "counting down");
+        clock.0.lock().wall_ms += 60_000;
+        let (hb, _) = reg.heartbeat(beat(&sid, vec![])).await.expect("beat");
+        assert_eq!(hb.drain_deadline, Some(Some(0.0)), "passed");
+        // A new push starts over from its own delivery.
+        reg.push(PushRequest::Drain {
+            session_id: sid.clone(),
+            deadline: Some(2.0),
+        })
+        .await
+        .expect("drain again");
+        clock.0.lock().wall_ms += 1_500;
+        let (hb, _) = reg.heartbeat(beat(&sid, vec![])).await.expect("beat");
+        assert_eq!(hb.drain_deadline, Some(Some(2.0)));
     }
 
     #[tokio::test]

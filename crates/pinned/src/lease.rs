@@ -167,11 +167,16 @@ impl Lease {
             Ordering::Relaxed,
         );
         self.deadline.store(deadline, Ordering::SeqCst);
-        if self.unhealthy.swap(false, Ordering::SeqCst) {
-            tracing::info!("lease restored");
-            self.health.send_replace(true);
+        // A renewal capped at a drain deadline that has (nearly) passed
+        // leaves the lease unhealthy: restoring it here would only have the
+        // watch flag it again at once, a flap on every heartbeat.
+        if self.now_ms() < deadline.saturating_sub(self.buffer_ms()) {
+            if self.unhealthy.swap(false, Ordering::SeqCst) {
+                tracing::info!("lease restored");
+                self.health.send_replace(true);
+            }
+            self.metrics.lease_healthy.set(1);
         }
-        self.metrics.lease_healthy.set(1);
         self.arm(deadline);
     }
 
@@ -244,6 +249,27 @@ mod tests {
         assert!(lease.expired());
         lease.renewed(Duration::from_secs(10), Instant::now());
         assert!(lease.healthy() && !lease.expired());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_capped_at_a_passed_deadline_do_not_flap() {
+        let lease = Arc::new(Lease::new(Duration::from_secs(1), Arc::new(Metrics::new())));
+        lease.renewed(Duration::from_secs(10), Instant::now());
+        lease.cap(Some(Instant::now() + Duration::from_secs(2)));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(lease.flaps(), 0, "renewals before the cap kept it healthy");
+        for _ in 0..5 {
+            lease.renewed(Duration::from_secs(10), Instant::now());
+            tokio::time::advance(Duration::from_millis(300)).await;
+            tokio::task::yield_now().await;
+            assert!(lease.expired() && !lease.healthy());
+        }
+        assert_eq!(lease.flaps(), 1, "one crossing, not one per renewal");
+        // Lifting the cap restores it.
+        lease.cap(None);
+        lease.renewed(Duration::from_secs(10), Instant::now());
+        assert!(lease.healthy());
     }
 
     #[tokio::test(start_paused = true)]

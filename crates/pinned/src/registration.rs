@@ -49,6 +49,33 @@ fn bounded_secs(seconds: f64) -> Duration {
     Duration::try_from_secs_f64(seconds).map_or(MAX_GRANTED, |granted| granted.min(MAX_GRANTED))
 }
 
+/// How far a drain's absolute target may drift between two echoes before
+/// it counts as a new deadline (the reference's 1.0 s): heartbeats are
+/// sent and answered with some jitter.
+const DRAIN_TARGET_SLACK: Duration = Duration::from_secs(1);
+
+/// Whether a drain echo whose target is `echoed` (now plus the remaining
+/// seconds) moved the deadline from `applied`, the target in force.
+///
+/// Targets are compared as absolute instants, so a steady countdown keeps
+/// the same one and re-applies nothing. pinboard reports the remaining
+/// seconds floored at 0, so an echo of 0 says only "passed": it matches
+/// any target in force that is not later than now (within the slack). Were
+/// it read as a new deadline of now, every heartbeat after a passed
+/// deadline would re-drain the host, re-cap the lease at that heartbeat and
+/// abort again (wire spec §9.2: applied only on change).
+fn target_moved(echoed: Instant, applied: Instant, now: Instant) -> bool {
+    if echoed <= now && applied <= now + DRAIN_TARGET_SLACK {
+        return false;
+    }
+    let gap = if echoed > applied {
+        echoed - applied
+    } else {
+        applied - echoed
+    };
+    gap > DRAIN_TARGET_SLACK
+}
+
 /// Register backoff cap.
 const BACKOFF_MAX: f64 = 30.0;
 /// Attempts of release, deregister and tag calls.
@@ -388,16 +415,12 @@ impl Registrar {
                 None
             }
         };
-        // Compared as absolute targets: a steady countdown keeps the same
-        // target and must not re-arm timers on every heartbeat.
-        let target = deadline.map(|after| Instant::now() + after);
+        let now = Instant::now();
+        let target = deadline.map(|after| now + after);
         let mut echo = self.echo.lock();
         let moved = match (target, echo.1) {
             (None, None) => false,
-            (Some(a), Some(b)) => {
-                let gap = if a > b { a - b } else { b - a };
-                gap > Duration::from_secs(1)
-            }
+            (Some(a), Some(b)) => target_moved(a, b, now),
             _ => true,
         };
         if echo.0 == draining && !moved {
@@ -704,6 +727,30 @@ mod tests {
         assert!(tokio::time::Instant::now()
             .checked_add(MAX_GRANTED)
             .is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_target_moves_only_by_more_than_the_slack() {
+        let applied = Instant::now() + Duration::from_secs(10);
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let now = Instant::now();
+        // The countdown: 7 s left is the same target.
+        assert!(!target_moved(now + Duration::from_secs(7), applied, now));
+        assert!(!target_moved(
+            now + Duration::from_millis(7_900),
+            applied,
+            now
+        ));
+        assert!(target_moved(now + Duration::from_secs(9), applied, now));
+        assert!(target_moved(now + Duration::from_secs(5), applied, now));
+        // Past the deadline pinboard says 0 on every beat: not a move.
+        tokio::time::advance(Duration::from_secs(20)).await;
+        let now = Instant::now();
+        assert!(!target_moved(now, applied, now));
+        // A 0 while the deadline in force is still ahead is one (pinboard
+        // moved it up to now).
+        let ahead = now + Duration::from_secs(30);
+        assert!(target_moved(now, ahead, now));
     }
 
     #[test]

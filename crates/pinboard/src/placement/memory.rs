@@ -23,8 +23,8 @@ use pinned_store::InstanceKey;
 use pinned_wire::registry::ControlMessage;
 
 use super::{
-    next_epoch, ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
-    ReclaimOutcome, StoreError, WorkerRecord,
+    next_epoch, ClaimOutcome, DrainDeadline, Generation, LiveWorker, Placement, PlacementEntry,
+    PlacementStore, ReclaimOutcome, StoreError, WorkerRecord,
 };
 use crate::clock::Now;
 
@@ -155,6 +155,7 @@ impl PlacementStore for MemoryStore {
         Ok(st.live_mut(session_id, now).map(|s| {
             s.record.headroom = headroom;
             s.record.draining = draining;
+            s.record.server_drain = s.record.server_drain.map(|d| d.delivered(now.wall_ms));
             s.expires_at_mono_ms = now.mono_ms + ttl_ms;
             s.record.clone()
         }))
@@ -163,7 +164,7 @@ impl PlacementStore for MemoryStore {
     async fn set_server_drain(
         &self,
         session_id: &str,
-        drain: Option<Option<u64>>,
+        drain: Option<DrainDeadline>,
         now: Now,
     ) -> Result<bool, StoreError> {
         let mut st = self.state.lock();
@@ -238,7 +239,7 @@ impl PlacementStore for MemoryStore {
         Ok(st
             .live_mut(session_id, now)
             .map(|s| {
-                s.record.server_drain = Some(Some(deadline_wall_ms));
+                s.record.server_drain = Some(DrainDeadline::At(deadline_wall_ms));
                 s.record.retire_at_wall_ms = Some(deadline_wall_ms);
             })
             .is_some())

@@ -20,7 +20,7 @@
 //! | key | type | content |
 //! | --- | --- | --- |
 //! | `P gen` | string, no TTL | the store's generation, `<token>@<wall ms>` (see `placement`'s "Generation") |
-//! | `P w:<session>` | hash, `PX` = lease TTL | `rec` (static worker JSON), `headroom`, `draining` (`0`/`1`), `drain` (operator drain: empty = none, `-` = no deadline, else wall ms), `retire` (empty, or the wall ms at which a wound-down session is superseded) |
+//! | `P w:<session>` | hash, `PX` = lease TTL | `rec` (static worker JSON), `headroom`, `draining` (`0`/`1`), `drain` (operator drain: empty = none, `-` = no deadline, `+<ms>` = a deadline that ends `ms` after the renewal that delivers it, else wall ms), `retire` (empty, or the wall ms at which a wound-down session is superseded) |
 //! | `P workers` | set | session ids; members whose hash expired move to `P dead` while listing or expiring |
 //! | `P dead` | set | sessions that are gone but still own rows (in `P o:<session>`) not yet handed their grace |
 //! | `P m:<session>` | list, `PX` = lease TTL | queued control messages (JSON with `msgId`), oldest first |
@@ -62,7 +62,7 @@ pub use self::batch::{BatchStats, Batching};
 use self::batch::{Batcher, Layout, Op};
 
 use super::{
-    ClaimOutcome, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
+    ClaimOutcome, DrainDeadline, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
     ReclaimOutcome, StoreError, WorkerRecord,
 };
 use crate::clock::Now;
@@ -114,11 +114,19 @@ if not v[1] then return false end
 return {v[1], v[2], v[3], v[4], tostring(redis.call('PTTL', KEYS[1])), v[5]}
 "#;
 
+// ARGV: headroom, draining, ttl ms, now (wall ms). A pending operator
+// drain deadline (`+<ms>`) is delivered by this renewal: it ends `ms`
+// after now (see `DrainDeadline`).
 const RENEW: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return false end
 redis.call('HSET', KEYS[1], 'headroom', ARGV[1], 'draining', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
+local drain = redis.call('HGET', KEYS[1], 'drain')
+if drain and string.sub(drain, 1, 1) == '+' then
+  drain = string.format('%.0f', tonumber(ARGV[4]) + tonumber(string.sub(drain, 2)))
+  redis.call('HSET', KEYS[1], 'drain', drain)
+end
 local v = redis.call('HMGET', KEYS[1], 'rec', 'headroom', 'draining', 'drain', 'retire')
 return {v[1], v[2], v[3], v[4], ARGV[3], v[5]}
 "#;
@@ -549,11 +557,7 @@ fn decode_worker(v: Value) -> Result<Option<LiveWorker>, StoreError> {
         record.headroom = h;
     }
     record.draining = text(&parts[2]).as_deref() == Some("1");
-    record.server_drain = match text(&parts[3]).as_deref() {
-        None | Some("") => None,
-        Some("-") => Some(None),
-        Some(ms) => Some(ms.parse().ok()),
-    };
+    record.server_drain = text(&parts[3]).and_then(|field| decode_drain(&field));
     let ttl: i64 = text(&parts[4]).and_then(|t| t.parse().ok()).unwrap_or(0);
     record.retire_at_wall_ms = parts.get(5).and_then(text).and_then(|r| r.parse().ok());
     Ok(Some(LiveWorker {
@@ -562,12 +566,31 @@ fn decode_worker(v: Value) -> Result<Option<LiveWorker>, StoreError> {
     }))
 }
 
-fn drain_field(drain: Option<Option<u64>>) -> String {
+/// The `drain` field: empty (none), `-` (no deadline), `+<ms>` (a
+/// deadline not yet delivered), else the deadline in wall ms.
+fn drain_field(drain: Option<DrainDeadline>) -> String {
     match drain {
         None => String::new(),
-        Some(None) => "-".into(),
-        Some(Some(ms)) => ms.to_string(),
+        Some(DrainDeadline::Never) => "-".into(),
+        Some(DrainDeadline::AfterDelivery(ms)) => format!("+{ms}"),
+        Some(DrainDeadline::At(ms)) => ms.to_string(),
     }
+}
+
+/// Reads a [`drain_field`]; a deadline that does not parse is read as no
+/// deadline (the drain itself stays).
+fn decode_drain(field: &str) -> Option<DrainDeadline> {
+    if field.is_empty() {
+        return None;
+    }
+    Some(match field.strip_prefix('+') {
+        Some(after) => after
+            .parse()
+            .map_or(DrainDeadline::Never, DrainDeadline::AfterDelivery),
+        None => field
+            .parse()
+            .map_or(DrainDeadline::Never, DrainDeadline::At),
+    })
 }
 
 /// A claim's answer: the new epoch when `candidate` claimed the id, else
@@ -648,7 +671,7 @@ impl PlacementStore for RedisStore {
         headroom: i64,
         draining: bool,
         ttl_ms: u64,
-        _now: Now,
+        now: Now,
     ) -> Result<Option<WorkerRecord>, StoreError> {
         let v: Value = self
             .send(
@@ -658,7 +681,8 @@ impl PlacementStore for RedisStore {
                     .key(self.key("m:", session_id))
                     .arg(headroom)
                     .arg(if draining { "1" } else { "0" })
-                    .arg(ttl_ms),
+                    .arg(ttl_ms)
+                    .arg(now.wall_ms),
             )
             .await?;
         Ok(decode_worker(v)?.map(|w| w.record))
@@ -667,7 +691,7 @@ impl PlacementStore for RedisStore {
     async fn set_server_drain(
         &self,
         session_id: &str,
-        drain: Option<Option<u64>>,
+        drain: Option<DrainDeadline>,
         _now: Now,
     ) -> Result<bool, StoreError> {
         let n: i64 = self
