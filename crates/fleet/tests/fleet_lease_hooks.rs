@@ -1,14 +1,36 @@
 //! The lease hooks on a real fleet: with pinboard frozen (SIGSTOP) the
 //! worker's lease turns unhealthy and every live instance hears
-//! `on_unhealthy`; once pinboard runs again an ack restores it and they
-//! hear `on_restored`.
+//! `on_unhealthy`, while a new activation is refused with the in-band
+//! "place me elsewhere" NACK (503 `Pinned-Refusal: lease-unhealthy`) and a
+//! resident id is still served; once pinboard runs again an ack restores
+//! it and they hear `on_restored`.
 
 mod support;
 
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{client, eventually, get_json, pinboard, rust_worker, wait_workers};
+use support::{client, eventually, get_json, pinboard, rust_worker, wait_workers, Proc};
+
+/// `GET <worker><path>` straight to the worker (not through pinboard),
+/// attested for `session` as pinboard would.
+async fn direct(
+    c: &reqwest::Client,
+    worker: &Proc,
+    session: &str,
+    path: &str,
+) -> reqwest::Response {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let token = pinned_wire::attestation::mint(worker.secret(), session, now, None, None);
+    c.get(format!("{}{path}", worker.url))
+        .header("pinboard-attestation", token)
+        .send()
+        .await
+        .expect("direct request")
+}
 
 async fn wait_event(c: &reqwest::Client, worker: &str, event: &str) {
     eventually(event, Duration::from_secs(15), || async {
@@ -37,7 +59,8 @@ async fn a_frozen_pinboard_makes_the_lease_unhealthy_then_restored() {
         .env("FLEET_LEASE_BUFFER_MS", "5000")
         .start();
     let c = client();
-    wait_workers(&c, &pb.url, 1).await;
+    let rows = wait_workers(&c, &pb.url, 1).await;
+    let session = rows[0]["sessionId"].as_str().expect("session").to_owned();
     get_json(
         &c,
         &format!("{}/counter/h-1/hit", pb.url),
@@ -46,6 +69,23 @@ async fn a_frozen_pinboard_makes_the_lease_unhealthy_then_restored() {
     .await;
     pb.pause();
     wait_event(&c, &worker.url, "on_unhealthy h-1").await;
+    // Unhealthy, not expired: a new id is refused so pinboard places it
+    // elsewhere, the resident one keeps serving.
+    let refused = direct(&c, &worker, &session, "/counter/h-new/hit").await;
+    assert_eq!(refused.status(), 503);
+    let header = |name: &str| {
+        refused
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    assert_eq!(header("pinned-refusal").as_deref(), Some("lease-unhealthy"));
+    assert_eq!(header("retry-after").as_deref(), Some("1"));
+    let body: Value = refused.json().await.expect("json");
+    assert_eq!(body["detail"], "lease unhealthy; refusing new activations");
+    let resident = direct(&c, &worker, &session, "/counter/h-1/hit").await;
+    assert_eq!(resident.status(), 200, "the resident id is still served");
     pb.resume();
     wait_event(&c, &worker.url, "on_restored h-1").await;
 }
