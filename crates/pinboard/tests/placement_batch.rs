@@ -132,9 +132,9 @@ async fn store(url: &str, prefix: &str, deadline: Duration) -> (RedisStore, Gene
 async fn a_batch_answers_each_op_as_one_by_one_would() {
     let prefix = support::redis_prefix("batch-ops");
     let (store, gen) = store(test_support::SHARED_REDIS, &prefix, Duration::from_secs(10)).await;
-    // Set up, one call at a time: `taken` owned by s1; `was` released by s1
-    // (kept for its grace, with a TTL); `orphan` tagged by s3, which is then
-    // removed; a row of the wrong type.
+    // Set up, one call at a time: `taken` owned by s1; `was` served
+    // (settled) and released by s1 (kept for its grace, with a TTL);
+    // `orphan` tagged by s3, which is then removed; a row of the wrong type.
     store
         .put_worker(&rec("s3"), 60_000, now())
         .await
@@ -143,6 +143,7 @@ async fn a_batch_answers_each_op_as_one_by_one_would() {
         let op = claim(&store, &gen, id, Some(sid), None);
         assert_eq!(outcome_of(op).await, claimed(sid, FLOOR));
     }
+    assert!(store.settle(key("was"), "s1", FLOOR).await.expect("settle"));
     assert!(store
         .release(key("was"), "s1", None)
         .await

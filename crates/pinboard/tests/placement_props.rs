@@ -1,8 +1,8 @@
 //! Property tests of the placement state machine on the memory store:
 //! random sequences of register, heartbeat, claim (plain and over a stale
-//! owner), resolve, release, reclaim (a re-registration), removal, time
-//! passing (leases lapsing) and expiry passes, checked step by step against
-//! a small model.
+//! owner), resolve, settle (the owner answered), release, reclaim (a
+//! re-registration), removal, time passing (leases lapsing) and expiry
+//! passes, checked step by step against a small model.
 //!
 //! Invariants held after every step:
 //!
@@ -11,10 +11,12 @@
 //! - **epochs monotonic per id**: a new owner always gets an epoch above
 //!   every epoch that id ever had (also after its row expired: the floor
 //!   keeps to the wall clock as pinboard's does); a re-registration taking
-//!   over from its own previous session keeps the epoch;
-//! - **released and orphaned rows go**: an expiry pass keeps exactly the
-//!   rows the model keeps (owned by a live session, or vacated less than
-//!   one grace ago), and once a grace passed with no owner, no row is left.
+//!   over from its own previous session keeps the epoch; also after a
+//!   release dropped a row that was never settled;
+//! - **released and orphaned rows go**: a release of a row never settled
+//!   drops it at once; an expiry pass keeps exactly the rows the model
+//!   keeps (owned by a live session, or vacated less than one grace ago),
+//!   and once a grace passed with no owner, no row is left.
 
 use std::collections::HashMap;
 
@@ -44,6 +46,8 @@ enum Op {
     ClaimStale(usize, usize),
     /// A request for id `i` with no candidate.
     Resolve(usize),
+    /// The owner of id `i` answered for it (settled at its epoch).
+    Settle(usize),
     /// Session `n` releases id `i`.
     Release(usize, usize),
     /// Session `n` re-submits id `i`, naming session `p` as its previous one.
@@ -63,6 +67,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..IDS, any::<usize>()).prop_map(|(i, n)| Op::Claim(i, n)),
         1 => (0..IDS, any::<usize>()).prop_map(|(i, n)| Op::ClaimStale(i, n)),
         2 => (0..IDS).prop_map(Op::Resolve),
+        2 => (0..IDS).prop_map(Op::Settle),
         2 => (0..IDS, any::<usize>()).prop_map(|(i, n)| Op::Release(i, n)),
         1 => (0..IDS, any::<usize>(), prop::option::of(any::<usize>()))
             .prop_map(|(i, n, p)| Op::Reclaim(i, n, p)),
@@ -79,6 +84,8 @@ struct Row {
     owner: String,
     epoch: u64,
     vacant_since: Option<u64>,
+    /// The owner answered at this epoch.
+    settled: bool,
 }
 
 #[derive(Debug, Default)]
@@ -149,6 +156,7 @@ impl Model {
                 owner: p.session_id.clone(),
                 epoch: p.epoch,
                 vacant_since: None,
+                settled: false,
             },
         );
         Ok(())
@@ -264,6 +272,18 @@ async fn step(
                 }
             }
         }
+        Op::Settle(i) => {
+            let id = id_name(i);
+            let Some(row) = model.rows.get_mut(&id).filter(|r| !r.owner.is_empty()) else {
+                return Ok(());
+            };
+            let settled = store
+                .settle(InstanceKey::new(NS, &id), &row.owner, row.epoch)
+                .await
+                .expect("settle");
+            prop_assert!(settled, "{} settling {}", row.owner, id);
+            row.settled = true;
+        }
         Op::Release(i, n) => {
             let Some(s) = model.session(n) else {
                 return Ok(());
@@ -275,8 +295,10 @@ async fn step(
                 .expect("release");
             let owns = model.rows.get(&id).is_some_and(|r| r.owner == s);
             prop_assert_eq!(released, owns, "{} releasing {}", s, id);
-            if let Some(row) = model.rows.get_mut(&id).filter(|_| owns) {
-                row.owner.clear();
+            match model.rows.get_mut(&id).filter(|_| owns) {
+                Some(row) if row.settled => row.owner.clear(),
+                Some(_) => drop(model.rows.remove(&id)),
+                None => {}
             }
         }
         Op::Reclaim(i, n, prev) => {

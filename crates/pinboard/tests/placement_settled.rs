@@ -2,7 +2,10 @@
 //! `127.0.0.1:6379`): a row reports `settled` only once its owner answered
 //! at its current epoch, a re-placement unsettles it, and a stale settle
 //! (another owner or epoch) changes nothing. Orphans show as not live, and
-//! both orphans and unsettled rows are the sweeper's wake candidates.
+//! both orphans and unsettled rows are the sweeper's wake candidates. A
+//! release keeps a settled row for its grace and deletes one never settled
+//! at once; every later claim or reclaim, of any id, mints above the
+//! deleted row's epoch.
 
 mod support;
 
@@ -163,9 +166,113 @@ async fn wake<S: PlacementStore>(store: &S) -> Vec<String> {
         .collect()
 }
 
+/// The release contract (see the module doc); `rows` counts the
+/// placement rows the store holds, in their grace or not.
+async fn release_contract<S: PlacementStore, F: std::future::Future<Output = usize>>(
+    store: &S,
+    rows: impl Fn() -> F,
+) {
+    let gen = store
+        .open_generation(&Generation::new("g", 0))
+        .await
+        .expect("generation");
+    store
+        .put_worker(&rec("s1"), 60_000, at(0))
+        .await
+        .expect("put");
+    let key = |id| InstanceKey::new("/c", id);
+    let claim_at = |id, floor| {
+        let gen = &gen;
+        async move {
+            match store
+                .resolve_or_claim(key(id), Some("s1"), None, floor, gen, at(0))
+                .await
+                .expect("claim")
+            {
+                ClaimOutcome::Claimed(p) => p.epoch,
+                other => panic!("expected a claim, got {other:?}"),
+            }
+        }
+    };
+    // Served, then released: kept (with its epoch) for the grace.
+    let served = claim_at("served", 1000).await;
+    assert!(store
+        .settle(key("served"), "s1", served)
+        .await
+        .expect("settle"));
+    assert!(store
+        .release(key("served"), "s1", Some(served))
+        .await
+        .expect("release"));
+    assert_eq!(rows().await, 1, "a served row keeps its grace");
+    // Never served (a refused or denied claim): gone at once.
+    let denied = claim_at("denied", 5000).await;
+    assert_eq!(rows().await, 2);
+    assert!(!store
+        .release(key("denied"), "s1", Some(denied + 1))
+        .await
+        .expect("release"));
+    assert!(store
+        .release(key("denied"), "s1", Some(denied))
+        .await
+        .expect("release"));
+    assert_eq!(rows().await, 1, "the row never settled is deleted");
+    assert!(store
+        .placement(key("denied"), at(0))
+        .await
+        .expect("read")
+        .is_none());
+    // No epoch is handed out twice, though no row remembers it.
+    assert_eq!(claim_at("denied", 1000).await, denied + 1);
+    assert!(claim_at("fresh", 1000).await > denied);
+    let reclaimed = match store
+        .reclaim(key("other"), "s1", None, 1000, at(0))
+        .await
+        .expect("reclaim")
+    {
+        pinboard::placement::ReclaimOutcome::Reclaimed(p) => p.epoch,
+        other => panic!("expected a reclaim, got {other:?}"),
+    };
+    assert!(reclaimed > denied, "{reclaimed} after {denied}");
+}
+
 #[tokio::test]
 async fn memory_store_settles_at_the_current_owner_and_epoch_only() {
     settled_contract(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn memory_store_deletes_a_row_never_settled_at_its_release() {
+    let store = MemoryStore::new();
+    let count = &store;
+    release_contract(&store, move || async move { count.rows() }).await;
+}
+
+#[tokio::test]
+async fn redis_store_deletes_a_row_never_settled_at_its_release() {
+    let prefix = support::redis_prefix("release");
+    let store = RedisStore::connect("redis://127.0.0.1:6379/0", &prefix)
+        .await
+        .expect("redis on 127.0.0.1:6379");
+    let pattern = format!("{prefix}p:*");
+    release_contract(&store, || {
+        let pattern = pattern.clone();
+        async move {
+            let mut conn = redis::Client::open(test_support::SHARED_REDIS)
+                .expect("redis url")
+                .get_multiplexed_async_connection()
+                .await
+                .expect("redis");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(&pattern)
+                .query_async(&mut conn)
+                .await
+                .expect("keys");
+            keys.len()
+        }
+    })
+    .await;
+    support::redis_wipe(&prefix).await;
 }
 
 #[tokio::test]

@@ -353,7 +353,7 @@ impl PlacementStore for MemoryStore {
         let epoch = if from_prev {
             epoch
         } else {
-            next_epoch(epoch, floor)
+            next_epoch(epoch.max(st.dropped), floor)
         };
         let row = st.rows.entry(key).or_default();
         row.owner = session_id.to_owned();

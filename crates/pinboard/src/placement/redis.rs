@@ -160,8 +160,9 @@ end
 return out
 "#;
 
-// KEYS: placement row, new session's owner index, the unsettled set.
-// ARGV: new sid, prev sid, floor, worker prefix, row name, owner index prefix.
+// KEYS: placement row, new session's owner index, the unsettled set, the
+// dropped mark. ARGV: new sid, prev sid, floor, worker prefix, row name,
+// owner index prefix.
 const RECLAIM: &str = r#"
 local owner = redis.call('HGET', KEYS[1], 's') or ''
 local epoch = tonumber(redis.call('HGET', KEYS[1], 'e') or '0')
@@ -174,7 +175,10 @@ local from_prev = owner ~= '' and owner == ARGV[2]
 if owner ~= '' and not from_prev and redis.call('EXISTS', ARGV[4] .. owner) == 1 then
   return {'duplicate'}
 end
-if not from_prev then epoch = math.max(epoch + 1, tonumber(ARGV[3])) end
+if not from_prev then
+  local dropped = tonumber(redis.call('GET', KEYS[4]) or '0')
+  epoch = math.max(epoch + 1, tonumber(ARGV[3]), dropped + 1)
+end
 local e = string.format('%.0f', epoch)
 if owner ~= '' then redis.call('SREM', ARGV[6] .. owner, ARGV[5]) end
 redis.call('HSET', KEYS[1], 's', ARGV[1], 'e', e)
@@ -863,6 +867,7 @@ impl PlacementStore for RedisStore {
                     .key(self.key("p:", &name))
                     .key(self.key("o:", session_id))
                     .key(self.key("unsettled", ""))
+                    .key(self.key("dropped", ""))
                     .arg(session_id)
                     .arg(prev_session.unwrap_or(""))
                     .arg(floor)
