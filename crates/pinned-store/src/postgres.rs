@@ -8,7 +8,6 @@
 //! failing), and never return a connection with an open transaction to the pool.
 
 use std::collections::HashSet;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +17,14 @@ use deadpool_postgres::{
 };
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
 mod begin;
+mod connection;
 mod group_commit;
+mod tls;
+
+pub use self::connection::{ConnectionString, SslMode};
 
 use self::begin::{Begin, LZ4_OFFERED};
 use self::group_commit::{GroupCommit, Landed, Write};
@@ -288,25 +291,43 @@ struct Checkout {
 // === impl PostgresStore ===
 
 impl PostgresStore {
-    /// Builds the store for `url` (`postgresql://user@host:port/db`) without dialling;
-    /// connections are opened on first use. Call [`setup`](Self::setup) once before use
-    /// (or use [`open`](Self::open)). TLS is not supported yet (`NoTls`).
+    /// Builds the store for `url` without dialling; connections are opened on first
+    /// use. Call [`setup`](Self::setup) once before use (or use [`open`](Self::open)).
+    ///
+    /// `url` is a connection string as libpq reads it ([`ConnectionString`]): a URL
+    /// (`postgresql://user@host:port/db?sslmode=verify-full&sslrootcert=/etc/ca.pem`)
+    /// or `key=value` pairs (`host=db user=app sslmode=require`). TLS is rustls;
+    /// without `sslmode` it is libpq's `prefer`.
     ///
     /// # Errors
     ///
-    /// [`StoreError::Setup`] for a malformed URL or options.
+    /// [`StoreError::ConnectionString`] for a malformed string, an unsupported
+    /// `sslmode` or a missing root certificate; [`StoreError::Setup`] for bad options.
     pub fn connect(url: &str, options: PostgresOptions) -> Result<Self, StoreError> {
+        Self::connect_with(ConnectionString::parse(url)?, options)
+    }
+
+    /// [`connect`](Self::connect) with a string already read.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Setup`] for bad options.
+    pub fn connect_with(
+        mut target: ConnectionString,
+        options: PostgresOptions,
+    ) -> Result<Self, StoreError> {
         let setup = |source: crate::error::BoxError| StoreError::Setup { source };
         if options.pool_size == 0 {
             return Err(setup("pool_size must be at least 1".into()));
         }
-        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| setup(e.into()))?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(options.connect_timeout);
+        if target.config().get_connect_timeout().is_none() {
+            target.config_mut().connect_timeout(options.connect_timeout);
         }
+        let tls = target.tls();
+        let config = target.config().clone();
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls,
             ManagerConfig {
                 // Check liveness (is the socket still open) on checkout, nothing more.
                 recycling_method: RecyclingMethod::Fast,
@@ -727,6 +748,10 @@ fn pool_error(err: PoolError) -> StoreError {
         PoolError::Closed => StoreError::Closed,
         PoolError::NoRuntimeSpecified => StoreError::Setup {
             source: err.to_string().into(),
+        },
+        // The driver's own error, without the pool's "while creating a new object".
+        PoolError::Backend(source) => StoreError::Unavailable {
+            source: Box::new(source),
         },
         other => StoreError::Unavailable {
             source: Box::new(other),
