@@ -94,5 +94,6 @@ pub use postgres::{
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, SyncMode};
 pub use store::{
-    BatchOp, Doc, DueAlarm, StateStore, Tray, TrayRow, ALARM_TRAY, ALARM_TRAY_ID, ALARM_TRAY_NS,
+    BatchOp, Doc, DueAlarm, MarkedInstance, StateStore, Tray, TrayRow, WorldStamp, ALARM_TRAY,
+    ALARM_TRAY_ID, ALARM_TRAY_NS,
 };

@@ -32,7 +32,8 @@ use crate::error::postgres_transient;
 use crate::locks::InstanceLocks;
 use crate::store::{check_epoch, sql_limit};
 use crate::{
-    BatchOp, Doc, DocText, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow,
+    BatchOp, Doc, DocText, DueAlarm, InstanceKey, MarkedInstance, StateStore, StoreError, Tray,
+    TrayKey, TrayRow, WorldStamp,
 };
 
 /// Default number of pooled connections.
@@ -86,18 +87,22 @@ AND ($4::boolean IS NULL OR marked = $4) ORDER BY tray_ns COLLATE \"C\", tray_id
 /// Due alarm rows (`StateStore::due_alarms`). The `CASE`s make sure only JSON numbers are
 /// cast, whatever order the planner evaluates the conditions in; `at` must then be an
 /// integer within `bigint`. No index serves it: a scan of the alarm rows.
-const DUE_ALARMS: &str = "SELECT ns, id, at::bigint, nonce FROM (\
-SELECT ns, id, \
+const DUE_ALARMS: &str = "SELECT ns, id, at::bigint, nonce, hostname, env FROM (\
+SELECT ns, id, hostname, env, \
 CASE WHEN jsonb_typeof(doc->'at') = 'number' THEN (doc->>'at')::numeric END AS at, \
 CASE WHEN jsonb_typeof(doc->'nonce') = 'string' THEN doc->>'nonce' END AS nonce \
 FROM pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm') AS alarms \
 WHERE at <= $1::bigint AND at >= -9223372036854775808 AND at = trunc(at) \
 ORDER BY at, ns COLLATE \"C\", id COLLATE \"C\" LIMIT $2::bigint";
-/// Distinct instances with a marked row (`StateStore::marked_instances`), byte-ordered.
-const MARKED_INSTANCES: &str = "SELECT ns, id FROM pinned_tray_index \
+/// Distinct instances with a marked row (`StateStore::marked_instances`), byte-ordered,
+/// each with the world of one of its marked rows: one naming a hostname before `'*'`,
+/// then the smallest `(hostname, env)`.
+const MARKED_INSTANCES: &str = "SELECT DISTINCT ON (ns COLLATE \"C\", id COLLATE \"C\") \
+ns, id, hostname, env FROM pinned_tray_index \
 WHERE marked AND ($1::text IS NULL OR ns COLLATE \"C\" > $1::text \
 OR (ns = $1::text AND id COLLATE \"C\" > $2::text)) \
-GROUP BY ns, id ORDER BY ns COLLATE \"C\", id COLLATE \"C\" LIMIT $3::bigint";
+ORDER BY ns COLLATE \"C\", id COLLATE \"C\", hostname = '*', hostname COLLATE \"C\", \
+env COLLATE \"C\" LIMIT $3::bigint";
 
 /// Settings of a [`PostgresStore`]; every default is one of this module's constants.
 #[derive(Debug, Clone)]
@@ -924,6 +929,10 @@ impl StateStore for PostgresStore {
                     id: row.try_get(1)?,
                     at: row.try_get(2)?,
                     nonce: row.try_get(3)?,
+                    world: WorldStamp::new(
+                        row.try_get::<_, String>(4)?,
+                        row.try_get::<_, String>(5)?,
+                    ),
                 })
             })
             .collect()
@@ -933,13 +942,22 @@ impl StateStore for PostgresStore {
         &self,
         after: Option<(&str, &str)>,
         limit: usize,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<MarkedInstance>, StoreError> {
         let (after_ns, after_id) = after.unzip();
         let rows = self
             .scan(MARKED_INSTANCES, &[&after_ns, &after_id, &sql_limit(limit)])
             .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .map(|row| {
+                Ok(MarkedInstance {
+                    ns: row.try_get(0)?,
+                    id: row.try_get(1)?,
+                    world: WorldStamp::new(
+                        row.try_get::<_, String>(2)?,
+                        row.try_get::<_, String>(3)?,
+                    ),
+                })
+            })
             .collect()
     }
 }
