@@ -47,7 +47,7 @@
 //! - **Each call** resolves the id like the proxy (cached route, else the
 //!   live owner, else a new placement on a live undrained host of the
 //!   namespace, subject to the cold-start quarantine) in the world that wrote
-//!   the row ([`scope_of`]: its `hostname`/`env` stamps; `*` is any world, a
+//!   the row (`scope_of`: its `hostname`/`env` stamps; `*` is any world, a
 //!   hostname without env any env of it; placement rows name none), then posts an empty
 //!   body with `Pinboard-Attestation` (minted with the owner's secret,
 //!   `aud` = its session, like the proxy's) and `Pinboard-Epoch`, plus
