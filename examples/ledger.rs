@@ -10,7 +10,6 @@
 //! curl localhost:8080/account/ada/balance
 //! ```
 
-use std::str::FromStr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -19,6 +18,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use pinned::pinned_store::ConnectionString;
 use pinned::{BoxError, Call, Context, Object, Options, Routes, State, This};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -81,12 +81,14 @@ impl Object for Account {
     }
 }
 
+/// A pool for `url`, read as libpq reads it (`?sslmode=verify-full&sslrootcert=…`
+/// for a managed database): the same TLS the state store speaks.
 fn pool(url: &str) -> Result<Pool, BoxError> {
-    let mut config = tokio_postgres::Config::from_str(url)?;
-    config.connect_timeout(Duration::from_secs(5));
+    let mut target = ConnectionString::parse(url)?;
+    target.config_mut().connect_timeout(Duration::from_secs(5));
     let manager = Manager::from_config(
-        config,
-        tokio_postgres::NoTls,
+        target.config().clone(),
+        target.tls(),
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

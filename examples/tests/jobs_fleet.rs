@@ -67,8 +67,8 @@ async fn marked(store: &PostgresStore, prefix: &str) -> anyhow::Result<Vec<Strin
         .await?;
     Ok(rows
         .into_iter()
-        .filter(|(ns, id)| ns == "/runners" && id.starts_with(prefix))
-        .map(|(_, id)| id)
+        .filter(|m| m.ns == "/runners" && m.id.starts_with(prefix))
+        .map(|m| m.id)
         .collect())
 }
 

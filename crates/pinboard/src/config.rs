@@ -161,8 +161,9 @@ pub struct Config {
     #[arg(long, env = "PINBOARD_ROUTE_CACHE_CAPACITY", default_value_t = DEFAULT_ROUTE_CACHE_CAPACITY)]
     pub route_cache_capacity: usize,
 
-    /// Postgres URL of the workers' state store; enables the alarm and
-    /// durable-wake sweeper (`postgresql://user@host:port/db`).
+    /// Postgres connection string of the workers' state store; enables the
+    /// alarm and durable-wake sweeper (`postgresql://user@host:port/db`, libpq
+    /// `sslmode`/`sslrootcert` included, or `key=value` pairs).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 

@@ -13,12 +13,11 @@
 //! Cost: one read before every new placement and one write after it (a
 //! warm route never reaches here).
 
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use pinned_store::ConnectionString;
 
 use crate::clock::{BoxFuture, DurableMark, MarkError};
 
@@ -45,20 +44,21 @@ impl std::fmt::Debug for PostgresMark {
 }
 
 impl PostgresMark {
-    /// A mark in the database at `url`; nothing connects until first use.
+    /// A mark in the database at `url` (a connection string as libpq reads it,
+    /// TLS included: the same one the sweeper and the workers use); nothing
+    /// connects until first use.
     ///
     /// # Errors
     ///
-    /// [`MarkError`] for a malformed URL.
+    /// [`MarkError`] for a malformed URL or an unsupported `sslmode`.
     pub fn connect(url: &str) -> Result<Self, MarkError> {
-        let mut config =
-            tokio_postgres::Config::from_str(url).map_err(|e| MarkError(e.to_string()))?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(CONNECT_TIMEOUT);
+        let mut target = ConnectionString::parse(url).map_err(|e| MarkError(e.to_string()))?;
+        if target.config().get_connect_timeout().is_none() {
+            target.config_mut().connect_timeout(CONNECT_TIMEOUT);
         }
         let manager = Manager::from_config(
-            config,
-            NoTls,
+            target.config().clone(),
+            target.tls(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },

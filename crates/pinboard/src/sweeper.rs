@@ -46,7 +46,9 @@
 //!   per lap, and a lap posts nothing twice.
 //! - **Each call** resolves the id like the proxy (cached route, else the
 //!   live owner, else a new placement on a live undrained host of the
-//!   namespace, subject to the cold-start quarantine), then posts an empty
+//!   namespace, subject to the cold-start quarantine) in the world that wrote
+//!   the row (`scope_of`: its `hostname`/`env` stamps; `*` is any world, a
+//!   hostname without env any env of it; placement rows name none), then posts an empty
 //!   body with `Pinboard-Attestation` (minted with the owner's secret,
 //!   `aud` = its session, like the proxy's) and `Pinboard-Epoch`, plus
 //!   `Pinboard-Proxy-Secret` on `_alarm` only (the JS document requires it).
@@ -91,7 +93,9 @@ use http::{Method, Request, StatusCode, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
-use pinned_store::{DueAlarm, PostgresOptions, PostgresStore, StateStore};
+use pinned_store::{
+    DueAlarm, MarkedInstance, PostgresOptions, PostgresStore, StateStore, WorldStamp,
+};
 use pinned_wire::headers::{ATTESTATION, EPOCH, PROXY_SECRET, REFUSAL};
 use pinned_wire::ids::{validate_id, validate_namespace};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
@@ -109,7 +113,7 @@ use crate::proxy::classify::RetryAction;
 use crate::proxy::resolve::{Avoid, ResolveError};
 use crate::proxy::{upstream_uri, MAX_REFUSAL_BODY};
 use crate::server::App;
-use crate::world::Scope;
+use crate::world::{Scope, World};
 
 /// Longest one `_alarm` / `_wake` call may take (the alarm handler runs
 /// inside it). Inferred: generous, so slow handlers are not cut off, yet a
@@ -152,7 +156,8 @@ pub trait Activities: Send + Sync + 'static {
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<DueAlarm>, pinned_store::StoreError>>;
 
-    /// Up to `limit` `(ns, id)` with marked rows, after `after`, in order.
+    /// Up to `limit` `(ns, id)` with marked rows (and the world that wrote
+    /// them), after `after`, in order.
     ///
     /// # Errors
     ///
@@ -161,7 +166,7 @@ pub trait Activities: Send + Sync + 'static {
         &'a self,
         after: Option<(&'a str, &'a str)>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, pinned_store::StoreError>>;
+    ) -> BoxFuture<'a, Result<Vec<MarkedInstance>, pinned_store::StoreError>>;
 }
 
 /// [`Activities`] read from a [`StateStore`] (Postgres in production).
@@ -181,7 +186,7 @@ impl Activities for StateActivities {
         &'a self,
         after: Option<(&'a str, &'a str)>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, pinned_store::StoreError>> {
+    ) -> BoxFuture<'a, Result<Vec<MarkedInstance>, pinned_store::StoreError>> {
         self.0.marked_instances(after, limit)
     }
 }
@@ -378,7 +383,9 @@ impl<S: PlacementStore> Sweeper<S> {
                 id,
             })
             .collect();
-        self.dispatch(keys, calls);
+        // A placement row does not say which world wrote the id's state.
+        let worlds = vec![WorldStamp::any(); keys.len()];
+        self.dispatch(keys, worlds, calls);
     }
 
     /// Renew or take the lease; whether this node holds it now.
@@ -435,14 +442,17 @@ impl<S: PlacementStore> Sweeper<S> {
             }
         };
         let complete = rows.len() < fetch;
-        let keys: Vec<Key> = rows
+        let (keys, worlds): (Vec<Key>, Vec<WorldStamp>) = rows
             .into_iter()
-            .map(|r| Key {
-                call: Call::Alarm,
-                ns: r.ns,
-                id: r.id,
+            .map(|r| {
+                let key = Key {
+                    call: Call::Alarm,
+                    ns: r.ns,
+                    id: r.id,
+                };
+                (key, r.world)
             })
-            .collect();
+            .unzip();
         if complete {
             // Every due alarm is in `keys`: plans for other alarm rows are moot.
             self.shared
@@ -450,7 +460,7 @@ impl<S: PlacementStore> Sweeper<S> {
                 .lock()
                 .retain_replans(|k| k.call != Call::Alarm || keys.contains(k));
         }
-        self.dispatch(keys, calls);
+        self.dispatch(keys, worlds, calls);
     }
 
     async fn sweep_marked(&mut self, calls: &mut Vec<JoinHandle<()>>) {
@@ -469,29 +479,33 @@ impl<S: PlacementStore> Sweeper<S> {
         self.cursor = if page.len() < limit {
             None
         } else {
-            page.last().cloned()
+            page.last().map(|m| (m.ns.clone(), m.id.clone()))
         };
-        let keys: Vec<Key> = page
+        let (keys, worlds): (Vec<Key>, Vec<WorldStamp>) = page
             .into_iter()
-            .map(|(ns, id)| Key {
-                call: Call::Wake,
-                ns,
-                id,
+            .map(|m| {
+                let key = Key {
+                    call: Call::Wake,
+                    ns: m.ns,
+                    id: m.id,
+                };
+                (key, m.world)
             })
-            .collect();
+            .unzip();
         if from_start && self.cursor.is_none() {
             self.shared
                 .ledger
                 .lock()
                 .retain_replans(|k| k.call != Call::Wake || keys.contains(k));
         }
-        self.dispatch(keys, calls);
+        self.dispatch(keys, worlds, calls);
     }
 
-    /// Start calls for `keys`, in order, within the limits.
-    fn dispatch(&self, keys: Vec<Key>, calls: &mut Vec<JoinHandle<()>>) {
+    /// Start calls for `keys` (each to be placed in the world beside it),
+    /// in order, within the limits.
+    fn dispatch(&self, keys: Vec<Key>, worlds: Vec<WorldStamp>, calls: &mut Vec<JoinHandle<()>>) {
         let mut started = 0;
-        for key in keys {
+        for (key, world) in keys.into_iter().zip(worlds) {
             if started >= self.settings.limit {
                 break;
             }
@@ -516,7 +530,7 @@ impl<S: PlacementStore> Sweeper<S> {
                 replan: None,
                 _permit: permit,
             };
-            calls.push(tokio::spawn(deliver(guard, replan)));
+            calls.push(tokio::spawn(deliver(guard, replan, world)));
         }
     }
 }
@@ -561,13 +575,17 @@ enum Attempt {
     },
 }
 
-async fn deliver<S: PlacementStore>(mut guard: InFlight<S>, replan: Option<Replan>) {
+async fn deliver<S: PlacementStore>(
+    mut guard: InFlight<S>,
+    replan: Option<Replan>,
+    world: WorldStamp,
+) {
     let shared = guard.shared.clone();
     let key = &guard.key;
     let metrics = &shared.app.metrics;
     let (ns, id, call) = (key.ns.as_str(), key.id.as_str(), key.call.name());
     let cache_key = format!("{ns}/{id}");
-    let next = match attempt(&shared, key, &cache_key, replan).await {
+    let next = match attempt(&shared, key, &cache_key, replan, &world).await {
         Attempt::Unresolved(error) => {
             metrics.sweep_failures.inc();
             match &error {
@@ -667,13 +685,30 @@ async fn deliver<S: PlacementStore>(mut guard: InFlight<S>, replan: Option<Repla
     guard.replan = next;
 }
 
-/// Resolve `key` like the proxy (applying the plan a previous answer left),
-/// then post the call and classify the answer.
+/// The workers that may take an id whose row `world` wrote: the world it
+/// names, or any worker of the namespace when it names none (`*`: a
+/// single-world fleet, or a writer whose store was not told its world). A
+/// hostname without an environment is every environment of that hostname.
+fn scope_of(world: &WorldStamp) -> Scope<'_> {
+    match (world.hostname(), world.env()) {
+        (None, _) => Scope::Any,
+        (Some(hostname), None) => Scope::Hostname(hostname),
+        (Some(hostname), Some(env)) => Scope::World(World {
+            hostname: Some(hostname),
+            env: Some(env),
+        }),
+    }
+}
+
+/// Resolve `key` like the proxy (applying the plan a previous answer left)
+/// in the world that wrote its row, then post the call and classify the
+/// answer.
 async fn attempt<S: PlacementStore>(
     shared: &Shared<S>,
     key: &Key,
     cache_key: &str,
     replan: Option<Replan>,
+    world: &WorldStamp,
 ) -> Attempt {
     let app = &shared.app;
     let mut exclude = shared.ledger.lock().unsupported_sessions(key.call);
@@ -697,9 +732,7 @@ async fn attempt<S: PlacementStore>(
     };
     let route = match app
         .directory
-        // A state-store row does not say which world placed its id: the
-        // sweeper places anywhere the namespace is hosted.
-        .resolve(cache_key, &key.ns, &key.id, Scope::Any, avoid)
+        .resolve(cache_key, &key.ns, &key.id, scope_of(world), avoid)
         .await
     {
         Ok(route) => route,

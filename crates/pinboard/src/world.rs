@@ -53,8 +53,12 @@ pub enum Scope<'a> {
     /// Only workers serving the namespace in this world; an id owned in
     /// another world is refused.
     World(World<'a>),
-    /// Any worker hosting the namespace (the sweeper: a state-store row does
-    /// not say which world placed it).
+    /// Only workers registered under this hostname, whatever their
+    /// environment (the sweeper, for a row stamped with a hostname and no
+    /// environment).
+    Hostname(&'a str),
+    /// Any worker hosting the namespace (the sweeper, for a row that names
+    /// no world).
     Any,
 }
 
@@ -214,6 +218,10 @@ impl Scope<'_> {
     pub fn admits(&self, record: &WorkerRecord, ns: &str) -> bool {
         match self {
             Scope::World(w) => w.served_by(record, ns),
+            Scope::Hostname(h) => record
+                .hostname
+                .as_deref()
+                .is_some_and(|own| own.eq_ignore_ascii_case(h)),
             Scope::Any => true,
         }
     }
@@ -325,6 +333,15 @@ mod tests {
         );
         assert!(!w.served_by(&mixed, "/a"));
         assert!(w.served_by(&mixed, "/b"));
+    }
+
+    #[test]
+    fn a_hostname_scope_admits_every_env_of_its_hostname_only() {
+        let scope = Scope::Hostname("Shop.Test");
+        assert!(scope.admits(&record(Some("shop.test"), None, &[]), "/a"));
+        assert!(scope.admits(&record(Some("shop.test"), Some("staging"), &[]), "/a"));
+        assert!(!scope.admits(&record(Some("other.test"), None, &[]), "/a"));
+        assert!(!scope.admits(&record(None, None, &[]), "/a"));
     }
 
     #[test]

@@ -77,7 +77,7 @@ impl Activities for Nothing {
         &'a self,
         _after: Option<(&'a str, &'a str)>,
         _limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, pinned_store::StoreError>> {
+    ) -> BoxFuture<'a, Result<Vec<pinned_store::MarkedInstance>, pinned_store::StoreError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
 }

@@ -7,11 +7,12 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use pinned_store::{InstanceKey, StateStore, TrayKey};
+use pinned_store::{InstanceKey, PostgresOptions, PostgresStore, StateStore, TrayKey};
 use serde_json::{json, Value};
-use support::durable::{durable, store, unique_ns, Durable, DATABASE_URL};
+use support::durable::{durable, durable_in, store, unique_ns, Durable, DATABASE_URL};
 use support::{client, eventually, pinboard, redis_prefix, redis_wipe};
 use tokio::time::Instant;
 
@@ -188,6 +189,73 @@ async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() 
     more_laps(&[&pb.url], 4).await;
     assert_eq!(f.calls_to("/_wake").len(), settled, "woken after unmarking");
     assert!(f.calls_to("/_alarm").is_empty());
+}
+
+/// Two worlds serve one namespace: the hostless one and `shop.test`. Rows a
+/// `shop.test` worker wrote (its store stamps `hostname`) are woken, and
+/// their alarms fired, on the `shop.test` worker only; with eight ids and a
+/// worker of each world as candidates, a sweeper placing in any world sends
+/// some to the hostless one (all eight land right by chance once in 256).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_a_hostname_world_are_woken_in_that_world_only() {
+    let ns = unique_ns("worlds");
+    let plain = store().await;
+    let shop_store = Arc::new(
+        PostgresStore::open(
+            DATABASE_URL,
+            PostgresOptions {
+                hostname: "shop.test".into(),
+                ..PostgresOptions::default()
+            },
+        )
+        .await
+        .expect("postgres"),
+    );
+    let pb = pinboard()
+        .args(&sweeper_args(&INTERVAL_MS.to_string()))
+        .start();
+    let (hostless, _) = durable_in(&pb.url, &ns, plain.clone(), None).await;
+    let (shop, _) = durable_in(&pb.url, &ns, shop_store.clone(), Some("shop.test")).await;
+
+    let ids: Vec<String> = (0..8).map(|i| format!("s{i}")).collect();
+    for id in &ids {
+        shop_store
+            .set_tray(
+                InstanceKey::new(&ns, id),
+                TrayKey::singleton("inbox"),
+                true,
+                doc(json!({"~inbox": [1]})),
+                0,
+            )
+            .await
+            .expect("set marked");
+    }
+    set_due_alarm(shop_store.as_ref(), &ns, "s0").await;
+    eventually(
+        "every marked id woken on the shop.test worker",
+        Duration::from_secs(10),
+        || async {
+            let woken: std::collections::BTreeSet<String> = shop
+                .calls_to("/_wake")
+                .iter()
+                .map(|c| c.path.clone())
+                .collect();
+            (woken.len() == ids.len()).then_some(())
+        },
+    )
+    .await;
+    wait_calls(&shop, "/_alarm", 1, Duration::from_secs(5)).await;
+    more_laps(&[&pb.url], 2).await;
+    let strays: Vec<String> = hostless
+        .calls
+        .lock()
+        .iter()
+        .map(|c| c.path.clone())
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "rows of shop.test reached the hostless world: {strays:?}"
+    );
 }
 
 /// Waits until the nodes at `urls` ran `n` more sweeper laps between them

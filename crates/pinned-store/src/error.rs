@@ -49,7 +49,7 @@ pub enum StoreError {
     /// committed. Retryable when the cause is transient (connection loss, lock or
     /// statement timeout, serialization failure, server shutting down).
     #[cfg(feature = "postgres")]
-    #[error("postgres: {source}")]
+    #[error("postgres: {}", Causes(source))]
     Postgres {
         /// The driver's error (carries the SQLSTATE when the server sent one).
         #[source]
@@ -58,7 +58,7 @@ pub enum StoreError {
 
     /// No connection could be had: dialling a fresh connection failed or the pool is
     /// unusable. Nothing ran; the database may come back.
-    #[error("postgres unavailable: {source}")]
+    #[error("postgres unavailable: {}", Causes(&**source))]
     Unavailable {
         /// Why the connection could not be had.
         #[source]
@@ -114,6 +114,13 @@ pub enum StoreError {
         source: BoxError,
     },
 
+    /// A Postgres connection string could not be read, or asks for TLS this store
+    /// cannot give (an unsupported `sslmode`, a missing root certificate). Nothing was
+    /// dialled.
+    #[cfg(feature = "postgres")]
+    #[error(transparent)]
+    ConnectionString(#[from] ConnectionStringError),
+
     /// The configured location names a backend this build of pinned-store was compiled
     /// without (its Cargo feature is off); nothing was opened.
     #[error("this build of pinned-store has no {backend} backend; enable the `{backend}` feature")]
@@ -121,6 +128,28 @@ pub enum StoreError {
         /// The backend, which is also its feature's name: `"sqlite"` or `"postgres"`.
         backend: &'static str,
     },
+}
+
+/// An error and its causes, `: `-separated: the drivers keep the reason in `source()`
+/// (tokio-postgres shows "error performing TLS handshake", its cause the certificate
+/// rustls refused). A cause whose text its parent already shows is not repeated.
+struct Causes<'a>(&'a (dyn StdError + 'static));
+
+impl fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            if !shown.contains(&text) {
+                write!(f, ": {text}")?;
+                shown = text;
+            }
+            next = cause.source();
+        }
+        Ok(())
+    }
 }
 
 // === impl StoreError ===
@@ -161,8 +190,109 @@ impl StoreError {
             | StoreError::Closed
             | StoreError::Setup { .. }
             | StoreError::BackendNotBuilt { .. } => false,
+            #[cfg(feature = "postgres")]
+            StoreError::ConnectionString(_) => false,
         }
     }
+}
+
+/// Why a Postgres connection string was refused ([`ConnectionString::parse`]): it
+/// is malformed, or asks for TLS this store cannot give.
+///
+/// [`ConnectionString::parse`]: crate::ConnectionString::parse
+#[cfg(feature = "postgres")]
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectionStringError {
+    /// tokio-postgres refused the string (an unknown keyword, a bad port, ...).
+    #[error("malformed postgres connection string: {source}")]
+    Malformed {
+        /// The driver's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// A `key=value` string that does not parse (libpq's rules: `key = value`
+    /// pairs, values optionally in single quotes with backslash escapes).
+    #[error("malformed postgres connection string: {detail}")]
+    Syntax {
+        /// What is wrong, and where.
+        detail: String,
+    },
+    /// `sslmode` is not one this store supports. libpq's `allow` (plain first, TLS
+    /// only if the server insists) is refused: tokio-postgres cannot fall back that
+    /// way.
+    #[error(
+        "unsupported sslmode {mode:?}: use disable, prefer, require, verify-ca or verify-full"
+    )]
+    UnsupportedSslMode {
+        /// The refused value.
+        mode: String,
+    },
+    /// A libpq TLS keyword this store does not support (client certificates,
+    /// revocation lists, key passwords, protocol bounds).
+    #[error("unsupported postgres connection option {key:?}: {why}")]
+    UnsupportedOption {
+        /// The keyword.
+        key: String,
+        /// Why, and what to do instead.
+        why: &'static str,
+    },
+    /// A keyword with a value it cannot take (`sslsni=maybe`).
+    #[error("invalid value {value:?} for postgres connection option {key:?}")]
+    InvalidValue {
+        /// The keyword.
+        key: &'static str,
+        /// The refused value.
+        value: String,
+    },
+    /// Two settings that contradict each other, as libpq refuses them
+    /// (`sslrootcert=system` with a mode weaker than `verify-full`).
+    #[error("{0}")]
+    Conflict(&'static str),
+    /// `verify-ca`/`verify-full` without a root certificate: no `sslrootcert`, and
+    /// libpq's default file (`~/.postgresql/root.crt`) is absent.
+    #[error(
+        "sslmode={mode} needs the CA that signed the server's certificate: set \
+         sslrootcert=<PEM file> (or sslrootcert=system for the Mozilla roots); \
+         the default {default} does not exist"
+    )]
+    MissingRootCert {
+        /// The mode asked for.
+        mode: &'static str,
+        /// libpq's default file, as looked for.
+        default: String,
+    },
+    /// The `sslrootcert` file could not be read or parsed as PEM.
+    #[error("sslrootcert {}: {source}", path.display())]
+    RootCertUnreadable {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The reader's or parser's error.
+        #[source]
+        source: rustls::pki_types::pem::Error,
+    },
+    /// The `sslrootcert` file holds no certificate.
+    #[error("sslrootcert {}: no CERTIFICATE block in the file", path.display())]
+    RootCertEmpty {
+        /// The file.
+        path: std::path::PathBuf,
+    },
+    /// A certificate of the `sslrootcert` file is not a usable trust anchor.
+    #[error("sslrootcert {}: {source}", path.display())]
+    RootCertRefused {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why rustls refused it.
+        #[source]
+        source: rustls::Error,
+    },
+    /// rustls could not build the client configuration.
+    #[error("postgres TLS configuration: {source}")]
+    Tls {
+        /// rustls' error.
+        #[source]
+        source: rustls::Error,
+    },
 }
 
 #[cfg(feature = "sqlite")]

@@ -10,7 +10,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::{BatchOp, Doc, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow};
+use crate::{
+    BatchOp, Doc, DueAlarm, InstanceKey, MarkedInstance, StateStore, StoreError, Tray, TrayKey,
+    TrayRow,
+};
 
 /// Wraps a store and fails its `fail_at`-th write (`set_tray`,
 /// `delete_tray`, `apply_batch` and `delete_instance` count; the first
@@ -138,7 +141,7 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         &self,
         after: Option<(&str, &str)>,
         limit: usize,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<MarkedInstance>, StoreError> {
         self.inner.marked_instances(after, limit).await
     }
 }

@@ -25,7 +25,7 @@
 //! | feature | default | gives |
 //! | --- | --- | --- |
 //! | `sqlite` | yes | `SqliteStore`, `SqliteOptions`, `SyncMode`, `StoreError::Sqlite` |
-//! | `postgres` | no | `PostgresStore`, `PostgresOptions`, its `DEFAULT_*` constants, `StoreError::Postgres` |
+//! | `postgres` | no | `PostgresStore`, `PostgresOptions`, its `DEFAULT_*` constants, `StoreError::Postgres`, `ConnectionString` (libpq strings, TLS through rustls) |
 //! | `test-util` | no | the `conformance` suite (its `PostgresCleanup` needs `postgres` too) |
 //!
 //! A location naming a backend this build lacks is refused by
@@ -79,17 +79,21 @@ mod faults;
 pub use faults::FailingStore;
 
 pub use doc_text::DocText;
+#[cfg(feature = "postgres")]
+pub use error::ConnectionStringError;
 pub use error::{BoxError, StoreError};
 pub use key::{InstanceKey, TrayKey, SINGLETON_TRAY_ID};
 pub use memory::MemoryStore;
 pub use open::StoreConfig;
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    PostgresOptions, PostgresStore, DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
-    DEFAULT_LOCK_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
+    ConnectionString, PostgresOptions, PostgresStore, SslMode, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_POOL_SIZE,
+    DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteOptions, SqliteStore, SyncMode};
 pub use store::{
-    BatchOp, Doc, DueAlarm, StateStore, Tray, TrayRow, ALARM_TRAY, ALARM_TRAY_ID, ALARM_TRAY_NS,
+    BatchOp, Doc, DueAlarm, MarkedInstance, StateStore, Tray, TrayRow, WorldStamp, ALARM_TRAY,
+    ALARM_TRAY_ID, ALARM_TRAY_NS,
 };

@@ -10,7 +10,8 @@ use parking_lot::Mutex;
 
 use crate::store::{alarm_at, alarm_nonce, check_epoch};
 use crate::{
-    BatchOp, Doc, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow, ALARM_TRAY,
+    BatchOp, Doc, DueAlarm, InstanceKey, MarkedInstance, StateStore, StoreError, Tray, TrayKey,
+    TrayRow, WorldStamp, ALARM_TRAY,
 };
 
 /// A `StateStore` held in memory. Cheap to create; every operation completes without
@@ -183,6 +184,7 @@ impl StateStore for MemoryStore {
                         id: id.clone(),
                         at,
                         nonce: alarm_nonce(doc),
+                        world: WorldStamp::any(),
                     })
                 })
                 .collect()
@@ -196,7 +198,7 @@ impl StateStore for MemoryStore {
         &self,
         after: Option<(&str, &str)>,
         limit: usize,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<MarkedInstance>, StoreError> {
         let mut marked: Vec<(String, String)> = {
             let instances = self.instances.lock();
             instances
@@ -211,6 +213,14 @@ impl StateStore for MemoryStore {
         // `String` orders by bytes, as the SQL stores do.
         marked.sort_unstable();
         marked.truncate(limit);
-        Ok(marked)
+        // This store has no world options: every row is the single world's.
+        Ok(marked
+            .into_iter()
+            .map(|(ns, id)| MarkedInstance {
+                ns,
+                id,
+                world: WorldStamp::any(),
+            })
+            .collect())
     }
 }

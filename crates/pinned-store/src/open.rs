@@ -33,7 +33,8 @@ pub enum StoreConfig {
     /// `PostgresStore` at this URL; tables are created on open (feature `postgres`).
     #[cfg(feature = "postgres")]
     Postgres {
-        /// `postgres://…` or `postgresql://…`.
+        /// A connection string as libpq reads it (`postgres://…`, `postgresql://…`, or
+        /// `key=value` pairs; see `ConnectionString`).
         url: String,
         /// Its options.
         options: PostgresOptions,
@@ -43,14 +44,19 @@ pub enum StoreConfig {
 // === impl StoreConfig ===
 
 impl StoreConfig {
-    /// Reads a configured location: `postgres://…`/`postgresql://…` is Postgres,
+    /// Reads a configured location: `postgres://…`/`postgresql://…` or a libpq
+    /// `key=value` string (`host=db dbname=app sslmode=verify-full …`) is Postgres,
     /// `sqlite:PATH` (or `sqlite://PATH`) a SQLite file, `memory:` the memory store, and
     /// no location at all the SQLite file at `default_file`. Options are the defaults.
+    ///
+    /// A Postgres location is read at once (`ConnectionString::parse`), so an
+    /// unsupported `sslmode` or a missing root certificate fails here.
     ///
     /// # Errors
     ///
     /// [`StoreError::BackendNotBuilt`] for a Postgres or SQLite location (including no
     /// location, which means SQLite) when that backend's feature is off;
+    /// `StoreError::ConnectionString` for a Postgres location that does not read;
     /// [`StoreError::Setup`] for a location of any other shape.
     pub fn from_location(
         location: Option<&str>,
@@ -59,7 +65,10 @@ impl StoreConfig {
         let Some(location) = location.map(str::trim).filter(|l| !l.is_empty()) else {
             return Self::sqlite(default_file.into());
         };
-        if location.starts_with("postgres://") || location.starts_with("postgresql://") {
+        if location.starts_with("postgres://")
+            || location.starts_with("postgresql://")
+            || is_key_value(location)
+        {
             return Self::postgres(location);
         }
         if location == "memory:" {
@@ -99,6 +108,7 @@ impl StoreConfig {
     /// Postgres at `url` with default options.
     #[cfg(feature = "postgres")]
     fn postgres(url: &str) -> Result<Self, StoreError> {
+        crate::ConnectionString::parse(url)?;
         Ok(StoreConfig::Postgres {
             url: url.to_owned(),
             options: PostgresOptions::default(),
@@ -131,6 +141,15 @@ impl StoreConfig {
             }
         })
     }
+}
+
+/// Whether `location` reads as libpq `key=value` pairs: it starts with a keyword
+/// (letters and `_`) followed by `=`.
+fn is_key_value(location: &str) -> bool {
+    let keyword_end = location
+        .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+        .unwrap_or(location.len());
+    keyword_end > 0 && location[keyword_end..].trim_start().starts_with('=')
 }
 
 #[cfg(test)]
@@ -177,6 +196,16 @@ mod tests {
         assert!(matches!(
             parse(Some("postgres://h/db")),
             Ok(StoreConfig::Postgres { .. })
+        ));
+        assert!(matches!(
+            parse(Some("host=db.internal dbname=app sslmode=require")),
+            Ok(StoreConfig::Postgres { url, .. }) if url.starts_with("host=db.internal")
+        ));
+        assert!(matches!(
+            parse(Some("postgresql://h/db?sslmode=allow")),
+            Err(StoreError::ConnectionString(
+                crate::ConnectionStringError::UnsupportedSslMode { .. }
+            ))
         ));
     }
 

@@ -8,7 +8,6 @@
 //! failing), and never return a connection with an open transaction to the pool.
 
 use std::collections::HashSet;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,10 +17,14 @@ use deadpool_postgres::{
 };
 use serde_json::Value;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
 mod begin;
+mod connection;
 mod group_commit;
+mod tls;
+
+pub use self::connection::{ConnectionString, SslMode};
 
 use self::begin::{Begin, LZ4_OFFERED};
 use self::group_commit::{GroupCommit, Landed, Write};
@@ -29,7 +32,8 @@ use crate::error::postgres_transient;
 use crate::locks::InstanceLocks;
 use crate::store::{check_epoch, sql_limit};
 use crate::{
-    BatchOp, Doc, DocText, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow,
+    BatchOp, Doc, DocText, DueAlarm, InstanceKey, MarkedInstance, StateStore, StoreError, Tray,
+    TrayKey, TrayRow, WorldStamp,
 };
 
 /// Default number of pooled connections.
@@ -83,18 +87,22 @@ AND ($4::boolean IS NULL OR marked = $4) ORDER BY tray_ns COLLATE \"C\", tray_id
 /// Due alarm rows (`StateStore::due_alarms`). The `CASE`s make sure only JSON numbers are
 /// cast, whatever order the planner evaluates the conditions in; `at` must then be an
 /// integer within `bigint`. No index serves it: a scan of the alarm rows.
-const DUE_ALARMS: &str = "SELECT ns, id, at::bigint, nonce FROM (\
-SELECT ns, id, \
+const DUE_ALARMS: &str = "SELECT ns, id, at::bigint, nonce, hostname, env FROM (\
+SELECT ns, id, hostname, env, \
 CASE WHEN jsonb_typeof(doc->'at') = 'number' THEN (doc->>'at')::numeric END AS at, \
 CASE WHEN jsonb_typeof(doc->'nonce') = 'string' THEN doc->>'nonce' END AS nonce \
 FROM pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm') AS alarms \
 WHERE at <= $1::bigint AND at >= -9223372036854775808 AND at = trunc(at) \
 ORDER BY at, ns COLLATE \"C\", id COLLATE \"C\" LIMIT $2::bigint";
-/// Distinct instances with a marked row (`StateStore::marked_instances`), byte-ordered.
-const MARKED_INSTANCES: &str = "SELECT ns, id FROM pinned_tray_index \
+/// Distinct instances with a marked row (`StateStore::marked_instances`), byte-ordered,
+/// each with the world of one of its marked rows: one naming a hostname before `'*'`,
+/// then the smallest `(hostname, env)`.
+const MARKED_INSTANCES: &str = "SELECT DISTINCT ON (ns COLLATE \"C\", id COLLATE \"C\") \
+ns, id, hostname, env FROM pinned_tray_index \
 WHERE marked AND ($1::text IS NULL OR ns COLLATE \"C\" > $1::text \
 OR (ns = $1::text AND id COLLATE \"C\" > $2::text)) \
-GROUP BY ns, id ORDER BY ns COLLATE \"C\", id COLLATE \"C\" LIMIT $3::bigint";
+ORDER BY ns COLLATE \"C\", id COLLATE \"C\", hostname = '*', hostname COLLATE \"C\", \
+env COLLATE \"C\" LIMIT $3::bigint";
 
 /// Settings of a [`PostgresStore`]; every default is one of this module's constants.
 #[derive(Debug, Clone)]
@@ -288,25 +296,43 @@ struct Checkout {
 // === impl PostgresStore ===
 
 impl PostgresStore {
-    /// Builds the store for `url` (`postgresql://user@host:port/db`) without dialling;
-    /// connections are opened on first use. Call [`setup`](Self::setup) once before use
-    /// (or use [`open`](Self::open)). TLS is not supported yet (`NoTls`).
+    /// Builds the store for `url` without dialling; connections are opened on first
+    /// use. Call [`setup`](Self::setup) once before use (or use [`open`](Self::open)).
+    ///
+    /// `url` is a connection string as libpq reads it ([`ConnectionString`]): a URL
+    /// (`postgresql://user@host:port/db?sslmode=verify-full&sslrootcert=/etc/ca.pem`)
+    /// or `key=value` pairs (`host=db user=app sslmode=require`). TLS is rustls;
+    /// without `sslmode` it is libpq's `prefer`.
     ///
     /// # Errors
     ///
-    /// [`StoreError::Setup`] for a malformed URL or options.
+    /// [`StoreError::ConnectionString`] for a malformed string, an unsupported
+    /// `sslmode` or a missing root certificate; [`StoreError::Setup`] for bad options.
     pub fn connect(url: &str, options: PostgresOptions) -> Result<Self, StoreError> {
+        Self::connect_with(ConnectionString::parse(url)?, options)
+    }
+
+    /// [`connect`](Self::connect) with a string already read.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Setup`] for bad options.
+    pub fn connect_with(
+        mut target: ConnectionString,
+        options: PostgresOptions,
+    ) -> Result<Self, StoreError> {
         let setup = |source: crate::error::BoxError| StoreError::Setup { source };
         if options.pool_size == 0 {
             return Err(setup("pool_size must be at least 1".into()));
         }
-        let mut config = tokio_postgres::Config::from_str(url).map_err(|e| setup(e.into()))?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(options.connect_timeout);
+        if target.config().get_connect_timeout().is_none() {
+            target.config_mut().connect_timeout(options.connect_timeout);
         }
+        let tls = target.tls();
+        let config = target.config().clone();
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls,
             ManagerConfig {
                 // Check liveness (is the socket still open) on checkout, nothing more.
                 recycling_method: RecyclingMethod::Fast,
@@ -728,6 +754,10 @@ fn pool_error(err: PoolError) -> StoreError {
         PoolError::NoRuntimeSpecified => StoreError::Setup {
             source: err.to_string().into(),
         },
+        // The driver's own error, without the pool's "while creating a new object".
+        PoolError::Backend(source) => StoreError::Unavailable {
+            source: Box::new(source),
+        },
         other => StoreError::Unavailable {
             source: Box::new(other),
         },
@@ -899,6 +929,10 @@ impl StateStore for PostgresStore {
                     id: row.try_get(1)?,
                     at: row.try_get(2)?,
                     nonce: row.try_get(3)?,
+                    world: WorldStamp::new(
+                        row.try_get::<_, String>(4)?,
+                        row.try_get::<_, String>(5)?,
+                    ),
                 })
             })
             .collect()
@@ -908,13 +942,22 @@ impl StateStore for PostgresStore {
         &self,
         after: Option<(&str, &str)>,
         limit: usize,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<MarkedInstance>, StoreError> {
         let (after_ns, after_id) = after.unzip();
         let rows = self
             .scan(MARKED_INSTANCES, &[&after_ns, &after_id, &sql_limit(limit)])
             .await?;
         rows.iter()
-            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .map(|row| {
+                Ok(MarkedInstance {
+                    ns: row.try_get(0)?,
+                    id: row.try_get(1)?,
+                    world: WorldStamp::new(
+                        row.try_get::<_, String>(2)?,
+                        row.try_get::<_, String>(3)?,
+                    ),
+                })
+            })
             .collect()
     }
 }

@@ -20,7 +20,8 @@ use tokio::sync::oneshot;
 
 use crate::store::{check_epoch, sql_limit};
 use crate::{
-    BatchOp, Doc, DocText, DueAlarm, InstanceKey, StateStore, StoreError, Tray, TrayKey, TrayRow,
+    BatchOp, Doc, DocText, DueAlarm, InstanceKey, MarkedInstance, StateStore, StoreError, Tray,
+    TrayKey, TrayRow, WorldStamp,
 };
 
 /// Most operations committed together in one group transaction.
@@ -42,8 +43,8 @@ CREATE TABLE IF NOT EXISTS pinned_tray_index (
 /// the range test; a REAL is integer-valued when it survives the cast). Numbers compare
 /// numerically across INTEGER and REAL; `ns`, `id` in byte order (BINARY).
 const DUE_ALARMS: &str = "\
-SELECT ns, id, CAST(at AS INTEGER), nonce FROM (
-  SELECT ns, id, json_type(doc, '$.at') AS at_type, json_extract(doc, '$.at') AS at,
+SELECT ns, id, CAST(at AS INTEGER), nonce, hostname, env FROM (
+  SELECT ns, id, hostname, env, json_type(doc, '$.at') AS at_type, json_extract(doc, '$.at') AS at,
     CASE json_type(doc, '$.nonce') WHEN 'text' THEN json_extract(doc, '$.nonce') END AS nonce
   FROM pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm')
 WHERE at_type IN ('integer', 'real')
@@ -51,10 +52,16 @@ WHERE at_type IN ('integer', 'real')
   AND at = CAST(at AS INTEGER) AND at <= ?1
 ORDER BY at, ns, id LIMIT ?2";
 
-/// Distinct instances with a marked row (see `StateStore::marked_instances`).
+/// Distinct instances with a marked row (see `StateStore::marked_instances`), each with
+/// the world of one of its marked rows: one naming a hostname before `'*'`, then the
+/// smallest `(hostname, env)`.
 const MARKED_INSTANCES: &str = "\
-SELECT DISTINCT ns, id FROM pinned_tray_index
-WHERE marked AND (?1 IS NULL OR ns > ?1 OR (ns = ?1 AND id > ?2))
+SELECT ns, id, hostname, env FROM (
+  SELECT ns, id, hostname, env,
+    row_number() OVER (PARTITION BY ns, id ORDER BY hostname = '*', hostname, env) AS rank
+  FROM pinned_tray_index
+  WHERE marked AND (?1 IS NULL OR ns > ?1 OR (ns = ?1 AND id > ?2)))
+WHERE rank = 1
 ORDER BY ns, id LIMIT ?3";
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
@@ -580,6 +587,7 @@ impl StateStore for SqliteStore {
                     id: row.get(1)?,
                     at: row.get(2)?,
                     nonce: row.get(3)?,
+                    world: WorldStamp::new(row.get::<_, String>(4)?, row.get::<_, String>(5)?),
                 })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -591,7 +599,7 @@ impl StateStore for SqliteStore {
         &self,
         after: Option<(&str, &str)>,
         limit: usize,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<MarkedInstance>, StoreError> {
         let limit = sql_limit(limit);
         let (after_ns, after_id) = match after {
             Some((ns, id)) => (Some(ns.to_owned()), Some(id.to_owned())),
@@ -600,7 +608,11 @@ impl StateStore for SqliteStore {
         self.run(move |conn, _| {
             let mut stmt = conn.prepare_cached(MARKED_INSTANCES)?;
             let rows = stmt.query_map(params![after_ns, after_id, limit], |row| {
-                Ok((row.get(0)?, row.get(1)?))
+                Ok(MarkedInstance {
+                    ns: row.get(0)?,
+                    id: row.get(1)?,
+                    world: WorldStamp::new(row.get::<_, String>(2)?, row.get::<_, String>(3)?),
+                })
             })?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })

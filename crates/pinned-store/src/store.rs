@@ -48,6 +48,17 @@ pub const ALARM_TRAY_ID: &str = "alarm";
 /// The alarm row's key within its instance: ([`ALARM_TRAY_NS`], [`ALARM_TRAY_ID`]).
 pub const ALARM_TRAY: TrayKey<'static> = TrayKey::new(ALARM_TRAY_NS, ALARM_TRAY_ID);
 
+/// The placement world a row was written in: the writer's `hostname` and `env`
+/// (wire.md §12.2's columns, stamped from the store's options on every write), each
+/// [`WorldStamp::ANY`] (`"*"`) when the writer named none, as single-world fleets do.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WorldStamp {
+    /// The writer's hostname, or `"*"`.
+    pub hostname: String,
+    /// The writer's environment, or `"*"`.
+    pub env: String,
+}
+
 /// An alarm row `(ns, id, "pinned", "alarm")` whose `at` is due, as returned by
 /// [`StateStore::due_alarms`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,12 +71,73 @@ pub struct DueAlarm {
     pub at: i64,
     /// `doc.nonce` when it is a string, else `None`.
     pub nonce: Option<String>,
+    /// The world of the worker that wrote the alarm row.
+    pub world: WorldStamp,
+}
+
+/// An instance with at least one marked row, as returned by
+/// [`StateStore::marked_instances`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkedInstance {
+    /// The instance's namespace.
+    pub ns: String,
+    /// The instance id.
+    pub id: String,
+    /// The world of the worker that wrote its marked rows. Should they disagree (rows
+    /// written by workers of two worlds), one that names a hostname wins over `"*"`,
+    /// then the smallest `(hostname, env)` in byte order.
+    pub world: WorldStamp,
+}
+
+// === impl WorldStamp ===
+
+impl WorldStamp {
+    /// The column value of "no hostname" / "no environment" (the stores' default).
+    pub const ANY: &'static str = "*";
+
+    /// The stamp of a writer that names no world (`"*"`, `"*"`).
+    pub fn any() -> Self {
+        Self::new(Self::ANY, Self::ANY)
+    }
+
+    /// The stamp `hostname`, `env` (as the columns hold them).
+    pub fn new(hostname: impl Into<String>, env: impl Into<String>) -> Self {
+        Self {
+            hostname: hostname.into(),
+            env: env.into(),
+        }
+    }
+
+    /// The hostname, `None` for `"*"`.
+    pub fn hostname(&self) -> Option<&str> {
+        Some(self.hostname.as_str()).filter(|h| *h != Self::ANY)
+    }
+
+    /// The environment, `None` for `"*"`.
+    pub fn env(&self) -> Option<&str> {
+        Some(self.env.as_str()).filter(|e| *e != Self::ANY)
+    }
+}
+
+impl Default for WorldStamp {
+    fn default() -> Self {
+        Self::any()
+    }
 }
 
 // === impl DueAlarm ===
 
 impl DueAlarm {
     /// The instance whose alarm is due, borrowed from this row.
+    pub fn instance(&self) -> InstanceKey<'_> {
+        InstanceKey::new(&self.ns, &self.id)
+    }
+}
+
+// === impl MarkedInstance ===
+
+impl MarkedInstance {
+    /// The instance, borrowed.
     pub fn instance(&self) -> InstanceKey<'_> {
         InstanceKey::new(&self.ns, &self.id)
     }
@@ -257,9 +329,9 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError>;
 
     /// The distinct instances `(ns, id)` having at least one marked row (wire.md §14.2's
-    /// activities index), ordered by `(ns, id)` (byte order), starting strictly after
-    /// `after` when given (keyset pagination: pass the last pair of the previous page),
-    /// at most `limit` of them.
+    /// activities index), with the world that wrote them, ordered by `(ns, id)` (byte
+    /// order), starting strictly after `after` when given (keyset pagination: pass the
+    /// last pair of the previous page), at most `limit` of them.
     ///
     /// Unfenced and read-only, like [`due_alarms`](Self::due_alarms); each page is its
     /// own snapshot.
@@ -267,7 +339,7 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
         &self,
         after: Option<(&str, &str)>,
         limit: usize,
-    ) -> Result<Vec<(String, String)>, StoreError>;
+    ) -> Result<Vec<MarkedInstance>, StoreError>;
 }
 
 /// `Arc<S>` is a store whenever `S` is, so `Arc<dyn StateStore>` (what
@@ -339,7 +411,7 @@ impl<S: StateStore + ?Sized> StateStore for std::sync::Arc<S> {
         &self,
         after: Option<(&str, &str)>,
         limit: usize,
-    ) -> Result<Vec<(String, String)>, StoreError> {
+    ) -> Result<Vec<MarkedInstance>, StoreError> {
         (**self).marked_instances(after, limit).await
     }
 }
@@ -400,7 +472,14 @@ mod tests {
         assert_eq!(store.list(a, epoch, Some("t"), None).await?.len(), 2);
         assert!(store.due_alarms(i64::MAX, 10).await?.is_empty());
         let marked = store.marked_instances(None, 10).await?;
-        assert_eq!(marked, vec![("/n".to_owned(), "a".to_owned())]);
+        assert_eq!(
+            marked,
+            vec![MarkedInstance {
+                ns: "/n".to_owned(),
+                id: "a".to_owned(),
+                world: WorldStamp::any(),
+            }]
+        );
         store.delete_tray(a, TrayKey::new("t", "k"), epoch).await?;
         store.get_tray(a, TrayKey::singleton("t"), epoch).await
     }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use pinned_store::conformance::{database_url, doc, unique_ns, Fixture, PostgresCleanup};
 use pinned_store::{
     BatchOp, InstanceKey, PostgresOptions, PostgresStore, StateStore, StoreError, TrayKey,
+    WorldStamp,
 };
 use serde_json::json;
 use tokio::time::Instant;
@@ -277,6 +278,76 @@ async fn rows_are_stamped_with_env_and_hostname() -> anyhow::Result<()> {
         got[0],
         ("1".into(), "prod".into(), "worker-1.example".into())
     );
+    Ok(())
+}
+
+/// A marked row `(ns, id, "t", tray_id)` at epoch 1.
+async fn marked(
+    store: &PostgresStore,
+    ns: &str,
+    id: &str,
+    tray_id: &str,
+) -> Result<(), StoreError> {
+    store
+        .set_tray(
+            InstanceKey::new(ns, id),
+            TrayKey::new("t", tray_id),
+            true,
+            doc(json!({})),
+            1,
+        )
+        .await
+}
+
+#[tokio::test]
+async fn the_scans_report_the_world_that_wrote_each_row() -> anyhow::Result<()> {
+    let ns = unique_ns("worlds");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let plain = store_with(PostgresOptions::default()).await;
+    let shop = store_with(PostgresOptions {
+        env: "staging".into(),
+        hostname: "shop.test".into(),
+        ..PostgresOptions::default()
+    })
+    .await;
+    marked(&plain, &ns, "hostless", "1").await?;
+    marked(&shop, &ns, "shop", "1").await?;
+    // Rows of both worlds: the one naming a hostname wins, whichever came first.
+    marked(&plain, &ns, "both", "1").await?;
+    marked(&shop, &ns, "both", "2").await?;
+    let alarm = doc(json!({"at": -5_000_000_000_000_i64, "nonce": "n"}));
+    shop.set_tray(
+        InstanceKey::new(&ns, "shop"),
+        pinned_store::ALARM_TRAY,
+        false,
+        alarm,
+        1,
+    )
+    .await?;
+
+    let got: Vec<(String, WorldStamp)> = plain
+        .marked_instances(Some((&ns, "")), 100)
+        .await?
+        .into_iter()
+        .filter(|m| m.ns == *ns)
+        .map(|m| (m.id, m.world))
+        .collect();
+    let shop_world = WorldStamp::new("shop.test", "staging");
+    assert_eq!(
+        got,
+        vec![
+            ("both".to_owned(), shop_world.clone()),
+            ("hostless".to_owned(), WorldStamp::any()),
+            ("shop".to_owned(), shop_world.clone()),
+        ]
+    );
+    assert_eq!(got[1].1.hostname(), None);
+    assert_eq!(got[2].1.hostname(), Some("shop.test"));
+    assert_eq!(got[2].1.env(), Some("staging"));
+    let due = plain.due_alarms(-4_000_000_000_000, 1000).await?;
+    let ours: Vec<_> = due.into_iter().filter(|a| a.ns == *ns).collect();
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert_eq!(ours[0].world, shop_world);
     Ok(())
 }
 

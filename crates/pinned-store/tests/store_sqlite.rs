@@ -171,3 +171,29 @@ async fn rows_are_stamped_and_shaped_like_postgres() -> anyhow::Result<()> {
     assert_eq!(epoch, 7);
     Ok(())
 }
+
+#[tokio::test]
+async fn the_scans_report_the_world_that_wrote_each_row() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let options = SqliteOptions {
+        env: "staging".into(),
+        hostname: "shop.test".into(),
+        ..SqliteOptions::default()
+    };
+    let store = SqliteStore::open(dir.path().join("state.db"), options).await?;
+    let a = InstanceKey::new("/n", "a");
+    store
+        .set_tray(a, TrayKey::singleton("t"), true, doc(json!({})), 1)
+        .await?;
+    store
+        .set_tray(a, pinned_store::ALARM_TRAY, false, doc(json!({"at": 1})), 1)
+        .await?;
+    let world = pinned_store::WorldStamp::new("shop.test", "staging");
+    let marked = store.marked_instances(None, 10).await?;
+    assert_eq!(marked.len(), 1);
+    assert_eq!(marked[0].world, world);
+    let due = store.due_alarms(10, 10).await?;
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].world, world);
+    Ok(())
+}

@@ -2,8 +2,9 @@
 //! condition with a deadline (never sleep-then-assert), the processes the
 //! suites start (pinboard, Rust and Python workers, a private Redis: each
 //! binds port 0 and reports its address, logs to a file of its own, and is
-//! killed on drop), the Python reference's interpreter, and HTTP helpers
-//! for pinboard's registry and a worker's answers.
+//! killed on drop; a private Postgres cluster, stopped and started at will,
+//! with TLS from a private CA), the Python reference's interpreter, and HTTP
+//! helpers for pinboard's registry and a worker's answers.
 //!
 //! A dev-dependency only (`publish = false`). Each suite's own `support`
 //! module adds its defaults (which binary, which environment) and what only
@@ -21,11 +22,11 @@ pub use self::http::{
 };
 pub use self::poll::{eventually, until, until_explained, POLL};
 pub use self::process::{
-    listening_line, unique, unreachable_url, Exited, Pinboard, Proc, PythonWorker, RedisServer,
-    RustWorker, Signal, READY_PATIENCE, SHARED_REDIS,
+    listening_line, unique, unreachable_url, Exited, Pinboard, PostgresCluster, Proc, PythonWorker,
+    RedisServer, RustWorker, ServerTls, Signal, READY_PATIENCE, SHARED_REDIS,
 };
 pub use self::python::python;
-pub use self::tls::SelfSigned;
+pub use self::tls::{Issued, PrivateCa, SelfSigned};
 
 /// The deployment token the starters give pinboard and workers unless told
 /// otherwise.

@@ -8,6 +8,7 @@
 //! through `kill(1)`, so the suites need no libc.
 
 mod pinboard;
+mod postgres;
 mod python_worker;
 mod redis;
 mod rust_worker;
@@ -23,6 +24,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 pub use self::pinboard::{Pinboard, SHARED_REDIS};
+pub use self::postgres::{PostgresCluster, ServerTls};
 pub use self::python_worker::PythonWorker;
 pub use self::redis::RedisServer;
 pub use self::rust_worker::RustWorker;

@@ -16,7 +16,8 @@
 //! `PINNED_TLS_CERT` / `PINNED_TLS_KEY` and `PINNED_PINBOARD_CA` (read by
 //! `Options::from_env`: serve HTTPS, advertised as `https://`, and trust
 //! an `https://` pinboard's CA), and
-//! `FLEET_DATABASE_URL` (a Postgres state store: enables `alarm`, `fired`,
+//! `FLEET_DATABASE_URL` (a Postgres state store, its rows stamped with
+//! `PINNED_HOSTNAME` and `FLEET_ENV`: enables `alarm`, `fired`,
 //! `write`, `state`, `bump` and the process log `GET /fleet/writes`);
 //! `GET /fleet/lease-events` lists the lease hooks heard, `GET
 //! /fleet/process` answers the process token every counter answer carries. Prints
@@ -97,6 +98,14 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Ok(url) = std::env::var("FLEET_DATABASE_URL") {
         let mut pg = PostgresOptions::default();
+        // Rows carry the worker's world, so pinboard's sweeper wakes its ids
+        // in that world (wire.md §12.2).
+        if let Ok(hostname) = std::env::var("PINNED_HOSTNAME") {
+            pg.hostname = hostname;
+        }
+        if let Ok(env) = std::env::var("FLEET_ENV") {
+            pg.env = env;
+        }
         if let Some(idle) = ms("FLEET_PG_IDLE_TXN_MS") {
             pg.idle_in_transaction_timeout = idle;
         }

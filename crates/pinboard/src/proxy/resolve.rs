@@ -88,7 +88,7 @@ use crate::placement::{
     choose_candidate, ClaimOutcome, Generation, Placement, PlacementStore, StoreError, WorkerRecord,
 };
 use crate::upstream::{Pool, UpstreamTls};
-use crate::world::Scope;
+use crate::world::{Scope, World};
 
 /// A live worker as the proxy uses it.
 pub struct WorkerConn {
@@ -962,6 +962,10 @@ fn no_worker(scope: Scope<'_>) -> ResolveError {
         Scope::World(w) => w
             .no_worker_detail()
             .map_or(ResolveError::NoWorker, ResolveError::NoWorkerInWorld),
+        Scope::Hostname(h) => no_worker(Scope::World(World {
+            hostname: Some(h),
+            env: None,
+        })),
         Scope::Any => ResolveError::NoWorker,
     }
 }
@@ -971,7 +975,6 @@ mod tests {
     use super::*;
     use crate::clock::{Now, SeededEntropy};
     use crate::placement::MemoryStore;
-    use crate::world::World;
 
     const HOSTLESS: Scope<'static> = Scope::World(World::HOSTLESS);
 

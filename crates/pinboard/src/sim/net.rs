@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use parking_lot::Mutex;
-use pinned_store::DueAlarm;
+use pinned_store::{DueAlarm, MarkedInstance, WorldStamp};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -126,7 +126,7 @@ impl Activities for SimDurable {
         &'a self,
         after: Option<(&'a str, &'a str)>,
         limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(String, String)>, pinned_store::StoreError>> {
+    ) -> BoxFuture<'a, Result<Vec<MarkedInstance>, pinned_store::StoreError>> {
         let page: Vec<(String, String)> = self
             .index
             .lock()
@@ -136,6 +136,15 @@ impl Activities for SimDurable {
             .cloned()
             .collect();
         self.served.lock().extend(page.iter().cloned());
+        // The reference's simulation has one world.
+        let page = page
+            .into_iter()
+            .map(|(ns, id)| MarkedInstance {
+                ns,
+                id,
+                world: WorldStamp::any(),
+            })
+            .collect();
         Box::pin(async move { Ok(page) })
     }
 }

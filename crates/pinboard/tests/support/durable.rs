@@ -198,9 +198,20 @@ async fn wake(
 /// Start the fake hosting `ns` and register it with `pb`; returns it with
 /// its session id.
 pub async fn durable(pb: &str, ns: &str, store: Arc<PostgresStore>) -> (Arc<Durable>, String) {
+    durable_in(pb, ns, store, None).await
+}
+
+/// [`durable`], registered under `hostname` (a hostname world) when given.
+pub async fn durable_in(
+    pb: &str,
+    ns: &str,
+    store: Arc<PostgresStore>,
+    hostname: Option<&str>,
+) -> (Arc<Durable>, String) {
+    let tag = hostname.map_or_else(String::new, |h| format!("@{h}"));
     let f = Arc::new(Durable {
         ns: ns.to_owned(),
-        secret: format!("secret-of{}", ns.replace('/', "-")),
+        secret: format!("secret-of{}{tag}", ns.replace('/', "-")),
         challenge: ("ch-durable".into(), "val-durable".into()),
         store,
         calls: Mutex::new(Vec::new()),
@@ -217,14 +228,18 @@ pub async fn durable(pb: &str, ns: &str, store: Arc<PostgresStore>) -> (Arc<Dura
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
+    let mut registration = json!({
+        "clientId": format!("durable{ns}{tag}"), "secret": f.secret, "namespaces": [ns],
+        "advertiseUrl": format!("http://{addr}"), "headroom": 100, "draining": false,
+        "challenge": f.challenge.0, "challengeValue": f.challenge.1,
+    });
+    if let Some(hostname) = hostname {
+        registration["hostname"] = json!(hostname);
+    }
     let res = client()
         .post(format!("{pb}/registry/register"))
         .header("authorization", bearer())
-        .json(&json!({
-            "clientId": format!("durable{ns}"), "secret": f.secret, "namespaces": [ns],
-            "advertiseUrl": format!("http://{addr}"), "headroom": 100, "draining": false,
-            "challenge": f.challenge.0, "challengeValue": f.challenge.1,
-        }))
+        .json(&registration)
         .send()
         .await
         .expect("register");

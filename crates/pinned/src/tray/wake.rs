@@ -34,10 +34,10 @@ pub(crate) async fn wake_marked(host: Arc<HostShared>) {
                 return;
             }
         };
-        let Some(last) = page.last().cloned() else {
+        let Some(last) = page.last().map(|m| (m.ns.clone(), m.id.clone())) else {
             break;
         };
-        for (ns, id) in page {
+        for pinned_store::MarkedInstance { ns, id, .. } in page {
             if ns != *host.ns {
                 break;
             }
