@@ -3,7 +3,9 @@
 //! real pinboard process with two real Python reference workers. Logs in
 //! with the operator token, sees both workers and their placements, drains
 //! one from the page (through the confirmation dialog) and sees its state
-//! change, saves `docs/dashboard.png` for the README, and logs out. Also
+//! change, takes a screenshot (into `$PINBOARD_SCREENSHOT_DIR` when set, a
+//! temporary directory otherwise: never the checkout; the README's
+//! `docs/dashboard.png` is refreshed by copying it there), and logs out. Also
 //! checks, over plain HTTP, what a browser cannot show: a wrong token gets
 //! no session, and an action without the CSRF header is refused.
 
@@ -296,9 +298,19 @@ async fn log_in_see_workers_and_placements_drain_one_and_log_out() {
     })
     .await;
     let png = b.screenshot().await.expect("screenshot");
-    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
-    std::fs::create_dir_all(&docs).expect("docs dir");
-    std::fs::write(docs.join("dashboard.png"), &png).expect("save the screenshot");
+    // Never into the checkout: a test leaves `git status` clean.
+    let kept;
+    let dir = match std::env::var_os("PINBOARD_SCREENSHOT_DIR") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => {
+            kept = tempfile::tempdir().expect("screenshot dir");
+            kept.path().to_path_buf()
+        }
+    };
+    std::fs::create_dir_all(&dir).expect("screenshot dir");
+    let shot = dir.join("dashboard.png");
+    std::fs::write(&shot, &png).expect("save the screenshot");
+    eprintln!("dashboard screenshot: {}", shot.display());
 
     // Log out: back to the form, and the session is gone.
     b.find(Locator::Id("logout"))
