@@ -140,6 +140,9 @@ where
             if !fresh.is_empty() && (seen == 0 || fresh.contains(&b'\n')) {
                 match head::parse(&buf, &mut fields) {
                     Parse::Complete(layout) if layout.len <= limits.max_head => break layout,
+                    // `HTTP/1.2` and up are HTTP/1.1 to us (RFC 9112 §2.3),
+                    // where httparse (and hyper) refuse them: parse again.
+                    Parse::Hyper if head::lower_minor_version(&mut buf) => continue,
                     // hyper answers what the front will not: 431 to a head
                     // over the limit, 400 to a malformed one.
                     Parse::Complete(_) | Parse::Hyper => {

@@ -41,6 +41,7 @@ pub mod classify;
 pub mod cluster;
 pub mod headers;
 pub mod path;
+pub mod pause;
 pub mod resolve;
 
 use std::borrow::Cow;
@@ -71,13 +72,14 @@ use self::classify::{
 };
 use self::cluster::{Caller, ClusterError};
 pub use self::headers::ClientAddr;
-use self::headers::{add_forwarded, sanitize_request, sanitize_response, Scan};
+use self::headers::{add_forwarded, sanitize_request, sanitize_response, single_host, Scan};
+use self::pause::PauseBound;
 use self::resolve::{Avoid, ResolveError, WorkerConn};
 use crate::outbound::ResBody;
-use crate::placement::{Placement, PlacementStore};
+use crate::placement::{Placement, PlacementStore, StoreError};
 use crate::server::App;
 use crate::upstream::Stamp;
-use crate::world::{cluster_world, Scope, World, ENV_HEADER};
+use crate::world::{cluster_world, host_names, Scope, World, ENV_HEADER};
 
 /// Largest refusal body read to classify it.
 pub(crate) const MAX_REFUSAL_BODY: u64 = 4096;
@@ -96,6 +98,8 @@ pub struct ProxySettings {
     pub upstream_timeout: Duration,
     /// Time to read a buffered body whole; longest pause in a streamed one.
     pub body_timeout: Duration,
+    /// Longest pause in a worker's answer body once its head came ([`pause`]).
+    pub upstream_body_timeout: Duration,
 }
 
 /// `{"detail": …}` with `status` (and `Retry-After: 1` on 503).
@@ -136,9 +140,14 @@ fn cluster_refusal(e: ClusterError) -> Response {
     }
 }
 
-fn relay(res: http::Response<ResBody>) -> Response {
+/// The worker's answer as the client gets it: its headers cleaned, its
+/// body relayed as it comes, with no pause longer than
+/// `--upstream-body-timeout-ms` ([`pause`]).
+fn relay<S: PlacementStore>(app: &App<S>, res: http::Response<ResBody>) -> Response {
     let (mut parts, body) = res.into_parts();
     sanitize_response(&mut parts.headers);
+    let stalls = app.metrics.proxy_upstream_body_stalls.clone();
+    let body = PauseBound::new(body, app.proxy.upstream_body_timeout, stalls);
     Response::from_parts(parts, Body::new(body))
 }
 
@@ -253,6 +262,10 @@ pub async fn serve<S: PlacementStore>(
 ) -> Response {
     app.metrics.proxy_requests.inc();
     let (mut parts, body) = req.into_parts();
+    let host = match single_host(parts.version, &parts.headers) {
+        Ok(host) => host,
+        Err(e) => return detail_response(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
     let path = parts.uri.path();
     let Some(target) = path::split(path) else {
         return detail_response(StatusCode::NOT_FOUND, "Not Found");
@@ -285,9 +298,21 @@ pub async fn serve<S: PlacementStore>(
             parts.headers.get(ENV_HEADER).cloned(),
         ),
     };
+    // Without a `Pinboard-Hostname`, `Host` may name a bound hostname's
+    // world (`crate::world`).
+    let by_host = match (&caller, &named.0) {
+        (None, None) => match bound_host(app, &parts.uri, host).await {
+            Ok(h) => h,
+            Err(e) => {
+                let e = ResolveError::Store(e);
+                return detail_response(StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
+            }
+        },
+        _ => None,
+    };
     let world = match &caller {
         Some(c) => cluster_world(&parts.headers, &c.worker.record, target.ns),
-        None => World::from_values(named.0.as_ref(), named.1.as_ref()),
+        None => World::from_values(named.0.as_ref(), named.1.as_ref(), by_host.as_deref()),
     };
     let world = match world {
         Ok(w) => w,
@@ -341,6 +366,29 @@ pub async fn serve<S: PlacementStore>(
     app.traffic
         .record(target.ns, res.status().as_u16(), started.elapsed());
     res
+}
+
+/// The bound hostname (see `crate::world`) the request's target authority
+/// or `Host` names, if any: the name with its port stripped, else with
+/// its port (a hostname registered with one). From this node's worker
+/// view: no store call unless the view is due for its refresh.
+async fn bound_host<S: PlacementStore>(
+    app: &App<S>,
+    uri: &Uri,
+    host: Option<&HeaderValue>,
+) -> Result<Option<String>, StoreError> {
+    let bound = app.directory.bound_hostnames().await?;
+    if bound.is_empty() {
+        return Ok(None);
+    }
+    let Some((bare, with_port)) = host_names(uri, host) else {
+        return Ok(None);
+    };
+    Ok([Some(bare), with_port]
+        .into_iter()
+        .flatten()
+        .find(|name| bound.contains(name))
+        .map(str::to_owned))
 }
 
 /// The client's own forwarding values, for a request that arrived with
@@ -468,7 +516,10 @@ async fn attempts<S: PlacementStore>(
                     return client_fault(fault);
                 }
                 app.metrics.proxy_upstream_errors.inc();
-                let v = classify_transport(e.before_send() || head.method.is_idempotent(), attempt);
+                // What reached the worker was already re-sent once if that
+                // was safe (`upstream::Pool::send`); only what never did is
+                // retried here.
+                let v = classify_transport(e.before_send(), attempt);
                 if v == Verdict::Relay || attempt >= retries {
                     app.directory.invalidate(key);
                     tracing::debug!(target: "pinboard::proxy", error = %e, "worker unreachable");
@@ -497,7 +548,7 @@ async fn attempts<S: PlacementStore>(
                     .exact()
                     .is_some_and(|n| n <= MAX_REFUSAL_BODY);
                 if !small || !worth_reading(res.status(), refusal_header) {
-                    return relay(res);
+                    return relay(app, res);
                 }
                 let (res_parts, res_body) = res.into_parts();
                 let read = tokio::time::timeout(app.proxy.upstream_timeout, res_body.collect());

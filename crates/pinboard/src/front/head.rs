@@ -90,6 +90,39 @@ pub fn parse(buf: &BytesMut, fields: &mut Fields) -> Parse {
     })
 }
 
+/// Rewrites the request line's version `HTTP/1.<n>`, `n` from 2 to 9, to
+/// `HTTP/1.1` in place; `true` when it did. RFC 9112 §2.3: a recipient
+/// takes a message of a higher minor version than its own as one of the
+/// highest it speaks. httparse refuses any but `1.0` and `1.1`, so the
+/// front calls this when a parse failed, and parses again (the line keeps
+/// its length: nothing after it moves). The request line may still be
+/// incomplete; the version is then the buffer's last bytes.
+pub fn lower_minor_version(buf: &mut BytesMut) -> bool {
+    // httparse skips empty lines before the request line (RFC 9112 §2.2).
+    let Some(start) = buf.iter().position(|&b| b != b'\r' && b != b'\n') else {
+        return false;
+    };
+    let end = buf[start..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(buf.len(), |n| start + n);
+    let line = &buf[start..end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let Some(version) = line.len().checked_sub(8).map(|at| &line[at..]) else {
+        return false;
+    };
+    if !(version.starts_with(b"HTTP/1.") && matches!(version[7], b'2'..=b'9')) {
+        return false;
+    }
+    // Only the version after the target (the line's last space) counts.
+    if line.len() < 9 || line[line.len() - 9] != b' ' {
+        return false;
+    }
+    let minor = start + line.len() - 1;
+    buf[minor] = b'1';
+    true
+}
+
 /// A request the front serves itself.
 #[derive(Debug)]
 pub struct Own {
@@ -243,6 +276,40 @@ mod tests {
         ] {
             assert!(sorted(text).is_none(), "{text:?}");
         }
+    }
+
+    #[test]
+    fn higher_minor_versions_are_read_as_1_1() {
+        for (text, after) in [
+            (
+                "GET /c/a HTTP/1.2\r\nhost: pb\r\n\r\n",
+                "GET /c/a HTTP/1.1\r\nhost: pb\r\n\r\n",
+            ),
+            ("\r\nGET /c/a HTTP/1.9\r\n", "\r\nGET /c/a HTTP/1.1\r\n"),
+            ("GET /c/a HTTP/1.2", "GET /c/a HTTP/1.1"),
+        ] {
+            let mut buf = BytesMut::from(text.as_bytes());
+            assert!(lower_minor_version(&mut buf), "{text:?}");
+            assert_eq!(&buf[..], after.as_bytes());
+        }
+        for text in [
+            "GET /c/a HTTP/1.1\r\n\r\n",
+            "GET /c/a HTTP/2.0\r\n\r\n",
+            "GET /c/a HTTP/1.10\r\n\r\n",
+            "GET /c/aHTTP/1.2\r\n\r\n",
+            "GET /c/a HTTP/1.x\r\n\r\n",
+            "HTTP/1.2",
+            "",
+        ] {
+            let mut buf = BytesMut::from(text.as_bytes());
+            assert!(!lower_minor_version(&mut buf), "{text:?}");
+            assert_eq!(&buf[..], text.as_bytes());
+        }
+        let mut buf = BytesMut::from(&b"GET /c/a HTTP/1.2\r\nhost: pb\r\n\r\n"[..]);
+        let mut fields = Fields::default();
+        assert!(matches!(parse(&buf, &mut fields), Parse::Hyper));
+        lower_minor_version(&mut buf);
+        assert!(matches!(parse(&buf, &mut fields), Parse::Complete(_)));
     }
 
     #[test]

@@ -260,7 +260,34 @@ struct Snapshot {
     /// Keyed by session id; foldhash, as every cached route's liveness
     /// check looks its owner up here.
     by_session: foldhash::HashMap<String, Arc<WorkerConn>>,
+    /// Bound hostnames, lowercase: the store's record and every live
+    /// worker's (see [`Directory::bound_hostnames`]).
+    bound: Arc<foldhash::HashSet<Box<str>>>,
     fetched_mono_ms: Option<u64>,
+}
+
+/// The hostnames a client's `Host` may name a world by, as this node's
+/// worker view has them (see [`Directory::bound_hostnames`]).
+#[derive(Debug, Clone)]
+pub struct BoundHostnames(Arc<Snapshot>);
+
+impl BoundHostnames {
+    /// No hostname is bound (a deployment without hostname worlds).
+    pub fn is_empty(&self) -> bool {
+        self.0.bound.is_empty()
+    }
+
+    /// Whether `hostname` is bound (ASCII case-insensitively).
+    pub fn contains(&self, hostname: &str) -> bool {
+        let bound = &self.0.bound;
+        if bound.is_empty() || hostname.len() > crate::world::MAX_HOSTNAME_LEN {
+            return false;
+        }
+        if hostname.bytes().any(|b| b.is_ascii_uppercase()) {
+            return bound.contains(hostname.to_ascii_lowercase().as_str());
+        }
+        bound.contains(hostname)
+    }
 }
 
 /// The cache of resolved routes, keyed `"<ns>/<id>"`.
@@ -483,6 +510,7 @@ impl<S: PlacementStore> Directory<S> {
         if snap.fetched_mono_ms.is_some() {
             *snap = Arc::new(Snapshot {
                 by_session: snap.by_session.clone(),
+                bound: snap.bound.clone(),
                 fetched_mono_ms: None,
             });
         }
@@ -561,8 +589,25 @@ impl<S: PlacementStore> Directory<S> {
     async fn fetch_workers(&self) -> Result<Arc<Snapshot>, StoreError> {
         let now = self.clock.now();
         self.counters.worker_reads.inc();
-        let live = self.store.list_workers(now).await?;
+        let (live, stored) =
+            tokio::try_join!(self.store.list_workers(now), self.store.bound_hostnames())?;
         let old = self.snapshot.read().clone();
+        // A live worker's hostname is bound even where the store's record
+        // of it is gone (lost with the store, until it registers again).
+        let mut bound: foldhash::HashSet<Box<str>> = stored
+            .into_iter()
+            .map(|h| h.to_ascii_lowercase().into_boxed_str())
+            .collect();
+        for w in &live {
+            if let Some(h) = &w.record.hostname {
+                bound.insert(h.to_ascii_lowercase().into_boxed_str());
+            }
+        }
+        let bound = if *old.bound == bound {
+            old.bound.clone()
+        } else {
+            Arc::new(bound)
+        };
         let mut by_session =
             foldhash::HashMap::with_capacity_and_hasher(live.len(), Default::default());
         for w in live {
@@ -583,10 +628,24 @@ impl<S: PlacementStore> Directory<S> {
         }
         let snap = Arc::new(Snapshot {
             by_session,
+            bound,
             fetched_mono_ms: Some(now.mono_ms),
         });
         *self.snapshot.write() = snap.clone();
         Ok(snap)
+    }
+
+    /// The hostnames a client request's `Host` selects a world by: every
+    /// hostname a worker registered that the store remembers
+    /// ([`PlacementStore::bind_hostname`]), and every live worker's. From
+    /// the worker view, so as fresh as it (re-read every `refresh_ms`, and
+    /// after a registration here): no store call per request.
+    ///
+    /// # Errors
+    ///
+    /// When the store fails (a view to refresh).
+    pub async fn bound_hostnames(&self) -> Result<BoundHostnames, StoreError> {
+        Ok(BoundHostnames(self.workers(false).await?))
     }
 
     /// Number of live workers in the local view.
