@@ -182,15 +182,21 @@ where
             trailers: own.trailers,
         };
         let mut close = own.close;
-        let res = match read_body(&mut io, &mut buf, own.body_len, limits.body_timeout).await {
-            Ok(body) => {
+        let read = read_body(&mut io, &mut buf, own.body_len, limits.body_timeout).await;
+        let res = match (read, own.host) {
+            (Ok(_), Err(bad_host)) => {
+                app.metrics.proxy_requests.inc();
+                proxy::host_refusal(bad_host)
+            }
+            (Ok(body), Ok(())) => {
                 let body = match body {
                     Some(bytes) => Body::from(bytes),
                     None => Body::empty(),
                 };
-                proxy::serve(&app, Some(&client), Request::from_parts(own.head, body)).await
+                let req = Request::from_parts(own.head, body);
+                proxy::serve_checked(&app, Some(&client), req).await
             }
-            Err(fault) => {
+            (Err(fault), _) => {
                 app.metrics.proxy_client_body_errors.inc();
                 close = true;
                 proxy::client_fault(fault)

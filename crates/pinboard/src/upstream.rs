@@ -496,6 +496,17 @@ pin_project_lite::pin_project! {
 /// The error of a [`PooledBody`]: hyper's or [`h1`]'s.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
+impl PooledBody {
+    /// The whole body is in memory already (most answers of [`h1`]'s):
+    /// reading it waits for nothing.
+    pub fn in_memory(&self) -> bool {
+        match self {
+            Self::Raw { body } => body.in_memory(),
+            Self::Hyper { .. } => false,
+        }
+    }
+}
+
 impl http_body::Body for PooledBody {
     type Data = Bytes;
     type Error = BodyError;

@@ -340,7 +340,12 @@ async fn minor_versions_above_1_1_are_served_and_host_lines_are_checked() {
         let mut client = Client::connect(pb.addr()).await;
         client.send(request.as_bytes()).await;
         let f = client.response(false, PATIENCE).await;
-        assert_eq!(f.status, 400, "{what}: {:?}", String::from_utf8_lossy(&f.body));
+        assert_eq!(
+            f.status,
+            400,
+            "{what}: {:?}",
+            String::from_utf8_lossy(&f.body)
+        );
         assert_eq!(f.json()["detail"], detail, "{what}");
     }
     // HTTP/1.0 needs no Host.

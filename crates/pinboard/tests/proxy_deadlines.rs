@@ -16,10 +16,10 @@ use serde_json::{json, Value};
 use support::raw::{
     connect, metric, raw_worker, wait_closed, Act, Answer, Client, Ended, Gate, Seen,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use support::{
     client, eventually, get_json, id_on, pinboard, python_worker, wait_workers, LEASE_TTL_MS,
 };
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 const DETAIL: &str = "worker did not answer in time";
@@ -232,8 +232,14 @@ async fn a_worker_body_that_pauses_too_long_is_cut_short_and_counted() {
     let streamed = "POST /counter/s/streamed HTTP/1.1\r\nhost: pb\r\n\
                     transfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
     for (what, request) in [
-        ("length", "GET /counter/s/length HTTP/1.1\r\nhost: pb\r\n\r\n"),
-        ("chunked", "GET /counter/s/chunked HTTP/1.1\r\nhost: pb\r\n\r\n"),
+        (
+            "length",
+            "GET /counter/s/length HTTP/1.1\r\nhost: pb\r\n\r\n",
+        ),
+        (
+            "chunked",
+            "GET /counter/s/chunked HTTP/1.1\r\nhost: pb\r\n\r\n",
+        ),
         ("streamed request (hyper)", streamed),
     ] {
         let mut client = Client::connect(pb.addr()).await;
@@ -266,7 +272,9 @@ async fn a_worker_body_that_pauses_too_long_is_cut_short_and_counted() {
         .await;
     for (gate, so_far) in gates.iter().zip([&b"a"[..], b"ab", b"abc"]) {
         let f = client
-            .read_until(false, Duration::from_secs(5), |f| f.body.len() >= so_far.len())
+            .read_until(false, Duration::from_secs(5), |f| {
+                f.body.len() >= so_far.len()
+            })
             .await;
         assert_eq!(f.body, so_far);
         // The pause itself: the stimulus, not a wait for a result.

@@ -632,7 +632,10 @@ async fn empty_transfer_encoding_elements_leave_the_body_chunked() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lenient_framing_is_refused_with_a_502() {
     const CASES: [(&str, &[u8]); 5] = [
-        ("plus-length", b"HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\nok"),
+        (
+            "plus-length",
+            b"HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\nok",
+        ),
         (
             "cr-in-size",
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\rX\nok\r\n0\r\n\r\n",
@@ -674,7 +677,11 @@ async fn lenient_framing_is_refused_with_a_502() {
         assert_ok(&f, b"good", &format!("after {name}"));
     }
     assert_eq!(worker.hits.load(Ordering::SeqCst), 10, "each went out once");
-    assert_eq!(conns(&worker), 6, "no refused answer's connection was reused");
+    assert_eq!(
+        conns(&worker),
+        6,
+        "no refused answer's connection was reused"
+    );
     drop(pb);
 }
 

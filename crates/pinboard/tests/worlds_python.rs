@@ -316,7 +316,10 @@ async fn host_names_bound_worlds(pb: &Proc, nodes: &[&Proc]) {
     wait_workers(&c, &pb.url, 2).await;
     let (p_plain, p_shop) = (process_of(&c, &plain).await, process_of(&c, &shop).await);
     for (n, node) in nodes.iter().enumerate() {
-        for (i, host) in ["shop.test", "SHOP.Test:8443", "shop.test:"].iter().enumerate() {
+        for (i, host) in ["shop.test", "SHOP.Test:8443", "shop.test:"]
+            .iter()
+            .enumerate()
+        {
             let url = format!("{}/counter/host{n}-{i}/hit", node.url);
             let body = eventually(&format!("{url} with Host {host}"), PATIENCE, || async {
                 let (status, body) = get_with_host(&c, &url, Some(host), None).await;
@@ -330,7 +333,11 @@ async fn host_names_bound_worlds(pb: &Proc, nodes: &[&Proc]) {
         for (i, host) in [None, Some("unbound.test")].into_iter().enumerate() {
             let url = format!("{}/counter/plain{n}-{i}/hit", node.url);
             let (status, body) = get_with_host(&c, &url, host, None).await;
-            assert_eq!((status, &body["process"]), (200, &p_plain), "{host:?}: {body}");
+            assert_eq!(
+                (status, &body["process"]),
+                (200, &p_plain),
+                "{host:?}: {body}"
+            );
         }
         // `Pinboard-Hostname` wins over `Host`.
         let (status, body) = get_with_host(
@@ -361,8 +368,7 @@ async fn host_names_bound_worlds(pb: &Proc, nodes: &[&Proc]) {
         })
         .await;
         assert_eq!(
-            body["detail"],
-            r#"no live worker serves this namespace for hostname "shop.test""#,
+            body["detail"], r#"no live worker serves this namespace for hostname "shop.test""#,
             "node {n}"
         );
     }

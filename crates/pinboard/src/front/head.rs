@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 use crate::accept::is_control_path;
+use crate::proxy::headers::HostError;
 
 /// Most fields in a request head the front parses (hyper's default too:
 /// a head with more goes to hyper, which refuses it).
@@ -134,6 +135,9 @@ pub struct Own {
     pub close: bool,
     /// The client takes trailers (`TE: trailers`).
     pub trailers: bool,
+    /// Its `Host` lines as RFC 9112 §3.2 wants them (exactly one): checked
+    /// here, in the pass over the fields, so the proxy need not look again.
+    pub host: Result<(), HostError>,
 }
 
 fn slice(head: &Bytes, (start, end): (u32, u32)) -> Bytes {
@@ -184,6 +188,7 @@ pub fn sort(head: &Bytes, layout: &Layout, fields: &Fields, body_limit: usize) -
     let mut body_len: Option<usize> = None;
     let mut close = false;
     let mut trailers = false;
+    let mut hosts = 0u32;
     for field in &fields.0 {
         let name_bytes = &head[field.name.0 as usize..field.name.1 as usize];
         let Ok(name) = HeaderName::from_bytes(name_bytes) else {
@@ -210,6 +215,8 @@ pub fn sort(head: &Bytes, layout: &Layout, fields: &Fields, body_limit: usize) -
             close |= lists(value.as_bytes(), b"close");
         } else if name == header::TE {
             trailers |= lists(value.as_bytes(), b"trailers");
+        } else if name == header::HOST {
+            hosts += 1;
         }
         headers.append(name, value);
     }
@@ -223,6 +230,11 @@ pub fn sort(head: &Bytes, layout: &Layout, fields: &Fields, body_limit: usize) -
         body_len: body_len.unwrap_or(0),
         close,
         trailers,
+        host: match hosts {
+            1 => Ok(()),
+            0 => Err(HostError::Missing),
+            _ => Err(HostError::Repeated),
+        },
     })
 }
 

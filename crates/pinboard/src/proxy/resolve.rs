@@ -261,24 +261,29 @@ struct Snapshot {
     /// check looks its owner up here.
     by_session: foldhash::HashMap<String, Arc<WorkerConn>>,
     /// Bound hostnames, lowercase: the store's record and every live
-    /// worker's (see [`Directory::bound_hostnames`]).
+    /// worker's (see [`View::binds`]).
     bound: Arc<foldhash::HashSet<Box<str>>>,
     fetched_mono_ms: Option<u64>,
 }
 
-/// The hostnames a client's `Host` may name a world by, as this node's
-/// worker view has them (see [`Directory::bound_hostnames`]).
+/// This node's worker view at one moment ([`Directory::view`]): what a
+/// request reads once and hands to its first resolution, so that a
+/// request reads the view once.
 #[derive(Debug, Clone)]
-pub struct BoundHostnames(Arc<Snapshot>);
+pub struct View(Arc<Snapshot>);
 
-impl BoundHostnames {
+impl View {
     /// No hostname is bound (a deployment without hostname worlds).
-    pub fn is_empty(&self) -> bool {
+    pub fn binds_none(&self) -> bool {
         self.0.bound.is_empty()
     }
 
-    /// Whether `hostname` is bound (ASCII case-insensitively).
-    pub fn contains(&self, hostname: &str) -> bool {
+    /// Whether `hostname` is bound, ASCII case-insensitively: a client's
+    /// `Host` naming it selects its world (`crate::world`). The bound
+    /// hostnames are every one a worker registered that the store
+    /// remembers ([`PlacementStore::bind_hostname`]) and every live
+    /// worker's, read with the worker list: no store call per request.
+    pub fn binds(&self, hostname: &str) -> bool {
         let bound = &self.0.bound;
         if bound.is_empty() || hostname.len() > crate::world::MAX_HOSTNAME_LEN {
             return false;
@@ -635,17 +640,15 @@ impl<S: PlacementStore> Directory<S> {
         Ok(snap)
     }
 
-    /// The hostnames a client request's `Host` selects a world by: every
-    /// hostname a worker registered that the store remembers
-    /// ([`PlacementStore::bind_hostname`]), and every live worker's. From
-    /// the worker view, so as fresh as it (re-read every `refresh_ms`, and
-    /// after a registration here): no store call per request.
+    /// The worker view (cached, re-read every `refresh_ms` and after a
+    /// registration here), for [`View::binds`] and a first
+    /// [`resolve_claiming_in`](Self::resolve_claiming_in).
     ///
     /// # Errors
     ///
     /// When the store fails (a view to refresh).
-    pub async fn bound_hostnames(&self) -> Result<BoundHostnames, StoreError> {
-        Ok(BoundHostnames(self.workers(false).await?))
+    pub async fn view(&self) -> Result<View, StoreError> {
+        Ok(View(self.workers(false).await?))
     }
 
     /// Number of live workers in the local view.
@@ -903,6 +906,26 @@ impl<S: PlacementStore> Directory<S> {
         scope: Scope<'_>,
         avoid: Avoid<'_>,
     ) -> Result<(Arc<Route>, bool), ResolveError> {
+        self.resolve_claiming_in(None, key, ns, id, scope, avoid)
+            .await
+    }
+
+    /// As [`resolve_claiming`](Self::resolve_claiming), on `view` (read
+    /// for this request already, [`view`](Self::view)) rather than a
+    /// second read of the worker view, unless `avoid` asks for a fresh one.
+    ///
+    /// # Errors
+    ///
+    /// [`ResolveError`]: no worker, quarantine, or a store failure.
+    pub async fn resolve_claiming_in(
+        &self,
+        mut view: Option<View>,
+        key: &str,
+        ns: &str,
+        id: &str,
+        scope: Scope<'_>,
+        avoid: Avoid<'_>,
+    ) -> Result<(Arc<Route>, bool), ResolveError> {
         if avoid.stale.is_none() && !avoid.refresh {
             if let Some(r) = self.cached(key) {
                 // A cached owner is trusted only while it is in the live
@@ -910,7 +933,10 @@ impl<S: PlacementStore> Directory<S> {
                 // costs no store call per request): a frozen or dead owner
                 // answers nothing at all, and must lose its ids once its
                 // lease lapsed, not after a client timeout.
-                let snap = self.workers(false).await?;
+                let snap = match view.take() {
+                    Some(View(snap)) => snap,
+                    None => self.workers(false).await?,
+                };
                 if snap.by_session.contains_key(&r.worker.record.session_id) {
                     // Routes are cached per id (ids are global); the world
                     // is checked on every hit: two comparisons.
@@ -929,7 +955,10 @@ impl<S: PlacementStore> Directory<S> {
         }
         let mut force = avoid.refresh;
         for _round in 0..3 {
-            let snap = self.workers(force).await?;
+            let snap = match view.take() {
+                Some(View(snap)) if !force => snap,
+                _ => self.workers(force).await?,
+            };
             force = true;
             let now = self.clock.now();
             let generation = self.generation.read().clone();

@@ -350,10 +350,13 @@ struct FramingFields {
 /// (RFC 9110 §8.6), as hyper and nginx read it. `u64::from_str` alone
 /// would take a leading `+`.
 fn content_length(value: &[u8]) -> Option<u64> {
-    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+    if value.is_empty() {
         return None;
     }
-    std::str::from_utf8(value).ok()?.parse().ok()
+    value.iter().try_fold(0u64, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
 }
 
 impl FramingFields {
@@ -459,6 +462,11 @@ impl RawBody {
                 pool.put_raw(conn);
             }
         }
+    }
+
+    /// The whole body is in memory already: reading it waits for nothing.
+    pub fn in_memory(&self) -> bool {
+        matches!(self.state, State::Whole(_))
     }
 
     fn fail(&mut self, e: ExchangeError) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
