@@ -21,6 +21,16 @@
 //! bytes, data frames of at most what one read returned. A connection is
 //! reused only after a complete, keep-alive HTTP/1.1 response with nothing
 //! after it.
+//!
+//! Framing is read as strictly as hyper and nginx read it, so that no
+//! parser between the worker and the client frames an answer differently
+//! (a smuggling gap): `Content-Length` is digits only; the body is chunked
+//! when the last coding of every `Transfer-Encoding` line, joined, is
+//! `chunked` (empty list elements do not count, RFC 9110 §5.6.1); a
+//! chunk-size line is hex digits, optional blanks and `;` extensions, then
+//! CRLF; a chunk's data ends with CRLF, never a bare LF. The chunk framing
+//! already read with the head is checked before the head is handed on, so
+//! bad framing there is a 502 rather than a cut body.
 
 use std::io;
 use std::pin::Pin;
@@ -71,11 +81,13 @@ pub enum ExchangeError {
 pub enum Reached {
     /// The request could not be written: nothing reached the worker.
     Nothing,
-    /// The request was written and the connection ended (closed or reset)
-    /// before a byte of an answer: the keep-alive race of a connection the
-    /// worker closed as it was reused, or a worker that died on it.
+    /// The request was written (or part of it) and the connection ended
+    /// (closed or reset) before a byte of an answer: the keep-alive race of
+    /// a connection the worker closed as it was reused, or a worker that
+    /// died on it.
     NoAnswer,
-    /// Part of an answer arrived, or the answer was invalid.
+    /// Part of an answer arrived, or the answer was invalid: the worker
+    /// took the request.
     Answer,
 }
 
@@ -147,8 +159,9 @@ impl Conn {
             return Err((Reached::Nothing, e.into()));
         }
         if !coalesce {
+            // Part of the request went out, and nothing of an answer came.
             if let Err(e) = self.io.write_all(body).await {
-                return Err((Reached::Answer, e.into()));
+                return Err((Reached::NoAnswer, e.into()));
             }
         }
         let head_only = head.method == Method::HEAD;
