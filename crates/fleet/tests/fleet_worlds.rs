@@ -223,3 +223,60 @@ async fn a_rust_worker_winds_down_when_a_newer_deployment_takes_over() {
         (&p_new, &Value::from(1))
     );
 }
+
+/// A browser's request names its world by `Host` alone: a bound hostname
+/// (the Rust worker registered `shop`), port stripped, any case; pinboard's
+/// own address is the hostless world; once the last `shop` worker is gone
+/// `Host: shop` answers 503 naming its world, never the hostless one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_alone_names_a_bound_hostname_world() {
+    let pb = pinboard().start();
+    let mut shop = rust_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", "shop")])
+        .start();
+    let plain = rust_worker(&pb.url).start();
+    let c = client();
+    wait_workers(&c, &pb.url, 2).await;
+    let (p_shop, p_plain) = (process_of(&c, &shop).await, process_of(&c, &plain).await);
+    let get = |url: String, host: Option<&'static str>| {
+        let c = c.clone();
+        async move {
+            let mut req = c.get(&url);
+            if let Some(h) = host {
+                req = req.header("host", h);
+            }
+            let res = req.send().await.expect("send");
+            let status = res.status().as_u16();
+            (status, res.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    for (i, host) in ["shop", "Shop:7070"].into_iter().enumerate() {
+        let url = format!("{}/counter/by-host{i}/hit", pb.url);
+        let body = eventually(&format!("{url} with Host {host}"), PATIENCE, || async {
+            let (status, body) = get(url.clone(), Some(host)).await;
+            assert!(status == 200 || status == 503, "{url}: {status} {body}");
+            (status == 200).then_some(body)
+        })
+        .await;
+        assert_eq!(body["process"], p_shop, "Host {host}");
+    }
+    let (status, body) = get(format!("{}/counter/by-address/hit", pb.url), None).await;
+    assert_eq!((status, &body["process"]), (200, &p_plain), "{body}");
+
+    shop.kill();
+    eventually("the shop worker gone", PATIENCE, || async {
+        (workers(&c, &pb.url).await.len() == 1).then_some(())
+    })
+    .await;
+    let url = format!("{}/counter/after/hit", pb.url);
+    let body = eventually("503 for Host: shop", PATIENCE, || async {
+        let (status, body) = get(url.clone(), Some("shop")).await;
+        assert_ne!(status, 200, "Host: shop reached a worker: {body}");
+        (status == 503).then_some(body)
+    })
+    .await;
+    assert_eq!(
+        body["detail"],
+        r#"no live worker serves this namespace for hostname "shop""#
+    );
+}

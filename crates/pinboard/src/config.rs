@@ -65,6 +65,11 @@ pub const DEFAULT_MAX_REGISTRY_BODY_BYTES: usize = 2 * 1024 * 1024;
 /// Default time a worker has to answer a proxied request with a response
 /// head, counted from when the request (body included) was sent.
 pub const DEFAULT_UPSTREAM_TIMEOUT_MS: u64 = 30_000;
+/// Default longest pause in a worker's answer body once its head came:
+/// nginx's `proxy_read_timeout`.
+pub const DEFAULT_UPSTREAM_BODY_TIMEOUT_MS: u64 = 60_000;
+/// Longest `--upstream-body-timeout-ms`: one year, as for operator deadlines.
+pub const MAX_UPSTREAM_BODY_TIMEOUT_MS: u64 = 365 * 24 * 3600 * 1000;
 /// Default time a cluster session a forced re-read did not find stays
 /// known as unknown (no further forced re-read for it).
 pub const DEFAULT_UNKNOWN_SESSION_TTL_MS: u64 = 1_000;
@@ -222,6 +227,16 @@ pub struct Config {
     /// sent; then the client gets 504 and the cached route is dropped.
     #[arg(long, env = "PINBOARD_UPSTREAM_TIMEOUT_MS", default_value_t = DEFAULT_UPSTREAM_TIMEOUT_MS)]
     pub upstream_timeout_ms: u64,
+
+    /// Longest pause in a worker's answer body once its head came, in
+    /// milliseconds (the time between two reads of it, as nginx's
+    /// `proxy_read_timeout`); past it the client's answer is aborted (cut
+    /// short, never ended as complete). A stream that must pause longer
+    /// (server-sent events with sparse events, say) needs a larger value.
+    /// Upgraded connections (WebSockets) have no such bound. At most one year.
+    #[arg(long, env = "PINBOARD_UPSTREAM_BODY_TIMEOUT_MS", default_value_t = DEFAULT_UPSTREAM_BODY_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(0..=MAX_UPSTREAM_BODY_TIMEOUT_MS))]
+    pub upstream_body_timeout_ms: u64,
 
     /// Time a cluster session (`Pinboard-Session`) that a forced re-read of
     /// the worker list did not find stays known as unknown, in
@@ -386,6 +401,7 @@ impl Config {
                 self.max_registry_body_bytes as u64,
             ),
             ("upstream-timeout-ms", self.upstream_timeout_ms),
+            ("upstream-body-timeout-ms", self.upstream_body_timeout_ms),
             ("unknown-session-ttl-ms", self.unknown_session_ttl_ms),
             ("placement-grace-ms", self.placement_grace_ms.unwrap_or(1)),
             (
@@ -507,12 +523,23 @@ mod tests {
         assert_eq!(c.max_header_bytes, DEFAULT_MAX_HEADER_BYTES);
         assert_eq!(c.max_registry_body_bytes, DEFAULT_MAX_REGISTRY_BODY_BYTES);
         assert_eq!(c.upstream_timeout_ms, DEFAULT_UPSTREAM_TIMEOUT_MS);
+        assert_eq!(c.upstream_body_timeout_ms, DEFAULT_UPSTREAM_BODY_TIMEOUT_MS);
+        assert!(Config::try_parse_from([
+            "pinboard",
+            "--token",
+            "t",
+            "--upstream-body-timeout-ms",
+            &(MAX_UPSTREAM_BODY_TIMEOUT_MS + 1).to_string(),
+        ])
+        .is_err());
         assert_eq!(c.takeover_wind_down_ms, DEFAULT_TAKEOVER_WIND_DOWN_MS);
         let c = Config::try_parse_from([
             "pinboard",
             "--token",
             "t",
             "--upstream-timeout-ms",
+            "0",
+            "--upstream-body-timeout-ms",
             "0",
             "--max-connections",
             "0",
@@ -525,6 +552,7 @@ mod tests {
             vec![
                 ConfigError::ZeroEdge("max-connections"),
                 ConfigError::ZeroEdge("upstream-timeout-ms"),
+                ConfigError::ZeroEdge("upstream-body-timeout-ms"),
                 ConfigError::SmallHeaderLimit,
             ]
         );

@@ -140,6 +140,9 @@ where
             if !fresh.is_empty() && (seen == 0 || fresh.contains(&b'\n')) {
                 match head::parse(&buf, &mut fields) {
                     Parse::Complete(layout) if layout.len <= limits.max_head => break layout,
+                    // `HTTP/1.2` and up are HTTP/1.1 to us (RFC 9112 §2.3),
+                    // where httparse (and hyper) refuse them: parse again.
+                    Parse::Hyper if head::lower_minor_version(&mut buf) => continue,
                     // hyper answers what the front will not: 431 to a head
                     // over the limit, 400 to a malformed one.
                     Parse::Complete(_) | Parse::Hyper => {
@@ -179,15 +182,21 @@ where
             trailers: own.trailers,
         };
         let mut close = own.close;
-        let res = match read_body(&mut io, &mut buf, own.body_len, limits.body_timeout).await {
-            Ok(body) => {
+        let read = read_body(&mut io, &mut buf, own.body_len, limits.body_timeout).await;
+        let res = match (read, own.host) {
+            (Ok(_), Err(bad_host)) => {
+                app.metrics.proxy_requests.inc();
+                proxy::host_refusal(bad_host)
+            }
+            (Ok(body), Ok(())) => {
                 let body = match body {
                     Some(bytes) => Body::from(bytes),
                     None => Body::empty(),
                 };
-                proxy::serve(&app, Some(&client), Request::from_parts(own.head, body)).await
+                let req = Request::from_parts(own.head, body);
+                proxy::serve_checked(&app, Some(&client), req).await
             }
-            Err(fault) => {
+            (Err(fault), _) => {
                 app.metrics.proxy_client_body_errors.inc();
                 close = true;
                 proxy::client_fault(fault)

@@ -51,6 +51,9 @@ pub struct Metrics {
     pub proxy_upstream_timeouts: Counter,
     /// Proxied requests whose client body failed or stalled (answered as the client's fault).
     pub proxy_client_body_errors: Counter,
+    /// Relayed answers aborted because the worker paused their body longer
+    /// than `--upstream-body-timeout-ms`.
+    pub proxy_upstream_body_stalls: Counter,
     /// Client connections open now.
     pub connections_open: Gauge,
     /// Connections closed on arrival because the connection cap was reached.
@@ -105,6 +108,7 @@ impl Metrics {
             sweep_last_lap_ms: Gauge::default(),
             proxy_upstream_timeouts: Counter::default(),
             proxy_client_body_errors: Counter::default(),
+            proxy_upstream_body_stalls: Counter::default(),
             connections_open: Gauge::default(),
             connections_refused: Counter::default(),
             connections_header_timeouts: Counter::default(),
@@ -211,6 +215,11 @@ impl Metrics {
             "pinboard_proxy_client_body_errors",
             "Proxied requests whose client body failed or stalled",
             m.proxy_client_body_errors.clone(),
+        );
+        registry.register(
+            "pinboard_proxy_upstream_body_stalls",
+            "Relayed answers aborted for a worker body pause over --upstream-body-timeout-ms",
+            m.proxy_upstream_body_stalls.clone(),
         );
         registry.register(
             "pinboard_connections_open",

@@ -181,6 +181,18 @@ pin_project_lite::pin_project! {
     }
 }
 
+impl ResBody {
+    /// The whole body is in memory already: reading it waits for nothing
+    /// (so no pause of the worker's can hold it up).
+    pub fn in_memory(&self) -> bool {
+        match self {
+            Self::Pooled { body } => body.in_memory(),
+            Self::Incoming { .. } => false,
+            Self::Buffered { .. } => true,
+        }
+    }
+}
+
 impl Body for ResBody {
     type Data = Bytes;
     type Error = BodyError;

@@ -274,6 +274,11 @@ pub enum StoreError {
     Closed,
 }
 
+/// Most hostnames a store remembers as bound (see
+/// [`PlacementStore::bind_hostname`]); past it, the one bound longest ago
+/// is forgotten. Hostnames come from authenticated registrations only.
+pub const MAX_BOUND_HOSTNAMES: usize = 10_000;
+
 /// Shared state of the control plane: worker records, control-message queues
 /// and placements. All methods are cancel safe in the sense that each is one
 /// atomic store operation (or a sequence whose partial effect is harmless).
@@ -325,6 +330,21 @@ pub trait PlacementStore: Send + Sync + 'static {
         &self,
         now: Now,
     ) -> impl Future<Output = Result<Vec<LiveWorker>, StoreError>> + Send;
+
+    /// Remember that a worker registered `hostname` (lowercase): from now
+    /// on a client's `Host` naming it selects its world, whether or not a
+    /// worker of it is live (`proxy`). Kept as long as the store keeps its
+    /// data, the [`MAX_BOUND_HOSTNAMES`] bound last; binding it again
+    /// makes it the newest.
+    fn bind_hostname(
+        &self,
+        hostname: &str,
+        now: Now,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Every hostname [`bind_hostname`](Self::bind_hostname) remembers
+    /// (lowercase, at most [`MAX_BOUND_HOSTNAMES`]).
+    fn bound_hostnames(&self) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
 
     /// Remember that `session_id` was displaced (for `ttl_ms`).
     fn mark_superseded(

@@ -25,13 +25,21 @@
 //! *client* broke (malformed chunked encoding, closed early) answers 400
 //! `request body could not be read`, one it stopped sending answers 408
 //! `request body not received in time`, both with `Connection: close`;
-//! neither drops the route nor counts as a worker failure.
+//! neither drops the route nor counts as a worker failure. Once the head
+//! came, the worker's body may pause at most `--upstream-body-timeout-ms`
+//! between two reads ([`pause`]); past it the client's answer is cut
+//! short. An HTTP/1.1 request without `Host`, or one with two, answers 400
+//! before anything else (RFC 9112 §3.2).
 //!
 //! # Retries
 //!
 //! At most `--proxy-retries` re-sends, decided by [`classify()`]. A request is
 //! only re-sent when resending is safe: its body is buffered (known length up
-//! to `--retry-body-limit`) or empty. Streaming bodies get exactly one
+//! to `--retry-body-limit`) or empty, and a transport failure is retried
+//! here only when nothing of the request reached the worker. One that
+//! reached it and met a closed connection before any answer byte was
+//! already sent once more by the pool when its method is idempotent
+//! (`upstream::Pool::send`); a malformed answer is never re-sent. Streaming bodies get exactly one
 //! attempt, and the worker's answer is relayed as is. A refusal that stays
 //! refused after the last retry is relayed to the client (with its
 //! `Retry-After`); a connect failure that persists answers 503 + `Retry-After`.
@@ -41,6 +49,7 @@ pub mod classify;
 pub mod cluster;
 pub mod headers;
 pub mod path;
+pub mod pause;
 pub mod resolve;
 
 use std::borrow::Cow;
@@ -71,13 +80,16 @@ use self::classify::{
 };
 use self::cluster::{Caller, ClusterError};
 pub use self::headers::ClientAddr;
-use self::headers::{add_forwarded, sanitize_request, sanitize_response, Scan};
-use self::resolve::{Avoid, ResolveError, WorkerConn};
+use self::headers::{
+    add_forwarded, sanitize_request, sanitize_response, single_host, HostError, Scan,
+};
+use self::pause::PauseBound;
+use self::resolve::{Avoid, ResolveError, View, WorkerConn};
 use crate::outbound::ResBody;
 use crate::placement::{Placement, PlacementStore};
 use crate::server::App;
 use crate::upstream::Stamp;
-use crate::world::{cluster_world, Scope, World, ENV_HEADER};
+use crate::world::{cluster_world, host_names, Scope, World, ENV_HEADER};
 
 /// Largest refusal body read to classify it.
 pub(crate) const MAX_REFUSAL_BODY: u64 = 4096;
@@ -96,6 +108,8 @@ pub struct ProxySettings {
     pub upstream_timeout: Duration,
     /// Time to read a buffered body whole; longest pause in a streamed one.
     pub body_timeout: Duration,
+    /// Longest pause in a worker's answer body once its head came ([`pause`]).
+    pub upstream_body_timeout: Duration,
 }
 
 /// `{"detail": …}` with `status` (and `Retry-After: 1` on 503).
@@ -136,9 +150,18 @@ fn cluster_refusal(e: ClusterError) -> Response {
     }
 }
 
-fn relay(res: http::Response<ResBody>) -> Response {
+/// The worker's answer as the client gets it: its headers cleaned, its
+/// body relayed as it comes, with no pause longer than
+/// `--upstream-body-timeout-ms` ([`pause`]).
+fn relay<S: PlacementStore>(app: &App<S>, res: http::Response<ResBody>) -> Response {
     let (mut parts, body) = res.into_parts();
     sanitize_response(&mut parts.headers);
+    // Most answers came whole with their head: nothing to bound.
+    if body.in_memory() {
+        return Response::from_parts(parts, Body::new(body));
+    }
+    let stalls = app.metrics.proxy_upstream_body_stalls.clone();
+    let body = PauseBound::new(body, app.proxy.upstream_body_timeout, stalls);
     Response::from_parts(parts, Body::new(body))
 }
 
@@ -251,6 +274,25 @@ pub async fn serve<S: PlacementStore>(
     client: Option<&ClientAddr>,
     req: Request<Body>,
 ) -> Response {
+    if let Err(e) = single_host(req.version(), req.headers()) {
+        app.metrics.proxy_requests.inc();
+        return host_refusal(e);
+    }
+    serve_checked(app, client, req).await
+}
+
+/// The 400 of a request whose `Host` lines are wrong ([`HostError`]).
+pub fn host_refusal(e: HostError) -> Response {
+    detail_response(StatusCode::BAD_REQUEST, &e.to_string())
+}
+
+/// [`serve`] for a request whose `Host` lines the caller checked already
+/// (the front does, in the pass over the fields it makes anyway).
+pub(crate) async fn serve_checked<S: PlacementStore>(
+    app: &App<S>,
+    client: Option<&ClientAddr>,
+    req: Request<Body>,
+) -> Response {
     app.metrics.proxy_requests.inc();
     let (mut parts, body) = req.into_parts();
     let path = parts.uri.path();
@@ -285,9 +327,22 @@ pub async fn serve<S: PlacementStore>(
             parts.headers.get(ENV_HEADER).cloned(),
         ),
     };
+    // Without a `Pinboard-Hostname`, `Host` may name a bound hostname's
+    // world (`crate::world`). The worker view read for it is the first
+    // resolution's too: one read of it per request, as without.
+    let (by_host, view) = match (&caller, &named.0) {
+        (None, None) => match app.directory.view().await {
+            Ok(view) => (bound_host(&view, &parts), Some(view)),
+            Err(e) => {
+                let e = ResolveError::Store(e);
+                return detail_response(StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
+            }
+        },
+        _ => (None, None),
+    };
     let world = match &caller {
         Some(c) => cluster_world(&parts.headers, &c.worker.record, target.ns),
-        None => World::from_values(named.0.as_ref(), named.1.as_ref()),
+        None => World::from_values(named.0.as_ref(), named.1.as_ref(), by_host.as_deref()),
     };
     let world = match world {
         Ok(w) => w,
@@ -333,7 +388,7 @@ pub async fn serve<S: PlacementStore>(
         &path_and_query,
         forwarding,
         (&key, target.ns, &id),
-        (caller.as_ref(), Scope::World(world)),
+        (caller.as_ref(), Scope::World(world), view),
         (&mut body, watch.as_ref()),
         (upgrade, on_upgrade),
     )
@@ -341,6 +396,22 @@ pub async fn serve<S: PlacementStore>(
     app.traffic
         .record(target.ns, res.status().as_u16(), started.elapsed());
     res
+}
+
+/// The bound hostname (see `crate::world`) the request's target authority
+/// or `Host` names in `view`, if any: the name with its port stripped, else
+/// with its port (a hostname registered with one).
+fn bound_host(view: &View, parts: &http::request::Parts) -> Option<String> {
+    if view.binds_none() {
+        return None;
+    }
+    let host = parts.headers.get(header::HOST);
+    let (bare, with_port) = host_names(&parts.uri, host)?;
+    [Some(bare), with_port]
+        .into_iter()
+        .flatten()
+        .find(|name| view.binds(name))
+        .map(str::to_owned)
 }
 
 /// The client's own forwarding values, for a request that arrived with
@@ -357,7 +428,7 @@ async fn forward<S: PlacementStore>(
     path_and_query: &PathAndQuery,
     forwarding: Forwarding<'_>,
     (key, ns, id): (&str, &str, &str),
-    (caller, scope): (Option<&Caller>, Scope<'_>),
+    (caller, scope, view): (Option<&Caller>, Scope<'_>, Option<View>),
     body: (&mut ReqBody, Option<&BodyWatch>),
     upgrade: (bool, Option<ClientUpgrade>),
 ) -> Response {
@@ -368,7 +439,7 @@ async fn forward<S: PlacementStore>(
         path_and_query,
         forwarding,
         (key, ns, id),
-        (caller, scope),
+        (caller, scope, view),
         body,
         upgrade,
         &mut refused,
@@ -394,7 +465,7 @@ async fn attempts<S: PlacementStore>(
     path_and_query: &PathAndQuery,
     forwarding: Forwarding<'_>,
     (key, ns, id): (&str, &str, &str),
-    (caller, scope): (Option<&Caller>, Scope<'_>),
+    (caller, scope, mut view): (Option<&Caller>, Scope<'_>, Option<View>),
     (body, watch): (&mut ReqBody, Option<&BodyWatch>),
     (upgrade, mut on_upgrade): (bool, Option<ClientUpgrade>),
     refused: &mut Option<Placement>,
@@ -419,7 +490,7 @@ async fn attempts<S: PlacementStore>(
         };
         let (route, claimed) = match app
             .directory
-            .resolve_claiming(key, ns, id, scope, avoid)
+            .resolve_claiming_in(view.take(), key, ns, id, scope, avoid)
             .await
         {
             Ok(r) => r,
@@ -468,7 +539,10 @@ async fn attempts<S: PlacementStore>(
                     return client_fault(fault);
                 }
                 app.metrics.proxy_upstream_errors.inc();
-                let v = classify_transport(e.before_send() || head.method.is_idempotent(), attempt);
+                // What reached the worker was already re-sent once if that
+                // was safe (`upstream::Pool::send`); only what never did is
+                // retried here.
+                let v = classify_transport(e.before_send(), attempt);
                 if v == Verdict::Relay || attempt >= retries {
                     app.directory.invalidate(key);
                     tracing::debug!(target: "pinboard::proxy", error = %e, "worker unreachable");
@@ -497,7 +571,7 @@ async fn attempts<S: PlacementStore>(
                     .exact()
                     .is_some_and(|n| n <= MAX_REFUSAL_BODY);
                 if !small || !worth_reading(res.status(), refusal_header) {
-                    return relay(res);
+                    return relay(app, res);
                 }
                 let (res_parts, res_body) = res.into_parts();
                 let read = tokio::time::timeout(app.proxy.upstream_timeout, res_body.collect());

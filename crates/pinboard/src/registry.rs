@@ -297,6 +297,11 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
             takeover: req.takeover,
             retire_at_wall_ms: None,
         };
+        // Bound before the worker is live: a `Host` naming the hostname
+        // selects its world from now on, on every node (`crate::world`).
+        if let Some(hostname) = &record.hostname {
+            self.store.bind_hostname(hostname, now).await?;
+        }
         self.store
             .put_worker(&record, self.config.lease_ttl_ms, now)
             .await?;

@@ -176,6 +176,7 @@ impl<S: PlacementStore> App<S> {
                 retry_body_limit: config.retry_body_limit,
                 upstream_timeout: Duration::from_millis(config.upstream_timeout_ms),
                 body_timeout: Duration::from_millis(config.body_timeout_ms),
+                upstream_body_timeout: Duration::from_millis(config.upstream_body_timeout_ms),
             },
             registry_body: BodyLimits {
                 max_bytes: config.max_registry_body_bytes,

@@ -383,6 +383,9 @@ impl Sim {
     }
 }
 
+/// The `Host` of a simulated client's request that names none.
+const SIM_HOST: &str = "pinboard.sim";
+
 /// The `fetch` params as an HTTP request to a node.
 fn http_request(params: &Value) -> Result<Request<Body>, SimError> {
     let method = params
@@ -399,6 +402,14 @@ fn http_request(params: &Value) -> Result<Request<Body>, SimError> {
                 builder = builder.header(name.as_str(), value);
             }
         }
+    }
+    // An HTTP/1.1 request carries a `Host` (the proxy answers 400 without
+    // one, RFC 9112 §3.2): the simulated client names the node.
+    let has_host = builder
+        .headers_ref()
+        .is_some_and(|h| h.contains_key(http::header::HOST));
+    if !has_host {
+        builder = builder.header(http::header::HOST, SIM_HOST);
     }
     let body = params
         .get("body")

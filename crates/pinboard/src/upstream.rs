@@ -152,10 +152,19 @@ pub enum SendError {
     /// sent (hyper's or [`h1`]'s error).
     #[error("worker connection closed before the request was sent: {0}")]
     Unsent(BodyError),
-    /// The request was (at least partly) sent and no response came back
-    /// (hyper's or [`h1`]'s error).
+    /// The request was (at least partly) sent and the connection ended
+    /// before an answer came back (hyper's or [`h1`]'s error). An
+    /// idempotent request was already sent once more on a new connection
+    /// (see [`Pool::send`]): the worker may have started it, so it is not
+    /// sent again.
     #[error("worker connection failed: {0}")]
     Failed(BodyError),
+    /// An answer came and was malformed or cut short (hyper's or [`h1`]'s
+    /// error): the worker took the request, and sending it again would
+    /// only meet the same answer (nginx does not retry an invalid header
+    /// by default either).
+    #[error("worker answer was malformed: {0}")]
+    BadAnswer(BodyError),
     /// The generic pooled client failed (sweeper calls, challenge probes).
     #[error("worker call failed: {0}")]
     Client(hyper_util::client::legacy::Error),
@@ -171,7 +180,7 @@ impl SendError {
         match self {
             Self::Connect(_) | Self::Unsent(_) => true,
             Self::Client(e) => e.is_connect(),
-            Self::Failed(_) | Self::Dropped(_) => false,
+            Self::Failed(_) | Self::BadAnswer(_) | Self::Dropped(_) => false,
         }
     }
 }
@@ -237,14 +246,24 @@ impl Pool {
 
     /// Sends `head` (origin-form URI) with `stamp`'s fields and `body` on
     /// an idle connection, or a new one; `upgrade`: the request asks to
-    /// switch protocols (hyper's client takes it). A request that a reused
-    /// connection refused unsent (the worker had closed it) goes out once
-    /// more on a fresh connection.
+    /// switch protocols (hyper's client takes it).
+    ///
+    /// # Re-sends
+    ///
+    /// A request that a reused connection refused unsent (the worker had
+    /// closed it) goes out again on another connection: nothing of it
+    /// reached the worker. An idempotent request with a buffered body
+    /// whose connection ended after it was sent and before a byte of an
+    /// answer (the keep-alive race of a connection the worker closed as it
+    /// was reused, or a worker that died on it) goes out once more, on a
+    /// new connection, and never a third time: the worker may have started
+    /// it. An answer that came malformed or cut short is never re-sent
+    /// ([`SendError::BadAnswer`]).
     ///
     /// # Errors
     ///
     /// [`SendError`]: connect failure, or the connection failing before a
-    /// response head arrived.
+    /// whole response head arrived.
     pub async fn send(
         self: &Arc<Self>,
         head: &http::request::Parts,
@@ -255,7 +274,7 @@ impl Pool {
         let plain = self.tls.is_none() && !upgrade;
         match body {
             Either::Left(buffered) if plain => self.send_raw(head, stamp, buffered).await,
-            body => self.send_hyper(stamped(head, stamp, body)).await,
+            body => self.send_hyper(head, stamp, body).await,
         }
     }
 
@@ -274,6 +293,8 @@ impl Pool {
         // After a reused connection failed, the next try dials: the other
         // idle ones may be as stale.
         let mut fresh = false;
+        // The one re-send of an unanswered idempotent request (see `send`).
+        let mut resend = head.method.is_idempotent();
         loop {
             let idle = if fresh { None } else { self.take_raw() };
             fresh = true;
@@ -286,13 +307,12 @@ impl Pool {
                 // The worker had closed an idle connection: nothing of the
                 // request went out, so it goes out once more on a new one.
                 Err((Reached::Nothing, _)) if reused => {}
-                // The same race seen later: the worker closed the reused
-                // connection as the request went out and never answered.
-                // An idempotent request goes out once more on a new
-                // connection; anything else is the proxy's to decide.
-                Err((Reached::NoAnswer, _)) if reused && head.method.is_idempotent() => {}
+                // The request went out and the connection ended before a
+                // byte of an answer.
+                Err((Reached::NoAnswer, _)) if resend => resend = false,
                 Err((Reached::Nothing, error)) => return Err(SendError::Unsent(error.into())),
-                Err((_, error)) => return Err(SendError::Failed(error.into())),
+                Err((Reached::NoAnswer, error)) => return Err(SendError::Failed(error.into())),
+                Err((Reached::Answer, error)) => return Err(SendError::BadAnswer(error.into())),
             }
         }
     }
@@ -300,10 +320,21 @@ impl Pool {
     /// [`send`](Self::send) over hyper's client.
     async fn send_hyper(
         self: &Arc<Self>,
-        mut request: Request<UpstreamBody>,
+        head: &http::request::Parts,
+        stamp: &Stamp<'_>,
+        body: UpstreamBody,
     ) -> Result<http::Response<PooledBody>, SendError> {
+        // The one re-send of an unanswered idempotent request (see `send`)
+        // needs its body again: only a buffered one can be.
+        let mut resend = match &body {
+            Either::Left(buffered) if head.method.is_idempotent() => Some(buffered.clone()),
+            _ => None,
+        };
+        let mut request = stamped(head, stamp, body);
+        let mut fresh = false;
         loop {
-            let (mut sender, reused) = match self.take() {
+            let idle = if fresh { None } else { self.take() };
+            let (mut sender, reused) = match idle {
                 Some(sender) => (sender, true),
                 // Boxed: dialling (TCP, TLS, the HTTP handshake) is a
                 // large future on a cold path; inline, its size would be
@@ -326,7 +357,17 @@ impl Pool {
                 Err(mut error) => match error.take_message() {
                     Some(unsent) if reused => request = unsent,
                     Some(_) => return Err(SendError::Unsent(error.into_error().into())),
-                    None => return Err(SendError::Failed(error.into_error().into())),
+                    None => {
+                        let error = error.into_error();
+                        if error.is_parse() {
+                            return Err(SendError::BadAnswer(error.into()));
+                        }
+                        let Some(again) = resend.take() else {
+                            return Err(SendError::Failed(error.into()));
+                        };
+                        request = stamped(head, stamp, Either::Left(again));
+                        fresh = true;
+                    }
                 },
             }
         }
@@ -454,6 +495,17 @@ pin_project_lite::pin_project! {
 
 /// The error of a [`PooledBody`]: hyper's or [`h1`]'s.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+impl PooledBody {
+    /// The whole body is in memory already (most answers of [`h1`]'s):
+    /// reading it waits for nothing.
+    pub fn in_memory(&self) -> bool {
+        match self {
+            Self::Raw { body } => body.in_memory(),
+            Self::Hyper { .. } => false,
+        }
+    }
+}
 
 impl http_body::Body for PooledBody {
     type Data = Bytes;

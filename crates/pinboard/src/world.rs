@@ -16,10 +16,20 @@
 //!   so does pinboard, so the hostless world has no environment.
 //! - Hostnames compare ASCII case-insensitively (they are DNS names);
 //!   environments compare exactly.
-//! - A client request names its world with `Pinboard-Hostname` and
-//!   `Pinboard-Env`; neither header means the hostless world. The seeds name
-//!   no client header for the environment, so `Pinboard-Env` is pinboard's
-//!   own; it needs `Pinboard-Hostname`.
+//! - A client request names its hostname with `Pinboard-Hostname`; without
+//!   it, with `Host` (its port stripped; the authority of an absolute-form
+//!   target wins over `Host`, RFC 9112 §3.2.2) when that is a *bound*
+//!   hostname: one a worker registered and the store still remembers,
+//!   whether or not a worker of it is live now (the proxy's
+//!   `Directory::bound_hostnames`). A browser cannot set headers, and the
+//!   JS document's `clusterHost` design has `Host` name the world, with
+//!   `Pinboard-Hostname` for a pinboard behind a front door that routes by
+//!   `Host`. Any other `Host` (pinboard's own address, say) is the
+//!   hostless world. So a hostname world whose last worker is gone answers
+//!   503 naming itself, never the hostless world's answer.
+//! - `Pinboard-Env` names the environment within that hostname. The seeds
+//!   name no client header for it, so it is pinboard's own; it needs a
+//!   hostname (named either way).
 //! - A cluster call stays in its caller's world (wire.md §11: "reaches only
 //!   worlds the caller's own registration covers"); see [`cluster_world`].
 
@@ -156,10 +166,12 @@ impl<'a> World<'a> {
     ///
     /// A malformed header, or an environment without a hostname.
     pub fn from_client(headers: &'a HeaderMap) -> Result<Self, WorldError> {
-        Self::from_values(headers.get(HOSTNAME), headers.get(ENV_HEADER))
+        Self::from_values(headers.get(HOSTNAME), headers.get(ENV_HEADER), None)
     }
 
-    /// The world named by a `Pinboard-Hostname` and a `Pinboard-Env` value.
+    /// The world named by a `Pinboard-Hostname` and a `Pinboard-Env` value;
+    /// without a `Pinboard-Hostname`, `by_host` (a bound hostname the
+    /// request's `Host` names, see the module doc) is the hostname.
     ///
     /// # Errors
     ///
@@ -167,9 +179,10 @@ impl<'a> World<'a> {
     pub fn from_values(
         hostname: Option<&'a HeaderValue>,
         env: Option<&'a HeaderValue>,
+        by_host: Option<&'a str>,
     ) -> Result<Self, WorldError> {
         let hostname = match hostname.map(HeaderValue::to_str) {
-            None => None,
+            None => by_host,
             Some(Err(_)) => return Err(WorldError::MalformedHostname("not visible ASCII")),
             Some(Ok(h)) => {
                 validate_hostname(h).map_err(WorldError::MalformedHostname)?;
@@ -211,6 +224,27 @@ impl<'a> World<'a> {
             ),
         })
     }
+}
+
+/// The hostname a client request's `Host` names, for the bound-hostname
+/// rule (module doc): the authority of an absolute-form target, else the
+/// `Host` value; its port stripped. `None` when there is none or it is not
+/// a hostname at all. With its port kept too, when it had one (a hostname
+/// may be registered with a port): the caller tries the bare one first.
+pub fn host_names<'a>(
+    uri: &'a http::Uri,
+    host: Option<&'a HeaderValue>,
+) -> Option<(&'a str, Option<&'a str>)> {
+    let named = match uri.authority() {
+        Some(authority) => authority.as_str(),
+        None => host?.to_str().ok()?,
+    };
+    let bare = match named.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => named,
+    };
+    validate_hostname(bare).ok()?;
+    Some((bare, (bare.len() < named.len()).then_some(named)))
 }
 
 impl Scope<'_> {
@@ -370,6 +404,69 @@ mod tests {
         let long = "a".repeat(MAX_HOSTNAME_LEN + 1);
         let h = headers(&[("pinboard-hostname", &long)]);
         assert!(World::from_client(&h).is_err());
+    }
+
+    #[test]
+    fn host_names_a_hostname_with_its_port_stripped() {
+        let value = |v: &'static str| HeaderValue::from_static(v);
+        let origin: http::Uri = "/c/a".parse().expect("uri");
+        for (host, want) in [
+            ("shop.test", Some(("shop.test", None))),
+            (
+                "Shop.Test:8080",
+                Some(("Shop.Test", Some("Shop.Test:8080"))),
+            ),
+            (
+                "127.0.0.1:7070",
+                Some(("127.0.0.1", Some("127.0.0.1:7070"))),
+            ),
+            ("[::1]:7070", None),
+            ("", None),
+            ("a b", None),
+            ("shop.test:", Some(("shop.test", Some("shop.test:")))),
+        ] {
+            let v = value(host);
+            assert_eq!(host_names(&origin, Some(&v)), want, "{host:?}");
+        }
+        assert_eq!(host_names(&origin, None), None);
+        // An absolute-form target's authority wins over Host.
+        let absolute: http::Uri = "http://shop.test:80/c/a".parse().expect("uri");
+        let v = value("other.test");
+        assert_eq!(
+            host_names(&absolute, Some(&v)),
+            Some(("shop.test", Some("shop.test:80")))
+        );
+    }
+
+    #[test]
+    fn a_bound_host_is_the_hostname_unless_pinboard_hostname_names_one() {
+        let named = HeaderValue::from_static("named.test");
+        let env = HeaderValue::from_static("staging");
+        assert_eq!(
+            World::from_values(None, None, Some("shop.test")),
+            Ok(World {
+                hostname: Some("shop.test"),
+                env: None
+            })
+        );
+        assert_eq!(
+            World::from_values(Some(&named), Some(&env), Some("shop.test")),
+            Ok(World {
+                hostname: Some("named.test"),
+                env: Some("staging")
+            })
+        );
+        assert_eq!(
+            World::from_values(None, Some(&env), Some("shop.test")),
+            Ok(World {
+                hostname: Some("shop.test"),
+                env: Some("staging")
+            })
+        );
+        assert_eq!(
+            World::from_values(None, Some(&env), None),
+            Err(WorldError::EnvWithoutHostname)
+        );
     }
 
     #[test]

@@ -286,3 +286,84 @@ async fn a_head_dripped_a_byte_at_a_time_is_served_once_whole() {
     assert_eq!(worker.hits.load(Ordering::Relaxed), 2);
     drop(pb);
 }
+
+/// RFC 9112 §2.3: a request of a higher minor version is read as HTTP/1.1
+/// (httparse, and hyper with it, refuse anything but 1.0 and 1.1); §3.2:
+/// an HTTP/1.1 request without `Host`, or any request with two, is a 400
+/// and never reaches a worker, whether the front or hyper (a chunked body
+/// or HTTP/1.0 hands the connection over) reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minor_versions_above_1_1_are_served_and_host_lines_are_checked() {
+    let (pb, worker, mut client) = setup(&[], echo).await;
+    client
+        .send(b"GET /counter/v/minor HTTP/1.2\r\nhost: pb\r\n\r\n")
+        .await;
+    let f = client.response(false, PATIENCE).await;
+    assert_eq!(f.status, 200, "{:?}", String::from_utf8_lossy(&f.body));
+    assert_eq!(String::from_utf8_lossy(&f.body), "GET /counter/v/minor");
+    // The version in a write of its own, after the rest of the line.
+    client.send(b"GET /counter/v/split HTTP/1.").await;
+    client.send(b"9\r\nhost: pb\r\n\r\n").await;
+    let f = client.response(false, PATIENCE).await;
+    assert_eq!(String::from_utf8_lossy(&f.body), "GET /counter/v/split");
+    for seen in worker.seen.lock().iter() {
+        assert!(
+            seen.request_line.ends_with(" HTTP/1.1"),
+            "{}",
+            seen.request_line
+        );
+    }
+
+    for (what, request, detail) in [
+        (
+            "missing",
+            "GET /counter/v/no-host HTTP/1.1\r\n\r\n",
+            "missing Host header",
+        ),
+        (
+            "repeated",
+            "GET /counter/v/two-hosts HTTP/1.1\r\nhost: pb\r\nhost: other\r\n\r\n",
+            "more than one Host header",
+        ),
+        (
+            "missing, with a chunked body (hyper)",
+            "POST /counter/v/no-host-chunked HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n\
+             3\r\nabc\r\n0\r\n\r\n",
+            "missing Host header",
+        ),
+        (
+            "repeated, HTTP/1.0 (hyper)",
+            "GET /counter/v/two-hosts-1.0 HTTP/1.0\r\nhost: pb\r\nhost: other\r\n\r\n",
+            "more than one Host header",
+        ),
+    ] {
+        let mut client = Client::connect(pb.addr()).await;
+        client.send(request.as_bytes()).await;
+        let f = client.response(false, PATIENCE).await;
+        assert_eq!(
+            f.status,
+            400,
+            "{what}: {:?}",
+            String::from_utf8_lossy(&f.body)
+        );
+        assert_eq!(f.json()["detail"], detail, "{what}");
+    }
+    // HTTP/1.0 needs no Host.
+    let mut old = Client::connect(pb.addr()).await;
+    old.send(b"GET /counter/v/old HTTP/1.0\r\n\r\n").await;
+    let f = old.response(false, PATIENCE).await;
+    assert_eq!(f.status, 200);
+    assert_eq!(String::from_utf8_lossy(&f.body), "GET /counter/v/old");
+    let targets: Vec<String> = worker
+        .seen
+        .lock()
+        .iter()
+        .map(|s| target(s).to_owned())
+        .collect();
+    assert_eq!(
+        targets,
+        ["/counter/v/minor", "/counter/v/split", "/counter/v/old"],
+        "a refused request reached the worker"
+    );
+    drop(pb);
+}

@@ -1,18 +1,25 @@
 //! The proxy's deadline toward workers: a frozen (SIGSTOPped) Python worker
 //! or a worker that never answers yields 504 within `--upstream-timeout-ms`,
 //! is never re-sent the request, and loses its ids once its lease lapses;
-//! the idempotent re-send after a dropped worker connection still works.
+//! the idempotent re-send after a dropped worker connection still works;
+//! a worker's answer body that pauses longer than
+//! `--upstream-body-timeout-ms` is cut short and counted, on both upstream
+//! paths, while an upgraded connection may stay silent.
 
 mod support;
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::raw::{metric, raw_worker, Answer};
+use support::raw::{
+    connect, metric, raw_worker, wait_closed, Act, Answer, Client, Ended, Gate, Seen,
+};
 use support::{
     client, eventually, get_json, id_on, pinboard, python_worker, wait_workers, LEASE_TTL_MS,
 };
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
 const DETAIL: &str = "worker did not answer in time";
@@ -172,4 +179,152 @@ async fn a_dropped_worker_connection_re_sends_idempotent_requests_only() {
         1,
         "a POST is never re-sent"
     );
+}
+
+/// The longest pause a worker's answer body may take in the two tests
+/// below (`--upstream-body-timeout-ms`).
+const BODY_PAUSE_MS: u64 = 600;
+
+fn target(seen: &Seen) -> &str {
+    seen.request_line.split_whitespace().nth(1).unwrap_or("")
+}
+
+/// `--upstream-body-timeout-ms` bounds each pause in a worker's answer
+/// body, on both upstream paths (pinboard's own HTTP/1 client for a
+/// buffered request, hyper's for a streamed one, whose client connection
+/// hyper's server then serves): past it the client's answer is cut (no
+/// last chunk, or a length never reached, the connection closed) and
+/// counted; pauses under it, however many, pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_body_that_pauses_too_long_is_cut_short_and_counted() {
+    let pb = pinboard()
+        .args(&[
+            "--lease-ttl-ms",
+            "60000",
+            "--upstream-body-timeout-ms",
+            &BODY_PAUSE_MS.to_string(),
+        ])
+        .start();
+    let never = Gate::new();
+    let gates: Vec<Arc<Gate>> = (0..3).map(|_| Gate::new()).collect();
+    let (n, g) = (never.clone(), gates.clone());
+    raw_worker(&pb.url, "stall", move |seen, _| {
+        let chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n";
+        let head = match target(seen) {
+            "/counter/s/length" => b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nfirst".to_vec(),
+            "/counter/s/paced" => {
+                return Answer::Script(vec![
+                    Act::Write(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\na".to_vec()),
+                    Act::Wait(g[0].clone()),
+                    Act::Write(b"b".to_vec()),
+                    Act::Wait(g[1].clone()),
+                    Act::Write(b"c".to_vec()),
+                    Act::Wait(g[2].clone()),
+                    Act::Write(b"d".to_vec()),
+                ])
+            }
+            _ => chunked.to_vec(),
+        };
+        Answer::Script(vec![Act::Write(head), Act::Wait(n.clone())])
+    })
+    .await;
+
+    let streamed = "POST /counter/s/streamed HTTP/1.1\r\nhost: pb\r\n\
+                    transfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    for (what, request) in [
+        (
+            "length",
+            "GET /counter/s/length HTTP/1.1\r\nhost: pb\r\n\r\n",
+        ),
+        (
+            "chunked",
+            "GET /counter/s/chunked HTTP/1.1\r\nhost: pb\r\n\r\n",
+        ),
+        ("streamed request (hyper)", streamed),
+    ] {
+        let mut client = Client::connect(pb.addr()).await;
+        let sent = Instant::now();
+        client.send(request.as_bytes()).await;
+        let f = client
+            .read_until_or_end(false, Duration::from_secs(10), |f| f.complete)
+            .await
+            .unwrap_or_else(|| panic!("{what}: no head"));
+        let took = sent.elapsed();
+        assert_eq!(f.status, 200, "{what}");
+        assert!(client.ended(), "{what}: the connection stays open");
+        assert!(!f.complete, "{what}: a cut body relayed as complete");
+        assert_eq!(f.body, b"first", "{what}");
+        assert!(
+            took >= Duration::from_millis(BODY_PAUSE_MS),
+            "{what}: cut after {took:?}"
+        );
+    }
+    assert_eq!(
+        metric(&pb.url, "pinboard_proxy_upstream_body_stalls_total").await,
+        3.0
+    );
+
+    // Three pauses of half the bound: longer together than the bound, each
+    // under it.
+    let mut client = Client::connect(pb.addr()).await;
+    client
+        .send(b"GET /counter/s/paced HTTP/1.1\r\nhost: pb\r\n\r\n")
+        .await;
+    for (gate, so_far) in gates.iter().zip([&b"a"[..], b"ab", b"abc"]) {
+        let f = client
+            .read_until(false, Duration::from_secs(5), |f| {
+                f.body.len() >= so_far.len()
+            })
+            .await;
+        assert_eq!(f.body, so_far);
+        // The pause itself: the stimulus, not a wait for a result.
+        tokio::time::sleep(Duration::from_millis(BODY_PAUSE_MS / 2)).await;
+        gate.open();
+    }
+    let f = client.response(false, Duration::from_secs(5)).await;
+    assert!(f.complete && f.body == b"abcd", "{:?}", f.body);
+    assert_eq!(
+        metric(&pb.url, "pinboard_proxy_upstream_body_stalls_total").await,
+        3.0
+    );
+}
+
+/// An upgraded connection is spliced, not relayed as a body: it may stay
+/// silent longer than `--upstream-body-timeout-ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_connection_may_stay_silent_past_the_body_pause_bound() {
+    let pb = pinboard()
+        .args(&[
+            "--lease-ttl-ms",
+            "60000",
+            "--upstream-body-timeout-ms",
+            &BODY_PAUSE_MS.to_string(),
+        ])
+        .start();
+    raw_worker(&pb.url, "echo", |_, _| Answer::SwitchEcho).await;
+    let mut s = connect(pb.addr()).await;
+    s.write_all(
+        b"GET /counter/ws/x HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut byte))
+            .await
+            .expect("a 101 in time")
+            .expect("read");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    let (ended, _) = wait_closed(&mut s, Duration::from_millis(3 * BODY_PAUSE_MS)).await;
+    assert_eq!(ended, Ended::Open, "the silent upgraded connection was cut");
+    s.write_all(b"ping").await.expect("write");
+    let mut echo = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut echo))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    assert_eq!(&echo, b"ping");
 }

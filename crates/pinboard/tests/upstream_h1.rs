@@ -588,3 +588,147 @@ async fn request_bodies_go_out_with_exactly_their_length() {
     assert_eq!(conns(&worker), 1);
     drop(pb);
 }
+
+/// RFC 9110 §5.6.1: empty elements of a list do not count, and the
+/// `Transfer-Encoding` lines of a head are one list: each of these is a
+/// chunked body, relayed decoded (a reader that saw the empty element
+/// last would relay the chunk framing as the body, or wait for a close
+/// that a keep-alive worker never sends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_transfer_encoding_elements_leave_the_body_chunked() {
+    const CASES: [(&str, &str); 4] = [
+        ("trailing-comma", "transfer-encoding: chunked,\r\n"),
+        ("trailing-blank", "transfer-encoding: chunked, \r\n"),
+        ("leading-comma", "transfer-encoding: , chunked\r\n"),
+        (
+            "empty-line",
+            "transfer-encoding: chunked\r\ntransfer-encoding:\r\n",
+        ),
+    ];
+    let (pb, worker, mut client) = setup("telists", |seen, _| {
+        let field = CASES
+            .iter()
+            .find(|(name, _)| target(seen).ends_with(name))
+            .map_or("transfer-encoding: chunked\r\n", |(_, field)| field);
+        writes([format!("HTTP/1.1 200 OK\r\n{field}\r\n2\r\nok\r\n0\r\n\r\n").as_bytes()])
+    })
+    .await;
+    for (name, _) in CASES {
+        let f = get(&mut client, &format!("/counter/te/{name}")).await;
+        assert_ok(&f, b"ok", name);
+    }
+    assert_eq!(
+        conns(&worker),
+        1,
+        "each body ended at its last chunk: one connection"
+    );
+    drop(pb);
+}
+
+/// What lenient parsers take and hyper and nginx refuse: a signed
+/// `Content-Length`, text after a chunk size (after a space, a tab or a
+/// bare CR), and a bare LF after a chunk's data. Each is a 502, sent once;
+/// the connection is dropped and the next request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lenient_framing_is_refused_with_a_502() {
+    const CASES: [(&str, &[u8]); 5] = [
+        (
+            "plus-length",
+            b"HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\nok",
+        ),
+        (
+            "cr-in-size",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\rX\nok\r\n0\r\n\r\n",
+        ),
+        (
+            "text-after-size",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2 X\r\nok\r\n0\r\n\r\n",
+        ),
+        (
+            "tab-text-after-size",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\tX\r\nok\r\n0\r\n\r\n",
+        ),
+        (
+            "bare-lf-after-data",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\n0\r\n\r\n",
+        ),
+    ];
+    let (pb, worker, mut client) = setup("lenient", |seen, _| {
+        match CASES.iter().find(|(name, _)| target(seen).ends_with(name)) {
+            Some((_, bytes)) => writes([bytes]),
+            None => writes([&ok("good")]),
+        }
+    })
+    .await;
+    for (name, _) in CASES {
+        let f = get(&mut client, &format!("/counter/l/{name}")).await;
+        assert_eq!(
+            f.status,
+            502,
+            "{name}: {:?}",
+            String::from_utf8_lossy(&f.body)
+        );
+        assert_eq!(
+            f.json(),
+            json!({"detail": "worker connection failed mid-request"}),
+            "{name}"
+        );
+        let f = get(&mut client, "/counter/l/good").await;
+        assert_ok(&f, b"good", &format!("after {name}"));
+    }
+    assert_eq!(worker.hits.load(Ordering::SeqCst), 10, "each went out once");
+    assert_eq!(
+        conns(&worker),
+        6,
+        "no refused answer's connection was reused"
+    );
+    drop(pb);
+}
+
+/// With the default `--proxy-retries` (8): a worker that answers a GET
+/// with garbage gets it once (the worker took it; nginx's
+/// `proxy_next_upstream` leaves `invalid_header` out by default), one that
+/// closes the connection without a byte of answer gets it twice (one
+/// re-send on a new connection, as for a keep-alive connection the worker
+/// closed as it was reused), never nine times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_worker_may_have_started_is_sent_at_most_twice() {
+    let pb = pinboard()
+        .args(&["--lease-ttl-ms", "60000", "--io-threads", "1"])
+        .start();
+    let (worker, _) = raw_worker(&pb.url, "resend", |seen, _| match target(seen) {
+        "/counter/r/garbage" | "/counter/r/garbage-put" => writes([b"SPLAT nonsense\r\n\r\n"]),
+        "/counter/r/cut" => Answer::Script(vec![
+            Act::Write(b"HTTP/1.1 200 OK\r\ncontent-le".to_vec()),
+            Act::Close,
+        ]),
+        "/counter/r/silent" | "/counter/r/silent-post" => Answer::Close,
+        _ => writes([&ok("fine")]),
+    })
+    .await;
+    let mut client = Client::connect(pb.addr()).await;
+    let hits = || worker.hits.load(Ordering::SeqCst);
+    for (method, path, sends) in [
+        ("GET", "/counter/r/garbage", 1),
+        ("PUT", "/counter/r/garbage-put", 1),
+        ("GET", "/counter/r/cut", 1),
+        ("GET", "/counter/r/silent", 2),
+        ("POST", "/counter/r/silent-post", 1),
+    ] {
+        let before = hits();
+        client
+            .send(&request(method, path, "content-length: 0\r\n"))
+            .await;
+        let f = client.response(false, PATIENCE).await;
+        assert_eq!(
+            f.status,
+            502,
+            "{method} {path}: {:?}",
+            String::from_utf8_lossy(&f.body)
+        );
+        assert_eq!(hits() - before, sends, "{method} {path}: times sent");
+        let f = get(&mut client, "/counter/r/after").await;
+        assert_ok(&f, b"fine", &format!("after {path}"));
+    }
+    drop(pb);
+}

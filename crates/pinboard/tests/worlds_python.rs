@@ -4,7 +4,9 @@
 //! (`Pinboard-Hostname`, `Pinboard-Env`), cluster calls stay in their
 //! caller's world (the reference sends `Host: <hostname>`), ids stay global
 //! (409 from another world), and `takeover: "wind_down"` drains the older
-//! deployment, lets its in-flight work finish, then supersedes it.
+//! deployment, lets its in-flight work finish, then supersedes it. Without
+//! `Pinboard-Hostname`, a client's `Host` names a bound hostname's world,
+//! on every node of one Redis, also once its last worker is gone.
 
 mod support;
 
@@ -276,4 +278,112 @@ async fn wind_down_takeover(pb: &Proc) {
             .contains("winding an older deployment down"),
         "pinboard logged the wind-down"
     );
+}
+
+/// GET `url` with `Host: host` (and `Pinboard-Hostname: named`, when
+/// given); status and JSON body (or `Null`).
+async fn get_with_host(
+    c: &reqwest::Client,
+    url: &str,
+    host: Option<&str>,
+    named: Option<&str>,
+) -> (u16, Value) {
+    let mut req = c.get(url);
+    if let Some(h) = host {
+        req = req.header("host", h);
+    }
+    if let Some(n) = named {
+        req = req.header("pinboard-hostname", n);
+    }
+    let res = req.send().await.expect("send");
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+/// A browser cannot set `Pinboard-Hostname`: `Host` names the world when
+/// it is a bound hostname (one a worker registered, port stripped, any
+/// case), on every node of the store; any other `Host` is the hostless
+/// world; `Pinboard-Hostname` wins over `Host`. Once the last `shop.test`
+/// worker is gone, `Host: shop.test` answers 503 naming its world, never
+/// the hostless one. `nodes` all share `pb`'s store.
+async fn host_names_bound_worlds(pb: &Proc, nodes: &[&Proc]) {
+    const SHOP: &str = "shop.test";
+    let plain = python_worker(&pb.url).start();
+    let mut shop = python_worker(&pb.url)
+        .envs(&[("PINNED_HOSTNAME", SHOP)])
+        .start();
+    let c = client();
+    wait_workers(&c, &pb.url, 2).await;
+    let (p_plain, p_shop) = (process_of(&c, &plain).await, process_of(&c, &shop).await);
+    for (n, node) in nodes.iter().enumerate() {
+        for (i, host) in ["shop.test", "SHOP.Test:8443", "shop.test:"]
+            .iter()
+            .enumerate()
+        {
+            let url = format!("{}/counter/host{n}-{i}/hit", node.url);
+            let body = eventually(&format!("{url} with Host {host}"), PATIENCE, || async {
+                let (status, body) = get_with_host(&c, &url, Some(host), None).await;
+                assert!(status == 200 || status == 503, "{url}: {status} {body}");
+                (status == 200).then_some(body)
+            })
+            .await;
+            assert_eq!(body["process"], p_shop, "node {n}, Host {host}");
+        }
+        // pinboard's own address, or a hostname nobody bound: hostless.
+        for (i, host) in [None, Some("unbound.test")].into_iter().enumerate() {
+            let url = format!("{}/counter/plain{n}-{i}/hit", node.url);
+            let (status, body) = get_with_host(&c, &url, host, None).await;
+            assert_eq!(
+                (status, &body["process"]),
+                (200, &p_plain),
+                "{host:?}: {body}"
+            );
+        }
+        // `Pinboard-Hostname` wins over `Host`.
+        let (status, body) = get_with_host(
+            &c,
+            &format!("{}/counter/named{n}/hit", node.url),
+            Some(SHOP),
+            Some("other.test"),
+        )
+        .await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(
+            body["detail"],
+            r#"no live worker serves this namespace for hostname "other.test""#
+        );
+    }
+
+    shop.kill();
+    eventually("the shop.test worker gone", PATIENCE, || async {
+        (workers(&c, &pb.url).await.len() == 1).then_some(())
+    })
+    .await;
+    for (n, node) in nodes.iter().enumerate() {
+        let url = format!("{}/counter/after{n}/hit", node.url);
+        let body = eventually(&format!("{url}: 503 for shop.test"), PATIENCE, || async {
+            let (status, body) = get_with_host(&c, &url, Some(SHOP), None).await;
+            assert_ne!(status, 200, "Host: shop.test reached a worker: {body}");
+            (status == 503).then_some(body)
+        })
+        .await;
+        assert_eq!(
+            body["detail"], r#"no live worker serves this namespace for hostname "shop.test""#,
+            "node {n}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_names_bound_worlds_on_the_memory_store() {
+    let pb = pinboard().start();
+    host_names_bound_worlds(&pb, &[&pb]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_names_bound_worlds_on_two_nodes_of_one_redis() {
+    let prefix = redis_prefix("worlds-host");
+    let pb = pinboard().shared_redis(&prefix).start();
+    let other = pinboard().shared_redis(&prefix).start();
+    host_names_bound_worlds(&pb, &[&pb, &other]).await;
 }

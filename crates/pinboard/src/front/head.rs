@@ -15,6 +15,7 @@ use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 use crate::accept::is_control_path;
+use crate::proxy::headers::HostError;
 
 /// Most fields in a request head the front parses (hyper's default too:
 /// a head with more goes to hyper, which refuses it).
@@ -90,6 +91,39 @@ pub fn parse(buf: &BytesMut, fields: &mut Fields) -> Parse {
     })
 }
 
+/// Rewrites the request line's version `HTTP/1.<n>`, `n` from 2 to 9, to
+/// `HTTP/1.1` in place; `true` when it did. RFC 9112 §2.3: a recipient
+/// takes a message of a higher minor version than its own as one of the
+/// highest it speaks. httparse refuses any but `1.0` and `1.1`, so the
+/// front calls this when a parse failed, and parses again (the line keeps
+/// its length: nothing after it moves). The request line may still be
+/// incomplete; the version is then the buffer's last bytes.
+pub fn lower_minor_version(buf: &mut BytesMut) -> bool {
+    // httparse skips empty lines before the request line (RFC 9112 §2.2).
+    let Some(start) = buf.iter().position(|&b| b != b'\r' && b != b'\n') else {
+        return false;
+    };
+    let end = buf[start..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(buf.len(), |n| start + n);
+    let line = &buf[start..end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let Some(version) = line.len().checked_sub(8).map(|at| &line[at..]) else {
+        return false;
+    };
+    if !(version.starts_with(b"HTTP/1.") && matches!(version[7], b'2'..=b'9')) {
+        return false;
+    }
+    // Only the version after the target (the line's last space) counts.
+    if line.len() < 9 || line[line.len() - 9] != b' ' {
+        return false;
+    }
+    let minor = start + line.len() - 1;
+    buf[minor] = b'1';
+    true
+}
+
 /// A request the front serves itself.
 #[derive(Debug)]
 pub struct Own {
@@ -101,6 +135,9 @@ pub struct Own {
     pub close: bool,
     /// The client takes trailers (`TE: trailers`).
     pub trailers: bool,
+    /// Its `Host` lines as RFC 9112 §3.2 wants them (exactly one): checked
+    /// here, in the pass over the fields, so the proxy need not look again.
+    pub host: Result<(), HostError>,
 }
 
 fn slice(head: &Bytes, (start, end): (u32, u32)) -> Bytes {
@@ -151,6 +188,7 @@ pub fn sort(head: &Bytes, layout: &Layout, fields: &Fields, body_limit: usize) -
     let mut body_len: Option<usize> = None;
     let mut close = false;
     let mut trailers = false;
+    let mut hosts = 0u32;
     for field in &fields.0 {
         let name_bytes = &head[field.name.0 as usize..field.name.1 as usize];
         let Ok(name) = HeaderName::from_bytes(name_bytes) else {
@@ -177,6 +215,8 @@ pub fn sort(head: &Bytes, layout: &Layout, fields: &Fields, body_limit: usize) -
             close |= lists(value.as_bytes(), b"close");
         } else if name == header::TE {
             trailers |= lists(value.as_bytes(), b"trailers");
+        } else if name == header::HOST {
+            hosts += 1;
         }
         headers.append(name, value);
     }
@@ -190,6 +230,11 @@ pub fn sort(head: &Bytes, layout: &Layout, fields: &Fields, body_limit: usize) -
         body_len: body_len.unwrap_or(0),
         close,
         trailers,
+        host: match hosts {
+            1 => Ok(()),
+            0 => Err(HostError::Missing),
+            _ => Err(HostError::Repeated),
+        },
     })
 }
 
@@ -243,6 +288,40 @@ mod tests {
         ] {
             assert!(sorted(text).is_none(), "{text:?}");
         }
+    }
+
+    #[test]
+    fn higher_minor_versions_are_read_as_1_1() {
+        for (text, after) in [
+            (
+                "GET /c/a HTTP/1.2\r\nhost: pb\r\n\r\n",
+                "GET /c/a HTTP/1.1\r\nhost: pb\r\n\r\n",
+            ),
+            ("\r\nGET /c/a HTTP/1.9\r\n", "\r\nGET /c/a HTTP/1.1\r\n"),
+            ("GET /c/a HTTP/1.2", "GET /c/a HTTP/1.1"),
+        ] {
+            let mut buf = BytesMut::from(text.as_bytes());
+            assert!(lower_minor_version(&mut buf), "{text:?}");
+            assert_eq!(&buf[..], after.as_bytes());
+        }
+        for text in [
+            "GET /c/a HTTP/1.1\r\n\r\n",
+            "GET /c/a HTTP/2.0\r\n\r\n",
+            "GET /c/a HTTP/1.10\r\n\r\n",
+            "GET /c/aHTTP/1.2\r\n\r\n",
+            "GET /c/a HTTP/1.x\r\n\r\n",
+            "HTTP/1.2",
+            "",
+        ] {
+            let mut buf = BytesMut::from(text.as_bytes());
+            assert!(!lower_minor_version(&mut buf), "{text:?}");
+            assert_eq!(&buf[..], text.as_bytes());
+        }
+        let mut buf = BytesMut::from(&b"GET /c/a HTTP/1.2\r\nhost: pb\r\n\r\n"[..]);
+        let mut fields = Fields::default();
+        assert!(matches!(parse(&buf, &mut fields), Parse::Hyper));
+        lower_minor_version(&mut buf);
+        assert!(matches!(parse(&buf, &mut fields), Parse::Complete(_)));
     }
 
     #[test]

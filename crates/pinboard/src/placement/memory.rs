@@ -24,7 +24,7 @@ use pinned_wire::registry::ControlMessage;
 
 use super::{
     next_epoch, ClaimOutcome, DrainDeadline, Generation, LiveWorker, Placement, PlacementEntry,
-    PlacementStore, ReclaimOutcome, StoreError, WorkerRecord,
+    PlacementStore, ReclaimOutcome, StoreError, WorkerRecord, MAX_BOUND_HOSTNAMES,
 };
 use crate::clock::Now;
 
@@ -67,6 +67,8 @@ struct State {
     /// The dropped mark: the highest epoch of a row dropped at its release
     /// (see `placement`'s invariants); claims mint above it.
     dropped: u64,
+    /// Bound hostnames (lowercase) with the wall ms they were last bound.
+    hostnames: HashMap<String, u64>,
 }
 
 impl State {
@@ -204,6 +206,29 @@ impl PlacementStore for MemoryStore {
             .collect();
         out.sort_by(|a, b| a.record.session_id.cmp(&b.record.session_id));
         Ok(out)
+    }
+
+    async fn bind_hostname(&self, hostname: &str, now: Now) -> Result<(), StoreError> {
+        let mut st = self.state.lock();
+        st.hostnames
+            .insert(hostname.to_ascii_lowercase(), now.wall_ms);
+        if st.hostnames.len() > MAX_BOUND_HOSTNAMES {
+            let oldest = st
+                .hostnames
+                .iter()
+                .min_by(|a, b| a.1.cmp(b.1).then_with(|| a.0.cmp(b.0)))
+                .map(|(name, _)| name.clone());
+            if let Some(oldest) = oldest {
+                st.hostnames.remove(&oldest);
+            }
+        }
+        Ok(())
+    }
+
+    async fn bound_hostnames(&self) -> Result<Vec<String>, StoreError> {
+        let mut names: Vec<String> = self.state.lock().hostnames.keys().cloned().collect();
+        names.sort_unstable();
+        Ok(names)
     }
 
     async fn mark_superseded(

@@ -30,6 +30,7 @@
 //! | `P dropped` | string, no TTL | the dropped mark: the highest epoch of a row a release deleted; every claim mints above it |
 //! | `P o:<session>` | set | `<ns>/<id>` of every row the session owns (kept exact by every claim, reclaim and release) |
 //! | `P sweeper` | string, `PX` = sweeper lease TTL | token of the node holding the sweeper lease |
+//! | `P hostnames` | sorted set, no TTL | bound hostnames (lowercase), scored by the wall ms they were last bound; trimmed to the newest `MAX_BOUND_HOSTNAMES` |
 //!
 //! Worker secrets are stored in `rec` (every node must mint attestations
 //! for every worker): protect the Redis like the deployment token.
@@ -63,7 +64,7 @@ use self::batch::{Batcher, Layout, Op};
 
 use super::{
     ClaimOutcome, DrainDeadline, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
-    ReclaimOutcome, StoreError, WorkerRecord,
+    ReclaimOutcome, StoreError, WorkerRecord, MAX_BOUND_HOSTNAMES,
 };
 use crate::clock::Now;
 
@@ -752,6 +753,31 @@ impl PlacementStore for RedisStore {
         }
         out.sort_by(|a, b| a.record.session_id.cmp(&b.record.session_id));
         Ok(out)
+    }
+
+    async fn bind_hostname(&self, hostname: &str, now: Now) -> Result<(), StoreError> {
+        let key = self.key("hostnames", "");
+        // Keep the newest MAX_BOUND_HOSTNAMES: drop ranks 0 ..= len - MAX - 1.
+        let keep = isize::try_from(MAX_BOUND_HOSTNAMES).unwrap_or(isize::MAX - 1);
+        self.send::<()>(
+            redis::pipe()
+                .atomic()
+                .zadd(&key, hostname.to_ascii_lowercase(), now.wall_ms)
+                .ignore()
+                .zremrangebyrank(&key, 0, -(keep + 1))
+                .ignore(),
+        )
+        .await
+    }
+
+    async fn bound_hostnames(&self) -> Result<Vec<String>, StoreError> {
+        self.send(
+            redis::cmd("ZRANGE")
+                .arg(self.key("hostnames", ""))
+                .arg(0)
+                .arg(-1),
+        )
+        .await
     }
 
     async fn mark_superseded(

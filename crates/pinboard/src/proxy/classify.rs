@@ -13,7 +13,8 @@
 //! | 503 `lease expired; not serving` | re-read after a backoff (the record lapses soon) |
 //! | 403 `invalid attestation` (inferred) | our view of the worker's session is stale (it re-registered): refresh workers and re-read; if it persists the client gets 503 + `Retry-After`, not the 403 |
 //! | connect failure before the request was sent | re-read after a backoff |
-//! | connection lost before any response, idempotent method (RFC 9110 §9.2.2) | re-read after a backoff |
+//! | connection lost after the request went out, before any answer | 502 `worker connection failed mid-request`, never re-sent here: an idempotent method (RFC 9110 §9.2.2) was already sent once more on a new connection by the worker's pool (`upstream::Pool::send`: the keep-alive race), and the worker may have started it |
+//! | a malformed or cut-short answer (bad framing, an oversized head) | 502 `worker connection failed mid-request`, never re-sent (the worker took the request; nginx's `proxy_next_upstream` leaves `invalid_header` out by default) |
 //! | no response head within `--upstream-timeout-ms` | 504 `worker did not answer in time`, route dropped, never re-sent (decided in `proxy`, not here: the worker may still be working on it, and a frozen one would cost the whole budget again per retry) |
 //! | the client's body broke or stalled | the client's fault (400 / 408), route kept (decided in `proxy`, before this table) |
 //! | anything else (incl. `activation queue full; retry`, `instance aborted`) | relay as is |
@@ -118,10 +119,10 @@ pub fn never_activated(status: StatusCode, has_refusal_header: bool, detail: Opt
 }
 
 /// Classify a transport failure. `resend_safe` is true when sending the
-/// request again cannot repeat an effect the client did not ask twice for:
-/// the connection failed before any byte left, or the method is idempotent
-/// and no response arrived (a keep-alive connection the worker closed
-/// while the request was on its way looks exactly like this).
+/// request again cannot repeat anything: the connection failed before any
+/// byte of the request left. (A request that went out and met a closed
+/// connection is the pool's to re-send, once, when its method is
+/// idempotent: see `upstream::Pool::send`.)
 pub fn classify_transport(resend_safe: bool, attempt: u32) -> Verdict {
     if resend_safe {
         Verdict::Retry {

@@ -138,6 +138,40 @@ impl Scan {
     }
 }
 
+/// A request's `Host` refused (RFC 9112 §3.2): 400.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    /// An HTTP/1.1 request without `Host`.
+    #[error("missing Host header")]
+    Missing,
+    /// More than one `Host` line.
+    #[error("more than one Host header")]
+    Repeated,
+}
+
+/// The request's one `Host` value, if it has one. RFC 9112 §3.2: a server
+/// answers 400 to an HTTP/1.1 request without `Host` and to any request
+/// with more than one; HTTP/1.0 may carry none. Forwarding such a request
+/// would leave the worker (or a cache between) to guess its authority.
+///
+/// # Errors
+///
+/// [`HostError`].
+pub fn single_host(
+    version: http::Version,
+    headers: &HeaderMap,
+) -> Result<Option<&HeaderValue>, HostError> {
+    let mut all = headers.get_all(header::HOST).iter();
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(HostError::Repeated);
+    }
+    if first.is_none() && version == http::Version::HTTP_11 {
+        return Err(HostError::Missing);
+    }
+    Ok(first)
+}
+
 /// The names listed in every `Connection` header (RFC 9110 §7.6.1), as
 /// lowercase header names; tokens that are not header names are skipped.
 fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {

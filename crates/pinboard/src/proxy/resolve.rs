@@ -260,7 +260,39 @@ struct Snapshot {
     /// Keyed by session id; foldhash, as every cached route's liveness
     /// check looks its owner up here.
     by_session: foldhash::HashMap<String, Arc<WorkerConn>>,
+    /// Bound hostnames, lowercase: the store's record and every live
+    /// worker's (see [`View::binds`]).
+    bound: Arc<foldhash::HashSet<Box<str>>>,
     fetched_mono_ms: Option<u64>,
+}
+
+/// This node's worker view at one moment ([`Directory::view`]): what a
+/// request reads once and hands to its first resolution, so that a
+/// request reads the view once.
+#[derive(Debug, Clone)]
+pub struct View(Arc<Snapshot>);
+
+impl View {
+    /// No hostname is bound (a deployment without hostname worlds).
+    pub fn binds_none(&self) -> bool {
+        self.0.bound.is_empty()
+    }
+
+    /// Whether `hostname` is bound, ASCII case-insensitively: a client's
+    /// `Host` naming it selects its world (`crate::world`). The bound
+    /// hostnames are every one a worker registered that the store
+    /// remembers ([`PlacementStore::bind_hostname`]) and every live
+    /// worker's, read with the worker list: no store call per request.
+    pub fn binds(&self, hostname: &str) -> bool {
+        let bound = &self.0.bound;
+        if bound.is_empty() || hostname.len() > crate::world::MAX_HOSTNAME_LEN {
+            return false;
+        }
+        if hostname.bytes().any(|b| b.is_ascii_uppercase()) {
+            return bound.contains(hostname.to_ascii_lowercase().as_str());
+        }
+        bound.contains(hostname)
+    }
 }
 
 /// The cache of resolved routes, keyed `"<ns>/<id>"`.
@@ -483,6 +515,7 @@ impl<S: PlacementStore> Directory<S> {
         if snap.fetched_mono_ms.is_some() {
             *snap = Arc::new(Snapshot {
                 by_session: snap.by_session.clone(),
+                bound: snap.bound.clone(),
                 fetched_mono_ms: None,
             });
         }
@@ -561,8 +594,25 @@ impl<S: PlacementStore> Directory<S> {
     async fn fetch_workers(&self) -> Result<Arc<Snapshot>, StoreError> {
         let now = self.clock.now();
         self.counters.worker_reads.inc();
-        let live = self.store.list_workers(now).await?;
+        let (live, stored) =
+            tokio::try_join!(self.store.list_workers(now), self.store.bound_hostnames())?;
         let old = self.snapshot.read().clone();
+        // A live worker's hostname is bound even where the store's record
+        // of it is gone (lost with the store, until it registers again).
+        let mut bound: foldhash::HashSet<Box<str>> = stored
+            .into_iter()
+            .map(|h| h.to_ascii_lowercase().into_boxed_str())
+            .collect();
+        for w in &live {
+            if let Some(h) = &w.record.hostname {
+                bound.insert(h.to_ascii_lowercase().into_boxed_str());
+            }
+        }
+        let bound = if *old.bound == bound {
+            old.bound.clone()
+        } else {
+            Arc::new(bound)
+        };
         let mut by_session =
             foldhash::HashMap::with_capacity_and_hasher(live.len(), Default::default());
         for w in live {
@@ -583,10 +633,22 @@ impl<S: PlacementStore> Directory<S> {
         }
         let snap = Arc::new(Snapshot {
             by_session,
+            bound,
             fetched_mono_ms: Some(now.mono_ms),
         });
         *self.snapshot.write() = snap.clone();
         Ok(snap)
+    }
+
+    /// The worker view (cached, re-read every `refresh_ms` and after a
+    /// registration here), for [`View::binds`] and a first
+    /// [`resolve_claiming_in`](Self::resolve_claiming_in).
+    ///
+    /// # Errors
+    ///
+    /// When the store fails (a view to refresh).
+    pub async fn view(&self) -> Result<View, StoreError> {
+        Ok(View(self.workers(false).await?))
     }
 
     /// Number of live workers in the local view.
@@ -844,6 +906,26 @@ impl<S: PlacementStore> Directory<S> {
         scope: Scope<'_>,
         avoid: Avoid<'_>,
     ) -> Result<(Arc<Route>, bool), ResolveError> {
+        self.resolve_claiming_in(None, key, ns, id, scope, avoid)
+            .await
+    }
+
+    /// As [`resolve_claiming`](Self::resolve_claiming), on `view` (read
+    /// for this request already, [`view`](Self::view)) rather than a
+    /// second read of the worker view, unless `avoid` asks for a fresh one.
+    ///
+    /// # Errors
+    ///
+    /// [`ResolveError`]: no worker, quarantine, or a store failure.
+    pub async fn resolve_claiming_in(
+        &self,
+        mut view: Option<View>,
+        key: &str,
+        ns: &str,
+        id: &str,
+        scope: Scope<'_>,
+        avoid: Avoid<'_>,
+    ) -> Result<(Arc<Route>, bool), ResolveError> {
         if avoid.stale.is_none() && !avoid.refresh {
             if let Some(r) = self.cached(key) {
                 // A cached owner is trusted only while it is in the live
@@ -851,7 +933,10 @@ impl<S: PlacementStore> Directory<S> {
                 // costs no store call per request): a frozen or dead owner
                 // answers nothing at all, and must lose its ids once its
                 // lease lapsed, not after a client timeout.
-                let snap = self.workers(false).await?;
+                let snap = match view.take() {
+                    Some(View(snap)) => snap,
+                    None => self.workers(false).await?,
+                };
                 if snap.by_session.contains_key(&r.worker.record.session_id) {
                     // Routes are cached per id (ids are global); the world
                     // is checked on every hit: two comparisons.
@@ -870,7 +955,10 @@ impl<S: PlacementStore> Directory<S> {
         }
         let mut force = avoid.refresh;
         for _round in 0..3 {
-            let snap = self.workers(force).await?;
+            let snap = match view.take() {
+                Some(View(snap)) if !force => snap,
+                _ => self.workers(force).await?,
+            };
             force = true;
             let now = self.clock.now();
             let generation = self.generation.read().clone();

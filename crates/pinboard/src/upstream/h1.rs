@@ -21,6 +21,16 @@
 //! bytes, data frames of at most what one read returned. A connection is
 //! reused only after a complete, keep-alive HTTP/1.1 response with nothing
 //! after it.
+//!
+//! Framing is read as strictly as hyper and nginx read it, so that no
+//! parser between the worker and the client frames an answer differently
+//! (a smuggling gap): `Content-Length` is digits only; the body is chunked
+//! when the last coding of every `Transfer-Encoding` line, joined, is
+//! `chunked` (empty list elements do not count, RFC 9110 §5.6.1); a
+//! chunk-size line is hex digits, optional blanks and `;` extensions, then
+//! CRLF; a chunk's data ends with CRLF, never a bare LF. The chunk framing
+//! already read with the head is checked before the head is handed on, so
+//! bad framing there is a 502 rather than a cut body.
 
 use std::io;
 use std::pin::Pin;
@@ -71,11 +81,13 @@ pub enum ExchangeError {
 pub enum Reached {
     /// The request could not be written: nothing reached the worker.
     Nothing,
-    /// The request was written and the connection ended (closed or reset)
-    /// before a byte of an answer: the keep-alive race of a connection the
-    /// worker closed as it was reused, or a worker that died on it.
+    /// The request was written (or part of it) and the connection ended
+    /// (closed or reset) before a byte of an answer: the keep-alive race of
+    /// a connection the worker closed as it was reused, or a worker that
+    /// died on it.
     NoAnswer,
-    /// Part of an answer arrived, or the answer was invalid.
+    /// Part of an answer arrived, or the answer was invalid: the worker
+    /// took the request.
     Answer,
 }
 
@@ -147,8 +159,9 @@ impl Conn {
             return Err((Reached::Nothing, e.into()));
         }
         if !coalesce {
+            // Part of the request went out, and nothing of an answer came.
             if let Err(e) = self.io.write_all(body).await {
-                return Err((Reached::Answer, e.into()));
+                return Err((Reached::NoAnswer, e.into()));
             }
         }
         let head_only = head.method == Method::HEAD;
@@ -176,6 +189,9 @@ impl Conn {
             framing,
             keep_alive,
         } = parsed;
+        if framing == Framing::Chunked {
+            check_chunks(&self.read).map_err(|e| (Reached::Answer, e))?;
+        }
         let home = keep_alive.then(|| pool.clone());
         let body = RawBody::start(self, framing, home);
         Ok(response.map(|()| body))
@@ -336,28 +352,46 @@ fn parse_head(
 struct FramingFields {
     /// `Content-Length` (every line of it agreeing).
     length: Option<u64>,
-    /// The last `Transfer-Encoding` line ends in `chunked`; `None` without
-    /// one.
+    /// The last coding of the `Transfer-Encoding` list is `chunked`; `None`
+    /// while the list has no coding at all.
     chunked: Option<bool>,
     /// A `Connection` line says `close`.
     close: bool,
 }
 
+/// A `Content-Length` value: one or more ASCII digits and nothing else
+/// (RFC 9110 §8.6), as hyper and nginx read it. `u64::from_str` alone
+/// would take a leading `+`.
+fn content_length(value: &[u8]) -> Option<u64> {
+    if value.is_empty() {
+        return None;
+    }
+    value.iter().try_fold(0u64, |n, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
 impl FramingFields {
     fn note(&mut self, name: &HeaderName, value: &HeaderValue) -> Result<(), ExchangeError> {
         if *name == http::header::CONTENT_LENGTH {
-            let n = value
-                .to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
+            let n = content_length(value.as_bytes())
                 .ok_or(ExchangeError::Malformed("content-length"))?;
             if self.length.is_some_and(|m| m != n) {
                 return Err(ExchangeError::Malformed("conflicting content-length"));
             }
             self.length = Some(n);
         } else if *name == http::header::TRANSFER_ENCODING {
-            let last = value.to_str().ok().and_then(|v| v.rsplit(',').next());
-            self.chunked = Some(last.is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked")));
+            // Every line is one more stretch of one list (RFC 9110 §5.3),
+            // and empty elements of a list do not count (§5.6.1): the
+            // framing follows the last coding of all the lines joined,
+            // whatever empty elements or lines trail it.
+            let list = value
+                .to_str()
+                .map_err(|_| ExchangeError::Malformed("transfer-encoding"))?;
+            if let Some(last) = list.rsplit(',').map(str::trim).find(|t| !t.is_empty()) {
+                self.chunked = Some(last.eq_ignore_ascii_case("chunked"));
+            }
         } else if *name == http::header::CONNECTION {
             self.close |= value
                 .to_str()
@@ -443,6 +477,11 @@ impl RawBody {
         }
     }
 
+    /// The whole body is in memory already: reading it waits for nothing.
+    pub fn in_memory(&self) -> bool {
+        matches!(self.state, State::Whole(_))
+    }
+
     fn fail(&mut self, e: ExchangeError) -> Poll<Option<Result<Frame<Bytes>, ExchangeError>>> {
         self.state = State::Done;
         self.conn = None;
@@ -455,19 +494,67 @@ fn line_end(buf: &[u8]) -> Option<usize> {
     buf.iter().position(|&b| b == b'\n')
 }
 
-/// The size in a chunk-size line (hex digits, then extensions).
+/// The size in a chunk-size line, its `\n` left off: hex digits, optional
+/// blanks, optional extensions after a `;`, then the `\r` (RFC 9112 §7.1,
+/// as hyper reads it). Anything else after the digits (a lone `\r` inside
+/// the line, a bare `\n` ending it, other text) is refused: a parser that
+/// skipped it would frame the body differently from one that did not.
 fn chunk_size(line: &[u8]) -> Option<u64> {
+    let line = line.strip_suffix(b"\r")?;
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if digits == 0 || digits > 15 {
         return None;
     }
-    if !matches!(line.get(digits), None | Some(b';' | b' ' | b'\t' | b'\r')) {
-        return None;
+    let rest = &line[digits..];
+    let blanks = rest
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count();
+    match rest.get(blanks) {
+        None => {}
+        Some(b';') if !rest.contains(&b'\r') => {}
+        Some(_) => return None,
     }
     line[..digits].iter().try_fold(0u64, |n, &b| {
         let d = char::from(b).to_digit(16)?;
         Some(n * 16 + u64::from(d))
     })
+}
+
+/// Checks the chunk framing of the part of a chunked body already in
+/// `buf` (size lines and the CRLF after each chunk's data, up to the last
+/// chunk), so that a worker's malformed framing is found before the head
+/// goes to the client: then it answers 502 rather than a cut body. What
+/// has not arrived yet is checked as it is read ([`RawBody`]).
+fn check_chunks(buf: &[u8]) -> Result<(), ExchangeError> {
+    let mut at = 0;
+    loop {
+        let Some(end) = line_end(&buf[at..]) else {
+            if buf.len() - at > MAX_CHUNK_LINE {
+                return Err(ExchangeError::Malformed("chunk size line too long"));
+            }
+            return Ok(());
+        };
+        let size = chunk_size(&buf[at..at + end]).ok_or(ExchangeError::Malformed("chunk size"))?;
+        if size == 0 {
+            return Ok(());
+        }
+        at += end + 1;
+        let Some(data_end) = usize::try_from(size).ok().and_then(|n| at.checked_add(n)) else {
+            return Ok(());
+        };
+        if data_end >= buf.len() {
+            return Ok(());
+        }
+        let crlf = &buf[data_end..buf.len().min(data_end + 2)];
+        if !b"\r\n".starts_with(crlf) {
+            return Err(ExchangeError::Malformed("chunk end"));
+        }
+        if crlf.len() < 2 {
+            return Ok(());
+        }
+        at = data_end + 2;
+    }
 }
 
 /// What the buffer allowed a [`RawBody`] to do.
@@ -538,12 +625,13 @@ impl RawBody {
                 ),
                 None => (Step::Read, None, false),
             },
-            State::ChunkEnd => match line_end(read) {
-                Some(end) if end == 0 || (end == 1 && read[0] == b'\r') => {
-                    read.advance(end + 1);
+            // Exactly CRLF: a bare LF is refused, as hyper and nginx do.
+            State::ChunkEnd => match read.get(..2) {
+                Some(b"\r\n") => {
+                    read.advance(2);
                     (Step::Again, Some(State::ChunkSize), false)
                 }
-                None if read.len() < 2 => (Step::Read, None, false),
+                None if b"\r".starts_with(read) => (Step::Read, None, false),
                 _ => (
                     Step::Fail(ExchangeError::Malformed("chunk end")),
                     None,
@@ -736,9 +824,116 @@ mod tests {
         assert_eq!(chunk_size(b"1a\r"), Some(26));
         assert_eq!(chunk_size(b"0\r"), Some(0));
         assert_eq!(chunk_size(b"ff;name=value\r"), Some(255));
-        assert_eq!(chunk_size(b"\r"), None);
-        assert_eq!(chunk_size(b"zz\r"), None);
-        assert_eq!(chunk_size(b"1234567890abcdef0\r"), None);
+        assert_eq!(chunk_size(b"7 ; name=\"quoted;value\"\r"), Some(7));
+        assert_eq!(chunk_size(b"2 \t\r"), Some(2));
+        for bad in [
+            &b"\r"[..],
+            b"zz\r",
+            b"1234567890abcdef0\r",
+            // What lenient parsers skip: text after the size, a CR inside
+            // the line, a line ended by a bare LF.
+            b"2\rX",
+            b"2 X\r",
+            b"2X\r",
+            b"2",
+            b"2;a\rb\r",
+        ] {
+            assert_eq!(chunk_size(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn buffered_chunk_framing_is_checked_up_to_what_arrived() {
+        for good in [
+            &b""[..],
+            b"2\r\nok\r\n0\r\n\r\n",
+            b"2\r\nok\r\n0\r\nx-t: 1\r\n\r\n",
+            b"2\r\nok\r",
+            b"2\r\nok",
+            b"2\r\no",
+            b"5;x=y\r\nhello\r\n3",
+        ] {
+            assert!(
+                check_chunks(good).is_ok(),
+                "{:?}",
+                String::from_utf8_lossy(good)
+            );
+        }
+        for bad in [
+            &b"2\rX\nok\r\n0\r\n\r\n"[..],
+            b"2\r\nok\n0\r\n\r\n",
+            b"2\r\nokX\r\n",
+            b"2\r\nok\rX",
+            b"g\r\n",
+        ] {
+            assert!(
+                matches!(check_chunks(bad), Err(ExchangeError::Malformed(_))),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let long = vec![b'1'; MAX_CHUNK_LINE + 1];
+        assert!(check_chunks(&long).is_err());
+    }
+
+    #[test]
+    fn framing_follows_the_last_coding_of_every_transfer_encoding_line() {
+        for (head, framing) in [
+            ("Transfer-Encoding: chunked,\r\n", Framing::Chunked),
+            ("Transfer-Encoding: chunked, \r\n", Framing::Chunked),
+            ("Transfer-Encoding: , chunked\r\n", Framing::Chunked),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding:\r\n",
+                Framing::Chunked,
+            ),
+            (
+                "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
+                Framing::Chunked,
+            ),
+            (
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n",
+                Framing::UntilClose,
+            ),
+            (
+                "Transfer-Encoding: chunked, gzip,\r\nContent-Length: 2\r\n",
+                Framing::UntilClose,
+            ),
+            // A list with no coding at all says nothing.
+            (
+                "Transfer-Encoding: ,\r\nContent-Length: 2\r\n",
+                Framing::Fixed(2),
+            ),
+        ] {
+            let text = format!("HTTP/1.1 200 OK\r\n{head}\r\n");
+            let p = parse(&text).expect("valid").expect("complete");
+            assert_eq!(p.framing, framing, "{head:?}");
+        }
+    }
+
+    #[test]
+    fn content_lengths_are_digits_only() {
+        assert_eq!(content_length(b"0"), Some(0));
+        assert_eq!(content_length(b"0012"), Some(12));
+        for bad in [
+            &b""[..],
+            b"+2",
+            b"-2",
+            b" 2",
+            b"0x2",
+            b"2,2",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(
+                content_length(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        for bad in ["+2", "-2", "0x2", "2, 2", "99999999999999999999"] {
+            let text = format!("HTTP/1.1 200 OK\r\nContent-Length: {bad}\r\n\r\nok");
+            assert!(parse(&text).is_err(), "{text:?}");
+        }
     }
 
     #[test]
