@@ -83,10 +83,13 @@ async fn outcome_of(op: BoxFuture<'_, Answer>) -> ClaimOutcome {
 }
 
 fn claimed(sid: &str, epoch: u64) -> ClaimOutcome {
-    ClaimOutcome::Claimed(Placement {
-        session_id: sid.into(),
-        epoch,
-    })
+    ClaimOutcome::Claimed(
+        Placement {
+            session_id: sid.into(),
+            epoch,
+        },
+        None,
+    )
 }
 
 fn owned(sid: &str, epoch: u64) -> ClaimOutcome {

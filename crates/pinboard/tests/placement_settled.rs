@@ -35,7 +35,7 @@ async fn claim<S: PlacementStore>(store: &S, gen: &Generation, sid: &str, floor:
         .await
         .expect("claim")
     {
-        ClaimOutcome::Claimed(p) => p.epoch,
+        ClaimOutcome::Claimed(p, _) => p.epoch,
         other => panic!("expected a claim, got {other:?}"),
     }
 }

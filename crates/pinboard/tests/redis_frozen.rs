@@ -97,7 +97,7 @@ fn calls(store: &RedisStore) -> Vec<(&'static str, BoxFuture<'_, Result<(), Stor
         ),
         (
             "reclaim",
-            async move { store.reclaim(key, "s1", None, 1, now()).await.map(drop) }.boxed(),
+            async move { store.reclaim(key, "s1", &[], 1, now()).await.map(drop) }.boxed(),
         ),
         (
             "generation",

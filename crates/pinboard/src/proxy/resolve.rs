@@ -456,6 +456,23 @@ impl<S: PlacementStore> Directory<S> {
 
     /// Forget every route to the given sessions and re-read workers next time.
     pub fn forget_sessions(&self, sessions: &[String]) {
+        self.forget(sessions, |record| {
+            if record.refuses_new_ids() {
+                MoveReason::Drain
+            } else {
+                MoveReason::SessionEnded
+            }
+        });
+    }
+
+    /// As [`forget_sessions`](Self::forget_sessions), for sessions a new
+    /// process at their advertise URL superseded: their ids' next claims
+    /// here are moves of that kind.
+    pub fn forget_replaced(&self, sessions: &[String]) {
+        self.forget(sessions, |_| MoveReason::Replaced);
+    }
+
+    fn forget(&self, sessions: &[String], reason: impl Fn(&WorkerRecord) -> MoveReason) {
         if sessions.is_empty() {
             return;
         }
@@ -464,12 +481,7 @@ impl<S: PlacementStore> Directory<S> {
             let record = &r.worker.record;
             let ended = sessions.contains(&record.session_id);
             if ended {
-                let reason = if record.refuses_new_ids() {
-                    MoveReason::Drain
-                } else {
-                    MoveReason::SessionEnded
-                };
-                moves.departed(key, &record.session_id, reason);
+                moves.departed(key, &record.session_id, reason(record));
             }
             !ended
         });
@@ -800,7 +812,9 @@ impl<S: PlacementStore> Directory<S> {
     }
 
     /// Note a claim in the move log: after a refusal (a drain when the
-    /// refusing owner is draining), else whatever departure was seen here.
+    /// refusing owner is draining), else whatever departure was seen here,
+    /// else `gone`: the row's previous owner, with what the store says of
+    /// why it went.
     #[allow(clippy::too_many_arguments)]
     fn record_move(
         &self,
@@ -811,6 +825,7 @@ impl<S: PlacementStore> Directory<S> {
         avoid: Avoid<'_>,
         snap: &Snapshot,
         now: Now,
+        gone: Option<(&str, MoveReason)>,
     ) {
         let known = avoid.stale.map(|(from, _)| {
             let draining = snap
@@ -824,6 +839,7 @@ impl<S: PlacementStore> Directory<S> {
             };
             (from, reason)
         });
+        let known = known.or(gone);
         self.counters.moves.claimed(
             Claim {
                 key,
@@ -835,6 +851,20 @@ impl<S: PlacementStore> Directory<S> {
             },
             known,
         );
+    }
+
+    /// Why the session `from` that owned a row this node just claimed is
+    /// gone, as far as the store knows (its supersession note; none: its
+    /// lease lapsed, or it deregistered). Only for a move this node saw
+    /// nothing of, so it costs one store read per such move.
+    async fn gone_reason(&self, from: &str, now: Now) -> MoveReason {
+        match self.store.superseded(from, now).await {
+            Ok(reason) => MoveReason::of_gone_session(reason.as_deref()),
+            Err(error) => {
+                tracing::debug!(target: "pinboard::placement", from, %error, "could not read why a session went");
+                MoveReason::LeaseLapsed
+            }
+        }
     }
 
     /// Resolve `(ns, id)` (cache key `key`): cached route, else the store's
@@ -933,9 +963,19 @@ impl<S: PlacementStore> Directory<S> {
                 .await?
             {
                 ClaimOutcome::Owned(p) => (p, false),
-                ClaimOutcome::Claimed(p) => {
+                ClaimOutcome::Claimed(p, from) => {
                     self.counters.placements.inc();
-                    self.record_move(key, ns, id, &p, avoid, &snap, now);
+                    let gone = match from {
+                        Some(from)
+                            if avoid.stale.is_none() && !self.counters.moves.remembers(key) =>
+                        {
+                            let reason = self.gone_reason(&from, now).await;
+                            Some((from, reason))
+                        }
+                        _ => None,
+                    };
+                    let gone = gone.as_ref().map(|(from, reason)| (from.as_str(), *reason));
+                    self.record_move(key, ns, id, &p, avoid, &snap, now, gone);
                     self.floor.minted(p.epoch).await;
                     (p, true)
                 }
