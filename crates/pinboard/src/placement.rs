@@ -344,17 +344,6 @@ pub trait PlacementStore: Send + Sync + 'static {
         now: Now,
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
 
-    /// Wind a session down for a newer deployment: operator-drain it with
-    /// `deadline_wall_ms` and mark it to be superseded then (see
-    /// [`WorkerRecord::retire_at_wall_ms`]); keeps its lease. `false` when
-    /// the session is unknown.
-    fn wind_down_worker(
-        &self,
-        session_id: &str,
-        deadline_wall_ms: u64,
-        now: Now,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
     /// Queue a control message; returns its `msgId`.
     fn push_message(
         &self,

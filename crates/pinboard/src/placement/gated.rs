@@ -135,17 +135,6 @@ impl<S: PlacementStore> PlacementStore for Gated<S> {
         self.inner.superseded(session_id, now).await
     }
 
-    async fn wind_down_worker(
-        &self,
-        session_id: &str,
-        deadline_wall_ms: u64,
-        now: Now,
-    ) -> Result<bool, StoreError> {
-        self.inner
-            .wind_down_worker(session_id, deadline_wall_ms, now)
-            .await
-    }
-
     async fn push_message(
         &self,
         session_id: &str,

@@ -266,22 +266,6 @@ impl PlacementStore for MemoryStore {
             .map(|(e, _)| e.clone()))
     }
 
-    async fn wind_down_worker(
-        &self,
-        session_id: &str,
-        deadline_wall_ms: u64,
-        now: Now,
-    ) -> Result<bool, StoreError> {
-        let mut st = self.state.lock();
-        Ok(st
-            .live_mut(session_id, now)
-            .map(|s| {
-                s.record.server_drain = Some(Some(deadline_wall_ms));
-                s.record.retire_at_wall_ms = Some(deadline_wall_ms);
-            })
-            .is_some())
-    }
-
     async fn push_message(
         &self,
         session_id: &str,

@@ -90,7 +90,6 @@ struct Scripts {
     admit: Script,
     renew: Script,
     drain: Script,
-    wind_down: Script,
     get: Script,
     list: Script,
     reclaim: Script,
@@ -158,13 +157,6 @@ return {v[1], v[2], v[3], v[4], ARGV[3], v[5]}
 const DRAIN: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'drain', ARGV[1])
-return 1
-"#;
-
-// Drain with a deadline and supersede then (`takeover: "wind_down"`).
-const WIND_DOWN: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'drain', ARGV[1], 'retire', ARGV[1])
 return 1
 "#;
 
@@ -446,7 +438,6 @@ impl RedisStore {
                 admit: Script::new(ADMIT),
                 renew: Script::new(RENEW),
                 drain: Script::new(DRAIN),
-                wind_down: Script::new(WIND_DOWN),
                 get: Script::new(GET),
                 list: Script::new(LIST),
                 reclaim: Script::new(RECLAIM),
@@ -843,23 +834,6 @@ impl PlacementStore for RedisStore {
     async fn superseded(&self, session_id: &str, _now: Now) -> Result<Option<String>, StoreError> {
         self.send(redis::cmd("GET").arg(self.key("sup:", session_id)))
             .await
-    }
-
-    async fn wind_down_worker(
-        &self,
-        session_id: &str,
-        deadline_wall_ms: u64,
-        _now: Now,
-    ) -> Result<bool, StoreError> {
-        let n: i64 = self
-            .send(
-                self.scripts
-                    .wind_down
-                    .key(self.key("w:", session_id))
-                    .arg(deadline_wall_ms),
-            )
-            .await?;
-        Ok(n == 1)
     }
 
     async fn push_message(
