@@ -25,7 +25,7 @@
 //!   A heartbeat without a challenge pair answers `reregister` as well.
 //! - Re-registration with `prevSessionId` + `instances`: an id still owned by
 //!   the previous session, or by any other session of the same `clientId`
-//!   (one process; its register ack was lost), moves to the new one at the
+//!   at the same advertise URL (one process; its register ack was lost), moves to the new one at the
 //!   *same* epoch (the same process keeps the same instance); an id nobody
 //!   live owns is claimed at a fresh epoch; an id another live session owns
 //!   is a duplicate. The process's other sessions are ended once the

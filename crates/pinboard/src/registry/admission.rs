@@ -15,8 +15,9 @@
 //! checked in this order:
 //!
 //! 1. **Its own earlier sessions**: the session named as `prevSessionId`,
-//!    and every session of the newcomer's `clientId` (one process, one
-//!    client id: a session whose register ack was lost is one). They are
+//!    and every session of the newcomer's `clientId` at its advertise URL
+//!    (one registering worker, one client id: a session whose register ack
+//!    was lost is one). They are
 //!    the same process: never superseded (that would abort its instances),
 //!    never rivals; the registry reclaims the ids they own at their epochs
 //!    and then ends those of its own client id (a `prevSessionId` of
@@ -109,13 +110,14 @@ pub fn plan(
         if record.session_id == newcomer.session_id {
             continue;
         }
-        let own = record.client_id == newcomer.client_id;
+        let here = same_address(&record.advertise_url, &newcomer.advertise_url);
+        let own = here && record.client_id == newcomer.client_id;
         if own || Some(record.session_id.as_str()) == prev {
             plan.earlier.push(record.session_id.clone());
             if own {
                 plan.ended.push(record.session_id.clone());
             }
-        } else if same_address(&record.advertise_url, &newcomer.advertise_url) {
+        } else if here {
             plan.replaced.push(record.session_id.clone());
             plan.supersede.push((
                 record.session_id.clone(),
@@ -211,6 +213,7 @@ mod tests {
             live("lost-ack", "c2", "http://127.0.0.1:9"),
             live("prev", "c3", "http://127.0.0.1:9"),
             live("elsewhere", "c4", "http://127.0.0.1:10"),
+            live("same-client-elsewhere", "c2", "http://127.0.0.1:11"),
         ];
         let plan = plan(&newcomer, Some("prev"), &sessions, NOW, 0).expect("plan");
         assert_eq!(plan.replaced, vec!["ghost".to_owned()]);
