@@ -186,7 +186,7 @@ async fn place_loop(shared: Arc<Shared>, task: usize) -> Histogram<u64> {
                     at,
                 )
                 .await;
-            let Ok(ClaimOutcome::Claimed(p)) = claimed else {
+            let Ok(ClaimOutcome::Claimed(p, _)) = claimed else {
                 return false;
             };
             matches!(

@@ -130,7 +130,8 @@ pub struct Config {
 
     /// Quarantine before placing new ids, in milliseconds, after a start
     /// on an empty store or after the store lost its data (default: one
-    /// lease TTL).
+    /// lease TTL; after a store loss never shorter than one lease TTL, so
+    /// every live worker re-registers before its ids can move).
     #[arg(long, env = "PINBOARD_QUARANTINE_MS")]
     pub quarantine_ms: Option<u64>,
 

@@ -54,6 +54,8 @@
 //! ever placed in a store whose loss its node has not noticed; what the node
 //! does about it is `proxy::resolve`'s concern.
 
+#[cfg(test)]
+pub(crate) mod gated;
 mod memory;
 mod redis;
 
@@ -218,8 +220,10 @@ pub struct PlacementEntry {
 pub enum ClaimOutcome {
     /// A live session already owns the id.
     Owned(Placement),
-    /// The candidate now owns the id at a fresh epoch.
-    Claimed(Placement),
+    /// The candidate now owns the id at a fresh epoch; the session that
+    /// owned the row before (gone, or the stale owner named), if another:
+    /// the id moved from it.
+    Claimed(Placement, Option<String>),
     /// Nobody live owns the id and no candidate was offered.
     Vacant,
     /// The candidate's record is gone; pick another.
@@ -244,6 +248,37 @@ impl Generation {
     /// When its quarantine ends (wall ms); `None` when the value has no time.
     pub fn quarantine_until_wall_ms(&self) -> Option<u64> {
         self.0.rsplit_once('@').and_then(|(_, ms)| ms.parse().ok())
+    }
+}
+
+/// A registration as [`PlacementStore::admit_worker`] applies it, in one
+/// atomic step: what the registry decided from the live sessions it read
+/// at deployment version `expected_version`.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission<'a> {
+    /// The newcomer's record.
+    pub record: &'a WorkerRecord,
+    /// Its lease (ms).
+    pub ttl_ms: u64,
+    /// The deployment version the decision was read at
+    /// ([`PlacementStore::deployment_version`]); `None` for a registration
+    /// that binds no hostname and so decided nothing a rival could change.
+    pub expected_version: Option<u64>,
+    /// Sessions to supersede, each with its reason: marked (their
+    /// heartbeats answer `superseded` for `superseded_ttl_ms`) and removed.
+    pub supersede: &'a [(String, String)],
+    /// How long a superseded session's reason is kept (ms).
+    pub superseded_ttl_ms: u64,
+    /// Sessions to wind down, each with the wall time (ms) it is drained
+    /// until and then superseded at (see [`WorkerRecord::retire_at_wall_ms`]).
+    pub wind_down: &'a [(String, u64)],
+}
+
+impl Admission<'_> {
+    /// Whether applying it changes the deployment bindings (it then bumps
+    /// the version, so a decision read before it is taken again).
+    pub fn moves_deployments(&self) -> bool {
+        self.expected_version.is_some() || !self.supersede.is_empty() || !self.wind_down.is_empty()
     }
 }
 
@@ -283,6 +318,25 @@ pub const MAX_BOUND_HOSTNAMES: usize = 10_000;
 /// and placements. All methods are cancel safe in the sense that each is one
 /// atomic store operation (or a sequence whose partial effect is harmless).
 pub trait PlacementStore: Send + Sync + 'static {
+    /// The version of the deployment bindings: bumped by every
+    /// [`admit_worker`](Self::admit_worker) that changes them, so a
+    /// takeover decided from a read of the live sessions is applied only if
+    /// no other registration changed them since (two deployments
+    /// registering through two nodes at once cannot both pass the check).
+    fn deployment_version(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Apply a registration atomically: when `admission.expected_version`
+    /// is given and the deployment version is another, write nothing and
+    /// answer `false` (decide again); else bump the version if the
+    /// admission [moves deployments](Admission::moves_deployments),
+    /// supersede and wind down the sessions it names, put its record, and
+    /// answer `true`.
+    fn admit_worker(
+        &self,
+        admission: &Admission<'_>,
+        now: Now,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
     /// Create or replace a worker record with a lease of `ttl_ms`.
     fn put_worker(
         &self,
@@ -362,17 +416,6 @@ pub trait PlacementStore: Send + Sync + 'static {
         now: Now,
     ) -> impl Future<Output = Result<Option<String>, StoreError>> + Send;
 
-    /// Wind a session down for a newer deployment: operator-drain it with
-    /// `deadline_wall_ms` and mark it to be superseded then (see
-    /// [`WorkerRecord::retire_at_wall_ms`]); keeps its lease. `false` when
-    /// the session is unknown.
-    fn wind_down_worker(
-        &self,
-        session_id: &str,
-        deadline_wall_ms: u64,
-        now: Now,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
     /// Queue a control message; returns its `msgId`.
     fn push_message(
         &self,
@@ -423,13 +466,14 @@ pub trait PlacementStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<usize, StoreError>> + Send;
 
     /// Give a re-registering worker back an id it holds: kept epoch when the
-    /// previous owner was `prev_session` (or a fresh one when vacant);
-    /// `Duplicate` when another live session owns it.
+    /// owner is one of `prev_sessions` (that process's earlier sessions),
+    /// a fresh one when vacant; `Duplicate` when another live session owns
+    /// it.
     fn reclaim(
         &self,
         instance: InstanceKey<'_>,
         session_id: &str,
-        prev_session: Option<&str>,
+        prev_sessions: &[&str],
         floor: u64,
         now: Now,
     ) -> impl Future<Output = Result<ReclaimOutcome, StoreError>> + Send;

@@ -24,9 +24,17 @@
 //!   session and answers 409 `reregister` (the URL no longer reaches it).
 //!   A heartbeat without a challenge pair answers `reregister` as well.
 //! - Re-registration with `prevSessionId` + `instances`: an id still owned by
-//!   the previous session moves to the new one at the *same* epoch (the same
-//!   process keeps the same instance); an id nobody live owns is claimed at a
-//!   fresh epoch; an id another live session owns is a duplicate.
+//!   the previous session, or by any other session of the same `clientId`
+//!   at the same advertise URL (one process; its register ack was lost), moves to the new one at the
+//!   *same* epoch (the same process keeps the same instance); an id nobody
+//!   live owns is claimed at a fresh epoch; an id another live session owns
+//!   is a duplicate. The process's other sessions are ended once the
+//!   reclaims are done (quietly: it never hears `superseded`).
+//! - One advertise URL, one process (the seeds' rule): a registration that
+//!   proved its advertise URL supersedes every live session of another
+//!   client at that URL at once (a crash and restart), so their ids move on
+//!   their next request instead of waiting out the dead session's lease;
+//!   the move is recorded as `replaced` (see [`admission`]).
 //! - Deployments (see also `crate::world`): the live sessions registered
 //!   with the same hostname (case-insensitive) *and* the same `env` are one
 //!   deployment slot; staging and production of one hostname never touch.
@@ -46,8 +54,11 @@
 //!   - `"deny"`: the newcomer is refused with 409 and nothing changes.
 //!
 //!   A newcomer is checked against every older session before any is
-//!   touched. The check reads the live worker list and is not atomic across
-//!   pinboard nodes (two racing registrations may both pass).
+//!   touched, and the check is atomic in the store: the decision is taken
+//!   from the live sessions read at a deployment version and applied in one
+//!   step only if that version still holds (else read and decided again, at
+//!   most [`ADMISSION_ATTEMPTS`] times), so two deployments registering
+//!   through two pinboard nodes at once cannot both pass it.
 //! - An operator drain lives on the session record: the next acks echo
 //!   `draining: true` with the remaining seconds; it is not carried over to a
 //!   later session of the same process. Its deadline counts from its
@@ -55,6 +66,7 @@
 //!   gives the whole duration asked for, and later acks count down from
 //!   that heartbeat (see [`DrainDeadline`]).
 
+pub mod admission;
 pub mod auth;
 pub mod error;
 pub mod http;
@@ -65,15 +77,17 @@ use std::sync::Arc;
 use pinned_wire::ids::{validate_id, validate_namespace};
 use pinned_wire::registry::{
     ControlMessage, DeregisterRequest, Duplicate, HeartbeatAck, HeartbeatRequest, OverviewResponse,
-    PlacementRow, PushRequest, RegisterAck, RegisterRequest, ReleaseItem, TagRequest, Takeover,
-    WorkerRow, WorkersResponse,
+    PlacementRow, PushRequest, RegisterAck, RegisterRequest, ReleaseItem, TagRequest, WorkerRow,
+    WorkersResponse,
 };
 
 pub use self::error::RegistryError;
 use crate::challenge::{ChallengeError, ChallengeProver};
 use crate::clock::{Clock, Entropy, EpochFloor, Now};
 use crate::placement::InstanceKey;
-use crate::placement::{DrainDeadline, LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord};
+use crate::placement::{
+    Admission, DrainDeadline, LiveWorker, PlacementStore, ReclaimOutcome, WorkerRecord,
+};
 use crate::world::{validate_env, validate_hostname};
 
 /// Namespaces pinboard serves itself (they could never be proxied).
@@ -82,6 +96,12 @@ pub const RESERVED_NAMESPACES: [&str; 5] =
 
 /// How long a superseded session keeps answering `superseded`, in lease TTLs.
 const SUPERSEDED_MEMORY_TTLS: u64 = 6;
+
+/// Most times a registration decides again because another registration
+/// changed the deployment bindings between its read and its write (each
+/// retry means that other registration went through); past it the worker
+/// is answered 503 + `Retry-After` and registers again.
+pub const ADMISSION_ATTEMPTS: usize = 8;
 
 /// Longest operator deadline (`drain` / `wind_down` `deadline`), in
 /// seconds: one year. A larger one is a typo or an attack, and would
@@ -123,6 +143,10 @@ impl<S, P> std::fmt::Debug for Registry<S, P> {
 pub struct Effects {
     /// Sessions that ended: drop cached routes to them.
     pub ended_sessions: Vec<String>,
+    /// Sessions superseded by a new process at their advertise URL (a
+    /// restart): drop cached routes to them, their ids' next claims are
+    /// moves of that kind.
+    pub replaced_sessions: Vec<String>,
 }
 
 fn malformed(msg: impl Into<String>) -> RegistryError {
@@ -265,22 +289,7 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
             .await
             .map_err(challenge_error)?;
 
-        let now = self.now();
-        let mut effects = Effects::default();
         let session_id = self.entropy.token_hex(16);
-        let epoch = req.epoch.unwrap_or(0);
-        if let Some(hostname) = &req.hostname {
-            let displaced = self
-                .take_over(
-                    hostname,
-                    req.env.as_deref(),
-                    epoch,
-                    req.prev_session_id.as_deref(),
-                    now,
-                )
-                .await?;
-            effects.ended_sessions.extend(displaced);
-        }
         let record = WorkerRecord {
             session_id: session_id.clone(),
             client_id: req.client_id,
@@ -293,21 +302,35 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
             hostname: req.hostname,
             env: req.env,
             envs: req.envs.unwrap_or_default(),
-            epoch,
+            epoch: req.epoch.unwrap_or(0),
             takeover: req.takeover,
             retire_at_wall_ms: None,
         };
         // Bound before the worker is live: a `Host` naming the hostname
         // selects its world from now on, on every node (`crate::world`).
         if let Some(hostname) = &record.hostname {
-            self.store.bind_hostname(hostname, now).await?;
+            self.store.bind_hostname(hostname, self.now()).await?;
         }
-        self.store
-            .put_worker(&record, self.config.lease_ttl_ms, now)
-            .await?;
-        if let Some(prev) = &req.prev_session_id {
-            effects.ended_sessions.push(prev.clone());
+        let prev = req.prev_session_id.as_deref();
+        let (plan, now) = self.admit(&record, prev).await?;
+        let mut effects = Effects::default();
+        effects.ended_sessions.extend(
+            plan.supersede
+                .iter()
+                .map(|(session, _)| session)
+                .filter(|session| !plan.replaced.contains(session))
+                .cloned(),
+        );
+        effects.replaced_sessions.clone_from(&plan.replaced);
+        let mut earlier: Vec<&str> = plan.earlier.iter().map(String::as_str).collect();
+        if let Some(prev) = prev {
+            if !earlier.contains(&prev) {
+                earlier.push(prev);
+            }
         }
+        effects
+            .ended_sessions
+            .extend(earlier.iter().map(|s| (*s).to_owned()));
         let mut duplicates = Vec::new();
         if !instances.is_empty() {
             // This node may not have noticed a store loss yet, and a
@@ -319,13 +342,7 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
                 let floor = self.floor.floor_for_claim(now).await;
                 match self
                     .store
-                    .reclaim(
-                        InstanceKey::new(ns, id),
-                        &session_id,
-                        req.prev_session_id.as_deref(),
-                        floor,
-                        now,
-                    )
+                    .reclaim(InstanceKey::new(ns, id), &session_id, &earlier, floor, now)
                     .await?
                 {
                     ReclaimOutcome::Reclaimed(p) => self.floor.minted(p.epoch).await,
@@ -335,6 +352,11 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
                     }),
                 }
             }
+        }
+        // The process's own earlier sessions go only now: until its
+        // reclaims were done, the ids they owned were not vacant.
+        for session in &plan.ended {
+            self.store.remove_worker(session).await?;
         }
         let (draining, drain_deadline) = Self::drain_echo(&record, now);
         Ok((
@@ -349,66 +371,53 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         ))
     }
 
-    /// Apply the deployment rules (module doc) for a newcomer of
-    /// `hostname`/`env` at deployment `epoch`; returns the sessions it
-    /// superseded at once (wound-down ones stay live until their deadline).
-    async fn take_over(
+    /// Put `record` in the store with what registering it does to the live
+    /// sessions ([`admission::plan`]), atomically: decided from a read at a
+    /// deployment version and applied only while that version holds.
+    /// Returns the plan applied and the time it was decided at.
+    async fn admit(
         &self,
-        hostname: &str,
-        env: Option<&str>,
-        epoch: u64,
+        record: &WorkerRecord,
         prev: Option<&str>,
-        now: Now,
-    ) -> Result<Vec<String>, RegistryError> {
-        let slot = |r: &WorkerRecord| {
-            r.hostname
-                .as_deref()
-                .is_some_and(|h| h.eq_ignore_ascii_case(hostname))
-                && r.env.as_deref() == env
-                && Some(r.session_id.as_str()) != prev
-        };
-        let rivals: Vec<WorkerRecord> = self
-            .store
-            .list_workers(now)
-            .await?
-            .into_iter()
-            .map(|w| w.record)
-            .filter(|r| slot(r))
-            .collect();
-        let world = match env {
-            Some(env) => format!("hostname {hostname:?} in env {env:?}"),
-            None => format!("hostname {hostname:?}"),
-        };
-        if let Some(newer) = rivals.iter().map(|r| r.epoch).filter(|e| *e > epoch).max() {
-            return Err(RegistryError::HostnameHeld(format!(
-                "{world} is bound to deployment epoch {newer} (> {epoch})"
-            )));
-        }
-        let older: Vec<&WorkerRecord> = rivals.iter().filter(|r| r.epoch < epoch).collect();
-        if older.iter().any(|r| r.takeover == Some(Takeover::Deny)) {
-            return Err(RegistryError::HostnameHeld(format!(
-                "{world} is held by a session that denies takeover"
-            )));
-        }
-        let mut displaced = Vec::new();
-        for rival in older {
-            if rival.takeover == Some(Takeover::WindDown) {
-                if rival.retire_at_wall_ms.is_none() {
-                    let deadline = now
-                        .wall_ms
-                        .saturating_add(self.config.takeover_wind_down_ms);
-                    self.store
-                        .wind_down_worker(&rival.session_id, deadline, now)
-                        .await?;
-                    tracing::info!(target: "pinboard::registry", session = %rival.session_id, %world, epoch, "winding an older deployment down");
-                }
+    ) -> Result<(admission::Plan, Now), RegistryError> {
+        for _ in 0..ADMISSION_ATTEMPTS {
+            let now = self.now();
+            // Read before the sessions: whatever registration changes them
+            // after this read also changes the version.
+            let version = match record.hostname {
+                Some(_) => Some(self.store.deployment_version().await?),
+                None => None,
+            };
+            let live = self.store.list_workers(now).await?;
+            let plan =
+                admission::plan(record, prev, &live, now, self.config.takeover_wind_down_ms)?;
+            let applied = self
+                .store
+                .admit_worker(
+                    &Admission {
+                        record,
+                        ttl_ms: self.config.lease_ttl_ms,
+                        expected_version: version,
+                        supersede: &plan.supersede,
+                        superseded_ttl_ms: self.config.lease_ttl_ms * SUPERSEDED_MEMORY_TTLS,
+                        wind_down: &plan.wind_down,
+                    },
+                    now,
+                )
+                .await?;
+            if !applied {
+                tracing::debug!(target: "pinboard::registry", session = %record.session_id, "deployment bindings changed while registering; deciding again");
                 continue;
             }
-            let reason = format!("superseded by deployment epoch {epoch} of {world}");
-            self.supersede(&rival.session_id, &reason, now).await?;
-            displaced.push(rival.session_id.clone());
+            for (session, reason) in &plan.supersede {
+                tracing::info!(target: "pinboard::registry", %session, by = %record.session_id, %reason, "session superseded");
+            }
+            for (session, _) in &plan.wind_down {
+                tracing::info!(target: "pinboard::registry", %session, by = %record.session_id, epoch = record.epoch, "winding an older deployment down");
+            }
+            return Ok((plan, now));
         }
-        Ok(displaced)
+        Err(RegistryError::Contended)
     }
 
     /// Remove `session_id` and remember why (its heartbeats answer 409
@@ -545,6 +554,7 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         self.store.remove_worker(&req.session_id).await?;
         Ok(Effects {
             ended_sessions: vec![req.session_id],
+            ..Effects::default()
         })
     }
 
@@ -718,6 +728,7 @@ mod tests {
     use crate::clock::SeededEntropy;
     use crate::placement::MemoryStore;
     use parking_lot::Mutex;
+    use pinned_wire::registry::Takeover;
     use std::collections::BTreeMap;
 
     struct FakeClock(Mutex<Now>);
@@ -755,26 +766,36 @@ mod tests {
             mono_ms: 0,
         })));
         let store = Arc::new(MemoryStore::new());
-        let reg = Registry::new(
-            store.clone(),
+        let reg = registry_over(store.clone(), clock.clone());
+        (reg, clock, store)
+    }
+
+    fn registry_over<S: PlacementStore>(
+        store: Arc<S>,
+        clock: Arc<FakeClock>,
+    ) -> Registry<S, FakeProver> {
+        Registry::new(
+            store,
             FakeProver,
-            clock.clone(),
+            clock,
             Arc::new(SeededEntropy::seeded(1)),
             Arc::new(EpochFloor::default()),
             RegistryConfig {
                 lease_ttl_ms: 2000,
                 takeover_wind_down_ms: 5000,
             },
-        );
-        (reg, clock, store)
+        )
     }
 
+    /// A registration of a new process (its own client id and port).
     fn register_req(value: &str) -> RegisterRequest {
+        static PROCESSES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = PROCESSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         RegisterRequest {
-            client_id: "c".into(),
+            client_id: format!("c{n}"),
             secret: "s".into(),
             namespaces: vec!["/counter".into()],
-            advertise_url: "http://127.0.0.1:9".into(),
+            advertise_url: format!("http://127.0.0.1:{}", 9000 + n),
             headroom: 10,
             draining: false,
             challenge: "ch".into(),
@@ -1004,9 +1025,7 @@ mod tests {
         old.hostname = Some("app".into());
         old.epoch = Some(1);
         let (a, _) = reg.register(old.clone()).await.expect("old");
-        let mut new = old.clone();
-        new.epoch = Some(2);
-        let (_, effects) = reg.register(new).await.expect("new");
+        let (_, effects) = reg.register(deployment("app", None, 2)).await.expect("new");
         assert_eq!(effects.ended_sessions, vec![a.session_id.clone()]);
         let err = reg
             .heartbeat(beat(&a.session_id, vec![]))
@@ -1133,5 +1152,175 @@ mod tests {
             let err = reg.register(req.clone()).await.expect_err("malformed");
             assert_eq!(err.status(), 400, "{req:?}");
         }
+    }
+
+    /// Two deployments of one hostname registering at once, as through two
+    /// pinboard nodes: the first reads the live sessions, the second goes
+    /// through whole, and only then does the first act on what it read.
+    /// The newest deployment must end up alone in its slot.
+    async fn racing_deployments<S: PlacementStore>(store: S) {
+        let clock = Arc::new(FakeClock(Mutex::new(Now {
+            wall_ms: 1_000_000,
+            mono_ms: 0,
+        })));
+        let store = Arc::new(crate::placement::gated::Gated::new(store));
+        let reg = registry_over(store.clone(), clock.clone());
+        let (incumbent, _) = reg
+            .register(deployment("app", None, 1))
+            .await
+            .expect("incumbent");
+        store.arm();
+        let slow = reg.register(deployment("app", None, 2));
+        let fast = async {
+            store.paused().await;
+            let registered = reg.register(deployment("app", None, 3)).await;
+            store.release();
+            registered
+        };
+        let (slow, fast) = tokio::join!(slow, fast);
+        let (newest, effects) = fast.expect("the newest deployment");
+        assert_eq!(effects.ended_sessions, vec![incumbent.session_id]);
+        let err = slow.expect_err("the older newcomer must see the newest one");
+        assert_eq!(err.status(), 409, "{err}");
+        assert!(err.to_string().contains("epoch 3 (> 2)"), "{err}");
+        let live: Vec<(String, u64)> = store
+            .list_workers(clock.now())
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|w| (w.record.session_id, w.record.epoch))
+            .collect();
+        assert_eq!(live, vec![(newest.session_id, 3)]);
+    }
+
+    #[tokio::test]
+    async fn racing_deployments_cannot_both_pass_the_takeover_check() {
+        racing_deployments(MemoryStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn racing_deployments_cannot_both_pass_the_takeover_check_in_redis() {
+        let redis = test_support::RedisServer::start();
+        let store = crate::placement::RedisStore::connect(&redis.url, "race:")
+            .await
+            .expect("redis");
+        racing_deployments(store).await;
+    }
+
+    #[tokio::test]
+    async fn a_new_process_at_an_advertise_url_supersedes_the_one_it_replaced() {
+        let (reg, clock, store) = registry();
+        let crashed = register_req("ok");
+        let (ghost, _) = reg
+            .register(crashed.clone())
+            .await
+            .expect("before the crash");
+        let (neighbour, _) = reg
+            .register(register_req("ok"))
+            .await
+            .expect("another worker");
+        let generation = store
+            .open_generation(&crate::placement::Generation::new("g", 0))
+            .await
+            .expect("generation");
+        let claim = |candidate: String| {
+            let (store, generation, now) = (store.clone(), generation.clone(), clock.now());
+            async move {
+                store
+                    .resolve_or_claim(
+                        InstanceKey::new("/counter", "x"),
+                        Some(&candidate),
+                        None,
+                        1,
+                        &generation,
+                        now,
+                    )
+                    .await
+                    .expect("claim")
+            }
+        };
+        let crate::placement::ClaimOutcome::Claimed(first, _) =
+            claim(ghost.session_id.clone()).await
+        else {
+            panic!("x not placed");
+        };
+        // Restarted at once on the same advertise URL: a new client id.
+        let mut restarted = register_req("ok");
+        restarted.advertise_url = format!("{}/", crashed.advertise_url);
+        let (new, effects) = reg.register(restarted).await.expect("after the restart");
+        assert_eq!(effects.replaced_sessions, vec![ghost.session_id.clone()]);
+        assert!(effects.ended_sessions.is_empty(), "{effects:?}");
+        let err = reg
+            .heartbeat(beat(&ghost.session_id, vec![]))
+            .await
+            .expect_err("the ghost is gone");
+        assert!(
+            err.to_string().contains("new process at its advertise URL"),
+            "{err}"
+        );
+        reg.heartbeat(beat(&neighbour.session_id, vec![]))
+            .await
+            .expect("another URL is another process");
+        // Its id moves on its next request, above the ghost's epoch.
+        match claim(new.session_id.clone()).await {
+            crate::placement::ClaimOutcome::Claimed(p, from) => {
+                assert_eq!(from, Some(ghost.session_id.clone()));
+                assert_eq!(p.session_id, new.session_id);
+                assert!(p.epoch > first.epoch);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_process_reregistering_reclaims_from_every_session_of_its_own() {
+        let (reg, clock, store) = registry();
+        let process = register_req("ok");
+        // Its register ack was lost: pinboard knows a session it never
+        // heard of, which owns an id it holds.
+        let (unheard, _) = reg.register(process.clone()).await.expect("first");
+        let generation = store
+            .open_generation(&crate::placement::Generation::new("g", 0))
+            .await
+            .expect("generation");
+        let crate::placement::ClaimOutcome::Claimed(held, _) = store
+            .resolve_or_claim(
+                InstanceKey::new("/counter", "x"),
+                Some(&unheard.session_id),
+                None,
+                7,
+                &generation,
+                clock.now(),
+            )
+            .await
+            .expect("claim")
+        else {
+            panic!("x not placed");
+        };
+        let mut again = process.clone();
+        again.prev_session_id = Some("an-older-one".into());
+        again.instances = Some(BTreeMap::from([(
+            "/counter".to_owned(),
+            vec!["x".to_owned()],
+        )]));
+        let (ack, effects) = reg.register(again).await.expect("again");
+        assert!(ack.duplicates.is_empty(), "its own id is no duplicate");
+        let row = store
+            .placement(InstanceKey::new("/counter", "x"), clock.now())
+            .await
+            .expect("read")
+            .expect("row");
+        assert_eq!(
+            (row.placement.session_id, row.placement.epoch),
+            (ack.session_id, held.epoch),
+            "reclaimed at its epoch"
+        );
+        assert!(effects.ended_sessions.contains(&unheard.session_id));
+        // Ended, not superseded: the process must never be told that.
+        let err = reg
+            .heartbeat(beat(&unheard.session_id, vec![]))
+            .await
+            .expect_err("ended");
+        assert!(matches!(err, RegistryError::Reregister), "{err:?}");
     }
 }

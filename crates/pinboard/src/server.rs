@@ -154,6 +154,7 @@ impl<S: PlacementStore> App<S> {
                 DirectorySettings {
                     refresh_ms: config.worker_refresh_ms,
                     quarantine_ms: config.quarantine_ms(),
+                    lease_ttl_ms: config.lease_ttl_ms,
                     route_capacity: config.route_cache_capacity,
                     unknown_session_ttl_ms: config.unknown_session_ttl_ms,
                     forced_refresh_interval_ms: config.forced_refresh_interval_ms,

@@ -83,10 +83,24 @@ async fn outcome_of(op: BoxFuture<'_, Answer>) -> ClaimOutcome {
 }
 
 fn claimed(sid: &str, epoch: u64) -> ClaimOutcome {
-    ClaimOutcome::Claimed(Placement {
-        session_id: sid.into(),
-        epoch,
-    })
+    ClaimOutcome::Claimed(
+        Placement {
+            session_id: sid.into(),
+            epoch,
+        },
+        None,
+    )
+}
+
+/// A claim that took a row `from` owned.
+fn moved(sid: &str, epoch: u64, from: &str) -> ClaimOutcome {
+    ClaimOutcome::Claimed(
+        Placement {
+            session_id: sid.into(),
+            epoch,
+        },
+        Some(from.into()),
+    )
 }
 
 fn owned(sid: &str, epoch: u64) -> ClaimOutcome {
@@ -202,7 +216,7 @@ async fn a_batch_answers_each_op_as_one_by_one_would() {
     assert_eq!(outcome(1), claimed("s2", FLOOR));
     assert_eq!(outcome(2), claimed("s1", FLOOR));
     assert_eq!(outcome(3), owned("s1", FLOOR));
-    assert_eq!(outcome(4), claimed("s2", FLOOR + 1));
+    assert_eq!(outcome(4), moved("s2", FLOOR + 1, "s1"));
     assert_eq!(outcome(5), owned("s1", FLOOR));
     assert_eq!(outcome(6), ClaimOutcome::Vacant);
     assert_eq!(outcome(7), ClaimOutcome::CandidateGone);
@@ -212,8 +226,8 @@ async fn a_batch_answers_each_op_as_one_by_one_would() {
         "the wrong-type row fails on its own: {:?}",
         answers[9]
     );
-    assert_eq!(outcome(10), claimed("s2", FLOOR + 1));
-    assert_eq!(outcome(11), claimed("s2", FLOOR + 1));
+    assert_eq!(outcome(10), claimed("s2", FLOOR + 1), "released: no owner");
+    assert_eq!(outcome(11), moved("s2", FLOOR + 1, "s3"));
     assert!(!settled(12), "s1 no longer owns dup");
     assert!(settled(13));
     assert!(!settled(14), "n1 is not at that epoch");

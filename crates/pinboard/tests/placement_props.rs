@@ -233,7 +233,7 @@ async fn step(
                 .filter(|p| stale_ref.is_none_or(|(s, e)| !(p.session_id == s && p.epoch == e)));
             match (outcome, expected_owner) {
                 (ClaimOutcome::Owned(got), Some(owner)) => prop_assert_eq!(got, owner),
-                (ClaimOutcome::Claimed(p), None) => {
+                (ClaimOutcome::Claimed(p, _), None) => {
                     prop_assert!(model.live(&s), "claimed for the lapsed {}", s);
                     prop_assert_eq!(&p.session_id, &s);
                     prop_assert!(p.epoch >= model.floor());
@@ -311,7 +311,7 @@ async fn step(
                 .reclaim(
                     InstanceKey::new(NS, &id),
                     &s,
-                    prev.as_deref(),
+                    prev.as_deref().as_slice(),
                     model.floor(),
                     now,
                 )

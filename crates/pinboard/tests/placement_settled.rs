@@ -38,7 +38,7 @@ async fn claim<S: PlacementStore>(store: &S, gen: &Generation, sid: &str, floor:
         .await
         .expect("claim")
     {
-        ClaimOutcome::Claimed(p) => p.epoch,
+        ClaimOutcome::Claimed(p, _) => p.epoch,
         other => panic!("expected a claim, got {other:?}"),
     }
 }
@@ -189,7 +189,7 @@ async fn release_contract<S: PlacementStore, F: std::future::Future<Output = usi
                 .await
                 .expect("claim")
             {
-                ClaimOutcome::Claimed(p) => p.epoch,
+                ClaimOutcome::Claimed(p, _) => p.epoch,
                 other => panic!("expected a claim, got {other:?}"),
             }
         }
@@ -226,7 +226,7 @@ async fn release_contract<S: PlacementStore, F: std::future::Future<Output = usi
     assert_eq!(claim_at("denied", 1000).await, denied + 1);
     assert!(claim_at("fresh", 1000).await > denied);
     let reclaimed = match store
-        .reclaim(key("other"), "s1", None, 1000, at(0))
+        .reclaim(key("other"), "s1", &[], 1000, at(0))
         .await
         .expect("reclaim")
     {

@@ -12,7 +12,8 @@ use std::time::Duration;
 use futures_util::future::{join_all, BoxFuture, FutureExt as _};
 use pinboard::clock::Now;
 use pinboard::placement::{
-    Batching, Generation, InstanceKey, PlacementStore, RedisStore, StoreError, WorkerRecord,
+    Admission, Batching, Generation, InstanceKey, PlacementStore, RedisStore, StoreError,
+    WorkerRecord,
 };
 use pinned_wire::registry::ControlMessage;
 use support::{bearer, client, eventually, pinboard, RedisServer};
@@ -97,7 +98,7 @@ fn calls(store: &RedisStore) -> Vec<(&'static str, BoxFuture<'_, Result<(), Stor
         ),
         (
             "reclaim",
-            async move { store.reclaim(key, "s1", None, 1, now()).await.map(drop) }.boxed(),
+            async move { store.reclaim(key, "s1", &[], 1, now()).await.map(drop) }.boxed(),
         ),
         (
             "generation",
@@ -138,8 +139,24 @@ fn calls(store: &RedisStore) -> Vec<(&'static str, BoxFuture<'_, Result<(), Stor
             async { store.superseded("s1", now()).await.map(drop) }.boxed(),
         ),
         (
-            "wind_down_worker",
-            async { store.wind_down_worker("s1", 1, now()).await.map(drop) }.boxed(),
+            "deployment_version",
+            async { store.deployment_version().await.map(drop) }.boxed(),
+        ),
+        (
+            "admit_worker",
+            async move {
+                let newcomer = rec("s2");
+                let admission = Admission {
+                    record: &newcomer,
+                    ttl_ms: 60_000,
+                    expected_version: Some(0),
+                    supersede: &[("s1".to_owned(), "newer".to_owned())],
+                    superseded_ttl_ms: 60_000,
+                    wind_down: &[("s3".to_owned(), 1)],
+                };
+                store.admit_worker(&admission, now()).await.map(drop)
+            }
+            .boxed(),
         ),
         (
             "tag",

@@ -8,6 +8,8 @@
 //! `FLEET_NS_ENV` (the namespace's own env, sent in `envs`),
 //! `FLEET_CLUSTER_HOST` (`pinboard`: cluster calls keep pinboard's `Host`
 //! and send `Pinboard-Hostname`), `FLEET_EPOCH`, `FLEET_TAKEOVER` (`wind_down`|`deny`),
+//! `FLEET_PORT` (the port to listen on, default any free one: a restart
+//! on the same port keeps the advertise URL),
 //! `FLEET_HEARTBEAT_MS`, `FLEET_LEASE_BUFFER_MS`, `FLEET_DRAIN_MS` (the
 //! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
 //! `FLEET_NS` (the namespace, default `/counter`), `FLEET_GUARDED_NS` (also
@@ -46,7 +48,11 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port: u16 = match std::env::var("FLEET_PORT") {
+        Ok(port) => port.parse()?,
+        Err(_) => 0,
+    };
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let addr = listener.local_addr()?;
     let scheme = if std::env::var_os("PINNED_TLS_CERT").is_some() {
         "https"

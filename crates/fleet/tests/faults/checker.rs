@@ -24,6 +24,17 @@
 //! 3. **No counter goes backwards while its owner lives.** Per instance
 //!    (process and instance token), its in-memory count of bumps strictly
 //!    increases.
+//! 4. **No in-memory state lost while its owner lives** (asked for by the
+//!    scenarios whose fault spares every worker process, see
+//!    [`Memory::Kept`]). Per id, the in-memory count of bumps strictly
+//!    increases across the whole run: one instance serves the id from its
+//!    first answer to its last. An answer whose count is not above the
+//!    previous one came from a fresh instance (in the same process or
+//!    another), so the owner's memory was thrown away although the owner
+//!    lived: a fault that only hits pinboard or its store must cost none
+//!    of it. Counted in every scenario ([`Summary::memory_resets`]); a
+//!    violation only where asked for, since a killed worker or a failed
+//!    state-store write may legitimately cost an instance.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -79,6 +90,18 @@ pub(crate) struct Call {
     pub(crate) outcome: Outcome,
 }
 
+/// Whether a scenario's fault may cost an instance its memory
+/// (property 4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Memory {
+    /// Every worker process lives through the fault and keeps its
+    /// instances: an id whose in-memory count goes back is a violation.
+    Kept,
+    /// The fault may cost instances (a killed worker, a failed write):
+    /// resets are counted, not judged.
+    MayReset,
+}
+
 /// Every call per id, each id's in the order made.
 #[derive(Debug, Default)]
 pub(crate) struct History {
@@ -101,19 +124,26 @@ pub(crate) struct Summary {
     pub(crate) longest_gap: Duration,
     /// Ids whose last call failed: the fleet had not recovered by the end.
     pub(crate) failing_at_end: usize,
+    /// Times an id's in-memory count went back (property 4): a fresh
+    /// instance answered, the previous one's memory was thrown away.
+    pub(crate) memory_resets: usize,
     /// Failed calls by kind (status and the start of the body or error).
     pub(crate) failure_kinds: std::collections::BTreeMap<String, usize>,
 }
 
 impl History {
-    /// Checks properties 1 to 3 over the calls, and the durable tallies
-    /// found at the end (`None`: no row).
+    /// Checks properties 1 to 4 over the calls (4 as `memory` says), and
+    /// the durable tallies found at the end (`None`: no row).
     ///
     /// # Errors
     ///
     /// Every violation found (not just the first), each with its id's
     /// history, as one message.
-    pub(crate) fn verify(&self, durable: &HashMap<String, Option<u64>>) -> Result<Summary, String> {
+    pub(crate) fn verify(
+        &self,
+        durable: &HashMap<String, Option<u64>>,
+        memory: Memory,
+    ) -> Result<Summary, String> {
         let mut violations = Vec::new();
         let mut summary = Summary::default();
         let mut by_instance: HashMap<(String, String), (u64, String)> = HashMap::new();
@@ -123,6 +153,8 @@ impl History {
             let mut failed_since = 0u64;
             let mut last_answer_at: Option<Duration> = None;
             let mut processes = std::collections::HashSet::new();
+            // The id's last answer, for its in-memory count.
+            let mut previous: Option<&Answer> = None;
             for call in calls {
                 let answer = match &call.outcome {
                     Outcome::Failed(why) => {
@@ -185,6 +217,24 @@ impl History {
                     }
                 }
                 by_instance.insert(key, (answer.bumps, id.clone()));
+                // 4. No in-memory state lost while its owner lives.
+                if let Some(before) = previous.filter(|before| answer.bumps <= before.bumps) {
+                    summary.memory_resets += 1;
+                    if memory == Memory::Kept {
+                        violations.push(format!(
+                            "{id}: its in-memory count went from {} (instance {} of {}) to {} \
+                             (instance {} of {}) at {:?}: in-memory state lost",
+                            before.bumps,
+                            before.instance,
+                            before.process,
+                            answer.bumps,
+                            answer.instance,
+                            answer.process,
+                            call.sent
+                        ));
+                    }
+                }
+                previous = Some(answer);
             }
             if processes.len() > 1 {
                 summary.moved_ids += 1;
@@ -230,10 +280,11 @@ fn render(calls: &[Call]) -> String {
         let _ = match &call.outcome {
             Outcome::Answered(a) => writeln!(
                 out,
-                "  {:>8.3}s..{:>8.3}s  {} epoch {} tally {} bumps {}",
+                "  {:>8.3}s..{:>8.3}s  {} instance {} epoch {} tally {} bumps {}",
                 call.sent.as_secs_f64(),
                 call.ended.as_secs_f64(),
                 a.process,
+                a.instance,
                 a.epoch,
                 a.value,
                 a.bumps
@@ -254,12 +305,23 @@ mod tests {
     use super::*;
 
     fn answered(process: &str, epoch: u64, value: u64, bumps: u64, at: u64) -> Call {
+        answered_by(process, "i", epoch, value, bumps, at)
+    }
+
+    fn answered_by(
+        process: &str,
+        instance: &str,
+        epoch: u64,
+        value: u64,
+        bumps: u64,
+        at: u64,
+    ) -> Call {
         Call {
             sent: Duration::from_millis(at),
             ended: Duration::from_millis(at + 1),
             outcome: Outcome::Answered(Answer {
                 process: process.into(),
-                instance: format!("{process}-i"),
+                instance: format!("{process}-{instance}"),
                 epoch,
                 value,
                 bumps,
@@ -276,11 +338,19 @@ mod tests {
     }
 
     fn verdict(calls: Vec<Call>, stored: Option<u64>) -> Result<Summary, String> {
+        verdict_with(calls, stored, Memory::MayReset)
+    }
+
+    fn verdict_with(
+        calls: Vec<Call>,
+        stored: Option<u64>,
+        memory: Memory,
+    ) -> Result<Summary, String> {
         let history = History {
             calls: HashMap::from([("x".to_owned(), calls)]),
         };
         let durable = HashMap::from([("x".to_owned(), stored)]);
-        history.verify(&durable)
+        history.verify(&durable, memory)
     }
 
     #[test]
@@ -338,5 +408,49 @@ mod tests {
         let calls = vec![answered("a", 1, 1, 2, 0), answered("a", 1, 2, 2, 10)];
         let why = verdict(calls, Some(2)).expect_err("backwards");
         assert!(why.contains("went from 2 to 2 bumps"), "{why}");
+    }
+
+    #[test]
+    fn an_instance_thrown_away_while_its_owner_lives_is_caught() {
+        // What a Redis wipe did: the tallies all fine, but a fresh instance
+        // (here in the same process, at a higher epoch) with its count back
+        // at 1.
+        let calls = || {
+            vec![
+                answered_by("a", "one", 1, 1, 1, 0),
+                answered_by("a", "one", 1, 2, 2, 10),
+                failed(20),
+                answered_by("a", "two", 7, 3, 1, 30),
+            ]
+        };
+        let why = verdict_with(calls(), Some(3), Memory::Kept).expect_err("memory lost");
+        assert!(
+            why.contains("went from 2 (instance a-one of a) to 1 (instance a-two of a)"),
+            "{why}"
+        );
+        let summary = verdict_with(calls(), Some(3), Memory::MayReset).expect("counted only");
+        assert_eq!(summary.memory_resets, 1);
+        // And the other way it did: the id placed on the other live worker.
+        let moved = vec![
+            answered_by("a", "one", 1, 1, 1, 0),
+            answered_by("a", "one", 1, 2, 2, 10),
+            answered_by("b", "one", 5, 3, 1, 20),
+        ];
+        let why = verdict_with(moved, Some(3), Memory::Kept).expect_err("memory lost");
+        assert!(
+            why.contains("went from 2 (instance a-one of a) to 1"),
+            "{why}"
+        );
+        // The same instance at a newer epoch (a reclaim) keeps its memory.
+        let reclaimed = vec![
+            answered_by("a", "one", 1, 1, 1, 0),
+            answered_by("a", "one", 9, 2, 2, 10),
+        ];
+        assert_eq!(
+            verdict_with(reclaimed, Some(2), Memory::Kept)
+                .expect("kept")
+                .memory_resets,
+            0
+        );
     }
 }

@@ -2,9 +2,10 @@
 //! with a Postgres state store, a private Redis, real sockets, real
 //! signals. A well-behaved load bumps durable per-id tallies through
 //! pinboard while each scenario injects one fault, and the
-//! [`checker`] holds every scenario to the same three properties: one
+//! [`checker`] holds every scenario to the same properties: one
 //! owner per id at a time, no acknowledged durable write lost, no in-memory
-//! counter going backwards while its instance lives.
+//! counter going backwards while its instance lives, and (where the fault
+//! spares every worker process) no instance's memory thrown away.
 //!
 //! Every scenario owns its processes, its Postgres database and (when it
 //! needs Redis) its own `redis-server`, so scenarios run in parallel and
@@ -38,7 +39,7 @@ mod worker_signals;
 use std::sync::Arc;
 use std::time::Duration;
 
-use checker::Summary;
+use checker::{Memory, Summary};
 use load::{Entrances, Load};
 use private_postgres::PrivateDatabase;
 use support::Proc;
@@ -94,9 +95,19 @@ impl Scene {
     /// drops the database. Every id must answer again by the end (each
     /// scenario ends after the fault healed).
     pub(crate) async fn finish(self, scenario: &str, load: Load) -> Summary {
+        self.finish_judging(scenario, load, Memory::MayReset).await
+    }
+
+    /// As [`finish`](Self::finish), for a fault that spares every worker
+    /// process: an instance thrown away by a live process is a violation.
+    pub(crate) async fn finish_keeping_memory(self, scenario: &str, load: Load) -> Summary {
+        self.finish_judging(scenario, load, Memory::Kept).await
+    }
+
+    async fn finish_judging(self, scenario: &str, load: Load, memory: Memory) -> Summary {
         let history = load.stop().await;
         let durable = self.db.tallies(&self.ids).await;
-        let verdict = history.verify(&durable);
+        let verdict = history.verify(&durable, memory);
         self.db.drop_now().await;
         let summary = verdict.unwrap_or_else(|violations| panic!("{scenario}: {violations}"));
         eprintln!("{scenario}: {summary:?}");

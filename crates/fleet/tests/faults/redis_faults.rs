@@ -3,18 +3,28 @@
 //! (`CLIENT PAUSE` for longer than a lease). Two pinboard nodes where the
 //! store's loss matters: one has routed every id, the other has not, and
 //! the load alternates between them. Both workers stay live throughout, so
-//! no id may move: a wiped store is rebuilt from re-registrations (the
-//! generation check and the quarantine), never by placing an id afresh.
+//! after a wipe or a restart no id may move and no instance may lose its
+//! memory (the checker's [`Memory::Kept`](super::checker::Memory::Kept)):
+//! a wiped store is rebuilt from re-registrations (the generation check and
+//! the quarantine), never by placing an id afresh. A pause longer than a
+//! lease is another matter: every lease lapses during it, so ids may move
+//! (as after any lapse), but no acknowledged write is lost.
 
 use std::time::Duration;
 
 use super::support::RedisServer;
 use super::support::{client, eventually, pinboard, wait_workers, Proc};
 use super::{Scene, LEASE, PINBOARD_ARGS};
+use test_support::metric;
 
 /// Two nodes on `redis` with a real quarantine (one lease TTL).
 fn two_nodes(redis: &RedisServer) -> (Proc, Proc) {
-    let quarantine = LEASE.as_millis().to_string();
+    two_nodes_quarantined(redis, LEASE)
+}
+
+/// Two nodes on `redis` whose `--quarantine-ms` is `quarantine`.
+fn two_nodes_quarantined(redis: &RedisServer, quarantine: Duration) -> (Proc, Proc) {
+    let quarantine = quarantine.as_millis().to_string();
     let mut args = vec![
         "--redis-url",
         redis.url.as_str(),
@@ -46,10 +56,21 @@ async fn noticed(one: &Proc, two: &Proc) {
     .await;
 }
 
-/// Starts two workers on `one`, waits for readiness and warms the load.
+/// Starts two workers, one on each node, waits for readiness and warms
+/// the load.
 async fn warmed(scene: &Scene, one: &Proc, two: &Proc) -> (Proc, Proc, super::load::Load) {
+    warmed_with(scene, one, two, &[]).await
+}
+
+/// As [`warmed`], the second worker with `b_env` too.
+async fn warmed_with(
+    scene: &Scene,
+    one: &Proc,
+    two: &Proc,
+    b_env: &[(&str, &str)],
+) -> (Proc, Proc, super::load::Load) {
     let a = scene.worker(&one.url, &[]);
-    let b = scene.worker(&two.url, &[]);
+    let b = scene.worker(&two.url, b_env);
     wait_workers(&client(), &one.url, 2).await;
     for node in [one, two] {
         eventually("the cold-start quarantine to end", LEASE * 5, || async {
@@ -80,7 +101,49 @@ async fn flushall_under_load_moves_no_id_and_loses_no_write() {
         .await;
     }
     load.rounds(3, LEASE * 4).await;
-    let summary = scene.finish("flushall", load).await;
+    let summary = scene.finish_keeping_memory("flushall", load).await;
+    assert_eq!(
+        summary.moved_ids, 0,
+        "an id moved between live workers: {summary:?}"
+    );
+}
+
+/// The reproduction: 20 ids, a zero `--quarantine-ms`, and one
+/// worker beating four times slower than the other, so after the wipe one
+/// worker is back well before the other. The late one's ids must wait for
+/// it (503 + `Retry-After`), not go to the early one: a live owner that
+/// re-registers keeps every instance, with its memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushall_without_a_quarantine_keeps_every_live_instance() {
+    let redis = RedisServer::start();
+    let scene = Scene::new("flushall-q0", 20).await;
+    let (one, two) = two_nodes_quarantined(&redis, Duration::ZERO);
+    let (_a, _b, load) = warmed_with(&scene, &one, &two, &[("FLEET_HEARTBEAT_MS", "600")]).await;
+    load.rounds(3, LEASE * 4).await;
+
+    redis.flushall().await;
+    // No quarantine was asked for, so `/readyz` need not say so: the
+    // count of losses does.
+    eventually(
+        "both nodes to notice the store's loss",
+        LEASE * 3,
+        || async {
+            let mut noticed = 0;
+            for node in [&one, &two] {
+                noticed += metric(&client(), &node.url, "pinboard_store_losses_total").await;
+            }
+            (noticed >= 2).then_some(())
+        },
+    )
+    .await;
+    for node in [&one, &two] {
+        eventually("the store-loss quarantine to end", LEASE * 3, || async {
+            (readyz(&node.url).await == 200).then_some(())
+        })
+        .await;
+    }
+    load.rounds(3, LEASE * 4).await;
+    let summary = scene.finish_keeping_memory("flushall-q0", load).await;
     assert_eq!(
         summary.moved_ids, 0,
         "an id moved between live workers: {summary:?}"
@@ -104,7 +167,7 @@ async fn redis_restart_under_load_moves_no_id_and_loses_no_write() {
         .await;
     }
     load.rounds(3, LEASE * 4).await;
-    let summary = scene.finish("redis-restart", load).await;
+    let summary = scene.finish_keeping_memory("redis-restart", load).await;
     assert_eq!(
         summary.moved_ids, 0,
         "an id moved between live workers: {summary:?}"

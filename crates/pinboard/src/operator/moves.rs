@@ -17,6 +17,11 @@ use std::collections::VecDeque;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+/// How a session superseded by a new process at its advertise URL is told
+/// (the start of its supersession reason, which every node can read back
+/// from the store to say why an id left it).
+pub const REPLACED_REASON: &str = "superseded by a new process at its advertise URL";
+
 /// Most moves kept (the oldest goes first).
 pub const MOVE_RING_CAPACITY: usize = 256;
 /// Most ids remembered between their owner letting go and their next claim.
@@ -36,9 +41,22 @@ pub enum MoveReason {
     Released,
     /// The owner's session ended (deregistered or superseded).
     SessionEnded,
+    /// The owner's process was replaced: a new process registered at its
+    /// advertise URL (a crash and restart), superseding its session.
+    Replaced,
 }
 
 impl MoveReason {
+    /// Why an id left a session that is gone, from what the store says of
+    /// it: its supersession reason, if it was superseded.
+    pub fn of_gone_session(superseded: Option<&str>) -> Self {
+        match superseded {
+            Some(reason) if reason.starts_with(REPLACED_REASON) => Self::Replaced,
+            Some(_) => Self::SessionEnded,
+            None => Self::LeaseLapsed,
+        }
+    }
+
     /// The reason as written in JSON and tables.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -47,6 +65,7 @@ impl MoveReason {
             Self::Drain => "drain",
             Self::Released => "released",
             Self::SessionEnded => "session_ended",
+            Self::Replaced => "replaced",
         }
     }
 }
@@ -114,8 +133,9 @@ impl MoveLog {
 
     /// This node claimed `ns`/`id` for session `to` at `epoch`. `known` is
     /// where it came from when the caller knows (a refusal, a lapsed cached
-    /// owner); else the departure remembered for `key`, if any. A claim with
-    /// neither is a first placement and is not recorded.
+    /// owner, the row's previous owner); else the departure remembered for
+    /// `key`, if any. A claim with neither is a first placement and is not
+    /// recorded.
     pub fn claimed(&self, claim: Claim<'_>, known: Option<(&str, MoveReason)>) {
         let Claim {
             key,
@@ -148,6 +168,12 @@ impl MoveLog {
             epoch: epoch.to_string(),
             reason,
         });
+    }
+
+    /// Whether a departure of `key` is remembered (its next claim here
+    /// knows where it came from).
+    pub fn remembers(&self, key: &str) -> bool {
+        self.departed.get(key).is_some()
     }
 
     /// Up to `limit` moves, newest first.

@@ -23,8 +23,8 @@ use pinned_store::InstanceKey;
 use pinned_wire::registry::ControlMessage;
 
 use super::{
-    next_epoch, ClaimOutcome, DrainDeadline, Generation, LiveWorker, Placement, PlacementEntry,
-    PlacementStore, ReclaimOutcome, StoreError, WorkerRecord, MAX_BOUND_HOSTNAMES,
+    next_epoch, Admission, ClaimOutcome, DrainDeadline, Generation, LiveWorker, Placement,
+    PlacementEntry, PlacementStore, ReclaimOutcome, StoreError, WorkerRecord, MAX_BOUND_HOSTNAMES,
 };
 use crate::clock::Now;
 
@@ -69,6 +69,8 @@ struct State {
     dropped: u64,
     /// Bound hostnames (lowercase) with the wall ms they were last bound.
     hostnames: HashMap<String, u64>,
+    /// See [`PlacementStore::deployment_version`].
+    deployment_version: u64,
 }
 
 impl State {
@@ -127,6 +129,47 @@ impl MemoryStore {
 }
 
 impl PlacementStore for MemoryStore {
+    async fn deployment_version(&self) -> Result<u64, StoreError> {
+        Ok(self.state.lock().deployment_version)
+    }
+
+    async fn admit_worker(&self, admission: &Admission<'_>, now: Now) -> Result<bool, StoreError> {
+        // One lock for the check and every write: nothing interleaves.
+        let mut st = self.state.lock();
+        if admission
+            .expected_version
+            .is_some_and(|v| v != st.deployment_version)
+        {
+            return Ok(false);
+        }
+        if admission.moves_deployments() {
+            st.deployment_version += 1;
+        }
+        for (session_id, reason) in admission.supersede {
+            st.superseded.insert(
+                session_id.clone(),
+                (reason.clone(), now.mono_ms + admission.superseded_ttl_ms),
+            );
+            st.sessions.remove(session_id);
+        }
+        for (session_id, deadline_wall_ms) in admission.wind_down {
+            if let Some(s) = st.live_mut(session_id, now) {
+                s.record.server_drain = Some(DrainDeadline::At(*deadline_wall_ms));
+                s.record.retire_at_wall_ms = Some(*deadline_wall_ms);
+            }
+        }
+        let record = admission.record;
+        st.sessions.insert(
+            record.session_id.clone(),
+            Session {
+                record: record.clone(),
+                expires_at_mono_ms: now.mono_ms + admission.ttl_ms,
+                messages: VecDeque::new(),
+            },
+        );
+        Ok(true)
+    }
+
     async fn put_worker(
         &self,
         record: &WorkerRecord,
@@ -254,22 +297,6 @@ impl PlacementStore for MemoryStore {
             .map(|(e, _)| e.clone()))
     }
 
-    async fn wind_down_worker(
-        &self,
-        session_id: &str,
-        deadline_wall_ms: u64,
-        now: Now,
-    ) -> Result<bool, StoreError> {
-        let mut st = self.state.lock();
-        Ok(st
-            .live_mut(session_id, now)
-            .map(|s| {
-                s.record.server_drain = Some(DrainDeadline::At(deadline_wall_ms));
-                s.record.retire_at_wall_ms = Some(deadline_wall_ms);
-            })
-            .is_some())
-    }
-
     async fn push_message(
         &self,
         session_id: &str,
@@ -344,17 +371,21 @@ impl PlacementStore for MemoryStore {
                 settled: None,
             },
         );
-        Ok(ClaimOutcome::Claimed(Placement {
-            session_id: candidate.to_owned(),
-            epoch,
-        }))
+        let from = (!owner.is_empty() && owner != candidate).then_some(owner);
+        Ok(ClaimOutcome::Claimed(
+            Placement {
+                session_id: candidate.to_owned(),
+                epoch,
+            },
+            from,
+        ))
     }
 
     async fn reclaim(
         &self,
         instance: InstanceKey<'_>,
         session_id: &str,
-        prev_session: Option<&str>,
+        prev_sessions: &[&str],
         floor: u64,
         now: Now,
     ) -> Result<ReclaimOutcome, StoreError> {
@@ -371,7 +402,7 @@ impl PlacementStore for MemoryStore {
                 epoch,
             }));
         }
-        let from_prev = prev_session.is_some_and(|p| p == owner);
+        let from_prev = !owner.is_empty() && prev_sessions.contains(&owner.as_str());
         if !owner.is_empty() && !from_prev && st.live(&owner, now).is_some() {
             return Ok(ReclaimOutcome::Duplicate);
         }
@@ -669,7 +700,7 @@ mod tests {
             .resolve_or_claim(InstanceKey::new("/c", "x"), Some("a"), None, 5, &g, at(1))
             .await
             .expect("claim");
-        let ClaimOutcome::Claimed(p) = first else {
+        let ClaimOutcome::Claimed(p, None) = first else {
             panic!("{first:?}")
         };
         assert_eq!(p.epoch, 5);
@@ -685,10 +716,13 @@ mod tests {
             .expect("claim");
         assert_eq!(
             third,
-            ClaimOutcome::Claimed(Placement {
-                session_id: "b".into(),
-                epoch: 6
-            })
+            ClaimOutcome::Claimed(
+                Placement {
+                    session_id: "b".into(),
+                    epoch: 6
+                },
+                Some("a".into())
+            )
         );
     }
 
@@ -714,7 +748,7 @@ mod tests {
             .expect("claim");
         assert!(matches!(
             again,
-            ClaimOutcome::Claimed(Placement { epoch: 11, .. })
+            ClaimOutcome::Claimed(Placement { epoch: 11, .. }, None)
         ));
     }
 
@@ -746,7 +780,7 @@ mod tests {
         .expect("claim");
         s.put_worker(&rec("new"), 1000, at(1)).await.expect("put");
         let mine = s
-            .reclaim(InstanceKey::new("/c", "mine"), "new", Some("old"), 9, at(1))
+            .reclaim(InstanceKey::new("/c", "mine"), "new", &["old"], 9, at(1))
             .await
             .expect("reclaim");
         assert_eq!(
@@ -757,13 +791,7 @@ mod tests {
             })
         );
         let theirs = s
-            .reclaim(
-                InstanceKey::new("/c", "theirs"),
-                "new",
-                Some("old"),
-                9,
-                at(1),
-            )
+            .reclaim(InstanceKey::new("/c", "theirs"), "new", &["old"], 9, at(1))
             .await
             .expect("reclaim");
         assert_eq!(theirs, ReclaimOutcome::Duplicate);
@@ -831,7 +859,7 @@ mod tests {
             )
             .await
             .expect("claim"),
-            ClaimOutcome::Claimed(_)
+            ClaimOutcome::Claimed(..)
         ));
     }
 
@@ -899,7 +927,7 @@ mod tests {
                     .await
                     .expect("claim")
                 {
-                    ClaimOutcome::Claimed(p) => p.epoch,
+                    ClaimOutcome::Claimed(p, _) => p.epoch,
                     other => panic!("{other:?}"),
                 }
             }

@@ -31,6 +31,7 @@
 //! | `P o:<session>` | set | `<ns>/<id>` of every row the session owns (kept exact by every claim, reclaim and release) |
 //! | `P sweeper` | string, `PX` = sweeper lease TTL | token of the node holding the sweeper lease |
 //! | `P hostnames` | sorted set, no TTL | bound hostnames (lowercase), scored by the wall ms they were last bound; trimmed to the newest `MAX_BOUND_HOSTNAMES` |
+//! | `P deployments` | string, no TTL | the deployment version (`INCR`ed by every admission that binds a hostname, supersedes or winds down; see [`PlacementStore::deployment_version`]) |
 //!
 //! Worker secrets are stored in `rec` (every node must mint attestations
 //! for every worker): protect the Redis like the deployment token.
@@ -63,8 +64,8 @@ pub use self::batch::{BatchStats, Batching};
 use self::batch::{Batcher, Layout, Op};
 
 use super::{
-    ClaimOutcome, DrainDeadline, Generation, LiveWorker, Placement, PlacementEntry, PlacementStore,
-    ReclaimOutcome, StoreError, WorkerRecord, MAX_BOUND_HOSTNAMES,
+    Admission, ClaimOutcome, DrainDeadline, Generation, LiveWorker, Placement, PlacementEntry,
+    PlacementStore, ReclaimOutcome, StoreError, WorkerRecord, MAX_BOUND_HOSTNAMES,
 };
 use crate::clock::Now;
 
@@ -89,9 +90,9 @@ impl std::fmt::Debug for RedisStore {
 }
 
 struct Scripts {
+    admit: Script,
     renew: Script,
     drain: Script,
-    wind_down: Script,
     get: Script,
     list: Script,
     reclaim: Script,
@@ -113,6 +114,38 @@ const GET: &str = r#"
 local v = redis.call('HMGET', KEYS[1], 'rec', 'headroom', 'draining', 'drain', 'retire')
 if not v[1] then return false end
 return {v[1], v[2], v[3], v[4], tostring(redis.call('PTTL', KEYS[1])), v[5]}
+"#;
+
+// A registration, atomically (`PlacementStore::admit_worker`).
+// KEYS: deployment version, the newcomer's worker key, workers set, dead
+// set, the newcomer's message list.
+// ARGV: expected version ('' = none), newcomer sid, rec, headroom,
+// draining, drain, retire, ttl ms, worker prefix, message prefix,
+// supersession prefix, supersession ttl ms, bump ('1'/'0'), number of
+// sessions to supersede, then (sid, reason) per superseded session, then
+// (sid, deadline wall ms) per session to wind down.
+const ADMIT: &str = r#"
+if ARGV[1] ~= '' and (redis.call('GET', KEYS[1]) or '0') ~= ARGV[1] then return 0 end
+if ARGV[13] == '1' then redis.call('INCR', KEYS[1]) end
+local n = tonumber(ARGV[14])
+for i = 15, 14 + 2 * n, 2 do
+  local sid = ARGV[i]
+  redis.call('SET', ARGV[11] .. sid, ARGV[i + 1], 'PX', ARGV[12])
+  redis.call('DEL', ARGV[9] .. sid, ARGV[10] .. sid)
+  redis.call('SREM', KEYS[3], sid)
+  redis.call('SADD', KEYS[4], sid)
+end
+for i = 15 + 2 * n, #ARGV, 2 do
+  local key = ARGV[9] .. ARGV[i]
+  if redis.call('EXISTS', key) == 1 then
+    redis.call('HSET', key, 'drain', ARGV[i + 1], 'retire', ARGV[i + 1])
+  end
+end
+redis.call('DEL', KEYS[2], KEYS[5])
+redis.call('HSET', KEYS[2], 'rec', ARGV[3], 'headroom', ARGV[4], 'draining', ARGV[5], 'drain', ARGV[6], 'retire', ARGV[7])
+redis.call('PEXPIRE', KEYS[2], ARGV[8])
+redis.call('SADD', KEYS[3], ARGV[2])
+return 1
 "#;
 
 // ARGV: headroom, draining, ttl ms, now (wall ms). A pending operator
@@ -138,13 +171,6 @@ redis.call('HSET', KEYS[1], 'drain', ARGV[1])
 return 1
 "#;
 
-// Drain with a deadline and supersede then (`takeover: "wind_down"`).
-const WIND_DOWN: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'drain', ARGV[1], 'retire', ARGV[1])
-return 1
-"#;
-
 // KEYS: workers set, dead set. ARGV: worker key prefix.
 const LIST: &str = r#"
 local out = {}
@@ -162,30 +188,35 @@ return out
 "#;
 
 // KEYS: placement row, new session's owner index, the unsettled set, the
-// dropped mark. ARGV: new sid, prev sid, floor, worker prefix, row name,
-// owner index prefix.
+// dropped mark. ARGV: new sid, floor, worker prefix, row name, owner index
+// prefix, then the process's previous sids (each its own argument).
 const RECLAIM: &str = r#"
 local owner = redis.call('HGET', KEYS[1], 's') or ''
 local epoch = tonumber(redis.call('HGET', KEYS[1], 'e') or '0')
 if owner == ARGV[1] then
   redis.call('PERSIST', KEYS[1])
-  redis.call('SADD', KEYS[2], ARGV[5])
+  redis.call('SADD', KEYS[2], ARGV[4])
   return {'reclaimed', string.format('%.0f', epoch)}
 end
-local from_prev = owner ~= '' and owner == ARGV[2]
-if owner ~= '' and not from_prev and redis.call('EXISTS', ARGV[4] .. owner) == 1 then
+local from_prev = false
+if owner ~= '' then
+  for i = 6, #ARGV do
+    if ARGV[i] == owner then from_prev = true end
+  end
+end
+if owner ~= '' and not from_prev and redis.call('EXISTS', ARGV[3] .. owner) == 1 then
   return {'duplicate'}
 end
 if not from_prev then
   local dropped = tonumber(redis.call('GET', KEYS[4]) or '0')
-  epoch = math.max(epoch + 1, tonumber(ARGV[3]), dropped + 1)
+  epoch = math.max(epoch + 1, tonumber(ARGV[2]), dropped + 1)
 end
 local e = string.format('%.0f', epoch)
-if owner ~= '' then redis.call('SREM', ARGV[6] .. owner, ARGV[5]) end
+if owner ~= '' then redis.call('SREM', ARGV[5] .. owner, ARGV[4]) end
 redis.call('HSET', KEYS[1], 's', ARGV[1], 'e', e)
 redis.call('PERSIST', KEYS[1])
-redis.call('SADD', KEYS[2], ARGV[5])
-redis.call('SADD', KEYS[3], ARGV[5])
+redis.call('SADD', KEYS[2], ARGV[4])
+redis.call('SADD', KEYS[3], ARGV[4])
 return {'reclaimed', e}
 "#;
 
@@ -429,9 +460,9 @@ impl RedisStore {
             conn,
             prefix: prefix.to_owned(),
             scripts: Arc::new(Scripts {
+                admit: Script::new(ADMIT),
                 renew: Script::new(RENEW),
                 drain: Script::new(DRAIN),
-                wind_down: Script::new(WIND_DOWN),
                 get: Script::new(GET),
                 list: Script::new(LIST),
                 reclaim: Script::new(RECLAIM),
@@ -598,20 +629,33 @@ fn decode_drain(field: &str) -> Option<DrainDeadline> {
     })
 }
 
-/// A claim's answer: the new epoch when `candidate` claimed the id, else
-/// `{kind, owner?, epoch?}` or `{'generation', held}`.
+/// A claim's answer: the new epoch when `candidate` claimed a row nobody
+/// had, `{'moved', epoch, previous owner}` when it claimed one another
+/// session owned, else `{kind, owner?, epoch?}` or `{'generation', held}`.
 fn decode_claim(v: Value, candidate: Option<&str>) -> Result<ClaimOutcome, StoreError> {
-    if let Value::Int(epoch) = v {
-        let (Some(session), Ok(epoch)) = (candidate, u64::try_from(epoch)) else {
-            return Err(StoreError::Corrupt(format!("claim answered {epoch}")));
+    let claimed = |epoch: Option<u64>, from: Option<String>| {
+        let (Some(session), Some(epoch)) = (candidate, epoch) else {
+            return Err(StoreError::Corrupt(format!(
+                "claim answered {epoch:?} for {candidate:?}"
+            )));
         };
-        return Ok(ClaimOutcome::Claimed(Placement {
-            session_id: session.to_owned(),
-            epoch,
-        }));
+        Ok(ClaimOutcome::Claimed(
+            Placement {
+                session_id: session.to_owned(),
+                epoch,
+            },
+            from,
+        ))
+    };
+    if let Value::Int(epoch) = v {
+        return claimed(u64::try_from(epoch).ok(), None);
     }
     let parts = items(v);
     let kind = parts.first().and_then(text).unwrap_or_default();
+    if kind == "moved" {
+        let epoch = parts.get(1).and_then(text).and_then(|e| e.parse().ok());
+        return claimed(epoch, parts.get(2).and_then(text));
+    }
     let placement = || -> Result<Placement, StoreError> {
         Ok(Placement {
             session_id: parts.get(1).and_then(text).unwrap_or_default(),
@@ -640,6 +684,61 @@ fn epoch_of(v: Option<&Value>) -> Result<u64, StoreError> {
 }
 
 impl PlacementStore for RedisStore {
+    async fn deployment_version(&self) -> Result<u64, StoreError> {
+        let held: Option<String> = self
+            .send(redis::cmd("GET").arg(self.key("deployments", "")))
+            .await?;
+        held.map_or(Ok(0), |v| {
+            v.parse()
+                .map_err(|_| StoreError::Corrupt(format!("deployment version {v:?}")))
+        })
+    }
+
+    async fn admit_worker(&self, admission: &Admission<'_>, _now: Now) -> Result<bool, StoreError> {
+        let record = admission.record;
+        let sid = record.session_id.as_str();
+        let rec = serde_json::to_string(record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let retire = record
+            .retire_at_wall_ms
+            .map_or_else(String::new, |ms| ms.to_string());
+        let mut call = self.scripts.admit.prepare_invoke();
+        call.key(self.key("deployments", ""))
+            .key(self.key("w:", sid))
+            .key(self.key("workers", ""))
+            .key(self.key("dead", ""))
+            .key(self.key("m:", sid))
+            .arg(
+                admission
+                    .expected_version
+                    .map_or_else(String::new, |v| v.to_string()),
+            )
+            .arg(sid)
+            .arg(rec)
+            .arg(record.headroom)
+            .arg(if record.draining { "1" } else { "0" })
+            .arg(drain_field(record.server_drain))
+            .arg(retire)
+            .arg(admission.ttl_ms)
+            .arg(self.key("w:", ""))
+            .arg(self.key("m:", ""))
+            .arg(self.key("sup:", ""))
+            .arg(admission.superseded_ttl_ms.max(1))
+            .arg(if admission.moves_deployments() {
+                "1"
+            } else {
+                "0"
+            })
+            .arg(admission.supersede.len());
+        for (session, reason) in admission.supersede {
+            call.arg(session).arg(reason);
+        }
+        for (session, deadline_wall_ms) in admission.wind_down {
+            call.arg(session).arg(*deadline_wall_ms);
+        }
+        let admitted: i64 = self.send(&call).await?;
+        Ok(admitted == 1)
+    }
+
     async fn put_worker(
         &self,
         record: &WorkerRecord,
@@ -803,23 +902,6 @@ impl PlacementStore for RedisStore {
             .await
     }
 
-    async fn wind_down_worker(
-        &self,
-        session_id: &str,
-        deadline_wall_ms: u64,
-        _now: Now,
-    ) -> Result<bool, StoreError> {
-        let n: i64 = self
-            .send(
-                self.scripts
-                    .wind_down
-                    .key(self.key("w:", session_id))
-                    .arg(deadline_wall_ms),
-            )
-            .await?;
-        Ok(n == 1)
-    }
-
     async fn push_message(
         &self,
         session_id: &str,
@@ -880,28 +962,26 @@ impl PlacementStore for RedisStore {
         &self,
         instance: InstanceKey<'_>,
         session_id: &str,
-        prev_session: Option<&str>,
+        prev_sessions: &[&str],
         floor: u64,
         _now: Now,
     ) -> Result<ReclaimOutcome, StoreError> {
         let InstanceKey { ns, id } = instance;
         let name = Self::row_name(ns, id);
-        let v: Value = self
-            .send(
-                self.scripts
-                    .reclaim
-                    .key(self.key("p:", &name))
-                    .key(self.key("o:", session_id))
-                    .key(self.key("unsettled", ""))
-                    .key(self.key("dropped", ""))
-                    .arg(session_id)
-                    .arg(prev_session.unwrap_or(""))
-                    .arg(floor)
-                    .arg(self.key("w:", ""))
-                    .arg(&name)
-                    .arg(self.key("o:", "")),
-            )
-            .await?;
+        let mut call = self.scripts.reclaim.prepare_invoke();
+        call.key(self.key("p:", &name))
+            .key(self.key("o:", session_id))
+            .key(self.key("unsettled", ""))
+            .key(self.key("dropped", ""))
+            .arg(session_id)
+            .arg(floor)
+            .arg(self.key("w:", ""))
+            .arg(&name)
+            .arg(self.key("o:", ""));
+        for prev in prev_sessions {
+            call.arg(*prev);
+        }
+        let v: Value = self.send(&call).await?;
         let parts = items(v);
         match parts.first().and_then(text).as_deref() {
             Some("reclaimed") => Ok(ReclaimOutcome::Reclaimed(Placement {

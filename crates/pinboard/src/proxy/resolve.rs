@@ -38,25 +38,35 @@
 //! During a quarantine no *new* placement is made: ids that already have a
 //! live owner resolve normally, and workers re-registering with their
 //! `instances` reclaim what they hold; everything else answers 503 +
-//! `Retry-After`. A quarantine lasts `--quarantine-ms` (default one lease
-//! TTL) from the moment the store's generation (see `placement`) was
-//! written (the generation carries when it ends, so every node that adopts
-//! it keeps to the same window), which happens in two cases:
+//! `Retry-After`. A quarantine lasts from the moment the store's generation
+//! (see `placement`) was written (the generation carries when it ends, so
+//! every node that adopts it keeps to the same window), which happens in
+//! two cases:
 //!
-//! - *Cold start on an empty store*: the memory store always (a restarted
-//!   pinboard has forgotten every placement), Redis when it holds no
-//!   generation. A node joining a Redis that already holds one (a rolling
-//!   restart of pinboard nodes) inherits only what is left of that
-//!   generation's quarantine, usually nothing.
+//! - *Cold start on an empty store*, for `--quarantine-ms` (default one
+//!   lease TTL): the memory store always (a restarted pinboard has
+//!   forgotten every placement), Redis when it holds no generation. A node
+//!   joining a Redis that already holds one (a rolling restart of pinboard
+//!   nodes) inherits only what is left of that generation's quarantine,
+//!   usually nothing.
 //! - *Store loss*: Redis lost its data (`FLUSHALL`, a restart without
-//!   persistence) while pinboard ran. Every claim names the generation its
+//!   persistence) while pinboard ran, for at least one lease TTL
+//!   (`--quarantine-ms` when longer). Every claim names the generation its
 //!   node knows and the store refuses it when the generation is gone or
 //!   another, so the first claim after a loss finds out, before placing
 //!   anything; so does the maintenance check every `--worker-refresh-ms`
 //!   and `/readyz`. The node then writes a new generation (or adopts the
-//!   one another node wrote) and waits out the quarantine while every live worker, answered `reregister` on
-//!   its next heartbeat, re-registers and reclaims its instances. Without
-//!   it, the first worker back could be handed ids the others still hold.
+//!   one another node wrote) and waits out the quarantine while every live
+//!   worker, answered `reregister` on its next heartbeat, re-registers and
+//!   reclaims its instances. The loss happened at most one lease TTL after
+//!   every live worker's last renewal, so by the end of the quarantine each
+//!   one has either re-registered (its heartbeat interval is at most a third
+//!   of the TTL) or seen its own lease run out (it serves nothing any more):
+//!   an id of a live owner is never placed elsewhere before its owner had
+//!   the time to reclaim it. A shorter window (as `--quarantine-ms` may ask
+//!   for at cold start) handed the ids of the workers that came back last
+//!   to the first one back, and the latecomers' reclaims found them owned
+//!   there and aborted their live instances as duplicates.
 //!
 //! A directory whose generation was never opened places nothing.
 //!
@@ -305,6 +315,9 @@ pub struct DirectorySettings {
     pub refresh_ms: u64,
     /// No new placement until this long after start, milliseconds.
     pub quarantine_ms: u64,
+    /// The lease TTL workers are granted, milliseconds: after a store
+    /// loss nothing new is placed for at least this long (module doc).
+    pub lease_ttl_ms: u64,
     /// Most routes kept in memory.
     pub route_capacity: usize,
     /// How long a session a forced re-read did not find stays known as
@@ -359,6 +372,9 @@ pub struct Directory<S> {
     /// No new placement before this (monotonic ms).
     quarantine_until_mono_ms: AtomicU64,
     quarantine_ms: u64,
+    /// The quarantine after a store loss: `quarantine_ms`, at least one
+    /// lease TTL.
+    loss_quarantine_ms: u64,
     /// The store generation this node knows; `None` until opened.
     generation: RwLock<Option<Arc<Generation>>>,
     /// Sessions a forced re-read did not find, with when (monotonic ms).
@@ -407,6 +423,7 @@ impl<S: PlacementStore> Directory<S> {
         let DirectorySettings {
             refresh_ms,
             quarantine_ms,
+            lease_ttl_ms,
             ..
         } = settings;
         let start = clock.now().mono_ms;
@@ -421,6 +438,7 @@ impl<S: PlacementStore> Directory<S> {
             refresh_ms,
             quarantine_until_mono_ms: AtomicU64::new(start + quarantine_ms),
             quarantine_ms,
+            loss_quarantine_ms: quarantine_ms.max(lease_ttl_ms),
             generation: RwLock::new(None),
             unknown_sessions: quick_cache::sync::Cache::new(UNKNOWN_SESSION_CAPACITY),
             unknown_session_ttl_ms: settings.unknown_session_ttl_ms,
@@ -470,6 +488,23 @@ impl<S: PlacementStore> Directory<S> {
 
     /// Forget every route to the given sessions and re-read workers next time.
     pub fn forget_sessions(&self, sessions: &[String]) {
+        self.forget(sessions, |record| {
+            if record.refuses_new_ids() {
+                MoveReason::Drain
+            } else {
+                MoveReason::SessionEnded
+            }
+        });
+    }
+
+    /// As [`forget_sessions`](Self::forget_sessions), for sessions a new
+    /// process at their advertise URL superseded: their ids' next claims
+    /// here are moves of that kind.
+    pub fn forget_replaced(&self, sessions: &[String]) {
+        self.forget(sessions, |_| MoveReason::Replaced);
+    }
+
+    fn forget(&self, sessions: &[String], reason: impl Fn(&WorkerRecord) -> MoveReason) {
         if sessions.is_empty() {
             return;
         }
@@ -478,12 +513,7 @@ impl<S: PlacementStore> Directory<S> {
             let record = &r.worker.record;
             let ended = sessions.contains(&record.session_id);
             if ended {
-                let reason = if record.refuses_new_ids() {
-                    MoveReason::Drain
-                } else {
-                    MoveReason::SessionEnded
-                };
-                moves.departed(key, &record.session_id, reason);
+                moves.departed(key, &record.session_id, reason(record));
             }
             !ended
         });
@@ -701,10 +731,10 @@ impl<S: PlacementStore> Directory<S> {
     /// When the store fails.
     pub async fn open_generation(&self) -> Result<(), StoreError> {
         let now = self.clock.now();
-        let proposal = self.propose(now);
+        let proposal = self.propose(now, self.quarantine_ms);
         let held = self.store.open_generation(&proposal).await?;
         let written = held == proposal;
-        let left_ms = self.adopt(held.clone(), now);
+        let left_ms = self.adopt(held.clone(), now, self.quarantine_ms);
         if written {
             tracing::info!(target: "pinboard::placement", generation = %held.0, quarantine_ms = left_ms, "the store held no state: new generation, cold-start quarantine");
         } else {
@@ -713,23 +743,23 @@ impl<S: PlacementStore> Directory<S> {
         Ok(())
     }
 
-    /// A new generation whose quarantine is this node's, from now.
-    fn propose(&self, now: Now) -> Generation {
+    /// A new generation whose quarantine lasts `quarantine_ms` from now.
+    fn propose(&self, now: Now, quarantine_ms: u64) -> Generation {
         Generation::new(
             &self.entropy.token_hex(16),
-            now.wall_ms.saturating_add(self.quarantine_ms),
+            now.wall_ms.saturating_add(quarantine_ms),
         )
     }
 
     /// Take `generation` as the store's and quarantine until its quarantine
-    /// ends (at most one quarantine of this node's from now); returns the
-    /// time left.
-    fn adopt(&self, generation: Generation, now: Now) -> u64 {
+    /// ends (at most `cap_ms` from now, so a skewed clock cannot stretch
+    /// it); returns the time left.
+    fn adopt(&self, generation: Generation, now: Now, cap_ms: u64) -> u64 {
         let left_ms = generation
             .quarantine_until_wall_ms()
             .unwrap_or(0)
             .saturating_sub(now.wall_ms)
-            .min(self.quarantine_ms);
+            .min(cap_ms);
         self.quarantine_until_mono_ms
             .store(now.mono_ms.saturating_add(left_ms), Ordering::Release);
         *self.generation.write() = Some(Arc::new(generation));
@@ -738,7 +768,8 @@ impl<S: PlacementStore> Directory<S> {
 
     /// The store no longer holds this node's generation (it lost its data,
     /// or another node noticed first and wrote `held`): adopt or write one,
-    /// and quarantine. Cached routes stay: they name the owners the store
+    /// and quarantine for the store-loss window (at least a lease TTL, see
+    /// the module doc). Cached routes stay: they name the owners the store
     /// had before, which still hold their instances, and they go as usual
     /// when the worker view (re-read every refresh) no longer lists them.
     async fn store_lost(&self, held: Option<Generation>) -> Result<(), StoreError> {
@@ -746,15 +777,20 @@ impl<S: PlacementStore> Directory<S> {
         // claim keeps above the durable mark.
         self.floor.reload_durable();
         let now = self.clock.now();
+        let window = self.loss_quarantine_ms;
         let generation = match held {
             Some(g) => g,
-            None => self.store.open_generation(&self.propose(now)).await?,
+            None => {
+                self.store
+                    .open_generation(&self.propose(now, window))
+                    .await?
+            }
         };
         let previous = self.generation.read().clone();
         if previous.as_deref() == Some(&generation) {
             return Ok(());
         }
-        let left_ms = self.adopt(generation.clone(), now);
+        let left_ms = self.adopt(generation.clone(), now, window);
         self.counters.store_losses.inc();
         tracing::warn!(
             target: "pinboard::placement",
@@ -838,7 +874,9 @@ impl<S: PlacementStore> Directory<S> {
     }
 
     /// Note a claim in the move log: after a refusal (a drain when the
-    /// refusing owner is draining), else whatever departure was seen here.
+    /// refusing owner is draining), else whatever departure was seen here,
+    /// else `gone`: the row's previous owner, with what the store says of
+    /// why it went.
     #[allow(clippy::too_many_arguments)]
     fn record_move(
         &self,
@@ -849,6 +887,7 @@ impl<S: PlacementStore> Directory<S> {
         avoid: Avoid<'_>,
         snap: &Snapshot,
         now: Now,
+        gone: Option<(&str, MoveReason)>,
     ) {
         let known = avoid.stale.map(|(from, _)| {
             let draining = snap
@@ -862,6 +901,7 @@ impl<S: PlacementStore> Directory<S> {
             };
             (from, reason)
         });
+        let known = known.or(gone);
         self.counters.moves.claimed(
             Claim {
                 key,
@@ -873,6 +913,20 @@ impl<S: PlacementStore> Directory<S> {
             },
             known,
         );
+    }
+
+    /// Why the session `from` that owned a row this node just claimed is
+    /// gone, as far as the store knows (its supersession note; none: its
+    /// lease lapsed, or it deregistered). Only for a move this node saw
+    /// nothing of, so it costs one store read per such move.
+    async fn gone_reason(&self, from: &str, now: Now) -> MoveReason {
+        match self.store.superseded(from, now).await {
+            Ok(reason) => MoveReason::of_gone_session(reason.as_deref()),
+            Err(error) => {
+                tracing::debug!(target: "pinboard::placement", from, %error, "could not read why a session went");
+                MoveReason::LeaseLapsed
+            }
+        }
     }
 
     /// Resolve `(ns, id)` (cache key `key`): cached route, else the store's
@@ -997,9 +1051,19 @@ impl<S: PlacementStore> Directory<S> {
                 .await?
             {
                 ClaimOutcome::Owned(p) => (p, false),
-                ClaimOutcome::Claimed(p) => {
+                ClaimOutcome::Claimed(p, from) => {
                     self.counters.placements.inc();
-                    self.record_move(key, ns, id, &p, avoid, &snap, now);
+                    let gone = match from {
+                        Some(from)
+                            if avoid.stale.is_none() && !self.counters.moves.remembers(key) =>
+                        {
+                            let reason = self.gone_reason(&from, now).await;
+                            Some((from, reason))
+                        }
+                        _ => None,
+                    };
+                    let gone = gone.as_ref().map(|(from, reason)| (from.as_str(), *reason));
+                    self.record_move(key, ns, id, &p, avoid, &snap, now, gone);
                     self.floor.minted(p.epoch).await;
                     (p, true)
                 }
@@ -1088,6 +1152,14 @@ mod tests {
     async fn setup(
         quarantine_ms: u64,
     ) -> (Directory<MemoryStore>, Arc<FakeClock>, Arc<MemoryStore>) {
+        setup_leased(quarantine_ms, quarantine_ms).await
+    }
+
+    /// As [`setup`], granting leases of `lease_ttl_ms`.
+    async fn setup_leased(
+        quarantine_ms: u64,
+        lease_ttl_ms: u64,
+    ) -> (Directory<MemoryStore>, Arc<FakeClock>, Arc<MemoryStore>) {
         let clock = Arc::new(FakeClock(Mutex::new(Now {
             wall_ms: 5_000,
             mono_ms: 0,
@@ -1107,6 +1179,7 @@ mod tests {
             DirectorySettings {
                 refresh_ms: 0,
                 quarantine_ms,
+                lease_ttl_ms,
                 route_capacity: 1000,
                 unknown_session_ttl_ms: 1000,
                 forced_refresh_interval_ms: 100,
@@ -1148,6 +1221,43 @@ mod tests {
             .expect("placed");
         assert_eq!(r.epoch, 5_000_000);
         assert!(dir.cached("/c/new").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_store_loss_quarantines_for_a_lease_even_without_a_cold_start_quarantine() {
+        let (dir, clock, store) = setup_leased(0, 3000).await;
+        dir.resolve("/c/x", "/c", "x", HOSTLESS, Avoid::default())
+            .await
+            .expect("no cold-start quarantine");
+        // The store loses everything; one worker is back (re-registered),
+        // the other, which may hold ids, is not yet.
+        store.wipe();
+        store
+            .put_worker(&rec("a", 10), 10_000, clock.now())
+            .await
+            .expect("put");
+        for _ in 0..2 {
+            assert!(matches!(
+                dir.resolve("/c/y", "/c", "y", HOSTLESS, Avoid::default())
+                    .await,
+                Err(ResolveError::Quarantined)
+            ));
+        }
+        assert_eq!(dir.quarantine_left_ms(), 3000);
+        clock.0.lock().mono_ms = 2999;
+        clock.0.lock().wall_ms += 2999;
+        assert!(matches!(
+            dir.resolve("/c/y", "/c", "y", HOSTLESS, Avoid::default())
+                .await,
+            Err(ResolveError::Quarantined)
+        ));
+        clock.0.lock().mono_ms = 3000;
+        clock.0.lock().wall_ms += 1;
+        let placed = dir
+            .resolve("/c/y", "/c", "y", HOSTLESS, Avoid::default())
+            .await
+            .expect("placed once every lease that could hold it has run out");
+        assert_eq!(placed.worker.record.session_id, "a");
     }
 
     #[tokio::test]

@@ -54,6 +54,10 @@ pub enum RegistryError {
     /// The placement store failed. 503 + `Retry-After: 1` (retryable).
     #[error("placement store unavailable: {0}")]
     Store(#[from] StoreError),
+    /// Other registrations kept changing the deployment bindings while
+    /// this one was decided. 503 + `Retry-After: 1` (retryable).
+    #[error("deployment bindings changed during registration; retry")]
+    Contended,
 }
 
 impl RegistryError {
@@ -64,7 +68,9 @@ impl RegistryError {
             Self::Malformed(_) => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::ChallengeUnreachable(_) | Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ChallengeUnreachable(_) | Self::Store(_) | Self::Contended => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::ChallengeFailed(_) => StatusCode::FORBIDDEN,
             Self::Reregister | Self::Superseded(_) | Self::HostnameHeld(_) => StatusCode::CONFLICT,
             Self::UnknownSession => StatusCode::NOT_FOUND,
@@ -96,7 +102,10 @@ impl IntoResponse for RegistryError {
         if let Self::Store(e) = &self {
             tracing::warn!(target: "pinboard::registry", error = %e, "placement store failed");
         }
-        let retry = matches!(self, Self::ChallengeUnreachable(_) | Self::Store(_));
+        let retry = matches!(
+            self,
+            Self::ChallengeUnreachable(_) | Self::Store(_) | Self::Contended
+        );
         // The unread rest of the body cannot be told from a next request.
         let close = matches!(
             self,

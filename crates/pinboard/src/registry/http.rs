@@ -192,6 +192,7 @@ pub async fn register<S: PlacementStore>(
         Ok((ack, effects)) => {
             app.metrics.registrations.inc();
             app.directory.forget_sessions(&effects.ended_sessions);
+            app.directory.forget_replaced(&effects.replaced_sessions);
             app.directory.workers_changed();
             Json(ack).into_response()
         }

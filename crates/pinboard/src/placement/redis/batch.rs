@@ -48,10 +48,11 @@ use super::super::StoreError;
 //   'c', row name, candidate ('' = none), floor, stale sid, stale epoch,
 //        expected generation                       (resolve or claim)
 //   's', row name, sid, epoch                      (settle)
-// Returns one answer per op, in order: a claim that claimed as its new
-// epoch (an integer: epochs stay below 2^53, exact in a Lua number), any
-// other claim's as `{kind, ...}` (see `decode_claim`), a settle's as 1/0,
-// an op that raised as `{'err', msg}`.
+// Returns one answer per op, in order: a claim that claimed a row nobody
+// owned as its new epoch (an integer: epochs stay below 2^53, exact in a
+// Lua number), one that took a row another session owned as `{'moved',
+// epoch, that session}`, any other claim's as `{kind, ...}` (see
+// `decode_claim`), a settle's as 1/0, an op that raised as `{'err', msg}`.
 //
 // Why batching leaves what the ops one by one would:
 // - the generation, the dropped mark and the worker records are read at
@@ -101,6 +102,9 @@ local function claim(name, cand, floor, stale_sid, stale_epoch, want)
   if owner ~= '' and owner ~= cand then mark(ip .. owner, name, false) end
   mark(ip .. cand, name, true)
   mark(KEYS[2], name, true)
+  -- A move says where from (the operator's moves list); a new id stays a
+  -- bare integer, as cheap as before.
+  if owner ~= '' and owner ~= cand then return {'moved', e, owner} end
   return next
 end
 local function settle(name, sid, epoch)
