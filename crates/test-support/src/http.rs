@@ -113,16 +113,15 @@ pub async fn wait_workers(c: &reqwest::Client, pb: &str, token: &str, n: usize) 
 }
 
 /// A counter or gauge of the Prometheus text at `{base}/metrics` (`name`
-/// as exposed, `_total` included); 0 when absent or unreadable.
+/// as exposed, `_total` included, labels optional); 0 when absent or
+/// unreadable. To assert that a family moved, take two
+/// [`metrics::scrape`](crate::metrics::scrape)s and use
+/// [`metrics::moved`](crate::metrics::moved).
 pub async fn metric(c: &reqwest::Client, base: &str, name: &str) -> u64 {
-    let Ok(res) = c.get(format!("{base}/metrics")).send().await else {
+    let Some(scrape) = crate::metrics::try_scrape(c, base).await else {
         return 0;
     };
-    let text = res.text().await.unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    scrape.sample(name).map_or(0, |v| v as u64)
 }
 
 /// Waits until metric `name`, summed over the servers at `bases`, grew by

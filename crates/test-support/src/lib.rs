@@ -4,7 +4,8 @@
 //! binds port 0 and reports its address, logs to a file of its own, and is
 //! killed on drop; a private Postgres cluster, stopped and started at will,
 //! with TLS from a private CA), the Python reference's interpreter, and HTTP
-//! helpers for pinboard's registry and a worker's answers.
+//! helpers for pinboard's registry and a worker's answers, and reading
+//! `/metrics` scrapes (`metrics`: assert a family moved).
 //!
 //! A dev-dependency only (`publish = false`). Each suite's own `support`
 //! module adds its defaults (which binary, which environment) and what only
@@ -12,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 mod http;
+pub mod metrics;
 mod poll;
 mod process;
 mod python;

@@ -68,20 +68,9 @@ pub fn python_worker(pinboard_url: &str) -> test_support::PythonWorker {
 /// When pinboard does not expose it (unlike `test_support::metric`, which
 /// answers 0).
 pub async fn metric(c: &reqwest::Client, pb: &Proc, name: &str) -> u64 {
-    let text = c
-        .get(format!("{}/metrics", pb.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no metric {name} in {text}"))
-        .trim()
-        .parse()
-        .expect("metric value")
+    let scrape = test_support::metrics::scrape(c, &pb.url).await;
+    let value = scrape.sample(name);
+    value.unwrap_or_else(|| panic!("no metric {name} in {scrape}")) as u64
 }
 
 /// A plain HTTP client (no system proxy).

@@ -708,15 +708,6 @@ pub fn kernel_socket((local, remote): (SocketAddr, SocketAddr)) -> Option<(Strin
 
 /// The value of `name` in pinboard's `/metrics` text (0 when absent).
 pub async fn metric(pb: &str, name: &str) -> f64 {
-    let text = client()
-        .get(format!("{pb}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
+    let scrape = test_support::metrics::scrape(&client(), pb).await;
+    scrape.sample(name).unwrap_or(0.0)
 }
