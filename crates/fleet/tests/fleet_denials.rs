@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
 use support::{client, eventually, pinboard, rust_worker, wait_workers, RedisServer};
-use test_support::metric;
+use test_support::metrics;
 
 /// Unauthenticated requests sent, the issue's count.
 const DENIED: usize = 50;
@@ -30,6 +30,7 @@ async fn denied_requests_leave_no_rows_and_count_no_evictions() {
         .start();
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
+    let fresh = metrics::scrape(&c, &worker.url).await;
 
     let answers: Vec<(u16, serde_json::Value)> = stream::iter(0..DENIED)
         .map(|i| {
@@ -64,14 +65,19 @@ async fn denied_requests_leave_no_rows_and_count_no_evictions() {
     assert!(redis.keys("pinboard:o:*").await.is_empty(), "owner indexes");
 
     // On the worker: denials, not evictions or aborts.
-    let count = |name: &'static str| {
-        let (c, url) = (c.clone(), worker.url.clone());
-        async move { metric(&c, &url, name).await }
-    };
-    assert_eq!(count("pinned_auth_denials_total").await, DENIED as u64);
-    assert_eq!(count("pinned_instance_evictions_total").await, 0);
-    assert_eq!(count("pinned_instance_aborts_total").await, 0);
-    assert_eq!(count("pinned_instance_activations_total").await, 0);
+    let denied = metrics::scrape(&c, &worker.url).await;
+    assert_eq!(
+        metrics::moved(&fresh, &denied, "pinned_auth_denials"),
+        DENIED as f64
+    );
+    for family in [
+        "pinned_instance_evictions",
+        "pinned_instance_aborts",
+        "pinned_instance_activations",
+    ] {
+        assert_eq!(denied.value(family), 0.0, "{family}: {denied}");
+    }
+    let board = metrics::scrape(&c, &pb.url).await;
     let stats = support::stats(&c, &worker).await;
     assert_eq!(stats["namespaces"]["/guarded"]["evictions"], 0, "{stats}");
     assert_eq!(stats["instances"], serde_json::json!([]), "{stats}");
@@ -89,5 +95,19 @@ async fn denied_requests_leave_no_rows_and_count_no_evictions() {
     let body: serde_json::Value = answer.json().await.expect("json");
     assert_eq!(body["count"], 1, "{body}");
     assert_eq!(redis.keys("pinboard:p:/guarded/*").await.len(), 1);
-    assert_eq!(count("pinned_instance_activations_total").await, 1);
+    let granted = metrics::scrape(&c, &worker.url).await;
+    assert_eq!(
+        metrics::moved(&denied, &granted, "pinned_instance_activations"),
+        1.0
+    );
+    assert_eq!(
+        metrics::moved(&denied, &granted, "pinned_active_instances"),
+        1.0
+    );
+    let placed = metrics::scrape(&c, &pb.url).await;
+    assert_eq!(metrics::moved(&board, &placed, "pinboard_placements"), 1.0);
+    assert_eq!(
+        metrics::moved(&board, &placed, "pinboard_proxy_requests"),
+        1.0
+    );
 }

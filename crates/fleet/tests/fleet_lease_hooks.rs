@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::{client, eventually, get_json, pinboard, rust_worker, wait_workers, Proc};
+use test_support::metrics;
 
 /// `GET <worker><path>` straight to the worker (not through pinboard),
 /// attested for `session` as pinboard would.
@@ -67,8 +68,15 @@ async fn a_frozen_pinboard_makes_the_lease_unhealthy_then_restored() {
         Duration::from_secs(5),
     )
     .await;
+    let healthy = metrics::scrape(&c, &worker.url).await;
+    assert_eq!(healthy.value("pinned_lease_healthy"), 1.0, "{healthy}");
     pb.pause();
     wait_event(&c, &worker.url, "on_unhealthy h-1").await;
+    let unhealthy = metrics::scrape(&c, &worker.url).await;
+    assert_eq!(
+        metrics::moved(&healthy, &unhealthy, "pinned_lease_healthy"),
+        -1.0
+    );
     // Unhealthy, not expired: a new id is refused so pinboard places it
     // elsewhere, the resident one keeps serving.
     let refused = direct(&c, &worker, &session, "/counter/h-new/hit").await;
@@ -88,4 +96,9 @@ async fn a_frozen_pinboard_makes_the_lease_unhealthy_then_restored() {
     assert_eq!(resident.status(), 200, "the resident id is still served");
     pb.resume();
     wait_event(&c, &worker.url, "on_restored h-1").await;
+    let restored = metrics::scrape(&c, &worker.url).await;
+    assert_eq!(
+        metrics::moved(&unhealthy, &restored, "pinned_lease_healthy"),
+        1.0
+    );
 }

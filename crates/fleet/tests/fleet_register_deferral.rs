@@ -10,11 +10,10 @@ mod support;
 use std::time::Duration;
 
 use support::{client, eventually, pinboard, rust_worker, wait_workers, RedisServer};
-use test_support::metric;
+use test_support::metrics;
 use tokio::time::Instant;
 
-const DEFERRED: &str =
-    r#"pinned_control_plane_failures_total{operation="register",reason="deferred"}"#;
+const DEFERRED: &str = r#"pinned_control_plane_failures{operation="register",reason="deferred"}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deferred_registration_backs_off_from_the_retry_after() {
@@ -38,8 +37,9 @@ async fn a_deferred_registration_backs_off_from_the_retry_after() {
     let worker = rust_worker(&pb.url)
         .env("FLEET_HEARTBEAT_MS", "10000")
         .start();
-    eventually("two deferred registrations", pause, || async {
-        (metric(&c, &worker.url, DEFERRED).await >= 2).then_some(())
+    let deferred = eventually("two deferred registrations", pause, || async {
+        let scrape = metrics::try_scrape(&c, &worker.url).await?;
+        (scrape.value(DEFERRED) >= 2.0).then_some(scrape)
     })
     .await;
     let two_deferrals = paused.elapsed();
@@ -47,14 +47,57 @@ async fn a_deferred_registration_backs_off_from_the_retry_after() {
         two_deferrals < pause,
         "two deferrals took {two_deferrals:?}: the backoff did not start from Retry-After"
     );
+    assert_eq!(deferred.value("pinned_registered"), 0.0, "{deferred}");
     wait_workers(&c, &pb.url, 1).await;
     eprintln!(
         "deferral: two 503s within {two_deferrals:?}, registered {:?} after the pause began",
         paused.elapsed()
     );
+    let patience = Duration::from_secs(5);
+    let registered =
+        metrics::wait_moved(&c, &worker.url, &deferred, "pinned_registered", patience).await;
     assert_eq!(
-        metric(&c, &worker.url, "pinned_registration_failures_total").await,
-        0,
+        registered.value("pinned_registration_failures"),
+        0.0,
         "a deferral is not a registration failure"
     );
+}
+
+/// A registration pinboard refuses (the wrong deployment token) is a
+/// registration failure, on the worker and on pinboard, and leaves the
+/// worker unregistered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_is_counted_as_a_failure() {
+    let pb = pinboard().start();
+    let c = client();
+    let board = metrics::scrape(&c, &pb.url).await;
+    let worker = rust_worker(&pb.url)
+        .env("PINBOARD_TOKEN", "not-the-deployment-token")
+        .start();
+    // Its first attempt goes out before a scrape can: the next ones, on
+    // its backoff, must each count.
+    let patience = Duration::from_secs(10);
+    let first = eventually("a refused registration", patience, || async {
+        let scrape = metrics::try_scrape(&c, &worker.url).await?;
+        (scrape.value("pinned_registration_failures") > 0.0).then_some(scrape)
+    })
+    .await;
+    let again = metrics::wait_moved(
+        &c,
+        &worker.url,
+        &first,
+        "pinned_registration_failures",
+        patience,
+    )
+    .await;
+    let unauthorized = metrics::moved(
+        &first,
+        &again,
+        r#"pinned_control_plane_failures{operation="register",reason="unauthorized"}"#,
+    );
+    assert!(unauthorized >= 1.0);
+    assert_eq!(again.value("pinned_registered"), 0.0, "{again}");
+    let refused = metrics::scrape(&c, &pb.url).await;
+    assert!(metrics::moved(&board, &refused, "pinboard_registry_errors") >= 2.0);
+    assert_eq!(refused.value("pinboard_registrations"), 0.0, "{refused}");
 }

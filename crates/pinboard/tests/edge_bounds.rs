@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use support::raw::{connect, metric, raw_worker, read_reply, wait_closed, Answer, Ended};
 use support::{eventually, pinboard, Proc};
+use test_support::metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -177,4 +178,60 @@ async fn idle_connections_beyond_the_open_file_limit_never_starve_accept() {
         !log.contains("accept failed"),
         "accept ran out of descriptors: {log}"
     );
+}
+
+/// The lowest descriptor number `pid` does not hold: the next one it
+/// opens gets it.
+fn lowest_free_fd(pid: u32) -> u64 {
+    let held: std::collections::BTreeSet<u64> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd table")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    (0..)
+        .find(|fd| !held.contains(fd))
+        .expect("a free descriptor")
+}
+
+/// Sets the soft open-file limit of the running process `pid`.
+fn set_open_file_limit(pid: u32, soft: &str) {
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={soft}:")])
+        .status()
+        .expect("prlimit");
+    assert!(status.success(), "prlimit --nofile={soft}: {status}");
+}
+
+/// The soft open-file limit of `pid`, as `/proc/<pid>/limits` writes it.
+fn open_file_limit(pid: u32) -> String {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("open files line");
+    let soft = line.split_whitespace().nth(3).expect("soft limit");
+    soft.to_owned()
+}
+
+/// Descriptors can still run out under pinboard (the limit lowered under
+/// the running process here): a failed accept is counted, the loop pauses
+/// instead of spinning, and the waiting client is served once one is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_accept_is_counted_and_accepting_resumes_once_a_descriptor_frees() {
+    let pb = pinboard().name("pinboard-emfile").start();
+    let c = support::client();
+    let before = metrics::scrape(&c, &pb.url).await;
+    let limit = open_file_limit(pb.pid());
+    // Every descriptor it may open taken: the next accept fails.
+    set_open_file_limit(pb.pid(), &lowest_free_fd(pb.pid()).to_string());
+    let mut waiting = connect(pb.addr()).await;
+    waiting.write_all(HEAD).await.expect("write");
+    eventually("a failed accept", Duration::from_secs(5), || async {
+        pb.log_text().contains("accept failed").then_some(())
+    })
+    .await;
+    set_open_file_limit(pb.pid(), &limit);
+    let reply = read_reply(&mut waiting, Duration::from_secs(5)).await;
+    assert_eq!(reply.status, 200);
+    let after = metrics::scrape(&c, &pb.url).await;
+    assert!(metrics::moved(&before, &after, "pinboard_accept_errors") >= 1.0);
 }

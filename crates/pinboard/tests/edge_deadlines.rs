@@ -10,8 +10,9 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
-use support::raw::{connect, metric, raw_worker, read_reply, wait_closed, Answer, Ended};
-use support::{bearer, client, pinboard};
+use support::raw::{connect, raw_worker, read_reply, wait_closed, Answer, Ended};
+use support::{bearer, client, eventually, pinboard};
+use test_support::metrics;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -27,6 +28,7 @@ async fn slow_heads_and_silent_connections_are_closed_at_the_header_deadline() {
             "60000",
         ])
         .start();
+    let fresh = metrics::scrape(&client(), &pb.url).await;
 
     // A connection that never sends a byte.
     let mut silent = connect(pb.addr()).await;
@@ -79,7 +81,15 @@ async fn slow_heads_and_silent_connections_are_closed_at_the_header_deadline() {
         read_reply(&mut ok, Duration::from_secs(5)).await.status,
         200
     );
-    assert!(metric(&pb.url, "pinboard_connections_header_timeouts_total").await >= 2.0);
+    let timeouts = "pinboard_connections_header_timeouts";
+    let patience = Duration::from_secs(5);
+    let c = client();
+    let counted = eventually("both header timeouts counted", patience, || async {
+        let now = metrics::scrape(&c, &pb.url).await;
+        (now.value(timeouts) >= 2.0).then_some(now)
+    })
+    .await;
+    assert!(metrics::moved(&fresh, &counted, "pinboard_connections_header_timeouts") >= 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,6 +116,10 @@ async fn idle_keep_alive_outlives_the_header_deadline_and_busy_requests_are_neve
     let reply = read_reply(&mut s, Duration::from_secs(10)).await;
     assert_eq!(reply.status, 200, "{:?}", reply.json());
     assert_eq!(reply.json(), json!({"slow": true}));
+    // Open now: this connection and the scrape's own.
+    let c = client();
+    let open = metrics::scrape(&c, &pb.url).await;
+    assert!(open.value("pinboard_connections_open") >= 2.0, "{open}");
 
     // Idle after the answer: open past the header deadline, closed at the
     // keep-alive deadline.
@@ -117,7 +131,22 @@ async fn idle_keep_alive_outlives_the_header_deadline_and_busy_requests_are_neve
         idle >= Duration::from_millis(1100) && idle < Duration::from_secs(3),
         "idle connection closed after {idle:?}"
     );
-    assert!(metric(&pb.url, "pinboard_connections_idle_timeouts_total").await >= 1.0);
+    let patience = Duration::from_secs(5);
+    metrics::wait_moved(
+        &c,
+        &pb.url,
+        &open,
+        "pinboard_connections_idle_timeouts",
+        patience,
+    )
+    .await;
+    // Left open: the scrape's own connection alone.
+    let closed = eventually("the idle connection uncounted", patience, || async {
+        let now = metrics::scrape(&c, &pb.url).await;
+        (now.value("pinboard_connections_open") <= 1.0).then_some(now)
+    })
+    .await;
+    assert!(metrics::moved(&open, &closed, "pinboard_connections_open") <= -1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::raw::{connect, wait_closed, Ended};
-use support::{eventually, metric, pinboard, Proc};
+use support::{eventually, pinboard, Proc};
+use test_support::metrics;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -49,6 +50,7 @@ async fn serves_https_and_closes_plain_silent_and_untrusting_clients() {
     let pb = tls_pinboard(&certs, &["--header-read-timeout-ms", "500"]);
     assert!(pb.url.starts_with("https://127.0.0.1:"), "{}", pb.url);
     let c = trusting(&certs.pem);
+    let fresh = metrics::scrape(&c, &pb.url).await;
     let res = c
         .get(format!("{}/healthz", pb.url))
         .send()
@@ -78,12 +80,13 @@ async fn serves_https_and_closes_plain_silent_and_untrusting_clients() {
     let (ended, got) = wait_closed(&mut plain, Duration::from_secs(5)).await;
     assert_eq!(ended, Ended::Closed);
     assert!(!got.starts_with(b"HTTP/"), "answered in clear text");
-    eventually(
-        "the failed handshake counted",
-        Duration::from_secs(5),
-        || async {
-            (metric(&c, &pb, "pinboard_tls_handshake_failures_total").await >= 1).then_some(())
-        },
+    let patience = Duration::from_secs(5);
+    let failed = metrics::wait_moved(
+        &c,
+        &pb.url,
+        &fresh,
+        "pinboard_tls_handshake_failures",
+        patience,
     )
     .await;
 
@@ -98,7 +101,14 @@ async fn serves_https_and_closes_plain_silent_and_untrusting_clients() {
         took >= Duration::from_millis(450) && took < Duration::from_secs(3),
         "{took:?}"
     );
-    assert!(metric(&c, &pb, "pinboard_connections_header_timeouts_total").await >= 1);
+    metrics::wait_moved(
+        &c,
+        &pb.url,
+        &failed,
+        "pinboard_connections_header_timeouts",
+        patience,
+    )
+    .await;
 
     // The operator commands reach it with `--ca`, and refuse without.
     let operator = |ca: Option<&str>| {
@@ -129,6 +139,7 @@ async fn handshaking_connections_count_against_the_cap() {
         &["--max-connections", "2", "--header-read-timeout-ms", "1000"],
     );
     let c = trusting(&certs.pem);
+    let fresh = metrics::scrape(&c, &pb.url).await;
     // Two connections that never handshake hold both places.
     let _first = connect(pb.addr()).await;
     let _second = connect(pb.addr()).await;
@@ -147,7 +158,12 @@ async fn handshaking_connections_count_against_the_cap() {
         },
     )
     .await;
-    assert!(metric(&c, &pb, "pinboard_connections_refused_total").await >= 1);
+    // A scrape may still meet the cap while the places come back.
+    let after = eventually("a scrape under the cap", Duration::from_secs(5), || {
+        metrics::try_scrape(&c, &pb.url)
+    })
+    .await;
+    assert!(metrics::moved(&fresh, &after, "pinboard_connections_refused") >= 1.0);
 }
 
 #[test]

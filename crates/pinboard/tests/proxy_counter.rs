@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use support::{client, get_json, pinboard, python_worker, wait_workers};
+use test_support::metrics;
 use tokio_tungstenite::tungstenite::Message;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,11 +115,17 @@ async fn streamed_response_and_websocket_echo_pass_through() {
         "the body arrived in {pieces} piece(s): not streamed"
     );
 
+    let before = metrics::scrape(&c, &pb.url).await;
     let ws_url = format!("{}/counter/s/ws", pb.url.replacen("http", "ws", 1));
     let (mut ws, resp) = tokio_tungstenite::connect_async(ws_url)
         .await
         .expect("ws connect");
     assert_eq!(resp.status(), 101);
+    let upgraded = metrics::scrape(&c, &pb.url).await;
+    assert_eq!(
+        metrics::moved(&before, &upgraded, "pinboard_proxy_upgrades"),
+        1.0
+    );
     for word in ["one", "two", "three"] {
         ws.send(Message::text(word)).await.expect("send");
         let got = tokio::time::timeout(Duration::from_secs(5), ws.next())

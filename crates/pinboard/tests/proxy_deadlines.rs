@@ -13,12 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::raw::{
-    connect, metric, raw_worker, wait_closed, Act, Answer, Client, Ended, Gate, Seen,
-};
+use support::raw::{connect, raw_worker, wait_closed, Act, Answer, Client, Ended, Gate, Seen};
 use support::{
     client, eventually, get_json, id_on, pinboard, python_worker, wait_workers, LEASE_TTL_MS,
 };
+use test_support::metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
@@ -42,6 +41,7 @@ async fn a_frozen_worker_answers_504_in_time_and_its_ids_move_once_its_lease_lap
         .await
         .expect("an id placed on worker a");
 
+    let before = metrics::scrape(&c, &pb.url).await;
     a.pause();
     let frozen = Instant::now();
     let res = c
@@ -59,7 +59,11 @@ async fn a_frozen_worker_answers_504_in_time_and_its_ids_move_once_its_lease_lap
         took >= Duration::from_millis(750) && took < Duration::from_secs(3),
         "504 after {took:?}"
     );
-    assert!(metric(&pb.url, "pinboard_proxy_upstream_timeouts_total").await >= 1.0);
+    let after = metrics::scrape(&c, &pb.url).await;
+    assert_eq!(
+        metrics::moved(&before, &after, "pinboard_proxy_upstream_timeouts"),
+        1.0
+    );
 
     // Once a's lease lapses the id is placed on b, with fresh state.
     let budget = Duration::from_millis(LEASE_TTL_MS) + Duration::from_secs(5);
@@ -163,6 +167,7 @@ async fn a_dropped_worker_connection_re_sends_idempotent_requests_only() {
         }
     })
     .await;
+    let before = metrics::scrape(&c, &pb2.url).await;
     let res = c
         .post(format!("{}/counter/p/hit", pb2.url))
         .body("{}")
@@ -178,6 +183,11 @@ async fn a_dropped_worker_connection_re_sends_idempotent_requests_only() {
         once.hits.load(Ordering::SeqCst),
         1,
         "a POST is never re-sent"
+    );
+    let after = metrics::scrape(&c, &pb2.url).await;
+    assert_eq!(
+        metrics::moved(&before, &after, "pinboard_proxy_upstream_errors"),
+        1.0
     );
 }
 
@@ -231,6 +241,8 @@ async fn a_worker_body_that_pauses_too_long_is_cut_short_and_counted() {
 
     let streamed = "POST /counter/s/streamed HTTP/1.1\r\nhost: pb\r\n\
                     transfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    let c = client();
+    let before = metrics::scrape(&c, &pb.url).await;
     for (what, request) in [
         (
             "length",
@@ -259,8 +271,14 @@ async fn a_worker_body_that_pauses_too_long_is_cut_short_and_counted() {
             "{what}: cut after {took:?}"
         );
     }
+    let stalls = "pinboard_proxy_upstream_body_stalls";
+    let cut = eventually("three stalls counted", Duration::from_secs(5), || async {
+        let now = metrics::scrape(&c, &pb.url).await;
+        (now.value(stalls) - before.value(stalls) >= 3.0).then_some(now)
+    })
+    .await;
     assert_eq!(
-        metric(&pb.url, "pinboard_proxy_upstream_body_stalls_total").await,
+        metrics::moved(&before, &cut, "pinboard_proxy_upstream_body_stalls"),
         3.0
     );
 
@@ -283,10 +301,8 @@ async fn a_worker_body_that_pauses_too_long_is_cut_short_and_counted() {
     }
     let f = client.response(false, Duration::from_secs(5)).await;
     assert!(f.complete && f.body == b"abcd", "{:?}", f.body);
-    assert_eq!(
-        metric(&pb.url, "pinboard_proxy_upstream_body_stalls_total").await,
-        3.0
-    );
+    let paced = metrics::scrape(&c, &pb.url).await;
+    assert_eq!(paced.value(stalls), cut.value(stalls), "{paced}");
 }
 
 /// An upgraded connection is spliced, not relayed as a body: it may stay

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::pinboard;
-use support::raw::{connect, metric, raw_worker, read_reply, Answer};
+use support::raw::{connect, raw_worker, read_reply, Answer};
+use test_support::metrics;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -98,6 +99,8 @@ async fn a_body_the_client_broke_is_the_clients_fault_and_keeps_the_route() {
         Answer::Json(200, json!({"ok": true}))
     })
     .await;
+    let c = support::client();
+    let fresh = metrics::scrape(&c, &pb.url).await;
 
     // Place and cache the route.
     let mut s = connect(pb.addr()).await;
@@ -105,7 +108,11 @@ async fn a_body_the_client_broke_is_the_clients_fault_and_keeps_the_route() {
         .await
         .expect("write");
     assert_eq!(read_reply(&mut s, Duration::from_secs(5)).await.status, 200);
-    assert_eq!(metric(&pb.url, "pinboard_cached_routes").await, 1.0);
+    let placed = metrics::scrape(&c, &pb.url).await;
+    assert_eq!(
+        metrics::moved(&fresh, &placed, "pinboard_cached_routes"),
+        1.0
+    );
 
     // A malformed chunk: 400, and the connection is closed.
     let mut s = connect(pb.addr()).await;
@@ -150,19 +157,18 @@ async fn a_body_the_client_broke_is_the_clients_fault_and_keeps_the_route() {
     }
 
     // None of it was held against the worker or the route.
+    let broken = metrics::scrape(&c, &pb.url).await;
     assert_eq!(
-        metric(&pb.url, "pinboard_proxy_client_body_errors_total").await,
+        metrics::moved(&placed, &broken, "pinboard_proxy_client_body_errors"),
         3.0
     );
-    assert_eq!(
-        metric(&pb.url, "pinboard_proxy_upstream_errors_total").await,
-        0.0
-    );
-    assert_eq!(
-        metric(&pb.url, "pinboard_proxy_upstream_timeouts_total").await,
-        0.0
-    );
-    assert_eq!(metric(&pb.url, "pinboard_cached_routes").await, 1.0);
+    for family in [
+        "pinboard_proxy_upstream_errors",
+        "pinboard_proxy_upstream_timeouts",
+    ] {
+        assert_eq!(broken.value(family), 0.0, "{family}: {broken}");
+    }
+    assert_eq!(broken.value("pinboard_cached_routes"), 1.0, "{broken}");
     let before = worker.hits.load(std::sync::atomic::Ordering::SeqCst);
     let mut s = connect(pb.addr()).await;
     s.write_all(b"GET /counter/b/hit HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::fake::{fake, Fake, Mode};
 use support::{bearer, client, eventually, pinboard, wait_workers};
+use test_support::metrics;
 
 fn check_headers(f: &Fake, session: &str) {
     for h in f.seen.lock().iter() {
@@ -120,6 +121,7 @@ async fn persistent_refusals_and_dead_owners_end_in_a_retryable_503() {
         .start();
     let (forbidden, _) = fake(&pb.url, "forbidden", Mode::Forbidden).await;
     let c = client();
+    let before = metrics::scrape(&c, &pb.url).await;
     let res = c
         .get(format!("{}/counter/f/hit", pb.url))
         .send()
@@ -132,10 +134,16 @@ async fn persistent_refusals_and_dead_owners_end_in_a_retryable_503() {
         3,
         "one try plus two retries"
     );
+    let after = metrics::scrape(&c, &pb.url).await;
+    assert_eq!(
+        metrics::moved(&before, &after, "pinboard_proxy_retries"),
+        2.0
+    );
 
     // A draining-only fleet: nowhere to place, 503 + Retry-After, bounded work.
     let pb2 = pinboard().args(&["--lease-ttl-ms", "60000"]).start();
     let (d, _) = fake(&pb2.url, "d", Mode::Draining).await;
+    let before = metrics::scrape(&c, &pb2.url).await;
     let started = tokio::time::Instant::now();
     let res = c
         .get(format!("{}/counter/z/hit", pb2.url))
@@ -146,6 +154,11 @@ async fn persistent_refusals_and_dead_owners_end_in_a_retryable_503() {
     assert_eq!(res.headers()["retry-after"], "1");
     assert!(d.hits.load(Ordering::SeqCst) <= 1);
     assert!(started.elapsed() < Duration::from_secs(2));
+    let after = metrics::scrape(&c, &pb2.url).await;
+    assert_eq!(
+        metrics::moved(&before, &after, "pinboard_proxy_unavailable"),
+        1.0
+    );
 
     let rows: Value = c
         .get(format!("{}/registry/workers", pb2.url))

@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
+use test_support::metrics;
 
 use support::{
     client, eventually, get_json, metric, pinboard, python_worker, wait_workers, workers,
@@ -21,11 +22,15 @@ async fn get_app(c: &reqwest::Client, url: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn newer_deployment_supersedes_the_old_session() {
     let pb = pinboard().start();
+    let c = client();
+    let fresh = metrics::scrape(&c, &pb.url).await;
     let old = python_worker(&pb.url)
         .envs(&[("PINNED_HOSTNAME", "app"), ("PINNED_EPOCH", "1")])
         .start();
-    let c = client();
     wait_workers(&c, &pb.url, 1).await;
+    let one = metrics::scrape(&c, &pb.url).await;
+    assert_eq!(metrics::moved(&fresh, &one, "pinboard_registrations"), 1.0);
+    assert_eq!(metrics::moved(&fresh, &one, "pinboard_live_workers"), 1.0);
     let before = get_app(&c, &format!("{}/counter/t/hit", pb.url)).await;
     let old_proc = get_json(&c, &format!("{}/process", old.url), Duration::from_secs(5)).await
         ["process"]
@@ -48,8 +53,10 @@ async fn newer_deployment_supersedes_the_old_session() {
     let after = get_app(&c, &format!("{}/counter/t/hit", pb.url)).await;
     assert_eq!(after["process"], new_proc);
     assert_eq!(after["count"], 1);
+    let superseded = metrics::scrape(&c, &pb.url).await;
+    assert!(metrics::moved(&one, &superseded, "pinboard_registrations") >= 1.0);
+    assert_eq!(superseded.value("pinboard_live_workers"), 1.0);
     // Heartbeats go on (the new worker's); the old one never registers again.
-    let registrations = test_support::metric(&c, &pb.url, "pinboard_registrations_total").await;
     let beats = "pinboard_heartbeats_total";
     test_support::metric_grows(&c, &[&pb.url], beats, 3, Duration::from_secs(10)).await;
     assert_eq!(
@@ -57,9 +64,11 @@ async fn newer_deployment_supersedes_the_old_session() {
         1,
         "the superseded worker re-registered"
     );
+    let later = metrics::scrape(&c, &pb.url).await;
+    assert!(metrics::moved(&superseded, &later, "pinboard_heartbeats") >= 3.0);
     assert_eq!(
-        test_support::metric(&c, &pb.url, "pinboard_registrations_total").await,
-        registrations
+        later.value("pinboard_registrations"),
+        superseded.value("pinboard_registrations")
     );
 }
 

@@ -12,7 +12,8 @@ use futures_util::stream::{self, StreamExt};
 use serde_json::Value;
 use support::fake::{fake, Mode};
 use support::RedisServer;
-use support::{client, eventually, metric, pinboard, python_worker, wait_workers};
+use support::{client, eventually, pinboard, python_worker, wait_workers};
+use test_support::metrics;
 
 /// `GET /readyz`: status and body.
 async fn readyz(c: &reqwest::Client, pb: &str) -> (u16, Value) {
@@ -71,6 +72,10 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
         owner.values().map(|(p, _, _)| p.to_string()).collect();
     assert_eq!(processes.len(), 2, "both workers hold ids");
 
+    let intact = [
+        metrics::scrape(&c, &pb.url).await,
+        metrics::scrape(&c, &cold.url).await,
+    ];
     redis.flushall().await;
     // Hammer every id while the workers find out (their heartbeats answer
     // `reregister`) and re-register one after the other. An answer is a
@@ -126,8 +131,9 @@ async fn flushall_with_two_live_workers_never_moves_an_id_to_the_other() {
         saw_quarantine,
         "the loss was never answered with the quarantine"
     );
-    for node in [&pb, &cold] {
-        assert!(metric(&c, node, "pinboard_store_losses_total").await >= 1);
+    for (node, intact) in [&pb, &cold].into_iter().zip(&intact) {
+        let noticed = metrics::scrape(&c, &node.url).await;
+        assert!(metrics::moved(intact, &noticed, "pinboard_store_losses") >= 1.0);
     }
     // Every id comes back on its own worker, with its state.
     for id in &ids {

@@ -14,6 +14,7 @@ use pinned_store::{InstanceKey, PostgresOptions, PostgresStore, StateStore, Tray
 use serde_json::{json, Value};
 use support::durable::{durable, durable_in, store, unique_ns, Durable, DATABASE_URL};
 use support::{client, eventually, pinboard, redis_prefix, redis_wipe};
+use test_support::metrics;
 use tokio::time::Instant;
 
 /// Sweep interval used by the suite (ms).
@@ -99,9 +100,13 @@ async fn a_due_alarm_is_posted_to_the_owner_with_the_proxy_secret_within_one_int
         .args(&sweeper_args(&INTERVAL_MS.to_string()))
         .start();
     let (f, session) = durable(&pb.url, &ns, pg.clone()).await;
+    let before = metrics::scrape(&client(), &pb.url).await;
 
     let written = Instant::now();
     set_due_alarm(pg.as_ref(), &ns, "a1").await;
+    // A due alarm in a namespace no worker hosts: a failure every lap.
+    let unhosted = unique_ns("unhosted");
+    set_due_alarm(pg.as_ref(), &unhosted, "nobody").await;
     let calls = wait_calls(&f, "/_alarm", 1, Duration::from_secs(5)).await;
     let first = &calls[0];
     let lag = first.at.duration_since(written);
@@ -123,20 +128,16 @@ async fn a_due_alarm_is_posted_to_the_owner_with_the_proxy_secret_within_one_int
         1,
         "posted again after it fired"
     );
-    let metrics = client()
-        .get(format!("{}/metrics", pb.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    let lines: Vec<&str> = metrics.lines().collect();
-    assert!(lines.contains(&"pinboard_sweep_lease_held 1"), "{metrics}");
-    assert!(
-        lines.contains(&"pinboard_sweep_alarms_delivered_total 1"),
-        "{metrics}"
+    let after = metrics::scrape(&client(), &pb.url).await;
+    assert_eq!(after.value("pinboard_sweep_lease_held"), 1.0, "{after}");
+    assert_eq!(
+        metrics::moved(&before, &after, "pinboard_sweep_alarms_delivered"),
+        1.0
     );
+    assert!(metrics::moved(&before, &after, "pinboard_sweep_laps") >= 5.0);
+    let last_lap = metrics::moved(&before, &after, "pinboard_sweep_last_lap_timestamp_ms");
+    assert!(last_lap > 0.0);
+    assert!(metrics::moved(&before, &after, "pinboard_sweep_failures") >= 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,6 +148,7 @@ async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() 
         .args(&sweeper_args(&INTERVAL_MS.to_string()))
         .start();
     let (f, session) = durable(&pb.url, &ns, pg.clone()).await;
+    let before = metrics::scrape(&client(), &pb.url).await;
 
     pg.set_tray(
         InstanceKey::new(&ns, "m1"),
@@ -169,6 +171,8 @@ async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() 
     .expect("set unmarked");
     // A still-marked id is woken every lap until its row is unmarked.
     let calls = wait_calls(&f, "/_wake", 2, Duration::from_secs(5)).await;
+    let woken = metrics::scrape(&client(), &pb.url).await;
+    assert!(metrics::moved(&before, &woken, "pinboard_sweep_wakes") >= 2.0);
     for c in &calls {
         assert_eq!(c.path, format!("{ns}/m1/_wake"));
         assert_eq!(header(c, "pinboard-proxy-secret"), None);
@@ -302,11 +306,16 @@ async fn two_nodes_on_one_redis_post_each_due_alarm_once_and_hand_over_when_the_
     // The holder dies without releasing: the other node takes over within
     // the lease TTL (three intervals) and delivers the next alarm once.
     let (holder, other) = if h1 { (&mut n1, &n2) } else { (&mut n2, &n1) };
+    let standby = metrics::scrape(&client(), &other.url).await;
     holder.kill();
     set_due_alarm(pg.as_ref(), &ns, "a2").await;
     let calls = wait_calls(&f, "a2/_alarm", 1, Duration::from_secs(5)).await;
     assert_eq!(calls.len(), 1);
-    assert!(lease_held(&other.url).await);
+    let taken = metrics::scrape(&client(), &other.url).await;
+    assert_eq!(
+        metrics::moved(&standby, &taken, "pinboard_sweep_lease_held"),
+        1.0
+    );
     more_laps(&[&other.url], 4).await;
     assert_eq!(f.calls_to("/_alarm").len(), 2, "each alarm posted once");
     redis_wipe(&prefix).await;

@@ -14,6 +14,7 @@ use http::HeaderMap;
 use pinned::{BoxError, Call, Context, Object, Options, This};
 use serde_json::{json, Value};
 use support::{json, start};
+use test_support::metrics;
 
 /// Activation takes a while, to widen the window for a double activation.
 struct Slow {
@@ -89,6 +90,7 @@ impl Object for Fragile {
 #[tokio::test]
 async fn failing_or_panicking_activation_answers_500_and_leaves_nothing() {
     let w = start(Options::new().host::<Fragile>("/fragile")).await;
+    let before = metrics::parse(&w.worker.metrics());
     for id in ["fail-1", "panic-1"] {
         let response = w.get(&format!("/fragile/{id}/")).await;
         assert_eq!(response.status(), 500);
@@ -104,10 +106,13 @@ async fn failing_or_panicking_activation_answers_500_and_leaves_nothing() {
     let response = w.get("/fragile/fine/").await;
     assert_eq!(response.status(), 200);
     assert_eq!(w.resident().await, vec!["fine"]);
-    assert!(w
-        .worker
-        .metrics()
-        .contains(r#"pinned_request_failures_total{phase="lifespan",transport="http"} 2"#));
+    let after = metrics::parse(&w.worker.metrics());
+    let failed = metrics::moved(
+        &before,
+        &after,
+        r#"pinned_request_failures{phase="lifespan",transport="http"}"#,
+    );
+    assert_eq!(failed, 2.0);
 }
 
 #[tokio::test]

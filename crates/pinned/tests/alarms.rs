@@ -18,6 +18,7 @@ use pinned::{AlarmError, BoxError, Call, Context, HostOptions, Object, Options};
 use serde::Deserialize;
 use serde_json::json;
 use support::{json, start};
+use test_support::metrics;
 
 /// Alarm firings as `"<id>"`, in order.
 static FIRED: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -185,11 +186,15 @@ async fn a_failing_handler_fires_again_until_it_succeeds_then_never() {
             .store(memory()),
     ))
     .await;
+    let before = metrics::parse(&w.worker.metrics());
     assert_eq!(w.post("/r/flaky/in?ms=50&fail=2").await.status(), 200);
     wait_fired("flaky", 3).await;
     // A hundred retry periods later, still three.
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(fired("flaky"), 3);
+    let after = metrics::parse(&w.worker.metrics());
+    let failed = metrics::moved(&before, &after, r#"pinned_callback_failures{hook="alarm"}"#);
+    assert_eq!(failed, 2.0);
 }
 
 #[tokio::test(start_paused = true)]

@@ -15,6 +15,7 @@ use axum::Router;
 use pinned::{AuthError, BoxError, Context, Denial, Object, Options};
 use serde_json::json;
 use support::{json, start};
+use test_support::metrics;
 
 /// Activations of the account `ada`.
 static ACTIVATIONS: AtomicU64 = AtomicU64::new(0);
@@ -66,6 +67,7 @@ impl Object for Account {
 #[tokio::test]
 async fn denials_answer_before_activation_and_failures_are_counted() {
     let w = start(Options::new().host::<Account>("/account")).await;
+    let before = metrics::parse(&w.worker.metrics());
     let as_user = |user: Option<&str>| {
         let mut request = w.client.get(w.url("/account/ada/balance"));
         if let Some(user) = user {
@@ -98,11 +100,13 @@ async fn denials_answer_before_activation_and_failures_are_counted() {
         stats["instances"].as_array().is_some_and(Vec::is_empty)
     })
     .await;
-    let metrics = w.worker.metrics();
-    assert!(
-        metrics.contains(r#"pinned_request_failures_total{phase="auth",transport="http"} 1"#),
-        "{metrics}"
+    let after = metrics::parse(&w.worker.metrics());
+    let failed = metrics::moved(
+        &before,
+        &after,
+        r#"pinned_request_failures{phase="auth",transport="http"}"#,
     );
+    assert_eq!(failed, 1.0);
 
     // The owner gets in; a denied request to the live instance leaves it be.
     let owner = as_user(Some("ada")).send().await.expect("send");
@@ -130,19 +134,10 @@ async fn authorize_can_decide_per_route() {
     assert_eq!(answer.text().await.expect("text"), "audited");
 }
 
-/// The value of the metric line `name` (`_total` included) in the worker's
-/// Prometheus text; 0 when absent.
-fn metric(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn denials_are_counted_as_denials_not_as_evictions_or_aborts() {
     let w = start(Options::new().host::<Account>("/account")).await;
+    let fresh = metrics::parse(&w.worker.metrics());
     // A scanner: 50 unauthenticated requests for 50 ids.
     for i in 0..50 {
         let answer = w.get(&format!("/account/scan-{i}/balance")).await;
@@ -156,19 +151,18 @@ async fn denials_are_counted_as_denials_not_as_evictions_or_aborts() {
         .await;
     // ...and none of them counted as an instance's close.
     assert_eq!(stats["namespaces"]["/account"]["evictions"], 0, "{stats}");
-    let metrics = w.worker.metrics();
+    let scanned = metrics::parse(&w.worker.metrics());
     assert_eq!(
-        metric(&metrics, "pinned_auth_denials_total"),
-        50,
-        "{metrics}"
+        metrics::moved(&fresh, &scanned, "pinned_auth_denials"),
+        50.0
     );
-    for name in [
-        "pinned_instance_evictions_total",
-        "pinned_instance_aborts_total",
-        "pinned_instance_activations_total",
+    for family in [
+        "pinned_instance_evictions",
+        "pinned_instance_aborts",
+        "pinned_instance_activations",
         "pinned_active_instances",
     ] {
-        assert_eq!(metric(&metrics, name), 0, "{name}: {metrics}");
+        assert_eq!(scanned.value(family), 0.0, "{family}: {scanned}");
     }
     // A denial of a live instance is counted too, and leaves it be (not
     // `ada`: the other test counts her activations).
@@ -181,12 +175,11 @@ async fn denials_are_counted_as_denials_not_as_evictions_or_aborts() {
         .expect("send");
     assert_eq!(owner.status(), 200);
     assert_eq!(w.get("/account/bob/balance").await.status(), 401);
-    let metrics = w.worker.metrics();
+    let after = metrics::parse(&w.worker.metrics());
+    assert_eq!(metrics::moved(&scanned, &after, "pinned_auth_denials"), 1.0);
     assert_eq!(
-        metric(&metrics, "pinned_auth_denials_total"),
-        51,
-        "{metrics}"
+        metrics::moved(&scanned, &after, "pinned_active_instances"),
+        1.0
     );
-    assert_eq!(metric(&metrics, "pinned_active_instances"), 1, "{metrics}");
-    assert_eq!(metric(&metrics, "pinned_instance_evictions_total"), 0);
+    assert_eq!(after.value("pinned_instance_evictions"), 0.0, "{after}");
 }

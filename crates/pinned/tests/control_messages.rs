@@ -20,6 +20,7 @@ use parking_lot::Mutex;
 use pinned::Options;
 use serde_json::{json, Value};
 use support::{eventually, Counter};
+use test_support::metrics;
 use tokio::net::TcpListener;
 
 const SESSION: &str = "s1";
@@ -84,14 +85,6 @@ fn wind_down(id: &str, deadline: Value, msg_id: Option<&str>) -> Value {
     message
 }
 
-fn metric(metrics: &str, line: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(line)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 #[tokio::test]
 async fn only_the_contiguous_prefix_is_confirmed_on_the_next_heartbeat() {
     let script = Arc::new(Mutex::new(Script::default()));
@@ -105,6 +98,7 @@ async fn only_the_contiguous_prefix_is_confirmed_on_the_next_heartbeat() {
         .heartbeat_interval(Duration::from_millis(50))
         .build()
         .expect("options");
+    let before = metrics::parse(&worker.metrics());
     let app = worker.router();
     worker.start();
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -189,18 +183,19 @@ async fn only_the_contiguous_prefix_is_confirmed_on_the_next_heartbeat() {
         .filter_map(|row| row["id"].as_str())
         .collect();
     assert_eq!(resident, ["b"], "{stats}");
-    let metrics = worker.metrics();
+    let after = metrics::parse(&worker.metrics());
     let failures = |reason: &str| {
-        metric(
-            &metrics,
+        metrics::moved(
+            &before,
+            &after,
             &format!(
-                r#"pinned_control_plane_failures_total{{operation="control_message",reason="{reason}"}}"#
+                r#"pinned_control_plane_failures{{operation="control_message",reason="{reason}"}}"#
             ),
         )
     };
-    assert_eq!(failures("callback"), 2, "{metrics}");
-    assert_eq!(failures("malformed"), 1, "{metrics}");
-    assert_eq!(failures("malformed_batch"), 1, "{metrics}");
+    assert_eq!(failures("callback"), 2.0);
+    assert_eq!(failures("malformed"), 1.0);
+    assert_eq!(failures("malformed_batch"), 1.0);
 }
 
 async fn worker_stats(client: &reqwest::Client, url: &str, worker: &pinned::Worker) -> Value {

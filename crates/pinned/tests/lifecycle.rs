@@ -15,6 +15,7 @@ use pinned::{BoxError, Call, Context, HostOptions, Object, Options, This};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use support::{json, start, Counter};
+use test_support::metrics;
 
 /// Events recorded by `Tracked` instances, as `"<id>:<event>"`.
 static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -135,8 +136,24 @@ fn quick() -> HostOptions {
 #[tokio::test(start_paused = true)]
 async fn idle_instances_are_evicted_and_on_stop_runs_last_first() {
     let w = start(Options::new().host_with::<Tracked>("/t", quick())).await;
+    let fresh = metrics::parse(&w.worker.metrics());
     let (_, body) = json(w.post("/t/idle-1/hit").await).await;
     assert_eq!(body["hits"], 1);
+    let live = metrics::parse(&w.worker.metrics());
+    assert_eq!(
+        metrics::moved(&fresh, &live, "pinned_instance_activations"),
+        1.0
+    );
+    assert_eq!(
+        metrics::moved(&fresh, &live, "pinned_active_instances"),
+        1.0
+    );
+    let timed = metrics::moved(
+        &fresh,
+        &live,
+        r#"pinned_request_duration_seconds{namespace="/t"}"#,
+    );
+    assert_eq!(timed, 1.0);
     // Still resident after a third of its idle timeout.
     let stats = w.wait_idle(100).await;
     assert_eq!(stats["instances"][0]["id"], "idle-1");
@@ -146,6 +163,22 @@ async fn idle_instances_are_evicted_and_on_stop_runs_last_first() {
         })
         .await;
     assert_eq!(stats["namespaces"]["/t"]["evictions"], 1);
+    let evicted = metrics::parse(&w.worker.metrics());
+    assert_eq!(
+        metrics::moved(&live, &evicted, "pinned_instance_evictions"),
+        1.0
+    );
+    assert_eq!(
+        metrics::moved(&live, &evicted, "pinned_active_instances"),
+        -1.0
+    );
+    // The second on_stop handler's error.
+    let failed = metrics::moved(
+        &live,
+        &evicted,
+        r#"pinned_shutdown_failures{phase="directory"}"#,
+    );
+    assert_eq!(failed, 1.0);
     // Last registered first; a failing handler does not stop the others.
     assert_eq!(
         events_of("idle-1"),
@@ -154,10 +187,6 @@ async fn idle_instances_are_evicted_and_on_stop_runs_last_first() {
     // The next request activates a fresh instance.
     let (_, body) = json(w.post("/t/idle-1/hit").await).await;
     assert_eq!(body["hits"], 1);
-    assert!(w
-        .worker
-        .metrics()
-        .contains("pinned_instance_evictions_total 1"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -317,6 +346,7 @@ async fn drain_without_deadline_waits_for_work_and_can_be_revoked() {
 #[tokio::test(start_paused = true)]
 async fn drain_deadline_aborts_in_flight_requests() {
     let w = start(Options::new().host::<Tracked>("/t")).await;
+    let before = metrics::parse(&w.worker.metrics());
     let hanging = {
         let request = w.client.post(w.url("/t/drain-hang/hang"));
         tokio::spawn(async move { json(request.send().await.expect("hang")).await })
@@ -337,10 +367,11 @@ async fn drain_deadline_aborts_in_flight_requests() {
     assert_eq!(status, 503);
     assert_eq!(body, json!({"detail": "instance aborted"}));
     assert!(!events_of("drain-hang").contains(&"hang-done".to_owned()));
-    assert!(w
-        .worker
-        .metrics()
-        .contains("pinned_instance_aborts_total 1"));
+    let after = metrics::parse(&w.worker.metrics());
+    assert_eq!(
+        metrics::moved(&before, &after, "pinned_instance_aborts"),
+        1.0
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -17,6 +17,7 @@ use axum::{Json, Router};
 use pinned::Options;
 use serde_json::{json, Value};
 use support::{eventually, Counter};
+use test_support::metrics;
 
 /// What the scripted pinboard heard and how it answers.
 #[derive(Default)]
@@ -51,14 +52,6 @@ async fn heartbeat(State(script): State<Arc<Script>>) -> (StatusCode, Json<Value
     }
 }
 
-/// `name`'s value in a Prometheus text exposition (0 when absent).
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn a_reregistration_aborts_the_duplicates_it_is_told_of_and_keeps_the_rest() {
     let script = Arc::new(Script::default());
@@ -83,6 +76,7 @@ async fn a_reregistration_aborts_the_duplicates_it_is_told_of_and_keeps_the_rest
         .env_vars(Vec::<(String, String)>::new())
         .build()
         .expect("options");
+    let before = metrics::parse(&worker.metrics());
     let router = worker.router();
     worker.start();
     tokio::spawn(async move { axum::serve(listener, router).await });
@@ -157,14 +151,17 @@ async fn a_reregistration_aborts_the_duplicates_it_is_told_of_and_keeps_the_rest
         (stats(&worker).await == ["kept"]).then_some(())
     })
     .await;
-    let text = worker.metrics();
-    assert_eq!(metric(&text, "pinned_duplicate_quits_total"), 1.0, "{text}");
+    let after = metrics::parse(&worker.metrics());
     assert_eq!(
-        metric(
-            &text,
-            r#"pinned_control_plane_failures_total{operation="register",reason="malformed_duplicates"}"#
+        metrics::moved(&before, &after, "pinned_duplicate_quits"),
+        1.0
+    );
+    assert_eq!(
+        metrics::moved(
+            &before,
+            &after,
+            r#"pinned_control_plane_failures{operation="register",reason="malformed_duplicates"}"#
         ),
-        2.0,
-        "{text}"
+        2.0
     );
 }
