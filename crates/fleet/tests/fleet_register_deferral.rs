@@ -3,7 +3,8 @@
 //! Rust worker takes that as a deferral (wire.md §6.2): its backoff starts
 //! from the `Retry-After` instead of its heartbeat interval, each one is
 //! counted as `register/deferred` and not as a registration failure, and
-//! it registers as soon as pinboard can decide.
+//! it registers as soon as pinboard can decide. A refused registration
+//! (the wrong token), by contrast, is a registration failure.
 
 mod support;
 

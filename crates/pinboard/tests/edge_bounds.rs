@@ -2,7 +2,9 @@
 //! connection over the cap is closed on arrival while the connections
 //! already open keep being served, `/healthz` answers on a fresh connection
 //! as soon as others close, and the cap follows the open-file limit, so
-//! idle connections can never exhaust descriptors and starve `accept`.
+//! idle connections can never exhaust descriptors and starve `accept`;
+//! when descriptors run out all the same, a failed accept is counted and
+//! accepting resumes once one is free.
 
 mod support;
 
