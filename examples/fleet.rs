@@ -233,7 +233,7 @@ fn print_welcome(pinboard: &str, operator: &str, members: &[Member]) {
         "\noperate (throwaway operator token, valid until Ctrl-C):\n  \
          dashboard  {pinboard}/dashboard  (log in with the token below)\n  \
          token      {operator}\n  \
-         PINBOARD_URL={pinboard} PINBOARD_OPERATOR_TOKEN={operator} cargo run -p pinboard -- workers\n\n\
+         PINBOARD_URL={pinboard} PINBOARD_OPERATOR_TOKEN={operator} cargo run -p pinned-pinboard -- workers\n\n\
          Ctrl-C drains the workers and stops everything."
     );
 }

@@ -43,7 +43,7 @@ pub async fn pinboard_binary() -> anyhow::Result<PathBuf> {
     let binary = profile_dir.join("pinboard");
     if !binary.exists() {
         let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "pinboard", "--bin", "pinboard"])
+            .args(["build", "-p", "pinned-pinboard", "--bin", "pinboard"])
             .status()
             .await?;
         anyhow::ensure!(status.success(), "building pinboard failed");
