@@ -35,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _};
 use serde_json::{json, Value};
-use support::{example_binary, pinboard_binary};
+use support::jobs::done;
+use support::{example_binary, overview, pinboard_binary};
 use test_support::{eventually, until_explained, Pinboard, Proc, PythonWorker, RustWorker, TOKEN};
 
 /// Counter ids the load increments.
@@ -238,17 +239,6 @@ fn start_load(
     lanes
 }
 
-async fn done(client: &reqwest::Client, pinboard: &str, id: &str) -> anyhow::Result<Vec<String>> {
-    let body: Value = client
-        .get(format!("{pinboard}/runners/{id}/done"))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    Ok(serde_json::from_value(body["done"].clone())?)
-}
-
 /// The sessions of the workers at `urls`, from pinboard's worker list.
 async fn sessions(client: &reqwest::Client, pinboard: &str, urls: &[String]) -> Vec<String> {
     let rows = test_support::workers(client, pinboard, TOKEN).await;
@@ -268,14 +258,7 @@ async fn placements_of(
     pinboard: &str,
     sessions: &[String],
 ) -> anyhow::Result<usize> {
-    let overview: Value = client
-        .get(format!("{pinboard}/registry/overview"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
+    let overview = overview(client, pinboard).await?;
     let rows = overview["placements"].as_array().context("placements")?;
     Ok(rows
         .iter()

@@ -11,25 +11,15 @@ LEASE_BUFFER_S (default 0.5 s), SWEEP_S (the hosts' sweep, default 1 s).
 GET /drained answers whether both hosts drained and closed every instance.
 """
 
-import asyncio
 import contextlib
 import os
 
 from fastapi import FastAPI
-from pinned import (
-    PinnedAPI,
-    PinnedHost,
-    PinnedWorker,
-    Tray,
-    inbox,
-    persistent,
-    persistent_queue,
-    route,
-    tray,
-)
+from pinned import PinnedAPI, PinnedHost, PinnedWorker, route
 from pinned.durability.postgres import PostgresStateStore
 
-WORK = int(os.environ.get("JOBS_WORK_MS", "0")) / 1000
+from jobs_objects import Runner
+
 SWEEP = float(os.environ.get("SWEEP_S", "1"))
 
 
@@ -46,40 +36,6 @@ class Counter(PinnedAPI):
     @route.get("/value")
     async def read(self) -> dict:
         return {"value": self.value}
-
-
-class Jobs(Tray):
-    queue = persistent_queue()
-    done = persistent([])
-
-    def items(self):
-        while self.queue.value:
-            yield self.queue.peek()
-            self.queue.popleft()
-
-    @inbox
-    def add(self, job: dict) -> None:
-        self.kick()
-        self.queue.append(job)
-
-
-class Runner(PinnedAPI):
-    @tray(Jobs)
-    async def jobs(self, job, ctx) -> None:
-        if WORK:
-            await asyncio.sleep(WORK)
-        ctx.tray.done.value = [*ctx.tray.done.value, job["name"]]
-
-    @route.post("/enqueue")
-    async def enqueue(self, job: dict) -> dict:
-        jobs = await self.jobs.get()
-        await jobs.add(job)
-        return {"admitted": job["name"]}
-
-    @route.get("/done")
-    async def done(self) -> dict:
-        jobs = await self.jobs.get()
-        return {"done": list(jobs.done.value)}
 
 
 store = PostgresStateStore(dsn=os.environ["DATABASE_URL"])

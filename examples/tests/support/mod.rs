@@ -97,6 +97,22 @@ pub async fn terminate(child: &mut Child) -> anyhow::Result<std::process::ExitSt
         .context("the example did not exit")??)
 }
 
+/// pinboard's `GET /registry/overview` (workers and placements), with the
+/// test token.
+pub async fn overview(
+    client: &reqwest::Client,
+    pinboard: &str,
+) -> anyhow::Result<serde_json::Value> {
+    Ok(client
+        .get(format!("{pinboard}/registry/overview"))
+        .bearer_auth(test_support::TOKEN)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
 /// The jobs example's HTTP surface, for its tests.
 pub mod jobs {
     use serde_json::{json, Value};
