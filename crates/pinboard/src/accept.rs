@@ -420,8 +420,12 @@ async fn route<S: PlacementStore>(
     client: Arc<ClientAddr>,
     request: hyper::Request<Incoming>,
 ) -> axum::response::Response {
-    let request = request.map(Body::new);
+    let mut request = request.map(Body::new);
     if is_control_path(request.uri().path()) {
+        // The dashboard's failed-login limit counts by peer address.
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(client.addr));
         match control.oneshot(request).await {
             Ok(response) => response,
             Err(never) => match never {},

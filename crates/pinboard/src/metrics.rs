@@ -75,6 +75,9 @@ pub struct Metrics {
     pub store_losses: Counter,
     /// Vacated placement rows handed their grace (or removed) by expiry passes.
     pub placement_rows_expired: Counter,
+    /// Dashboard logins refused (429) because their address presented too
+    /// many wrong tokens in the window.
+    pub dashboard_logins_limited: Counter,
 }
 
 impl Default for Metrics {
@@ -118,6 +121,7 @@ impl Metrics {
             store_worker_reads: Counter::default(),
             placements_rolled_back: Counter::default(),
             store_losses: Counter::default(),
+            dashboard_logins_limited: Counter::default(),
             placement_rows_expired: Counter::default(),
         };
         // prometheus-client appends `_total` to counters.
@@ -270,6 +274,11 @@ impl Metrics {
             "pinboard_placement_rows_expired",
             "Vacated placement rows handed their grace or removed by expiry passes",
             m.placement_rows_expired.clone(),
+        );
+        registry.register(
+            "pinboard_dashboard_logins_limited",
+            "Dashboard logins refused (429) after too many wrong tokens from one address",
+            m.dashboard_logins_limited.clone(),
         );
         Metrics { registry, ..m }
     }

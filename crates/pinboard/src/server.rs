@@ -21,7 +21,7 @@ use pinned_edge::tls::TlsError;
 use crate::challenge::HttpProver;
 use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::config::{Config, READY_STORE_TIMEOUT_MS};
-use crate::dashboard::Dashboard;
+use crate::dashboard::{Dashboard, DashboardSettings};
 use crate::metrics::Metrics;
 use crate::operator::moves::MoveLog;
 use crate::operator::traffic::Traffic;
@@ -186,7 +186,14 @@ impl<S: PlacementStore> App<S> {
             moves,
             sweeper_enabled: config.database_url.is_some(),
             traffic: Traffic::default(),
-            dashboard: Dashboard::new(config.lease_ttl_ms, entropy_for_dashboard),
+            dashboard: Dashboard::new(
+                DashboardSettings {
+                    lease_ttl_ms: config.lease_ttl_ms,
+                    secure_cookie: config.secure_cookie(),
+                    login_window: Duration::from_millis(config.dashboard_login_window_ms),
+                },
+                entropy_for_dashboard,
+            ),
         }
     }
 }
