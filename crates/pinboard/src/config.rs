@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
+use pinned_edge::logging::{LogFormat, LogSettings};
 use pinned_edge::tls::{self, tokio_rustls::TlsAcceptor, TlsError};
 
 use crate::registry::auth::{split_list, Credentials};
@@ -83,6 +84,9 @@ pub const MAX_TAKEOVER_WIND_DOWN_MS: u64 = 365 * 24 * 3600 * 1000;
 /// Default window of the dashboard's failed-login limit (10 wrong tokens
 /// per client address per window).
 pub const DEFAULT_DASHBOARD_LOGIN_WINDOW_MS: u64 = 60_000;
+/// Default period after which a failure that keeps repeating (a store
+/// down, a sweeper scan failing) is logged again, with its count.
+pub const DEFAULT_LOG_REPEAT_MS: u64 = 60_000;
 /// How long `/readyz` waits for the placement store to answer.
 pub const READY_STORE_TIMEOUT_MS: u64 = 1_000;
 
@@ -293,6 +297,20 @@ pub struct Config {
     /// from its first) is answered 429 until it ends.
     #[arg(long, env = "PINBOARD_DASHBOARD_LOGIN_WINDOW_MS", default_value_t = DEFAULT_DASHBOARD_LOGIN_WINDOW_MS)]
     pub dashboard_login_window_ms: u64,
+
+    /// Log line format on stderr: `text` (colours only on a terminal) or
+    /// `json` (one object per line: timestamp, level, target, the event's
+    /// fields, the current span and the span list). `RUST_LOG` filters
+    /// (default `info`).
+    #[arg(long, env = "PINBOARD_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// A failure that keeps repeating (the store down, a sweeper scan or a
+    /// worker failing every lap) is logged when it starts, when its cause
+    /// changes, when it ends, and again with its count after this many
+    /// milliseconds, not on every retry.
+    #[arg(long, env = "PINBOARD_LOG_REPEAT_MS", default_value_t = DEFAULT_LOG_REPEAT_MS)]
+    pub log_repeat_ms: u64,
 }
 
 /// Reasons the configuration is refused.
@@ -372,6 +390,16 @@ impl Config {
         }
     }
 
+    /// The logging setup of `--log-format` and `--log-repeat-ms` (default
+    /// filter `info`).
+    pub fn log_settings(&self) -> LogSettings {
+        LogSettings {
+            format: self.log_format,
+            repeat_period: std::time::Duration::from_millis(self.log_repeat_ms.max(1)),
+            ..LogSettings::default()
+        }
+    }
+
     /// Whether the dashboard's cookie is `Secure`: pinboard serves TLS, or
     /// `--dashboard-secure-cookie` says a front door does.
     pub fn secure_cookie(&self) -> bool {
@@ -432,6 +460,7 @@ impl Config {
                 self.forced_refresh_interval_ms,
             ),
             ("dashboard-login-window-ms", self.dashboard_login_window_ms),
+            ("log-repeat-ms", self.log_repeat_ms),
         ] {
             if value == 0 {
                 errs.push(ConfigError::ZeroEdge(flag));

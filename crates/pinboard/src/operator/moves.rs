@@ -7,6 +7,9 @@
 //! short locks. Both collections are bounded ([`MOVE_RING_CAPACITY`],
 //! [`DEPARTED_CAPACITY`]): a node that sees more churn forgets the oldest.
 //!
+//! Each move is logged: a failover (owner's lease lapsed, or its process
+//! replaced) at warn, any other at debug.
+//!
 //! A move is what *this node* saw: a claim made by another pinboard node is
 //! in that node's ring, and a first placement of a new id is no move.
 //!
@@ -154,6 +157,20 @@ impl MoveLog {
         if from == to {
             // The owner came back for it (a re-registration's reclaim).
             return;
+        }
+        // A failover (the owner died or was replaced) is worth a warning;
+        // a drain, a refusal or a release moving an id is routine.
+        match reason {
+            MoveReason::LeaseLapsed | MoveReason::Replaced => tracing::warn!(
+                target: "pinboard::placement",
+                ns, id, from = %from, to, epoch, reason = reason.as_str(),
+                "failover: id re-placed after its owner went"
+            ),
+            _ => tracing::debug!(
+                target: "pinboard::placement",
+                ns, id, from = %from, to, epoch, reason = reason.as_str(),
+                "id moved"
+            ),
         }
         let mut ring = self.ring.lock();
         if ring.len() == MOVE_RING_CAPACITY {
