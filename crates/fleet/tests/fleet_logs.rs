@@ -2,7 +2,8 @@
 //! `--log-format json` writes one JSON object per line (the span fields
 //! included: its background tasks run in a `node` span naming its bound
 //! address) and says at warn when a SIGKILLed worker's lease lapses (once)
-//! and when that worker's id fails over; a worker whose TLS handshake with
+//! and when that worker's id fails over (counted in
+//! `pinboard_lease_lapses_total` and `pinboard_failovers_total`); a worker whose TLS handshake with
 //! pinboard fails (a `CA:TRUE` certificate as pinboard's own: webpki's
 //! `CaUsedAsEndEntity`) logs the cause once, then reminders with a count
 //! (`PINNED_LOG_REPEAT_MS`), never on every retry; and pinboard's sweeper
@@ -80,6 +81,7 @@ async fn a_killed_workers_lease_lapse_and_failover_are_json_warnings_once() {
         .iter()
         .position(|w| w.url == advertise)
         .expect("the owner is one of ours");
+    let before = test_support::metrics::scrape(&c, &pb.url).await;
     fleet[victim].kill();
 
     let lapse = eventually("the lease-lapse warning", PATIENCE, || async {
@@ -113,6 +115,15 @@ async fn a_killed_workers_lease_lapse_and_failover_are_json_warnings_once() {
     assert_eq!(failover["level"], "WARN", "{failover}");
     assert_eq!(failover["from"], session.as_str(), "{failover}");
     assert_eq!(failover["reason"], "lease_lapsed", "{failover}");
+    let after = test_support::metrics::scrape(&c, &pb.url).await;
+    assert_eq!(
+        test_support::metrics::moved(&before, &after, "pinboard_lease_lapses"),
+        1.0
+    );
+    assert_eq!(
+        test_support::metrics::moved(&before, &after, "pinboard_failovers"),
+        1.0
+    );
     let lines = json_lines(&pb.log_text());
     let lapses = with_message(&lines, "lease lapsed")
         .into_iter()

@@ -94,6 +94,7 @@ async fn look_for_lapses<S: PlacementStore>(app: &App<S>, watch: &mut LapseWatch
         return;
     };
     for lapse in watch.look(&live, now.wall_ms) {
+        app.metrics.lease_lapses.inc();
         tracing::warn!(
             target: "pinboard::upkeep",
             session = %lapse.session,

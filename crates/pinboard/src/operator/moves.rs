@@ -115,6 +115,8 @@ pub struct Claim<'a> {
 pub struct MoveLog {
     ring: Mutex<VecDeque<Move>>,
     departed: quick_cache::sync::Cache<String, (String, MoveReason)>,
+    /// Counts failovers (`pinboard_failovers_total`).
+    failovers: prometheus_client::metrics::counter::Counter,
 }
 
 impl Default for MoveLog {
@@ -122,11 +124,20 @@ impl Default for MoveLog {
         Self {
             ring: Mutex::new(VecDeque::with_capacity(MOVE_RING_CAPACITY)),
             departed: quick_cache::sync::Cache::new(DEPARTED_CAPACITY),
+            failovers: prometheus_client::metrics::counter::Counter::default(),
         }
     }
 }
 
 impl MoveLog {
+    /// An empty log counting failovers in `failovers`.
+    pub fn counting(failovers: prometheus_client::metrics::counter::Counter) -> Self {
+        Self {
+            failovers,
+            ..Self::default()
+        }
+    }
+
     /// `key` (`<ns>/<id>`) left session `from` for `reason`; its next
     /// claim on this node is a move.
     pub fn departed(&self, key: &str, from: &str, reason: MoveReason) {
@@ -161,11 +172,14 @@ impl MoveLog {
         // A failover (the owner died or was replaced) is worth a warning;
         // a drain, a refusal or a release moving an id is routine.
         match reason {
-            MoveReason::LeaseLapsed | MoveReason::Replaced => tracing::warn!(
-                target: "pinboard::placement",
-                ns, id, from = %from, to, epoch, reason = reason.as_str(),
-                "failover: id re-placed after its owner went"
-            ),
+            MoveReason::LeaseLapsed | MoveReason::Replaced => {
+                self.failovers.inc();
+                tracing::warn!(
+                    target: "pinboard::placement",
+                    ns, id, from = %from, to, epoch, reason = reason.as_str(),
+                    "failover: id re-placed after its owner went"
+                );
+            }
             _ => tracing::debug!(
                 target: "pinboard::placement",
                 ns, id, from = %from, to, epoch, reason = reason.as_str(),
