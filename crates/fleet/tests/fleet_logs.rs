@@ -148,14 +148,7 @@ async fn a_tls_failure_is_logged_once_with_its_cause_then_with_a_count() {
     // What `openssl req -x509` makes by default: a CA certificate, here
     // used as pinboard's own. The worker trusts it and still refuses it.
     let certs = SelfSigned::ca_as_server();
-    let pb = pinboard()
-        .args(&[
-            "--tls-cert",
-            certs.cert.to_str().expect("utf-8 path"),
-            "--tls-key",
-            certs.key.to_str().expect("utf-8 path"),
-        ])
-        .start();
+    let pb = pinboard().tls(&certs).start();
     let worker = rust_worker(&pb.url)
         .env(
             "PINNED_PINBOARD_CA",

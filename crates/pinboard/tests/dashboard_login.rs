@@ -122,14 +122,7 @@ async fn the_cookie_is_secure_over_tls_and_behind_a_declared_front_door_only() {
     let plain = pinboard().start();
     let front_door = pinboard().args(&["--dashboard-secure-cookie"]).start();
     let certs = SelfSigned::new();
-    let tls = pinboard()
-        .args(&[
-            "--tls-cert",
-            certs.cert.to_str().expect("utf-8 path"),
-            "--tls-key",
-            certs.key.to_str().expect("utf-8 path"),
-        ])
-        .start();
+    let tls = pinboard().tls(&certs).start();
     cookie_is(&plain, &from("127.0.0.1", None), false).await;
     cookie_is(&front_door, &from("127.0.0.1", None), true).await;
     cookie_is(&tls, &from("127.0.0.1", Some(&certs.pem)), true).await;
@@ -196,14 +189,8 @@ async fn failed_logins_are_limited_per_address_over_tls() {
     let certs = SelfSigned::new();
     let window = WINDOW_MS.to_string();
     let pb = pinboard()
-        .args(&[
-            "--dashboard-login-window-ms",
-            &window,
-            "--tls-cert",
-            certs.cert.to_str().expect("utf-8 path"),
-            "--tls-key",
-            certs.key.to_str().expect("utf-8 path"),
-        ])
+        .args(&["--dashboard-login-window-ms", &window])
+        .tls(&certs)
         .start();
     failures_are_limited_per_address(&pb, Some(&certs.pem)).await;
 }

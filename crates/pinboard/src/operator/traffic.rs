@@ -148,25 +148,24 @@ pub struct TrafficMetrics(pub Arc<Traffic>);
 impl Collector for TrafficMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let rows = self.0.read();
-        let mut requests = encoder.encode_descriptor(
-            "pinboard_proxy_namespace_requests",
-            "Client requests the proxy answered, per namespace (the first 64; the rest as (other))",
-            None,
-            MetricType::Counter,
-        )?;
-        for row in &rows {
-            let labels = [("namespace", row.ns.as_str())];
-            ConstCounter::new(row.requests).encode(requests.encode_family(&labels)?)?;
-        }
-        let mut errors = encoder.encode_descriptor(
-            "pinboard_proxy_namespace_5xx",
-            "Client requests the proxy answered 5xx (the worker's or pinboard's own), per namespace",
-            None,
-            MetricType::Counter,
-        )?;
-        for row in &rows {
-            let labels = [("namespace", row.ns.as_str())];
-            ConstCounter::new(row.errors).encode(errors.encode_family(&labels)?)?;
+        let counters: [(&str, &str, fn(&NamespaceTraffic) -> u64); 2] = [
+            (
+                "pinboard_proxy_namespace_requests",
+                "Client requests the proxy answered, per namespace (the first 64; the rest as (other))",
+                |row| row.requests,
+            ),
+            (
+                "pinboard_proxy_namespace_5xx",
+                "Client requests the proxy answered 5xx (the worker's or pinboard's own), per namespace",
+                |row| row.errors,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for row in &rows {
+                let labels = [("namespace", row.ns.as_str())];
+                ConstCounter::new(value(row)).encode(family.encode_family(&labels)?)?;
+            }
         }
         let mut heads = encoder.encode_descriptor(
             "pinboard_proxy_response_head_seconds",
