@@ -140,6 +140,9 @@ impl Traffic {
     }
 }
 
+/// A counter family of [`TrafficMetrics`]: name, help, and its value in a row.
+type CounterFamily = (&'static str, &'static str, fn(&NamespaceTraffic) -> u64);
+
 /// [`Traffic`] as Prometheus families, read at scrape time (see the
 /// module doc). Every family is declared on every scrape, rows or not.
 #[derive(Debug, Clone)]
@@ -148,7 +151,7 @@ pub struct TrafficMetrics(pub Arc<Traffic>);
 impl Collector for TrafficMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let rows = self.0.read();
-        let counters: [(&str, &str, fn(&NamespaceTraffic) -> u64); 2] = [
+        let counters: [CounterFamily; 2] = [
             (
                 "pinboard_proxy_namespace_requests",
                 "Client requests the proxy answered, per namespace (the first 64; the rest as (other))",
