@@ -448,7 +448,7 @@ async fn forward<S: PlacementStore>(
     if let Some(claim) = refused {
         if !res.status().is_success() && res.status() != StatusCode::SWITCHING_PROTOCOLS {
             if let Err(error) = app.directory.roll_back(key, ns, id, &claim).await {
-                tracing::debug!(target: "pinboard::proxy", key, %error, "could not hand a refused claim back");
+                tracing::debug!(target: "pinboard::proxy", key, error = %pinned_edge::logging::Chain(&error), "could not hand a refused claim back");
             }
         }
     }
@@ -506,7 +506,13 @@ async fn attempts<S: PlacementStore>(
                     );
                 }
                 if let ResolveError::Store(err) = &e {
-                    tracing::warn!(target: "pinboard::proxy", error = %err, "placement store failed");
+                    if let Some(seen) = pinned_edge::logging::repeats().failed(
+                        "pinboard proxy",
+                        "store",
+                        pinned_edge::logging::Chain(&err),
+                    ) {
+                        tracing::warn!(target: "pinboard::proxy", error = %seen, failures = seen.failures, "placement store failed");
+                    }
                 }
                 return detail_response(StatusCode::SERVICE_UNAVAILABLE, &e.to_string());
             }
@@ -545,7 +551,7 @@ async fn attempts<S: PlacementStore>(
                 let v = classify_transport(e.before_send(), attempt);
                 if v == Verdict::Relay || attempt >= retries {
                     app.directory.invalidate(key);
-                    tracing::debug!(target: "pinboard::proxy", error = %e, "worker unreachable");
+                    tracing::debug!(target: "pinboard::proxy", error = %pinned_edge::logging::Chain(&e), "worker unreachable");
                     return if e.before_send() {
                         detail_response(StatusCode::SERVICE_UNAVAILABLE, "owner unreachable; retry")
                     } else {

@@ -476,7 +476,7 @@ impl<S: PlacementStore> Directory<S> {
         {
             Ok(_) => route.settled.store(true, Ordering::Release),
             Err(error) => {
-                tracing::debug!(target: "pinboard::placement", ns, id, %error, "could not record the placement as settled");
+                tracing::debug!(target: "pinboard::placement", ns, id, error = %pinned_edge::logging::Chain(&error), "could not record the placement as settled");
             }
         }
     }
@@ -923,7 +923,7 @@ impl<S: PlacementStore> Directory<S> {
         match self.store.superseded(from, now).await {
             Ok(reason) => MoveReason::of_gone_session(reason.as_deref()),
             Err(error) => {
-                tracing::debug!(target: "pinboard::placement", from, %error, "could not read why a session went");
+                tracing::debug!(target: "pinboard::placement", from, error = %pinned_edge::logging::Chain(&error), "could not read why a session went");
                 MoveReason::LeaseLapsed
             }
         }
