@@ -85,9 +85,7 @@ fn with_bound_port(url: &str, port: u16) -> String {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
+    pinned::logging::init();
     let host = std::env::var("HOST").unwrap_or_else(|_| "127.0.0.1".into());
     let port: u16 = std::env::var("PORT").map_or(Ok(0), |port| port.parse())?;
     // Bound first, so the worker is built (for the readiness route's
