@@ -31,7 +31,7 @@ pub use pinned_edge::{backoff, cap, phase};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,11 +47,12 @@ use tower::ServiceExt;
 use hyper_util::rt::TokioIo;
 use pinned_edge::defaults::MIN_READ_BUFFER;
 use pinned_edge::drive::{drive, drive_to_end, Driven, EdgeService};
+use pinned_edge::roster::{Roster, Seat};
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use pinned_edge::tls::{self, HandshakeError};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use self::backoff::Acceptor;
+use self::backoff::{Acceptor, Admission};
 use self::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
 use crate::config::Config;
 use crate::front::{self, Ended, Served};
@@ -116,33 +117,37 @@ impl From<&Config> for ServeSettings {
     }
 }
 
-/// One connection's place under the cap: counted in its lane (and the
-/// `pinboard_connections_open` gauge) until dropped.
+/// One connection's place under the cap: its phase holds its seat in the
+/// lane's roster, and it counts in the `pinboard_connections_open` gauge,
+/// until dropped.
 struct Slot {
-    open: Arc<AtomicUsize>,
+    _phase: Phase,
     gauge: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Slot {
-    /// A slot already counted in `open` by the acceptor.
-    fn new<S>(open: Arc<AtomicUsize>, app: &App<S>) -> Self {
+    fn new<S>(phase: Phase, app: &App<S>) -> Self {
         let gauge = app.metrics.connections_open.clone();
         gauge.inc();
-        Self { open, gauge }
+        Self {
+            _phase: phase,
+            gauge,
+        }
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         self.gauge.dec();
-        self.open.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-/// A connection handed to an I/O thread.
+/// A connection handed to an I/O thread, with its seat in that thread's
+/// roster (taken by the acceptor, so the cap counts it on the way).
 struct Handed {
     tcp: std::net::TcpStream,
     peer: SocketAddr,
+    seat: Seat,
 }
 
 /// Serves `listener` on `settings.threads` I/O threads (at least one)
@@ -158,9 +163,14 @@ struct Handed {
 /// than letting every thread accept from the shared socket) keeps the
 /// threads evenly loaded when many connections arrive at once.
 ///
-/// A connection beyond the cap ([`cap::effective`]) is accepted and closed
-/// at once (the client sees the connection close before any answer); a
-/// failing accept pauses the loop as [`backoff`] says.
+/// At the cap ([`cap::effective`]) the connection that has idled longest
+/// (waiting for a request head, none of it read, for at least
+/// [`backoff::MIN_IDLE`]) is closed to admit the new one, as nginx does with its keep-alive connections
+/// ([`roster`](pinned_edge::roster): one roster per I/O thread, the
+/// longest idle of them all); with none such the new connection is
+/// accepted and closed at once (the client sees the connection close
+/// before any answer). A failing accept pauses the loop as [`backoff`]
+/// says.
 ///
 /// # Errors
 ///
@@ -189,11 +199,12 @@ pub async fn serve<S: PlacementStore>(
         tracing::debug!(target: "pinboard::accept", open_file_limit = fd_limit, max_connections, "--max-connections lowered to what the open-file limit carries (the default; raise `ulimit -n` for more)");
     }
     let mut lanes = Vec::new();
+    let mut rosters = Vec::new();
     let mut finished = Vec::new();
     for slot in 0..settings.threads.max(1) {
         let (hand, handed) = mpsc::unbounded_channel::<Handed>();
-        let open = Arc::new(AtomicUsize::new(0));
-        let (app, load, settings) = (app.clone(), open.clone(), settings.clone());
+        let roster = Roster::new();
+        let (app, load, settings) = (app.clone(), roster.clone(), settings.clone());
         let (done, finished_rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name(format!("pinboard-io-{slot}"))
@@ -211,7 +222,8 @@ pub async fn serve<S: PlacementStore>(
                     });
                 let _ = done.send(served);
             })?;
-        lanes.push((hand, open));
+        lanes.push(hand);
+        rosters.push(roster);
         finished.push(finished_rx);
     }
     let mut acceptor = Acceptor::new(max_connections);
@@ -220,11 +232,7 @@ pub async fn serve<S: PlacementStore>(
         app.metrics.accept_errors.inc();
     };
     while let Some((tcp, peer)) = acceptor.next(&listener, &mut shutdown, failed).await {
-        let open: usize = lanes
-            .iter()
-            .map(|(_, open)| open.load(Ordering::Relaxed))
-            .sum();
-        if !acceptor.admits(open) {
+        if acceptor.admit(&rosters) == Admission::Refused {
             // Closed before any byte: the client sees the connection end.
             drop(tcp);
             app.metrics.connections_refused.inc();
@@ -235,12 +243,15 @@ pub async fn serve<S: PlacementStore>(
         let Ok(tcp) = tcp.into_std() else { continue };
         let lane = lanes
             .iter()
-            .min_by_key(|(_, open)| open.load(Ordering::Relaxed));
-        if let Some((hand, open)) = lane {
-            open.fetch_add(1, Ordering::Relaxed);
-            if hand.send(Handed { tcp, peer }).is_err() {
-                open.fetch_sub(1, Ordering::Relaxed);
-            }
+            .zip(&rosters)
+            .min_by_key(|(_, roster)| roster.open());
+        if let Some((hand, roster)) = lane {
+            // A failed send drops the seat with the connection.
+            let _ = hand.send(Handed {
+                tcp,
+                peer,
+                seat: roster.seat(),
+            });
         }
     }
     drop(listener);
@@ -256,12 +267,12 @@ pub async fn serve<S: PlacementStore>(
 
 /// One I/O thread: serves the connections handed to it until the acceptor
 /// closes its lane, then waits up to the shutdown deadline for them to
-/// finish. `open` counts its live connections for the acceptor's choice
+/// finish. `roster` holds its live connections, for the acceptor's choice
 /// and the cap.
 async fn io_loop<S: PlacementStore>(
     mut handed: mpsc::UnboundedReceiver<Handed>,
     app: Arc<App<S>>,
-    open: Arc<AtomicUsize>,
+    roster: Arc<Roster>,
     settings: ServeSettings,
 ) {
     let control = server::router(app.clone());
@@ -275,20 +286,19 @@ async fn io_loop<S: PlacementStore>(
         .max_header_size(settings.max_header_bytes)
         .max_buf_size(settings.max_header_bytes.max(MIN_READ_BUFFER));
     let http = Arc::new(http);
-    while let Some(Handed { tcp, peer }) = handed.recv().await {
+    while let Some(Handed { tcp, peer, seat }) = handed.recv().await {
         let tcp = match TcpStream::from_std(tcp) {
             Ok(tcp) => tcp,
             Err(error) => {
-                open.fetch_sub(1, Ordering::Relaxed);
                 tracing::warn!(target: "pinboard::accept", error = %pinned_edge::logging::Chain(&error), "cannot adopt a connection");
                 continue;
             }
         };
-        let phase = Phase::new();
+        let phase = Phase::seated(seat);
         let client = Arc::new(ClientAddr::new(peer));
         // Held by the connection task, its service and any WebSocket it
         // hands over: the connection counts against the cap until all end.
-        let slot = Arc::new(Slot::new(open.clone(), &app));
+        let slot = Arc::new(Slot::new(phase.clone(), &app));
         let (handler, control, requests, hold, front_client) = (
             app.clone(),
             control.clone(),
@@ -303,8 +313,13 @@ async fn io_loop<S: PlacementStore>(
                 request.extensions_mut().insert(UpgradeHold(hold));
             }
             let (app, control, client) = (handler.clone(), control.clone(), client.clone());
+            let requests = requests.clone();
             async move {
                 let response = route(app, control, client, request).await;
+                if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                    // Spliced from here on: never closed to make room.
+                    requests.upgraded();
+                }
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
             }
         });
@@ -340,6 +355,10 @@ async fn io_loop<S: PlacementStore>(
             match lapse {
                 Some(Lapse::Header) => app.metrics.connections_header_timeouts.inc(),
                 Some(Lapse::Idle) => app.metrics.connections_idle_timeouts.inc(),
+                Some(Lapse::Reclaimed) => {
+                    tracing::debug!(target: "pinboard::accept", %peer, "idle connection closed to admit a new one at the cap");
+                    app.metrics.connections_reclaimed.inc()
+                }
                 None => 0,
             };
             drop(slot);
@@ -347,14 +366,14 @@ async fn io_loop<S: PlacementStore>(
     }
     drop(stopping);
     let _ = stop.send(());
-    let left = open.load(Ordering::Relaxed);
+    let left = roster.open();
     if tokio::time::timeout(settings.shutdown_timeout, stop.closed())
         .await
         .is_err()
     {
         tracing::warn!(
             target: "pinboard::accept",
-            connections = open.load(Ordering::Relaxed),
+            connections = roster.open(),
             open_at_signal = left,
             "shutdown deadline passed; dropping the connections still open"
         );

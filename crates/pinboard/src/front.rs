@@ -209,6 +209,11 @@ where
             let _ = io.shutdown().await;
             return Ended::Closed;
         }
+        if !buf.is_empty() {
+            // A pipelined head read with this request: its header deadline
+            // runs, and it is not idle (never closed to make room).
+            phase.head_buffered();
+        }
     }
 }
 

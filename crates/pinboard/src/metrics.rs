@@ -63,6 +63,8 @@ pub struct Metrics {
     pub connections_header_timeouts: Counter,
     /// Keep-alive connections closed after idling too long.
     pub connections_idle_timeouts: Counter,
+    /// Idle connections closed at the connection cap to admit a new one.
+    pub connections_reclaimed: Counter,
     /// TLS handshakes that failed (a timed-out one counts as a header
     /// timeout instead).
     pub tls_handshake_failures: Counter,
@@ -125,6 +127,7 @@ impl Metrics {
             connections_refused: Counter::default(),
             connections_header_timeouts: Counter::default(),
             connections_idle_timeouts: Counter::default(),
+            connections_reclaimed: Counter::default(),
             tls_handshake_failures: Counter::default(),
             accept_errors: Counter::default(),
             store_worker_reads: Counter::default(),
@@ -261,6 +264,11 @@ impl Metrics {
             "pinboard_connections_idle_timeouts",
             "Keep-alive connections closed after idling too long",
             m.connections_idle_timeouts.clone(),
+        );
+        registry.register(
+            "pinboard_connections_reclaimed",
+            "Idle connections (waiting for a request head) closed at the connection cap to admit a new one",
+            m.connections_reclaimed.clone(),
         );
         registry.register(
             "pinboard_accept_errors",

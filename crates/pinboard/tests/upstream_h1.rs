@@ -15,8 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use support::raw::{kernel_socket, raw_worker, Act, Answer, Client, Framed, Gate, Raw, Seen};
+use support::raw::{raw_worker, Act, Answer, Client, Framed, Gate, Raw, Seen};
 use support::{pinboard, Proc};
+use test_support::sockets::kernel_socket;
 use test_support::until;
 
 /// How long any one step may take.

@@ -11,12 +11,19 @@
 //! loop sleeps [`MIN_PAUSE`], doubling up to [`MAX_PAUSE`], until an accept
 //! succeeds again: a persistent failure costs a few wake-ups a second, not
 //! a hot loop.
+//!
+//! At the connection cap, [`Acceptor::admit`] makes room by asking the
+//! longest idle connection to close ([`roster`](crate::roster)) and turns
+//! the new one away only when every open connection is busy.
 
 use std::future::Future;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::roster::Roster;
 
 /// First pause after a persistent accept failure.
 pub const MIN_PAUSE: Duration = Duration::from_millis(10);
@@ -93,14 +100,44 @@ impl AcceptBackoff {
     }
 }
 
+/// Least time a connection must have been idle to be closed to make room.
+/// A connection that has just had an answer is likely about to carry the
+/// next request of a pooled client, and a request sent on a connection as
+/// it closes fails (clients re-send only what never left); a connection
+/// accepted this recently may have its first request in flight. One that
+/// has waited this long is a browser's spare, a pool's surplus or a silent
+/// client.
+pub const MIN_IDLE: Duration = Duration::from_secs(1);
+
+/// Most idle connections asked to close and not closed yet: each still
+/// holds its descriptor beside the connection admitted in its place, and
+/// twice this many fit in the descriptors the cap keeps aside
+/// ([`cap::RESERVED_FDS`](crate::cap::RESERVED_FDS)).
+pub const MAX_ASKED: usize = 16;
+
 /// The accept side of a listener, as both binaries run it: accepts that
 /// pause after failures ([`AcceptBackoff`]) and a cap on open connections
-/// whose refusals are logged at most once per [`LOG_PERIOD`].
+/// that closes the longest idle one to admit a new one, refusing only
+/// when none is idle; each logged at most once per [`LOG_PERIOD`].
 #[derive(Debug)]
 pub struct Acceptor {
     backoff: AcceptBackoff,
     refusals: Throttle,
+    reclaims: Throttle,
     max_connections: usize,
+}
+
+/// What the cap says about one more connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Under the cap.
+    Admitted,
+    /// At the cap: the longest idle connection was asked to close, and
+    /// the new one takes its place.
+    Reclaimed,
+    /// At the cap with no idle connection: close the new one before reading
+    /// a byte.
+    Refused,
 }
 
 impl Acceptor {
@@ -109,6 +146,7 @@ impl Acceptor {
         Self {
             backoff: AcceptBackoff::default(),
             refusals: Throttle::default(),
+            reclaims: Throttle::default(),
             max_connections,
         }
     }
@@ -143,21 +181,49 @@ impl Acceptor {
         }
     }
 
-    /// Whether one more connection fits beside `open` ones; at the cap it
-    /// logs (throttled) and answers false: the caller closes the socket
-    /// before reading a byte.
-    pub fn admits(&mut self, open: usize) -> bool {
-        if open < self.max_connections {
-            return true;
+    /// Whether one more connection fits beside those the `rosters` hold
+    /// (one per I/O thread, or one). Connections asked to close count as
+    /// gone. At the cap, the longest idle connection of all the rosters is
+    /// asked to close and the new one admitted in its place, as nginx does
+    /// with idle keep-alive connections, provided it has idled at least
+    /// [`MIN_IDLE`]; with none such (or [`MAX_ASKED`] closes still
+    /// pending) the new one is refused. Both are logged at most once per
+    /// [`LOG_PERIOD`].
+    pub fn admit(&mut self, rosters: &[Arc<Roster>]) -> Admission {
+        let (open, asked) = rosters
+            .iter()
+            .fold((0, 0), |(o, a), r| (o + r.open(), a + r.asked()));
+        if open.saturating_sub(asked) < self.max_connections {
+            return Admission::Admitted;
+        }
+        if asked < MAX_ASKED {
+            let now = Instant::now();
+            let oldest = rosters
+                .iter()
+                .filter_map(|r| Some((r.oldest_idle()?, r)))
+                .min_by_key(|(since, _)| *since)
+                .filter(|(since, _)| now.saturating_duration_since(*since) >= MIN_IDLE);
+            if let Some((_, roster)) = oldest {
+                if roster.ask_oldest() {
+                    if let Some(held) = self.reclaims.hit(now) {
+                        tracing::warn!(
+                            max_connections = self.max_connections,
+                            closed_since_last_line = held,
+                            "connection cap reached; closing the longest idle connections to admit new ones"
+                        );
+                    }
+                    return Admission::Reclaimed;
+                }
+            }
         }
         if let Some(held) = self.refusals.hit(Instant::now()) {
             tracing::warn!(
                 max_connections = self.max_connections,
                 refused_since_last_line = held,
-                "connection cap reached; closing new connections"
+                "connection cap reached with no idle connection; closing new connections"
             );
         }
-        false
+        Admission::Refused
     }
 }
 
@@ -237,6 +303,40 @@ mod tests {
         assert_eq!(b.succeeded(), Some(300));
         assert_eq!(b.succeeded(), None);
         assert_eq!(b.failed(&emfile(), Instant::now()).pause, MIN_PAUSE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn at_the_cap_the_longest_idle_of_all_rosters_makes_room() {
+        let rosters = [Roster::new(), Roster::new()];
+        let mut acceptor = Acceptor::new(3);
+        let a = rosters[0].seat();
+        let b = rosters[1].seat();
+        assert_eq!(acceptor.admit(&rosters), Admission::Admitted);
+        let c = rosters[1].seat();
+        // All three busy: the fourth is refused.
+        assert_eq!(acceptor.admit(&rosters), Admission::Refused);
+        c.idle(Instant::now());
+        tokio::time::advance(Duration::from_millis(5)).await;
+        a.idle(Instant::now());
+        // Not idle long enough yet: a pooled client may be about to use it.
+        tokio::time::advance(MIN_IDLE - Duration::from_millis(10)).await;
+        assert_eq!(acceptor.admit(&rosters), Admission::Refused);
+        tokio::time::advance(Duration::from_millis(10)).await;
+        // `c` (the other roster) idled first: it is asked, and the newcomer
+        // admitted in its place; `c` counts as gone while it closes.
+        assert_eq!(acceptor.admit(&rosters), Admission::Reclaimed);
+        assert_eq!(rosters[1].asked(), 1);
+        let d = rosters[0].seat();
+        assert_eq!(acceptor.admit(&rosters), Admission::Reclaimed);
+        assert_eq!(rosters[0].asked(), 1);
+        let e = rosters[0].seat();
+        // Nobody idle any more (`b`, `d`, `e` busy).
+        assert_eq!(acceptor.admit(&rosters), Admission::Refused);
+        drop((a, c));
+        assert_eq!(acceptor.admit(&rosters), Admission::Refused);
+        drop(b);
+        assert_eq!(acceptor.admit(&rosters), Admission::Admitted);
+        drop((d, e));
     }
 
     #[tokio::test(start_paused = true)]

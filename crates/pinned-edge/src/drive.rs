@@ -77,12 +77,14 @@ impl<C: GracefulShutdown + ?Sized> GracefulShutdown for Pin<&mut C> {
 pub enum Driven<T> {
     /// The connection future finished, with its output.
     Ended(T),
-    /// A deadline lapsed; the connection was dropped.
+    /// A deadline lapsed, or the connection was idle at the cap; it was
+    /// dropped.
     Lapsed(Lapse),
 }
 
 /// Runs `connection` to its end: served out (`None`), closed by a lapsed
-/// deadline (`Some`, the connection dropped), or finished gracefully after
+/// deadline or to make room at the cap (`Some`, the connection dropped),
+/// or finished gracefully after
 /// `stopping` changed or its sender dropped. A client that goes away
 /// mid-exchange is routine, not an error, so the connection's own result
 /// is not reported.
@@ -124,6 +126,9 @@ where
     C: Future + GracefulShutdown,
 {
     tokio::pin!(connection);
+    // From here the connection waits for a head: idle for the roster until
+    // one starts (a no-op for a later stage, whose head has started).
+    phase.waiting();
     let start = tokio::time::Instant::now();
     let first = match phase.check(start, timeouts) {
         Check::Wait(at) => at,
@@ -146,6 +151,11 @@ where
                 let _ = changed;
                 stopped = true;
                 connection.as_mut().shutdown_gracefully();
+            }
+            // Asked while idle, and not polled since: still idle, so
+            // nothing is cut (see `roster`).
+            () = std::future::poll_fn(|cx| phase.poll_reclaimed(cx)) => {
+                return Driven::Lapsed(Lapse::Reclaimed);
             }
             () = deadline.as_mut() => match phase.check(tokio::time::Instant::now(), timeouts) {
                 Check::Wait(at) => deadline.as_mut().reset(at),

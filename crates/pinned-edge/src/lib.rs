@@ -8,8 +8,10 @@
 //!   finishes it gracefully on a stop signal.
 //! - [`cap`]: the connection cap, lowered to what the open-file limit
 //!   carries.
-//! - [`backoff`]: what a failing `accept` does (pause, never a hot loop)
-//!   and the log throttle.
+//! - [`roster`]: which connections are idle, longest idle first, so the
+//!   accept loop at the cap closes one of them to admit a new one.
+//! - [`backoff`]: what a failing `accept` does (pause, never a hot loop),
+//!   the cap's admission, and the log throttle.
 //! - [`tls`]: rustls server and client configurations from PEM files, and
 //!   the server handshake under a deadline.
 //! - [`logging`]: the subscriber setup of every binary (text or JSON, no
@@ -28,4 +30,5 @@ pub mod defaults;
 pub mod drive;
 pub mod logging;
 pub mod phase;
+pub mod roster;
 pub mod tls;

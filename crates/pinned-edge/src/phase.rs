@@ -22,6 +22,11 @@
 //! timeout could not exist. As in Go's `net/http`, the idle deadline runs
 //! until a head's first byte arrives, and the header deadline from there.
 //!
+//! A phase with a [`Seat`] (see [`Phase::seated`]) also tells its
+//! connection's roster when the connection goes idle (waiting for a head,
+//! none of it read) and when it is active again, so the accept loop at
+//! the cap can close the longest idle connection ([`roster`](crate::roster)).
+//!
 //! # Invariants
 //!
 //! - Every transition is observed by the connection task within
@@ -41,6 +46,8 @@ use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+use crate::roster::Seat;
+
 /// The two deadlines the connection task enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnTimeouts {
@@ -50,7 +57,8 @@ pub struct ConnTimeouts {
     pub keep_alive: Duration,
 }
 
-/// Which deadline passed.
+/// Why the edge closed a connection on its own: a deadline passed, or it
+/// was idle at the cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lapse {
     /// A request head was not complete in time (or a new connection sent
@@ -58,6 +66,9 @@ pub enum Lapse {
     Header,
     /// A keep-alive connection stayed idle too long.
     Idle,
+    /// The connection was the longest idle one when the accept loop, at the
+    /// cap, needed room for a new one ([`roster`](crate::roster)).
+    Reclaimed,
 }
 
 /// What the connection task should do now.
@@ -90,11 +101,26 @@ struct Shared {
     served: AtomicBool,
     /// Start of the current idle or head phase, ns after `epoch`.
     mark_ns: AtomicU64,
+    /// Switched protocols: never idle again.
+    upgraded: AtomicBool,
+    /// The connection's place in its roster, when it has one.
+    seat: Option<Seat>,
 }
 
 impl Phase {
     /// A connection accepted now: waiting for its first request.
     pub fn new() -> Self {
+        Self::with_seat(None)
+    }
+
+    /// [`new`](Self::new), reporting to `seat` when the connection goes
+    /// idle and when it is active again. The seat stays active until
+    /// [`waiting`](Self::waiting).
+    pub fn seated(seat: Seat) -> Self {
+        Self::with_seat(Some(seat))
+    }
+
+    fn with_seat(seat: Option<Seat>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 epoch: Instant::now(),
@@ -102,7 +128,56 @@ impl Phase {
                 head_started: AtomicBool::new(false),
                 served: AtomicBool::new(false),
                 mark_ns: AtomicU64::new(0),
+                upgraded: AtomicBool::new(false),
+                seat,
             }),
+        }
+    }
+
+    /// The connection is ready for its first head (accepted, handshake
+    /// done): idle in its roster unless a head started already.
+    pub fn waiting(&self) {
+        let s = &self.shared;
+        if let Some(seat) = &s.seat {
+            if s.busy.load(Ordering::Acquire) == 0
+                && !s.head_started.load(Ordering::Acquire)
+                && !s.upgraded.load(Ordering::Acquire)
+            {
+                seat.idle(Instant::now());
+            }
+        }
+    }
+
+    /// The connection switched protocols (its answer was `101`): it is
+    /// never idle again, so never closed to make room.
+    pub fn upgraded(&self) {
+        self.shared.upgraded.store(true, Ordering::Release);
+        if let Some(seat) = &self.shared.seat {
+            seat.active();
+        }
+    }
+
+    /// The connection leaves its roster, still open: no longer counted
+    /// under the cap, never closed to make room (see [`Seat::leave`]).
+    pub fn leave_roster(&self) {
+        if let Some(seat) = &self.shared.seat {
+            seat.leave();
+        }
+    }
+
+    /// Bytes of the next head are already buffered by the server (read
+    /// with the previous request): a head is being read, as if its first
+    /// byte had just arrived.
+    pub fn head_buffered(&self) {
+        self.on_read();
+    }
+
+    /// Ready once the accept loop asked this idle connection to close (see
+    /// [`roster`](crate::roster)); never without a seat.
+    pub fn poll_reclaimed(&self, cx: &mut Context<'_>) -> Poll<()> {
+        match &self.shared.seat {
+            Some(seat) => seat.poll_asked(cx),
+            None => Poll::Pending,
         }
     }
 
@@ -120,6 +195,9 @@ impl Phase {
         if s.busy.load(Ordering::Acquire) == 0 && !s.head_started.load(Ordering::Acquire) {
             s.mark_ns.store(self.now_ns(), Ordering::Release);
             s.head_started.store(true, Ordering::Release);
+            if let Some(seat) = &s.seat {
+                seat.active();
+            }
         }
     }
 
@@ -152,6 +230,11 @@ impl Phase {
     /// and is busy until the guard drops.
     fn served(&self) -> Busy {
         self.shared.served.store(true, Ordering::Release);
+        // A pipelined head complete in the buffer had no byte of its own
+        // read while idle.
+        if let Some(seat) = &self.shared.seat {
+            seat.active();
+        }
         Busy {
             phase: self.clone(),
         }
@@ -199,7 +282,14 @@ impl Drop for Busy {
         let s = &self.phase.shared;
         // Mark first: once `busy` reads zero the mark must be this one.
         if s.busy.load(Ordering::Acquire) == 1 {
-            s.mark_ns.store(self.phase.now_ns(), Ordering::Release);
+            let now = self.phase.now_ns();
+            s.mark_ns.store(now, Ordering::Release);
+            if s.busy.fetch_sub(1, Ordering::AcqRel) == 1 && !s.upgraded.load(Ordering::Acquire) {
+                if let Some(seat) = &s.seat {
+                    seat.idle(self.phase.at(now));
+                }
+            }
+            return;
         }
         s.busy.fetch_sub(1, Ordering::AcqRel);
     }

@@ -18,10 +18,16 @@
 //!
 //! Upgraded connections (WebSockets) leave the cap when hyper hands them
 //! over: the instance they reach keeps them in flight, not this loop.
+//!
+//! At the cap, the connection idle longest (waiting for a request head,
+//! none of it read, for at least [`MIN_IDLE`](pinned_edge::backoff::MIN_IDLE))
+//! is closed to admit the new one, as nginx does with its keep-alive
+//! connections ([`pinned_edge::roster`]); a connection is turned away only
+//! when none is. Each closure is counted in
+//! `pinned_connections_reclaimed_total`.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,12 +40,14 @@ use http::Extensions;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use pinned_edge::backoff::Acceptor;
+use pinned_edge::backoff::{Acceptor, Admission};
 use pinned_edge::drive::serve_connection;
 use pinned_edge::phase::{ConnTimeouts, Lapse, Phase, Tracked};
+use pinned_edge::roster::Roster;
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use pinned_edge::tls::{self, HandshakeError};
 use pinned_edge::{cap, defaults};
+use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -95,15 +103,6 @@ impl EdgeSettings {
     }
 }
 
-/// One connection's place under the cap, released on drop.
-struct Slot(Arc<AtomicUsize>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 /// The extensions every request of the connection from `peer` starts with
 /// (each request a clone): the peer's [`ConnectInfo`], in a map with room
 /// for the entries a namespace request gathers on its way (the worker's
@@ -132,14 +131,17 @@ fn request_extensions(peer: std::net::SocketAddr) -> Extensions {
 /// then lets open connections finish for up to `settings.shutdown_timeout`
 /// and drops the rest.
 ///
-/// A connection beyond the cap is accepted and closed at once; a failing
-/// accept pauses the loop as [`pinned_edge::backoff`] says.
+/// At the cap the longest idle connection is closed to admit a new one
+/// (counted in `reclaimed`); with none idle long enough the new one is
+/// accepted and closed at once. A failing accept pauses the loop as
+/// [`pinned_edge::backoff`] says.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     hosts: Hosts,
     settings: EdgeSettings,
     tls: Option<TlsAcceptor>,
+    reclaimed: Counter,
     shutdown: impl Future<Output = ()> + Send,
 ) {
     let fd_limit = cap::open_file_limit();
@@ -170,7 +172,8 @@ pub(crate) async fn serve(
         .max_header_size(settings.max_header_bytes)
         .max_buf_size(settings.max_header_bytes.max(defaults::MIN_READ_BUFFER));
     let http = Arc::new(http);
-    let open = Arc::new(AtomicUsize::new(0));
+    // One roster: connections run on the application's runtime, any thread.
+    let rosters = [Roster::new()];
     // Every connection holds a receiver: a send asks them to finish, and
     // `closed` resolves once the last one dropped its receiver.
     let (stop, stopping) = watch::channel(());
@@ -179,16 +182,16 @@ pub(crate) async fn serve(
     let mut acceptor = Acceptor::new(max_connections);
     tokio::pin!(shutdown);
     while let Some((tcp, peer)) = acceptor.next(&listener, &mut shutdown, || {}).await {
-        if !acceptor.admits(open.load(Ordering::Relaxed)) {
+        if acceptor.admit(&rosters) == Admission::Refused {
             // Closed before any byte: the client sees the connection end.
             drop(tcp);
             continue;
         }
-        open.fetch_add(1, Ordering::Relaxed);
-        let slot = Slot(open.clone());
         // Small request/response exchanges must not wait on Nagle's algorithm.
         let _ = tcp.set_nodelay(true);
-        let phase = Phase::new();
+        // The phase holds the connection's seat under the cap until the
+        // task ends (see the end of the task for upgrades).
+        let phase = Phase::seated(rosters[0].seat());
         let (requests, app, hosts) = (phase.clone(), app.clone(), hosts.clone());
         let extensions = request_extensions(peer);
         let rewrites = dispatch::Rewrites::default();
@@ -221,11 +224,17 @@ pub(crate) async fn serve(
                     }))
                 }
             };
+            let requests = requests.clone();
             response.map(move |response| {
+                if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                    // Handed over from here on: never closed to make room.
+                    requests.upgraded();
+                }
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
             })
         });
         let (stopping, abort, timeouts) = (stopping.clone(), abort.clone(), settings.timeouts);
+        let reclaimed = reclaimed.clone();
         let (http, tls) = (http.clone(), tls.clone());
         tokio::spawn(async move {
             let served = async {
@@ -250,17 +259,25 @@ pub(crate) async fn serve(
                 // number per wake-up, and the abort is seen either way.
                 biased;
                 lapse = served => {
-                    if let Some(lapse) = lapse {
-                        let deadline = match lapse {
-                            Lapse::Header => "header read",
-                            Lapse::Idle => "keep-alive",
-                        };
-                        tracing::debug!(%peer, deadline, "connection closed at its deadline");
+                    match lapse {
+                        Some(Lapse::Header) => {
+                            tracing::debug!(%peer, deadline = "header read", "connection closed at its deadline");
+                        }
+                        Some(Lapse::Idle) => {
+                            tracing::debug!(%peer, deadline = "keep-alive", "connection closed at its deadline");
+                        }
+                        Some(Lapse::Reclaimed) => {
+                            reclaimed.inc();
+                            tracing::debug!(%peer, "idle connection closed to admit a new one at the cap");
+                        }
+                        None => {}
                     }
                 }
                 () = abort.cancelled() => {}
             }
-            drop(slot);
+            // An upgraded socket lives on with its instance, which holds it
+            // in flight: it leaves the cap here, as it leaves this loop.
+            phase.leave_roster();
         });
     }
     drop(listener);
@@ -271,7 +288,7 @@ pub(crate) async fn serve(
         .is_err()
     {
         tracing::warn!(
-            connections = open.load(Ordering::Relaxed),
+            connections = rosters[0].open(),
             "shutdown deadline passed; dropping the connections still open"
         );
         abort.cancel();

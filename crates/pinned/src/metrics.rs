@@ -59,6 +59,9 @@ pub(crate) struct Metrics {
     /// Requests `Object::authorize` denied (not in the reference: there a
     /// denial of a cold request shows only as an eviction and an abort).
     pub(crate) auth_denials: Counter,
+    /// Idle connections the edge closed at its connection cap to admit a
+    /// new one (not in the reference, which has no cap).
+    pub(crate) connections_reclaimed: Counter,
     pub(crate) control_plane_failures: Family<OperationReason, Counter>,
     pub(crate) request_failures: Family<PhaseTransport, Counter>,
     callback_failures: Family<Hook, Counter>,
@@ -78,6 +81,7 @@ impl Metrics {
         let registration_failures: Counter = Counter::default();
         let duplicate_quits: Counter = Counter::default();
         let auth_denials: Counter = Counter::default();
+        let connections_reclaimed: Counter = Counter::default();
         let request_failures = Family::default();
         let callback_failures: Family<Hook, Counter> = Family::default();
         let shutdown_failures: Family<Phase, Counter> = Family::default();
@@ -132,6 +136,11 @@ impl Metrics {
             auth_denials.clone(),
         );
         registry.register(
+            "pinned_connections_reclaimed",
+            "Idle connections (waiting for a request head) closed at the connection cap to admit a new one",
+            connections_reclaimed.clone(),
+        );
+        registry.register(
             "pinned_request_failures",
             "Pinned request setup failures by phase and transport",
             request_failures.clone(),
@@ -169,6 +178,7 @@ impl Metrics {
             registration_failures,
             duplicate_quits,
             auth_denials,
+            connections_reclaimed,
             control_plane_failures,
             request_failures,
             callback_failures,

@@ -203,13 +203,22 @@ impl Serve {
         // worker still answers, refusing new activations); the connections
         // still open after it get the edge's shutdown deadline.
         let (settings, tls) = (worker.edge_settings(), worker.tls_acceptor());
-        crate::edge::serve(listener, app, worker.hosts(), settings, tls, async move {
-            signal.await;
-            tracing::info!(deadline = ?drain_deadline, "shutdown signal: draining");
-            draining.drain(Some(drain_deadline)).await;
-            draining.close().await;
-            tracing::info!("drained; stopping");
-        })
+        let reclaimed = worker.connections_reclaimed();
+        crate::edge::serve(
+            listener,
+            app,
+            worker.hosts(),
+            settings,
+            tls,
+            reclaimed,
+            async move {
+                signal.await;
+                tracing::info!(deadline = ?drain_deadline, "shutdown signal: draining");
+                draining.drain(Some(drain_deadline)).await;
+                draining.close().await;
+                tracing::info!("drained; stopping");
+            },
+        )
         .await;
         Ok(())
     }

@@ -255,6 +255,11 @@ impl Worker {
         self.inner.tls.clone()
     }
 
+    /// `pinned_connections_reclaimed_total`, counted by the edge.
+    pub(crate) fn connections_reclaimed(&self) -> prometheus_client::metrics::counter::Counter {
+        self.inner.metrics.connections_reclaimed.clone()
+    }
+
     /// `GET /metrics` in Prometheus text format, to merge where wanted.
     pub fn metrics_router(&self) -> Router {
         let worker = self.clone();

@@ -2,8 +2,9 @@
 //! deadlines: a head sent a byte at a time (slowloris) and a silent
 //! connection are closed at the header deadline, an idle keep-alive
 //! connection at its own longer deadline while a busy request is never cut,
-//! the connection cap closes one connection too many and frees its place
-//! when one ends, a shutdown does not wait on a half-sent request beyond the
+//! at the connection cap the connection idle longest makes room for a new
+//! one and, with none idle, one connection too many is closed and its place
+//! freed when one ends, a shutdown does not wait on a half-sent request beyond the
 //! shutdown deadline, bad edge settings are configuration errors, and with
 //! `Options::tls` the worker answers HTTPS (a self-signed certificate made
 //! in the test), closing a connection that never handshakes at the header
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use pinned::{ConfigError, Options};
 use support::Counter;
+use test_support::sockets::{admitted, answer, mid_head};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -185,7 +187,7 @@ async fn idle_keep_alive_has_its_own_deadline_and_busy_requests_are_never_cut() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_connection_cap_closes_one_too_many_and_frees_on_close() {
+async fn at_the_cap_the_longest_idle_makes_room_and_with_none_idle_one_too_many_is_closed() {
     let (addr, _stop, _server) = serving(
         Options::new()
             .max_connections(3)
@@ -198,7 +200,23 @@ async fn the_connection_cap_closes_one_too_many_and_frees_on_close() {
         assert_eq!(exchange(&mut s, &format!("/counter/c{i}/value")).await, 200);
         held.push(s);
     }
-    // The fourth is accepted and closed before any byte.
+    // Three idle keep-alive connections fill the cap: a fourth is served
+    // in the place of the one idle longest (once it has idled a second).
+    let _fourth = admitted(addr, b"GET /counter/x/value HTTP/1.1\r\nHost: w\r\n\r\n").await;
+    assert!(
+        closed_within(&mut held[0], Duration::from_secs(5)).await,
+        "the longest idle connection was kept"
+    );
+    assert_eq!(exchange(&mut held[1], "/counter/c1/value").await, 200);
+
+    // On a server of its own, three heads in progress fill the cap:
+    // nothing is idle, so a fourth is accepted and closed before any byte.
+    let (addr, _stop, _server) = serving(Options::new().max_connections(3)).await;
+    let head = b"GET /counter/h/value HTTP/1.1\r\nHost: w\r\n";
+    let mut halves = Vec::new();
+    for _ in 0..3 {
+        halves.push(mid_head(addr, head).await);
+    }
     let mut extra = TcpStream::connect(addr).await.expect("connect");
     let _ = extra
         .write_all(b"GET /counter/x/value HTTP/1.1\r\nHost: w\r\n\r\n")
@@ -207,9 +225,11 @@ async fn the_connection_cap_closes_one_too_many_and_frees_on_close() {
         closed_within(&mut extra, Duration::from_secs(5)).await,
         "a connection over the cap was kept"
     );
-    // The held ones still work; closing one makes room.
-    assert_eq!(exchange(&mut held[0], "/counter/c0/value").await, 200);
-    drop(held.pop());
+    // The held ones still work; one leaving makes room.
+    halves[0].write_all(b"\r\n").await.expect("write");
+    let answered = answer(&mut halves[0], Duration::from_secs(5)).await;
+    assert_eq!(answered.map(|(status, _)| status), Some(200));
+    drop(halves.pop());
     support::eventually("a place under the cap", || async {
         let mut s = TcpStream::connect(addr).await.ok()?;
         s.write_all(b"GET /counter/y/value HTTP/1.1\r\nHost: w\r\n\r\n")

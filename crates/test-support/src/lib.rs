@@ -5,7 +5,8 @@
 //! killed on drop; a private Postgres cluster, stopped and started at will,
 //! with TLS from a private CA), the Python reference's interpreter, and HTTP
 //! helpers for pinboard's registry and a worker's answers, and reading
-//! `/metrics` scrapes (`metrics`: assert a family moved).
+//! `/metrics` scrapes (`metrics`: assert a family moved), and raw client
+//! connections held idle or mid-head for edge tests (`sockets`).
 //!
 //! A dev-dependency only (`publish = false`). Each suite's own `support`
 //! module adds its defaults (which binary, which environment) and what only
@@ -17,6 +18,7 @@ pub mod metrics;
 mod poll;
 mod process;
 mod python;
+pub mod sockets;
 mod tls;
 
 pub use self::http::{

@@ -680,32 +680,6 @@ pub async fn raw_worker(
     (raw, ack["sessionId"].as_str().expect("session").to_owned())
 }
 
-/// pinboard's end of the loopback connection `(pinboard's end, the
-/// worker's end)`, as the kernel has it: its TCP state (`01` established,
-/// `08` close-wait: the peer's FIN was taken) and the bytes waiting to be
-/// read; `None` when there is no such socket. A write or a close on one
-/// end can reach the other end's socket later than the call returns on a
-/// loaded machine; a test that needs pinboard to be able to see it waits
-/// on this. Read from `/proc/net/tcp` (Linux only).
-pub fn kernel_socket((local, remote): (SocketAddr, SocketAddr)) -> Option<(String, u64)> {
-    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
-    let (local, remote) = (
-        format!(":{:04X}", local.port()),
-        format!(":{:04X}", remote.port()),
-    );
-    table.lines().skip(1).find_map(|line| {
-        let cols: Vec<&str> = line.split_whitespace().collect();
-        if !cols.get(1)?.ends_with(&local) || !cols.get(2)?.ends_with(&remote) {
-            return None;
-        }
-        let rx = cols.get(4)?.split(':').nth(1)?;
-        Some((
-            (*cols.get(3)?).to_owned(),
-            u64::from_str_radix(rx, 16).ok()?,
-        ))
-    })
-}
-
 /// The value of `name` in pinboard's `/metrics` text (0 when absent).
 pub async fn metric(pb: &str, name: &str) -> f64 {
     let scrape = test_support::metrics::scrape(&client(), pb).await;
