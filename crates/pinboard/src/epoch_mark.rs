@@ -19,7 +19,9 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use pinned_store::ConnectionString;
 
-use crate::clock::{BoxFuture, DurableMark, MarkError};
+use futures_util::future::BoxFuture;
+
+use crate::clock::{DurableMark, MarkError};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const POOL_SIZE: usize = 2;

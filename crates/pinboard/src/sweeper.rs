@@ -8,7 +8,7 @@
 //! Owns the sweep loop, the sweeper lease and the per-lap bookkeeping
 //! ([`decide`]). Never writes to the state store (both scans are unfenced
 //! reads: the worker deletes an alarm row after its handler ran), never
-//! places an id other than through [`crate::proxy::resolve::Directory`], and
+//! places an id other than through [`crate::routes::Routes`], and
 //! never sends `Pinboard-Proxy-Secret` on `_wake` (the SIM harness asserts
 //! it is absent from every data-plane call).
 //!
@@ -107,12 +107,11 @@ use self::decide::{
     Outcome, Replan,
 };
 use crate::config::Config;
-use crate::outbound::BoxFuture;
+use futures_util::future::BoxFuture;
 use crate::placement::{InstanceKey, PlacementStore};
-use crate::proxy::classify::RetryAction;
-use crate::proxy::resolve::{Avoid, ResolveError};
-use crate::proxy::{upstream_uri, MAX_REFUSAL_BODY};
-use crate::server::App;
+use crate::app::App;
+use crate::proxy::classify::{RetryAction, MAX_REFUSAL_BODY};
+use crate::routes::{Avoid, ResolveError, Route};
 use crate::world::{Scope, World};
 
 /// Longest one `_alarm` / `_wake` call may take (the alarm handler runs
@@ -613,7 +612,7 @@ async fn deliver<S: PlacementStore>(
             error,
         } => {
             metrics.sweep_failures.inc();
-            shared.app.directory.invalidate(&cache_key);
+            shared.app.routes.invalidate(&cache_key);
             tracing::debug!(target: "pinboard::sweeper", call, ns, id, session, %error, "worker unreachable");
             Some(Replan {
                 action: classify_transport(),
@@ -655,7 +654,7 @@ async fn deliver<S: PlacementStore>(
             }
             Outcome::Retry(action) => {
                 metrics.sweep_failures.inc();
-                shared.app.directory.invalidate(&cache_key);
+                shared.app.routes.invalidate(&cache_key);
                 tracing::debug!(target: "pinboard::sweeper", call, ns, id, session, epoch, %status, ?action, "refused; next lap re-resolves");
                 Some(Replan {
                     action,
@@ -716,7 +715,7 @@ async fn attempt<S: PlacementStore>(
     let mut refresh = false;
     if let Some(p) = &replan {
         match p.action {
-            RetryAction::Reread => app.directory.invalidate(cache_key),
+            RetryAction::Reread => app.routes.invalidate(cache_key),
             RetryAction::RefreshWorkers => refresh = true,
             RetryAction::Replace => stale = Some((p.session.as_str(), p.epoch)),
             RetryAction::MoveAway => {
@@ -731,7 +730,7 @@ async fn attempt<S: PlacementStore>(
         refresh,
     };
     let route = match app
-        .directory
+        .routes
         .resolve(cache_key, &key.ns, &key.id, scope_of(world), avoid)
         .await
     {
@@ -793,11 +792,11 @@ async fn attempt<S: PlacementStore>(
 fn build<S: PlacementStore>(
     app: &App<S>,
     key: &Key,
-    route: &crate::proxy::resolve::Route,
+    route: &Route,
 ) -> Option<Request<crate::upstream::UpstreamBody>> {
     let worker = &route.worker;
     let path = PathAndQuery::try_from(format!("{}/{}{}", key.ns, key.id, key.call.route())).ok()?;
-    let uri = upstream_uri(worker, &path).ok()?;
+    let uri = worker.absolute_uri(&path).ok()?;
     let now = app.clock.now();
     let mut builder = Request::builder()
         .method(Method::POST)

@@ -5,7 +5,7 @@
 //! the store, and small):
 //!
 //! - every `--worker-refresh-ms`, a generation check
-//!   ([`Directory::check_generation`](crate::proxy::resolve::Directory::check_generation)):
+//!   ([`Routes::check_generation`](crate::routes::Routes::check_generation)):
 //!   a lost store puts the node in quarantine even when no claim happens to
 //!   run into it first;
 //! - every half lease TTL, an expiry pass
@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::placement::PlacementStore;
-use crate::server::App;
+use crate::app::App;
 
 /// Longest wait for one upkeep call to the store (a frozen Redis must not
 /// stall upkeep, nor its shutdown).
@@ -133,7 +133,7 @@ pub fn spawn<S: PlacementStore>(
                     }
                 }
                 _ = check.tick() => {
-                    let checked = bounded(app.directory.check_generation()).await;
+                    let checked = bounded(app.routes.check_generation()).await;
                     health.record("generation check", checked);
                 }
                 _ = expire.tick() => {

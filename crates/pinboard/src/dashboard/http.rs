@@ -26,7 +26,7 @@ use crate::operator::traffic::{NamespaceTraffic, LATENCY_BUCKETS_MS};
 use crate::placement::PlacementStore;
 use crate::registry::http::read_body;
 use crate::registry::RegistryError;
-use crate::server::App;
+use crate::app::App;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "pinboard_dashboard";
@@ -332,7 +332,7 @@ pub async fn push<S: PlacementStore>(State(app): State<Arc<App<S>>>, req: Reques
     .await;
     match result {
         Ok(msg_id) => {
-            app.directory.workers_changed();
+            app.routes.workers_changed();
             secured(Json(serde_json::json!({ "ok": true, "msgId": msg_id })).into_response())
         }
         Err(e) => {

@@ -20,7 +20,7 @@ use super::DEFAULT_MOVES_LIMIT;
 use crate::placement::PlacementStore;
 use crate::registry::http::{fail, Operator};
 use crate::registry::RegistryError;
-use crate::server::App;
+use crate::app::App;
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, RegistryError> {
     q.map(|Query(q)| q)
