@@ -11,9 +11,9 @@
 //!
 //! # Hot path
 //!
-//! `Outbound` is an enum, not a `dyn` object: a warm proxied request pays
-//! one predictable branch and nothing else (no box, no lock); the response
-//! body is [`ResBody`], an enum over the pooled body and a buffered one.
+//! `Outbound` is an enum, not a `dyn` object, so the proxy's send is an
+//! ordinary `async fn` (no boxed future per request); the response body is
+//! [`ResBody`], an enum over the pooled body and a buffered one.
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -83,7 +83,7 @@ use tokio::time::Instant;
 
 use self::answer::classify;
 pub use self::context::RequestCtx;
-pub use self::error::{ErrorKind, ProxyError, Source, UPSTREAM_TIMEOUT_DETAIL};
+pub use self::error::{ErrorKind, ProxyError, ProxyResult, Source, UPSTREAM_TIMEOUT_DETAIL};
 pub use self::headers::ClientAddr;
 use self::prepare::prepare;
 use self::resolve::resolve;
@@ -105,7 +105,7 @@ pub enum Inbound {
     /// A request the door refused before its body was whole: its `Host`
     /// lines ([`ProxyError::bad_host`]) or its body
     /// ([`ProxyError::client_body`]).
-    Refused(ProxyError),
+    Refused(Box<ProxyError>),
 }
 
 /// Proxies one client request (see the module doc); `client` is the
@@ -137,7 +137,7 @@ pub async fn serve<S: PlacementStore>(
 async fn forward<S: PlacementStore>(
     app: &App<S>,
     ctx: &mut RequestCtx<'_>,
-) -> Result<Response, ProxyError> {
+) -> ProxyResult<Response> {
     loop {
         let route = resolve(app, ctx).await?;
         let error = match attempt(app, ctx, &route).await {
@@ -153,16 +153,16 @@ async fn attempt<S: PlacementStore>(
     app: &App<S>,
     ctx: &mut RequestCtx<'_>,
     route: &Route,
-) -> Result<Response, ProxyError> {
+) -> ProxyResult<Response> {
     let stamp = stamp(app, ctx, route)?;
     let res = send(app, ctx, route, stamp).await?;
     classify(app, ctx, route, res).await
 }
 
 /// The request ends on `error`: counted, logged, answered.
-fn respond<S: PlacementStore>(app: &App<S>, key: Option<&str>, error: ProxyError) -> Response {
+fn respond<S: PlacementStore>(app: &App<S>, key: Option<&str>, error: Box<ProxyError>) -> Response {
     error.observe(&app.metrics, key);
-    error.into_response()
+    (*error).into_response()
 }
 
 /// A placement this request claimed and its worker refused is handed back

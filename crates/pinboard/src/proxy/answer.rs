@@ -16,7 +16,7 @@ use pinned_wire::refusal::Refusal;
 
 use super::classify::{classify as table, never_activated, worth_reading, Verdict, MAX_REFUSAL_BODY};
 use super::context::RequestCtx;
-use super::error::{ErrorKind, ProxyError};
+use super::error::{ErrorKind, ProxyError, ProxyResult};
 use super::respond::{relay, relay_buffered, switch, Buffered};
 use crate::app::App;
 use crate::outbound::ResBody;
@@ -36,7 +36,7 @@ pub async fn classify<S: PlacementStore>(
     ctx: &mut RequestCtx<'_>,
     route: &Route,
     res: http::Response<ResBody>,
-) -> Result<Response, ProxyError> {
+) -> ProxyResult<Response> {
     if res.status().is_success() {
         app.routes
             .settle(ctx.target.ns(), ctx.target.id(), route)

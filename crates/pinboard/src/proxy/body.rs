@@ -119,8 +119,8 @@ impl BodyWatch {
 pub enum ReqBody {
     /// Buffered: can be sent again.
     Replay(Bytes),
-    /// Streamed: one attempt only.
-    Once(Option<ClientBody>),
+    /// Streamed ([`ClientBody`], boxed once here): one attempt only.
+    Once(Option<Body>),
 }
 
 impl ReqBody {
@@ -135,7 +135,7 @@ impl ReqBody {
         match self {
             ReqBody::Replay(b) => Either::Left(Full::new(b.clone())),
             ReqBody::Once(b) => match b.take() {
-                Some(b) => Either::Right(Body::new(b)),
+                Some(b) => Either::Right(b),
                 None => crate::upstream::empty(),
             },
         }
@@ -163,7 +163,7 @@ pub async fn prepare(
         },
         _ => {
             let (body, end) = ClientBody::new(body, timeout);
-            Ok((ReqBody::Once(Some(body)), Some(end)))
+            Ok((ReqBody::Once(Some(Body::new(body))), Some(end)))
         }
     }
 }

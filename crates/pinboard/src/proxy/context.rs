@@ -76,21 +76,28 @@ impl IdTarget {
 }
 
 /// Who asks, and so which world the request is in (validated by the
-/// prepare phase).
+/// prepare phase). The rarer two are boxed: the context stays small for
+/// the hostless request most traffic is.
 #[derive(Debug)]
 pub enum Asker {
+    /// A client naming no world: the hostless world.
+    Hostless,
     /// A verified cluster caller: its registration is the world.
-    Caller(Caller),
-    /// `Pinboard-Hostname` / `Pinboard-Env`, else a bound hostname `Host`
-    /// names; all `None`: the hostless world.
-    Named {
-        /// `Pinboard-Hostname`.
-        hostname: Option<HeaderValue>,
-        /// `Pinboard-Env`.
-        env: Option<HeaderValue>,
-        /// The bound hostname `Host` named.
-        by_host: Option<String>,
-    },
+    Caller(Box<Caller>),
+    /// A client naming a world.
+    Named(Box<NamedWorld>),
+}
+
+/// A world a client named: `Pinboard-Hostname` / `Pinboard-Env`, else a
+/// bound hostname its `Host` names.
+#[derive(Debug)]
+pub struct NamedWorld {
+    /// `Pinboard-Hostname`.
+    pub hostname: Option<HeaderValue>,
+    /// `Pinboard-Env`.
+    pub env: Option<HeaderValue>,
+    /// The bound hostname `Host` named.
+    pub by_host: Option<String>,
 }
 
 /// The state the attempts share.
@@ -184,24 +191,25 @@ impl RequestCtx<'_> {
     pub fn caller(&self) -> Option<&Caller> {
         match &self.asker {
             Asker::Caller(caller) => Some(caller),
-            Asker::Named { .. } => None,
+            Asker::Hostless | Asker::Named(_) => None,
         }
     }
 
     /// Which workers the request may reach.
     pub fn scope(&self) -> Scope<'_> {
         let world = match &self.asker {
+            Asker::Hostless => World::HOSTLESS,
             Asker::Caller(caller) => World {
                 hostname: caller.worker.record.hostname.as_deref(),
                 env: caller.worker.record.env_for(self.target.ns()),
             },
             // Validated while preparing: a second read cannot fail.
-            Asker::Named {
-                hostname,
-                env,
-                by_host,
-            } => World::from_values(hostname.as_ref(), env.as_ref(), by_host.as_deref())
-                .unwrap_or(World::HOSTLESS),
+            Asker::Named(named) => World::from_values(
+                named.hostname.as_ref(),
+                named.env.as_ref(),
+                named.by_host.as_deref(),
+            )
+            .unwrap_or(World::HOSTLESS),
         };
         Scope::World(world)
     }

@@ -189,6 +189,13 @@ impl ErrorKind {
     }
 }
 
+/// What a phase returns: its output, or the request's error, boxed (as
+/// pingora's `BError`) so that the success path moves one word for it;
+/// unboxed, every phase's result carried the largest kind (a buffered
+/// answer) and the proxy ran about 1 200 instructions per request more
+/// under callgrind.
+pub type ProxyResult<T> = Result<T, Box<ProxyError>>;
+
 /// A failed proxied request (see the module doc).
 #[derive(Debug)]
 pub struct ProxyError {
@@ -222,10 +229,16 @@ impl From<ErrorKind> for ProxyError {
     }
 }
 
+impl From<ErrorKind> for Box<ProxyError> {
+    fn from(kind: ErrorKind) -> Self {
+        Box::new(ProxyError::from(kind))
+    }
+}
+
 impl ProxyError {
     /// `kind`, retried as `verdict` says (`Relay`: not retried).
-    pub fn retried(kind: ErrorKind, verdict: Verdict) -> Self {
-        let mut e = Self::from(kind);
+    pub fn retried(kind: ErrorKind, verdict: Verdict) -> Box<Self> {
+        let mut e = Box::<Self>::from(kind);
         if let Verdict::Retry { action, delay_ms } = verdict {
             e.retry = Some(Retry { action, delay_ms });
         }
@@ -233,12 +246,12 @@ impl ProxyError {
     }
 
     /// A request refused for its `Host` lines.
-    pub fn bad_host(e: HostError) -> Self {
+    pub fn bad_host(e: HostError) -> Box<Self> {
         ErrorKind::BadHost(e).into()
     }
 
     /// A request whose body the client broke.
-    pub fn client_body(fault: BodyFault) -> Self {
+    pub fn client_body(fault: BodyFault) -> Box<Self> {
         ErrorKind::ClientBody(fault).into()
     }
 

@@ -15,8 +15,8 @@ use pinned_wire::ids::decode_id_segment;
 
 use super::body;
 use super::cluster;
-use super::context::{Asker, Attempts, IdTarget, RequestCtx};
-use super::error::{ErrorKind, ProxyError};
+use super::context::{Asker, Attempts, IdTarget, NamedWorld, RequestCtx};
+use super::error::{ErrorKind, ProxyError, ProxyResult};
 use super::headers::{add_forwarded, sanitize_request, single_host, ClientAddr, Scan};
 use super::path;
 use super::respond::{ClientUpgrade, UpgradeHold};
@@ -36,7 +36,7 @@ pub async fn prepare<'c, S: PlacementStore>(
     app: &App<S>,
     client: Option<&'c ClientAddr>,
     inbound: Inbound,
-) -> Result<RequestCtx<'c>, ProxyError> {
+) -> ProxyResult<RequestCtx<'c>> {
     let req = match inbound {
         Inbound::Request(req) => {
             single_host(req.version(), req.headers()).map_err(ProxyError::bad_host)?;
@@ -54,13 +54,13 @@ pub async fn prepare<'c, S: PlacementStore>(
         false => None,
         true => cluster::verify(&parts.headers, &app.routes)
             .await
-            .map_err(|e| ProxyError::from(ErrorKind::Cluster(e)))?,
+            .map_err(ErrorKind::Cluster)?,
     };
     let (asker, view) = match caller {
         Some(caller) => {
             cluster_world(&parts.headers, &caller.worker.record, target.ns())
-                .map_err(|e| ProxyError::from(ErrorKind::World(e)))?;
-            (Asker::Caller(caller), None)
+                .map_err(ErrorKind::World)?;
+            (Asker::Caller(Box::new(caller)), None)
         }
         None => named_world(app, &parts, scan).await?,
     };
@@ -111,11 +111,11 @@ pub async fn prepare<'c, S: PlacementStore>(
 }
 
 /// The id `uri` names.
-fn id_target(uri: &http::Uri) -> Result<IdTarget, ProxyError> {
+fn id_target(uri: &http::Uri) -> ProxyResult<IdTarget> {
     let Some(split) = path::split(uri.path()) else {
         return Err(ErrorKind::NotAnId.into());
     };
-    let id = decode_id_segment(split.raw_id).map_err(|e| ProxyError::from(ErrorKind::BadId(e.detail())))?;
+    let id = decode_id_segment(split.raw_id).map_err(|e| ErrorKind::BadId(e.detail()))?;
     let decoded = match &id {
         std::borrow::Cow::Borrowed(_) => None,
         std::borrow::Cow::Owned(id) => Some(id.as_str()),
@@ -141,7 +141,7 @@ async fn named_world<S: PlacementStore>(
     app: &App<S>,
     parts: &http::request::Parts,
     scan: Scan,
-) -> Result<(Asker, Option<View>), ProxyError> {
+) -> ProxyResult<(Asker, Option<View>)> {
     let (hostname, env) = match scan.pinboard {
         false => (None, None),
         true => (
@@ -159,15 +159,16 @@ async fn named_world<S: PlacementStore>(
         Some(_) => (None, None),
     };
     World::from_values(hostname.as_ref(), env.as_ref(), by_host.as_deref())
-        .map_err(|e| ProxyError::from(ErrorKind::World(e)))?;
-    Ok((
-        Asker::Named {
+        .map_err(ErrorKind::World)?;
+    let asker = match (&hostname, &env, &by_host) {
+        (None, None, None) => Asker::Hostless,
+        _ => Asker::Named(Box::new(NamedWorld {
             hostname,
             env,
             by_host,
-        },
-        view,
-    ))
+        })),
+    };
+    Ok((asker, view))
 }
 
 /// The bound hostname (see `crate::world`) the request's target authority

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::context::RequestCtx;
-use super::error::{ErrorKind, ProxyError};
+use super::error::{ErrorKind, ProxyResult};
 use crate::app::App;
 use crate::placement::PlacementStore;
 use crate::routes::{ResolveError, Route};
@@ -22,7 +22,7 @@ use crate::routes::{ResolveError, Route};
 pub async fn resolve<S: PlacementStore>(
     app: &App<S>,
     ctx: &mut RequestCtx<'_>,
-) -> Result<Arc<Route>, ProxyError> {
+) -> ProxyResult<Arc<Route>> {
     let view = ctx.view.take();
     let resolved = app
         .routes

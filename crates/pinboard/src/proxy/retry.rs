@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use super::context::RequestCtx;
-use super::error::ProxyError;
+use super::error::{ProxyError, ProxyResult};
 use crate::app::App;
 use crate::placement::PlacementStore;
 use crate::routes::Route;
@@ -26,8 +26,8 @@ pub async fn retry_or_respond<S: PlacementStore>(
     app: &App<S>,
     ctx: &mut RequestCtx<'_>,
     route: &Route,
-    error: ProxyError,
-) -> Result<(), ProxyError> {
+    error: Box<ProxyError>,
+) -> ProxyResult<()> {
     let key = ctx.target.key();
     let attempt = ctx.attempts.attempt;
     let retry = match error.retry {

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::body::{BodyEnd, BodyWatch};
 use super::classify::classify_transport;
 use super::context::RequestCtx;
-use super::error::{ErrorKind, ProxyError};
+use super::error::{ErrorKind, ProxyError, ProxyResult};
 use crate::app::App;
 use crate::outbound::ResBody;
 use crate::placement::PlacementStore;
@@ -34,11 +34,11 @@ pub fn stamp<'a, 'c: 'a, S: PlacementStore>(
     app: &App<S>,
     ctx: &mut RequestCtx<'c>,
     route: &'a Route,
-) -> Result<Stamp<'a>, ProxyError> {
+) -> ProxyResult<Stamp<'a>> {
     let worker = &route.worker;
     ctx.head.uri = worker
         .target(&ctx.target.path_and_query)
-        .map_err(|_| ProxyError::from(ErrorKind::BadWorkerAddress))?;
+        .map_err(|_| ErrorKind::BadWorkerAddress)?;
     let wall_secs = app.clock.wall_ms() as f64 / 1000.0;
     let caller = ctx.caller().map(|c| (c.from.as_str(), c.depth));
     Ok(Stamp {
@@ -62,7 +62,7 @@ pub async fn send<S: PlacementStore>(
     ctx: &mut RequestCtx<'_>,
     route: &Route,
     stamp: Stamp<'_>,
-) -> Result<http::Response<ResBody>, ProxyError> {
+) -> ProxyResult<http::Response<ResBody>> {
     let body = ctx.body.for_attempt();
     let send = std::pin::pin!(app.outbound.send(
         &route.worker,
@@ -74,7 +74,7 @@ pub async fn send<S: PlacementStore>(
     let watch = ctx.watch.as_ref();
     let sent = await_head(send, watch, app.proxy.upstream_timeout)
         .await
-        .map_err(|UpstreamTimeout| ProxyError::from(ErrorKind::UpstreamTimeout))?;
+        .map_err(|UpstreamTimeout| ErrorKind::UpstreamTimeout)?;
     let error = match sent {
         Ok(res) => return Ok(res),
         Err(error) => error,
