@@ -53,10 +53,10 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use self::backoff::Acceptor;
 use self::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
+use crate::app::App;
 use crate::config::Config;
 use crate::front::{self, Ended, Served};
 use crate::placement::PlacementStore;
-use crate::app::App;
 use crate::proxy::{self, ClientAddr, Inbound, UpgradeHold};
 use crate::server;
 use crate::upstream;

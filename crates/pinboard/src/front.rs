@@ -43,9 +43,9 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use self::head::{Fields, Parse};
 use self::respond::{After, Asked};
 use self::rewind::Rewind;
+use crate::app::App;
 use crate::placement::PlacementStore;
 use crate::proxy::body::BodyFault;
-use crate::app::App;
 use crate::proxy::{self, ClientAddr, Inbound, ProxyError};
 
 /// How much room a read asks for.

@@ -92,7 +92,6 @@ use self::retry::retry_or_respond;
 use self::send::{send, stamp};
 use crate::app::App;
 use crate::placement::PlacementStore;
-use crate::routes::Route;
 
 /// A client request as a door hands it to [`serve`].
 #[derive(Debug)]
@@ -119,12 +118,12 @@ pub async fn serve<S: PlacementStore>(
     app.metrics.proxy_requests.inc();
     let mut ctx = match prepare(app, client, inbound).await {
         Ok(ctx) => ctx,
-        Err(e) => return respond(app, None, e),
+        Err(e) => return respond(app, None, *e),
     };
     let started = Instant::now();
     let res = match forward(app, &mut ctx).await {
         Ok(res) => res,
-        Err(e) => respond(app, Some(ctx.target.key()), e),
+        Err(e) => respond(app, Some(ctx.target.key()), *e),
     };
     hand_back(app, &mut ctx, res.status()).await;
     app.traffic
@@ -132,37 +131,33 @@ pub async fn serve<S: PlacementStore>(
     res
 }
 
-/// The attempts: resolve, then stamp, send and classify, until an answer
-/// or an error no retry is left for.
+/// The attempts: resolve, stamp, send, classify; then retry or respond.
+/// (One function, not one per attempt: each `async fn` layer moved the
+/// answer once more, about 60 instructions per request under callgrind.)
 async fn forward<S: PlacementStore>(
     app: &App<S>,
     ctx: &mut RequestCtx<'_>,
 ) -> ProxyResult<Response> {
     loop {
         let route = resolve(app, ctx).await?;
-        let error = match attempt(app, ctx, &route).await {
-            Ok(res) => return Ok(res),
+        let error = match stamp(app, ctx, &route) {
+            Ok(stamp) => match send(app, ctx, &route, stamp).await {
+                Ok(res) => match classify(app, ctx, &route, res).await {
+                    Ok(res) => return Ok(res),
+                    Err(error) => error,
+                },
+                Err(error) => error,
+            },
             Err(error) => error,
         };
         retry_or_respond(app, ctx, &route, error).await?;
     }
 }
 
-/// One attempt on `route`.
-async fn attempt<S: PlacementStore>(
-    app: &App<S>,
-    ctx: &mut RequestCtx<'_>,
-    route: &Route,
-) -> ProxyResult<Response> {
-    let stamp = stamp(app, ctx, route)?;
-    let res = send(app, ctx, route, stamp).await?;
-    classify(app, ctx, route, res).await
-}
-
 /// The request ends on `error`: counted, logged, answered.
-fn respond<S: PlacementStore>(app: &App<S>, key: Option<&str>, error: Box<ProxyError>) -> Response {
+fn respond<S: PlacementStore>(app: &App<S>, key: Option<&str>, error: ProxyError) -> Response {
     error.observe(&app.metrics, key);
-    (*error).into_response()
+    error.into_response()
 }
 
 /// A placement this request claimed and its worker refused is handed back

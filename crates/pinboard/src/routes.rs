@@ -42,8 +42,8 @@ use parking_lot::RwLock;
 use prometheus_client::metrics::counter::Counter;
 
 pub use self::generation::{Readiness, Standing};
-pub use self::workers::{View, UNKNOWN_SESSION_CAPACITY};
 use self::workers::Snapshot;
+pub use self::workers::{View, UNKNOWN_SESSION_CAPACITY};
 use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::operator::moves::{MoveLog, MoveReason};
 use crate::placement::{InstanceKey, PlacementStore, StoreError, WorkerRecord};
@@ -260,7 +260,6 @@ impl<S: PlacementStore> Routes<S> {
         self.cache.len()
     }
 
-
     /// The owner of `route` answered 2xx for `(ns, id)` at its epoch:
     /// record the placement as settled, once per route and node (a warm
     /// route pays one atomic load). A store failure is logged; the next
@@ -327,11 +326,7 @@ impl<S: PlacementStore> Routes<S> {
     pub fn note_released<'a>(&self, released: impl IntoIterator<Item = (&'a str, &'a str)>) {
         let snap = self.snapshot.read().clone();
         for (key, session) in released {
-            let draining = snap
-                .by_session
-                .get(session)
-                .is_some_and(|w| w.record.refuses_new_ids());
-            let reason = if draining {
+            let reason = if snap.draining(session) {
                 MoveReason::Drain
             } else {
                 MoveReason::Released

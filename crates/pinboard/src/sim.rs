@@ -31,11 +31,11 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 use self::net::{EffectResult, SimClock, SimDurable, SimEntropy, SimNet};
+use crate::app::{App, AppParts};
 use crate::clock::{Entropy, EpochFloor};
 use crate::config::Config;
 use crate::outbound::Outbound;
 use crate::placement::{InstanceKey, MemoryStore, PlacementStore};
-use crate::app::{App, AppParts};
 use crate::proxy::{self, Inbound};
 use crate::server;
 use crate::sweeper::{SweepSettings, Sweeper};

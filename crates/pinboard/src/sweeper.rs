@@ -106,13 +106,13 @@ use self::decide::{
     classify_answer, classify_transport, lease_ttl_ms, Call, Key, LeaseKeeper, LeaseOp, Ledger,
     Outcome, Replan,
 };
-use crate::config::Config;
-use futures_util::future::BoxFuture;
-use crate::placement::{InstanceKey, PlacementStore};
 use crate::app::App;
+use crate::config::Config;
+use crate::placement::{InstanceKey, PlacementStore};
 use crate::proxy::classify::{RetryAction, MAX_REFUSAL_BODY};
 use crate::routes::{Avoid, ResolveError, Route};
 use crate::world::{Scope, World};
+use futures_util::future::BoxFuture;
 
 /// Longest one `_alarm` / `_wake` call may take (the alarm handler runs
 /// inside it). Inferred: generous, so slow handlers are not cut off, yet a
@@ -804,7 +804,10 @@ fn build<S: PlacementStore>(
         .version(Version::HTTP_11)
         .header(header::HOST, worker.host.clone())
         .header(header::CONTENT_LENGTH, HeaderValue::from_static("0"))
-        .header(ATTESTATION, worker.attestation(now.wall_secs(), None))
+        .header(
+            ATTESTATION,
+            worker.attestation(&*app.clock, now.mono_ms, None),
+        )
         .header(EPOCH, route.epoch_header.clone());
     if key.call == Call::Alarm {
         builder = builder.header(

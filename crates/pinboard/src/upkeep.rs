@@ -23,9 +23,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::app::App;
 use crate::config::Config;
 use crate::placement::PlacementStore;
-use crate::app::App;
 
 /// Longest wait for one upkeep call to the store (a frozen Redis must not
 /// stall upkeep, nor its shutdown).

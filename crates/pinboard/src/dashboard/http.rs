@@ -19,6 +19,7 @@ use percent_encoding::percent_decode_str;
 use pinned_wire::registry::PushRequest;
 use serde::{Deserialize, Serialize};
 
+use crate::app::App;
 use crate::operator::moves::Move;
 use crate::operator::placements::{PlacementPage, PlacementQuery};
 use crate::operator::sweeper_status::SweeperStatus;
@@ -26,7 +27,6 @@ use crate::operator::traffic::{NamespaceTraffic, LATENCY_BUCKETS_MS};
 use crate::placement::PlacementStore;
 use crate::registry::http::read_body;
 use crate::registry::RegistryError;
-use crate::app::App;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "pinboard_dashboard";

@@ -14,7 +14,9 @@ use http_body_util::BodyExt;
 use pinned_wire::headers::REFUSAL;
 use pinned_wire::refusal::Refusal;
 
-use super::classify::{classify as table, never_activated, worth_reading, Verdict, MAX_REFUSAL_BODY};
+use super::classify::{
+    classify as table, never_activated, worth_reading, Verdict, MAX_REFUSAL_BODY,
+};
 use super::context::RequestCtx;
 use super::error::{ErrorKind, ProxyError, ProxyResult};
 use super::respond::{relay, relay_buffered, switch, Buffered};
@@ -46,7 +48,9 @@ pub async fn classify<S: PlacementStore>(
         return switch(app, res, ctx.client_upgrade.take())
             .ok_or_else(|| ErrorKind::NoUpgrade.into());
     }
-    let refusal_header = res.headers().contains_key(REFUSAL);
+    // A pass over the answer's few names, not a lookup: hashing this custom
+    // name was 168 instructions per proxied request under callgrind.
+    let refusal_header = res.headers().keys().any(|name| *name == REFUSAL);
     let small = res
         .body()
         .size_hint()

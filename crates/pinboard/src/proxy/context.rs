@@ -175,6 +175,8 @@ pub struct RequestCtx<'c> {
     pub client_upgrade: Option<ClientUpgrade>,
     /// The attempts so far.
     pub attempts: Attempts,
+    /// When the request arrived, on the app's monotonic clock.
+    pub arrived_mono_ms: u64,
 }
 
 impl std::fmt::Debug for RequestCtx<'_> {

@@ -162,10 +162,9 @@ impl ErrorKind {
             Self::World(e) => e.status(),
             Self::ClientBody(fault) => fault.status(),
             Self::Unresolved(ResolveError::OtherWorld) => StatusCode::CONFLICT,
-            Self::Unresolved(_)
-            | Self::FleetFull
-            | Self::Unreachable(_)
-            | Self::SessionChanged => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unresolved(_) | Self::FleetFull | Self::Unreachable(_) | Self::SessionChanged => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::BadWorkerAddress | Self::BrokeMidRequest(_) | Self::BrokeMidResponse => {
                 StatusCode::BAD_GATEWAY
             }

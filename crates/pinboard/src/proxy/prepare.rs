@@ -9,7 +9,7 @@
 //! cached worker view (and a cluster caller's session lookup).
 
 use http::uri::PathAndQuery;
-use http::{header, Request, Version};
+use http::{header, Version};
 use pinned_wire::headers::HOSTNAME;
 use pinned_wire::ids::decode_id_segment;
 
@@ -46,6 +46,7 @@ pub async fn prepare<'c, S: PlacementStore>(
         Inbound::Refused(e) => return Err(e),
     };
     let (mut parts, body) = req.into_parts();
+    let arrived_mono_ms = app.clock.mono_ms();
     let target = id_target(&parts.uri)?;
     let scan = Scan::of(&parts.headers);
     // Cluster credentials and worlds are `pinboard-*` headers: a request
@@ -62,7 +63,7 @@ pub async fn prepare<'c, S: PlacementStore>(
                 .map_err(ErrorKind::World)?;
             (Asker::Caller(Box::new(caller)), None)
         }
-        None => named_world(app, &parts, scan).await?,
+        None => named_world(app, &parts, scan, arrived_mono_ms).await?,
     };
     let upgrade = scan.is_upgrade(&parts.headers);
     let client_upgrade = if upgrade {
@@ -79,13 +80,11 @@ pub async fn prepare<'c, S: PlacementStore>(
     let (body, watch) = body::prepare(body, app.proxy.retry_body_limit, app.proxy.body_timeout)
         .await
         .map_err(ProxyError::client_body)?;
-    // The worker's request head is built once, from the client's fields
-    // moved (not copied): each attempt sets its target in place and stamps
-    // pinboard's fields on the way out (`upstream::Stamp`).
-    let (mut head, ()) = Request::new(()).into_parts();
-    head.method = parts.method;
+    // The worker's request head is the client's, its fields cleaned once:
+    // each attempt sets its target in place and stamps pinboard's fields on
+    // the way out (`upstream::Stamp`). Its extensions are never sent.
+    let mut head = parts;
     head.version = Version::HTTP_11;
-    head.headers = parts.headers;
     sanitize_request(&mut head.headers, &scan, upgrade);
     let forwarding = client.and_then(|c| add_forwarded(&mut head.headers, &scan, c));
     let retries = if body.replayable() {
@@ -107,6 +106,7 @@ pub async fn prepare<'c, S: PlacementStore>(
             retries,
             ..Attempts::default()
         },
+        arrived_mono_ms,
     })
 }
 
@@ -141,6 +141,7 @@ async fn named_world<S: PlacementStore>(
     app: &App<S>,
     parts: &http::request::Parts,
     scan: Scan,
+    now_mono_ms: u64,
 ) -> ProxyResult<(Asker, Option<View>)> {
     let (hostname, env) = match scan.pinboard {
         false => (None, None),
@@ -152,7 +153,7 @@ async fn named_world<S: PlacementStore>(
     // Without a `Pinboard-Hostname`, `Host` may name a bound hostname's
     // world (`crate::world`).
     let (by_host, view) = match &hostname {
-        None => match app.routes.view().await {
+        None => match app.routes.view_at(now_mono_ms).await {
             Ok(view) => (bound_host(&view, parts), Some(view)),
             Err(e) => return Err(ErrorKind::Unresolved(ResolveError::Store(e)).into()),
         },

@@ -39,11 +39,15 @@ pub fn stamp<'a, 'c: 'a, S: PlacementStore>(
     ctx.head.uri = worker
         .target(&ctx.target.path_and_query)
         .map_err(|_| ErrorKind::BadWorkerAddress)?;
-    let wall_secs = app.clock.wall_ms() as f64 / 1000.0;
+    // The first attempt's clock reading is the request's own.
+    let mono_ms = match ctx.attempts.attempt {
+        0 => ctx.arrived_mono_ms,
+        _ => app.clock.mono_ms(),
+    };
     let caller = ctx.caller().map(|c| (c.from.as_str(), c.depth));
     Ok(Stamp {
         host: &worker.host,
-        attestation: worker.attestation(wall_secs, caller),
+        attestation: worker.attestation(&*app.clock, mono_ms, caller),
         epoch: &route.epoch_header,
         forwarded: ctx.forwarding,
     })
@@ -64,13 +68,10 @@ pub async fn send<S: PlacementStore>(
     stamp: Stamp<'_>,
 ) -> ProxyResult<http::Response<ResBody>> {
     let body = ctx.body.for_attempt();
-    let send = std::pin::pin!(app.outbound.send(
-        &route.worker,
-        &ctx.head,
-        &stamp,
-        ctx.upgrade,
-        body
-    ));
+    let send =
+        std::pin::pin!(app
+            .outbound
+            .send(&route.worker, &ctx.head, &stamp, ctx.upgrade, body));
     let watch = ctx.watch.as_ref();
     let sent = await_head(send, watch, app.proxy.upstream_timeout)
         .await

@@ -48,12 +48,7 @@ impl<S: PlacementStore> Routes<S> {
         avoid: Avoid<'_>,
         snap: &Snapshot,
     ) -> Result<Round, ResolveError> {
-        let Lookup {
-            key,
-            ns,
-            id,
-            scope,
-        } = lookup;
+        let Lookup { key, ns, id, scope } = lookup;
         let now = self.clock.now();
         let (generation, quarantined) = self.standing_at(now.mono_ms);
         let mut candidates: Vec<&Arc<WorkerConn>> = snap
@@ -136,7 +131,6 @@ impl<S: PlacementStore> Routes<S> {
         ))
     }
 
-
     /// Hand back a claim the worker refused (see the module doc): the row
     /// is released if it is still `placement`, and the route forgotten.
     ///
@@ -179,11 +173,7 @@ impl<S: PlacementStore> Routes<S> {
         gone: Option<(&str, MoveReason)>,
     ) {
         let known = avoid.stale.map(|(from, _)| {
-            let draining = snap
-                .by_session
-                .get(from)
-                .is_some_and(|w| w.record.refuses_new_ids());
-            let reason = if draining {
+            let reason = if snap.draining(from) {
                 MoveReason::Drain
             } else {
                 MoveReason::Refusal

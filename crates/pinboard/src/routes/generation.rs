@@ -107,7 +107,13 @@ impl Standing {
     pub fn next(&self, event: Event) -> Standing {
         match (self, event) {
             (Self::Unopened, Event::Elapsed { .. }) => Self::Unopened,
-            (Self::Quarantined { generation, until_mono_ms }, Event::Elapsed { now_mono_ms }) => {
+            (
+                Self::Quarantined {
+                    generation,
+                    until_mono_ms,
+                },
+                Event::Elapsed { now_mono_ms },
+            ) => {
                 if now_mono_ms >= *until_mono_ms {
                     Self::Placing {
                         generation: generation.clone(),
@@ -118,14 +124,20 @@ impl Standing {
             }
             (Self::Placing { .. }, Event::Elapsed { .. }) => self.clone(),
             (
-                Self::Quarantined { generation: held, .. } | Self::Placing { generation: held },
+                Self::Quarantined {
+                    generation: held, ..
+                }
+                | Self::Placing { generation: held },
                 Event::Adopted { generation, .. },
             ) if *held == generation => self.clone(),
-            (_, Event::Adopted {
-                generation,
-                now_mono_ms,
-                left_ms,
-            }) => match left_ms {
+            (
+                _,
+                Event::Adopted {
+                    generation,
+                    now_mono_ms,
+                    left_ms,
+                },
+            ) => match left_ms {
                 0 => Self::Placing { generation },
                 left => Self::Quarantined {
                     generation,
@@ -188,7 +200,6 @@ impl<S: PlacementStore> Routes<S> {
         *standing = standing.next(event);
     }
 
-
     /// Read the store's generation, writing a new one when it holds none,
     /// and adopt it (with what is left of its quarantine). Call once before
     /// serving; until then nothing is placed.
@@ -234,7 +245,6 @@ impl<S: PlacementStore> Routes<S> {
         });
         left_ms
     }
-
 
     /// The store no longer holds this node's generation (it lost its data,
     /// or another node noticed first and wrote `held`): adopt or write one,
@@ -296,7 +306,6 @@ impl<S: PlacementStore> Routes<S> {
             Standing::Placing { .. } => 0,
         }
     }
-
 
     /// Whether this node should get traffic: the store answers (a
     /// generation check within `timeout`, which also notices a loss) and no

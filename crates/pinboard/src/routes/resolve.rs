@@ -97,12 +97,7 @@ impl<S: PlacementStore> Routes<S> {
                 self.invalidate(key);
             }
         }
-        let lookup = Lookup {
-            key,
-            ns,
-            id,
-            scope,
-        };
+        let lookup = Lookup { key, ns, id, scope };
         let mut force = avoid.refresh;
         for _ in 0..ROUNDS {
             let snap = match view.take() {

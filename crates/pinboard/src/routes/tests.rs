@@ -31,9 +31,7 @@ fn rec(sid: &str, headroom: i64) -> WorkerRecord {
     }
 }
 
-async fn setup(
-    quarantine_ms: u64,
-) -> (Routes<MemoryStore>, Arc<FakeClock>, Arc<MemoryStore>) {
+async fn setup(quarantine_ms: u64) -> (Routes<MemoryStore>, Arc<FakeClock>, Arc<MemoryStore>) {
     setup_leased(quarantine_ms, quarantine_ms).await
 }
 

@@ -61,6 +61,15 @@ pub(super) struct Snapshot {
     fetched_mono_ms: Option<u64>,
 }
 
+impl Snapshot {
+    /// Whether `session` is live here and refuses new ids (draining).
+    pub(super) fn draining(&self, session: &str) -> bool {
+        self.by_session
+            .get(session)
+            .is_some_and(|w| w.record.refuses_new_ids())
+    }
+}
+
 /// This node's worker view at one moment ([`Routes::view`]): what a
 /// request reads once and hands to its first resolution, so that a
 /// request reads the view once.
@@ -107,10 +116,14 @@ impl<S: PlacementStore> Routes<S> {
     /// refresh interval, else re-read; with `force`, a view read after this
     /// call (see [`forced_workers`](Self::forced_workers)).
     pub(super) async fn workers(&self, force: bool) -> Result<Arc<Snapshot>, StoreError> {
+        self.workers_at(force, self.clock.mono_ms()).await
+    }
+
+    /// As [`workers`](Self::workers), at `now_mono_ms` (read by the caller).
+    async fn workers_at(&self, force: bool, now_mono_ms: u64) -> Result<Arc<Snapshot>, StoreError> {
         if force {
             return self.forced_workers().await;
         }
-        let now_mono_ms = self.clock.mono_ms();
         {
             let snap = self.snapshot.read();
             if let Some(at) = snap.fetched_mono_ms {
@@ -230,7 +243,17 @@ impl<S: PlacementStore> Routes<S> {
     ///
     /// When the store fails (a view to refresh).
     pub async fn view(&self) -> Result<View, StoreError> {
-        Ok(View(self.workers(false).await?))
+        self.view_at(self.clock.mono_ms()).await
+    }
+
+    /// As [`view`](Self::view), at `now_mono_ms` on this directory's
+    /// clock (read by the caller, who needs it too).
+    ///
+    /// # Errors
+    ///
+    /// When the store fails (a view to refresh).
+    pub async fn view_at(&self, now_mono_ms: u64) -> Result<View, StoreError> {
+        Ok(View(self.workers_at(false, now_mono_ms).await?))
     }
 
     /// Number of live workers in the local view.
