@@ -125,7 +125,9 @@ pub async fn serve<S: PlacementStore>(
         Ok(res) => res,
         Err(e) => respond(app, Some(ctx.target.key()), *e),
     };
-    hand_back(app, &mut ctx, res.status()).await;
+    if ctx.attempts.refused.is_some() {
+        hand_back(app, &mut ctx, res.status()).await;
+    }
     app.traffic
         .record(ctx.target.ns(), res.status().as_u16(), started.elapsed());
     res

@@ -64,6 +64,12 @@ pub struct Route {
 }
 
 impl Route {
+    /// This node recorded the placement as settled already
+    /// ([`Routes::settle`]): a warm route's answers need not call it.
+    pub fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
+    }
+
     fn new(worker: Arc<WorkerConn>, epoch: u64) -> Self {
         Self {
             worker,
@@ -261,11 +267,10 @@ impl<S: PlacementStore> Routes<S> {
     }
 
     /// The owner of `route` answered 2xx for `(ns, id)` at its epoch:
-    /// record the placement as settled, once per route and node (a warm
-    /// route pays one atomic load). A store failure is logged; the next
-    /// answer tries again.
+    /// record the placement as settled, once per route and node. A store
+    /// failure is logged; the next answer tries again.
     pub async fn settle(&self, ns: &str, id: &str, route: &Route) {
-        if route.settled.load(Ordering::Acquire) {
+        if route.is_settled() {
             return;
         }
         let session = &route.worker.record.session_id;

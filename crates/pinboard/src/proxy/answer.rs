@@ -39,7 +39,7 @@ pub async fn classify<S: PlacementStore>(
     route: &Route,
     res: http::Response<ResBody>,
 ) -> ProxyResult<Response> {
-    if res.status().is_success() {
+    if res.status().is_success() && !route.is_settled() {
         app.routes
             .settle(ctx.target.ns(), ctx.target.id(), route)
             .await;
