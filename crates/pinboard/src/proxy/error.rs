@@ -319,3 +319,148 @@ pub fn detail_response(status: StatusCode, detail: &str) -> Response {
     }
     res
 }
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    /// Status, `detail`, `Retry-After` and `Connection` of `kind`'s answer.
+    async fn answer(kind: ErrorKind) -> (u16, String, bool, bool) {
+        let res = ProxyError::from(kind).into_response();
+        let retry_after = res.headers().get(header::RETRY_AFTER).is_some();
+        let close = res.headers().get(header::CONNECTION).is_some();
+        let status = res.status().as_u16();
+        let body = res.into_body().collect().await.expect("body").to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        let detail = json["detail"].as_str().expect("detail").to_owned();
+        (status, detail, retry_after, close)
+    }
+
+    /// The client-visible answers the proxy gave before it had one error
+    /// type, byte for byte.
+    #[tokio::test]
+    async fn every_kind_answers_as_the_wire_says() {
+        let cases = [
+            (
+                ErrorKind::BadHost(HostError::Missing),
+                400,
+                "missing Host header",
+            ),
+            (
+                ErrorKind::BadHost(HostError::Repeated),
+                400,
+                "more than one Host header",
+            ),
+            (ErrorKind::NotAnId, 404, "Not Found"),
+            (
+                ErrorKind::Cluster(ClusterError::Credentials),
+                403,
+                "invalid cluster credentials",
+            ),
+            (
+                ErrorKind::Cluster(ClusterError::MalformedDepth),
+                400,
+                "malformed subrequest depth",
+            ),
+            (
+                ErrorKind::World(WorldError::EnvWithoutHostname),
+                400,
+                "Pinboard-Env requires Pinboard-Hostname (the hostless world has no environments)",
+            ),
+            (
+                ErrorKind::World(WorldError::OtherWorld),
+                403,
+                "a cluster call stays in its caller's world (hostname and env of its registration)",
+            ),
+            (
+                ErrorKind::Unresolved(ResolveError::OtherWorld),
+                409,
+                "this id is placed in another hostname or env world",
+            ),
+            (
+                ErrorKind::Unresolved(ResolveError::NoWorker),
+                503,
+                "no live worker hosts this namespace",
+            ),
+            (
+                ErrorKind::Unresolved(ResolveError::Quarantined),
+                503,
+                "pinboard is starting; retry",
+            ),
+            (
+                ErrorKind::FleetFull,
+                503,
+                "instance capacity reached; retry",
+            ),
+            (
+                ErrorKind::BadWorkerAddress,
+                502,
+                "worker address is not a valid URL",
+            ),
+            (
+                ErrorKind::UpstreamTimeout,
+                504,
+                "worker did not answer in time",
+            ),
+            (
+                ErrorKind::Unreachable(SendError::Dropped("x".into())),
+                503,
+                "owner unreachable; retry",
+            ),
+            (
+                ErrorKind::BrokeMidRequest(SendError::Dropped("x".into())),
+                502,
+                "worker connection failed mid-request",
+            ),
+            (
+                ErrorKind::BrokeMidResponse,
+                502,
+                "worker connection failed mid-response",
+            ),
+            (
+                ErrorKind::SessionChanged,
+                503,
+                "owner session changed; retry",
+            ),
+            (ErrorKind::NoUpgrade, 400, "connection cannot be upgraded"),
+        ];
+        for (kind, status, detail) in cases {
+            let (got_status, got_detail, retry_after, close) = answer(kind).await;
+            assert_eq!((got_status, got_detail.as_str()), (status, detail));
+            assert_eq!(
+                retry_after,
+                status == 503,
+                "{detail}: Retry-After on 503 only"
+            );
+            assert!(!close, "{detail}: the connection stays open");
+        }
+        for (fault, status, detail) in [
+            (BodyFault::Unreadable, 400, "request body could not be read"),
+            (
+                BodyFault::TimedOut,
+                408,
+                "request body not received in time",
+            ),
+        ] {
+            let got = answer(ErrorKind::ClientBody(fault)).await;
+            assert_eq!(got, (status, detail.to_owned(), false, true));
+        }
+    }
+
+    #[test]
+    fn only_a_worker_failure_drops_the_route() {
+        assert!(ErrorKind::UpstreamTimeout.drops_route());
+        assert!(ErrorKind::SessionChanged.drops_route());
+        assert!(!ErrorKind::BrokeMidResponse.drops_route());
+        assert!(!ErrorKind::ClientBody(BodyFault::TimedOut).drops_route());
+        assert!(!ErrorKind::Unresolved(ResolveError::NoWorker).drops_route());
+        assert_eq!(
+            ErrorKind::ClientBody(BodyFault::TimedOut).side(),
+            Source::Client
+        );
+        assert_eq!(ErrorKind::UpstreamTimeout.side(), Source::Worker);
+        assert_eq!(ErrorKind::FleetFull.side(), Source::Pinboard);
+    }
+}

@@ -327,3 +327,74 @@ impl<S: PlacementStore> Routes<S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn generation(id: &str) -> Arc<Generation> {
+        Arc::new(Generation(id.into()))
+    }
+
+    fn adopted(id: &str, now_mono_ms: u64, left_ms: u64) -> Event {
+        Event::Adopted {
+            generation: generation(id),
+            now_mono_ms,
+            left_ms,
+        }
+    }
+
+    #[test]
+    fn a_quarantine_ends_when_its_time_is_up_and_not_before() {
+        let unopened = Standing::Unopened;
+        assert_eq!(
+            unopened.next(Event::Elapsed { now_mono_ms: 9_999 }),
+            Standing::Unopened,
+            "time alone opens nothing"
+        );
+        let quarantined = unopened.next(adopted("g1", 100, 500));
+        assert_eq!(
+            quarantined,
+            Standing::Quarantined {
+                generation: generation("g1"),
+                until_mono_ms: 600
+            }
+        );
+        assert_eq!(
+            quarantined.next(Event::Elapsed { now_mono_ms: 599 }),
+            quarantined
+        );
+        assert_eq!(
+            quarantined.next(Event::Elapsed { now_mono_ms: 600 }),
+            Standing::Placing {
+                generation: generation("g1")
+            }
+        );
+        assert_eq!(
+            Standing::Unopened.next(adopted("g1", 100, 0)),
+            Standing::Placing {
+                generation: generation("g1")
+            },
+            "a generation with no quarantine left places at once"
+        );
+    }
+
+    #[test]
+    fn a_store_loss_quarantines_again_and_one_loss_is_adopted_once() {
+        let placing = Standing::Placing {
+            generation: generation("g1"),
+        };
+        let lost = placing.next(adopted("g2", 1_000, 3_000));
+        assert_eq!(
+            lost,
+            Standing::Quarantined {
+                generation: generation("g2"),
+                until_mono_ms: 4_000
+            }
+        );
+        // A second request finding the same loss later changes nothing:
+        // the quarantine keeps its end.
+        assert_eq!(lost.next(adopted("g2", 2_000, 3_000)), lost);
+        assert_eq!(placing.next(adopted("g1", 1_000, 3_000)), placing);
+    }
+}
