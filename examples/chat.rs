@@ -88,8 +88,8 @@ async fn join(room: This<Room>, call: Call, ws: WebSocketUpgrade) -> axum::respo
 
 #[tokio::main]
 async fn main() -> Result<(), pinned::ServeError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
+    // Text or JSON (`PINNED_LOG_FORMAT`, `--log-format`) on stderr, no
+    // colours unless it is a terminal; `RUST_LOG` filters (default info).
+    pinned::logging::init();
     pinned::serve(Options::from_env().host::<Room>("/chat")).await
 }

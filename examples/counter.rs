@@ -46,8 +46,8 @@ async fn value(this: This<Counter>) -> Json<Value> {
 
 #[tokio::main]
 async fn main() -> Result<(), pinned::ServeError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
+    // Text or JSON (`PINNED_LOG_FORMAT`, `--log-format`) on stderr, no
+    // colours unless it is a terminal; `RUST_LOG` filters (default info).
+    pinned::logging::init();
     pinned::serve(Options::from_env().host::<Counter>("/counter")).await
 }

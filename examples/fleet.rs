@@ -14,7 +14,8 @@
 //! stops pinboard; everything is gone within a few seconds.
 //!
 //! `PINBOARD_LISTEN` moves pinboard (default `127.0.0.1:7070`; port 0
-//! picks a free one). Nothing else is read from the environment: the fleet
+//! picks a free one); `RUST_LOG` and `PINNED_LOG_FORMAT` (or `--log-format
+//! json`) shape the logs on stderr. Nothing else is read from the environment: the fleet
 //! uses no Redis, no Postgres, and keeps the jobs' SQLite file in a
 //! temporary directory removed at exit.
 
@@ -118,10 +119,13 @@ async fn wait_registered(pinboard: &str, operator: &str, n: usize) -> Result<(),
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    // Text or JSON (`PINNED_LOG_FORMAT`, `--log-format`) on stderr; only
+    // warnings unless `RUST_LOG` asks for more (the fleet prints its URLs).
+    pinned::logging::LogSettings {
+        default_filter: "warn".into(),
+        ..pinned::logging::LogSettings::from_env_and_args(std::env::args().skip(1))?
+    }
+    .init();
     let token = throwaway_token();
     let operator = throwaway_token();
     let listen = std::env::var("PINBOARD_LISTEN").unwrap_or_else(|_| DEFAULT_LISTEN.into());
@@ -233,7 +237,7 @@ fn print_welcome(pinboard: &str, operator: &str, members: &[Member]) {
         "\noperate (throwaway operator token, valid until Ctrl-C):\n  \
          dashboard  {pinboard}/dashboard  (log in with the token below)\n  \
          token      {operator}\n  \
-         PINBOARD_URL={pinboard} PINBOARD_OPERATOR_TOKEN={operator} cargo run -p pinboard -- workers\n\n\
+         PINBOARD_URL={pinboard} PINBOARD_OPERATOR_TOKEN={operator} cargo run -p pinned-pinboard -- workers\n\n\
          Ctrl-C drains the workers and stops everything."
     );
 }

@@ -130,9 +130,9 @@ async fn done(ctx: Context) -> Response {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
+    // Text or JSON (`PINNED_LOG_FORMAT`, `--log-format`) on stderr, no
+    // colours unless it is a terminal; `RUST_LOG` filters (default info).
+    pinned::logging::init();
     let location = std::env::var("DATABASE_URL").ok();
     let file = std::env::var("PINNED_DB_PATH").unwrap_or_else(|_| "pinned.db".into());
     let store = StoreConfig::from_location(location.as_deref(), file)?

@@ -103,9 +103,9 @@ fn pool(url: &str) -> Result<Pool, BoxError> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
+    // Text or JSON (`PINNED_LOG_FORMAT`, `--log-format`) on stderr, no
+    // colours unless it is a terminal; `RUST_LOG` filters (default info).
+    pinned::logging::init();
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to a Postgres URL")?;
     let pool = pool(&url)?;
     pool.get()

@@ -61,9 +61,9 @@ async fn events(
 
 #[tokio::main]
 async fn main() -> Result<(), pinned::ServeError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
-        .init();
+    // Text or JSON (`PINNED_LOG_FORMAT`, `--log-format`) on stderr, no
+    // colours unless it is a terminal; `RUST_LOG` filters (default info).
+    pinned::logging::init();
     // A short idle timeout shows that only the open stream keeps it alive.
     let options = HostOptions::default().idle_timeout(Duration::from_secs(2));
     pinned::serve(Options::from_env().host_with::<Ticker>("/ticker", options)).await

@@ -11,10 +11,9 @@ use std::collections::HashMap;
 
 use anyhow::Context as _;
 use pinned::pinned_store::{PostgresOptions, PostgresStore, StateStore};
-use serde_json::Value;
 use support::jobs::{done, enqueue, wait};
-use support::{example_binary, pinboard_binary};
-use test_support::{Pinboard, Proc, RustWorker, TOKEN};
+use support::{example_binary, overview, pinboard_binary};
+use test_support::{Pinboard, Proc, RustWorker};
 
 const RUNNERS: usize = 6;
 const JOBS: usize = 12;
@@ -46,17 +45,6 @@ async fn start_worker(pinboard: &str) -> anyhow::Result<Proc> {
         ])
         .name("jobs-fleet-worker")
         .start())
-}
-
-async fn overview(client: &reqwest::Client, pinboard: &str) -> anyhow::Result<Value> {
-    Ok(client
-        .get(format!("{pinboard}/registry/overview"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?)
 }
 
 /// The runners of this test (ids starting with `prefix`) with a marked

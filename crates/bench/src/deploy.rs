@@ -79,13 +79,14 @@ impl Serve {
     ///
     /// Bad flags, a port that cannot be bound, or a server failure.
     pub async fn run(&self) -> anyhow::Result<()> {
-        tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-            )
-            .with_writer(std::io::stderr)
-            .init();
+        // The benches' servers log as the binaries do (text or JSON from
+        // `PINNED_LOG_FORMAT`, no colours into their log files), warnings
+        // unless `RUST_LOG` asks for more.
+        pinned::logging::LogSettings {
+            default_filter: "warn".into(),
+            ..pinned::logging::LogSettings::from_env_and_args(std::iter::empty())?
+        }
+        .init();
         match self {
             Serve::ServePinboard { args } => serve_pinboard(args).await,
             Serve::ServeWorker(args) => serve_worker(args).await,

@@ -174,7 +174,11 @@ pub async fn serve<S: PlacementStore>(
 ) -> std::io::Result<()> {
     let fd_limit = cap::open_file_limit();
     let max_connections = cap::effective(settings.max_connections, fd_limit);
-    if max_connections < settings.max_connections {
+    // Lowering the default is routine (debug); a value the operator chose
+    // and does not get is worth a warning.
+    if max_connections < settings.max_connections
+        && settings.max_connections != pinned_edge::defaults::MAX_CONNECTIONS
+    {
         tracing::warn!(
             target: "pinboard::accept",
             configured = settings.max_connections,
@@ -182,6 +186,8 @@ pub async fn serve<S: PlacementStore>(
             max_connections,
             "--max-connections lowered to what the open-file limit carries (raise `ulimit -n` for more)"
         );
+    } else if max_connections < settings.max_connections {
+        tracing::debug!(target: "pinboard::accept", open_file_limit = fd_limit, max_connections, "--max-connections lowered to what the open-file limit carries (the default; raise `ulimit -n` for more)");
     }
     let mut lanes = Vec::new();
     let mut finished = Vec::new();
@@ -243,7 +249,7 @@ pub async fn serve<S: PlacementStore>(
     drop(lanes);
     for thread in finished {
         if let Ok(Err(error)) = thread.await {
-            tracing::error!(target: "pinboard::accept", %error, "an I/O thread failed");
+            tracing::error!(target: "pinboard::accept", error = %pinned_edge::logging::Chain(&error), "an I/O thread failed");
         }
     }
     Ok(())
@@ -275,7 +281,7 @@ async fn io_loop<S: PlacementStore>(
             Ok(tcp) => tcp,
             Err(error) => {
                 open.fetch_sub(1, Ordering::Relaxed);
-                tracing::warn!(target: "pinboard::accept", %error, "cannot adopt a connection");
+                tracing::warn!(target: "pinboard::accept", error = %pinned_edge::logging::Chain(&error), "cannot adopt a connection");
                 continue;
             }
         };
@@ -327,7 +333,7 @@ async fn io_loop<S: PlacementStore>(
                     Err(HandshakeError::TimedOut(_)) => Some(Lapse::Header),
                     Err(HandshakeError::Failed(error)) => {
                         app.metrics.tls_handshake_failures.inc();
-                        tracing::debug!(target: "pinboard::accept", %peer, %error, "TLS handshake failed");
+                        tracing::debug!(target: "pinboard::accept", %peer, error = %pinned_edge::logging::Chain(&error), "TLS handshake failed");
                         None
                     }
                 },
@@ -421,8 +427,12 @@ async fn route<S: PlacementStore>(
     client: Arc<ClientAddr>,
     request: hyper::Request<Incoming>,
 ) -> axum::response::Response {
-    let request = request.map(Body::new);
+    let mut request = request.map(Body::new);
     if is_control_path(request.uri().path()) {
+        // The dashboard's failed-login limit counts by peer address.
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(client.addr));
         match control.oneshot(request).await {
             Ok(response) => response,
             Err(never) => match never {},

@@ -15,10 +15,10 @@ use pinned_edge::tls::TlsError;
 use crate::challenge::HttpProver;
 use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::config::{BodyLimits, Config, ProxySettings};
-use crate::dashboard::Dashboard;
+use crate::dashboard::{Dashboard, DashboardSettings};
 use crate::metrics::Metrics;
 use crate::operator::moves::MoveLog;
-use crate::operator::traffic::Traffic;
+use crate::operator::traffic::{Traffic, TrafficMetrics};
 use crate::outbound::Outbound;
 use crate::placement::PlacementStore;
 use crate::registry::auth::Credentials;
@@ -49,8 +49,9 @@ pub struct App<S> {
     pub moves: Arc<MoveLog>,
     /// Whether this node runs the sweeper (`--database-url`).
     pub sweeper_enabled: bool,
-    /// Per-namespace request, error and latency counters of the proxy.
-    pub traffic: Traffic,
+    /// Per-namespace request, error and latency counters of the proxy
+    /// (exported on `/metrics` too).
+    pub traffic: Arc<Traffic>,
     /// The dashboard's login sessions and settings.
     pub dashboard: Dashboard,
 }
@@ -117,8 +118,10 @@ impl<S: PlacementStore> App<S> {
             entropy,
             floor,
         } = parts;
-        let metrics = Metrics::new();
-        let moves = Arc::new(MoveLog::default());
+        let mut metrics = Metrics::new();
+        let traffic = Arc::new(Traffic::default());
+        metrics.register_collector(Box::new(TrafficMetrics(traffic.clone())));
+        let moves = Arc::new(MoveLog::counting(metrics.failovers.clone()));
         let entropy_for_dashboard = entropy.clone();
         let prover = HttpProver::new(
             outbound.clone(),
@@ -167,8 +170,15 @@ impl<S: PlacementStore> App<S> {
             registry_body: config.registry_body_limits(),
             moves,
             sweeper_enabled: config.database_url.is_some(),
-            traffic: Traffic::default(),
-            dashboard: Dashboard::new(config.lease_ttl_ms, entropy_for_dashboard),
+            traffic,
+            dashboard: Dashboard::new(
+                DashboardSettings {
+                    lease_ttl_ms: config.lease_ttl_ms,
+                    secure_cookie: config.secure_cookie(),
+                    login_window: Duration::from_millis(config.dashboard_login_window_ms),
+                },
+                entropy_for_dashboard,
+            ),
         }
     }
 }

@@ -28,14 +28,10 @@ pub fn main() -> ExitCode {
     {
         return crate::operator_cli::main();
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let config = Config::parse();
+    // Text or JSON on stderr, colours only on a terminal (never into a log
+    // file or a pipe); `RUST_LOG` filters, default info.
+    config.log_settings().init();
     let problems = config.validate();
     if !problems.is_empty() {
         for problem in &problems {

@@ -258,7 +258,13 @@ impl EpochFloor {
                     self.durable_stale.store(false, Ordering::Release);
                 }
                 Err(error) => {
-                    tracing::warn!(target: "pinboard::placement", %error, "durable epoch mark unreadable; using this node's floor");
+                    if let Some(seen) = pinned_edge::logging::repeats().failed(
+                        "pinboard epoch mark",
+                        "load",
+                        &error.0,
+                    ) {
+                        tracing::warn!(target: "pinboard::placement", error = %seen, failures = seen.failures, "durable epoch mark unreadable; using this node's floor");
+                    }
                 }
             }
         }
@@ -282,7 +288,11 @@ impl EpochFloor {
                 self.raised.fetch_max(target, Ordering::AcqRel);
             }
             Err(error) => {
-                tracing::warn!(target: "pinboard::placement", %error, epoch, "could not raise the durable epoch mark");
+                if let Some(seen) =
+                    pinned_edge::logging::repeats().failed("pinboard epoch mark", "raise", &error.0)
+                {
+                    tracing::warn!(target: "pinboard::placement", error = %seen, failures = seen.failures, epoch, "could not raise the durable epoch mark");
+                }
             }
         }
     }

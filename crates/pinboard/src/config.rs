@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use pinned_edge::logging::{LogFormat, LogSettings};
 use pinned_edge::tls::{self, tokio_rustls::TlsAcceptor, TlsError};
 
 use crate::registry::auth::{split_list, Credentials};
@@ -81,6 +82,12 @@ pub const DEFAULT_FORCED_REFRESH_INTERVAL_MS: u64 = 100;
 pub const DEFAULT_TAKEOVER_WIND_DOWN_MS: u64 = 30_000;
 /// Longest `--takeover-wind-down-ms`: one year, as for operator deadlines.
 pub const MAX_TAKEOVER_WIND_DOWN_MS: u64 = 365 * 24 * 3600 * 1000;
+/// Default window of the dashboard's failed-login limit (10 wrong tokens
+/// per client address per window).
+pub const DEFAULT_DASHBOARD_LOGIN_WINDOW_MS: u64 = 60_000;
+/// Default period after which a failure that keeps repeating (a store
+/// down, a sweeper scan failing) is logged again, with its count.
+pub const DEFAULT_LOG_REPEAT_MS: u64 = 60_000;
 /// How long `/readyz` waits for the placement store to answer.
 pub const READY_STORE_TIMEOUT_MS: u64 = 1_000;
 
@@ -278,6 +285,33 @@ pub struct Config {
     /// Mozilla roots of `webpki-roots`.
     #[arg(long, env = "PINBOARD_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,
+
+    /// Mark the dashboard's session cookie `Secure` although pinboard
+    /// serves plain HTTP: for a TLS front door (a load balancer or reverse
+    /// proxy terminating HTTPS) in front of it. With `--tls-cert` the
+    /// cookie is `Secure` anyway. Browsers then send it over HTTPS only.
+    #[arg(long, env = "PINBOARD_DASHBOARD_SECURE_COOKIE")]
+    pub dashboard_secure_cookie: bool,
+
+    /// Window of the dashboard's failed-login limit, in milliseconds: a
+    /// client address that presented 10 wrong tokens within it (counted
+    /// from its first) is answered 429 until it ends.
+    #[arg(long, env = "PINBOARD_DASHBOARD_LOGIN_WINDOW_MS", default_value_t = DEFAULT_DASHBOARD_LOGIN_WINDOW_MS)]
+    pub dashboard_login_window_ms: u64,
+
+    /// Log line format on stderr: `text` (colours only on a terminal) or
+    /// `json` (one object per line: timestamp, level, target, the event's
+    /// fields, the current span and the span list). `RUST_LOG` filters
+    /// (default `info`).
+    #[arg(long, env = "PINBOARD_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// A failure that keeps repeating (the store down, a sweeper scan or a
+    /// worker failing every lap) is logged when it starts, when its cause
+    /// changes, when it ends, and again with its count after this many
+    /// milliseconds, not on every retry.
+    #[arg(long, env = "PINBOARD_LOG_REPEAT_MS", default_value_t = DEFAULT_LOG_REPEAT_MS)]
+    pub log_repeat_ms: u64,
 }
 
 /// Reasons the configuration is refused.
@@ -403,6 +437,22 @@ impl Config {
         }
     }
 
+    /// The logging setup of `--log-format` and `--log-repeat-ms` (default
+    /// filter `info`).
+    pub fn log_settings(&self) -> LogSettings {
+        LogSettings {
+            format: self.log_format,
+            repeat_period: std::time::Duration::from_millis(self.log_repeat_ms.max(1)),
+            ..LogSettings::default()
+        }
+    }
+
+    /// Whether the dashboard's cookie is `Secure`: pinboard serves TLS, or
+    /// `--dashboard-secure-cookie` says a front door does.
+    pub fn secure_cookie(&self) -> bool {
+        self.dashboard_secure_cookie || self.tls_cert.is_some()
+    }
+
     /// The TLS client of `https://` advertise URLs: the Mozilla roots plus
     /// `--upstream-ca`.
     ///
@@ -456,6 +506,8 @@ impl Config {
                 "forced-refresh-interval-ms",
                 self.forced_refresh_interval_ms,
             ),
+            ("dashboard-login-window-ms", self.dashboard_login_window_ms),
+            ("log-repeat-ms", self.log_repeat_ms),
         ] {
             if value == 0 {
                 errs.push(ConfigError::ZeroEdge(flag));
@@ -531,6 +583,10 @@ mod tests {
         let c = Config::try_parse_from(["pinboard", "--token", "t"]).expect("parse");
         assert!(c.tls_cert.is_none() && c.tls_key.is_none() && c.upstream_ca.is_none());
         assert!(matches!(c.tls_server(), Ok(None)));
+        assert!(!c.secure_cookie(), "plain HTTP, no front door");
+        let c = Config::try_parse_from(["pinboard", "--token", "t", "--dashboard-secure-cookie"])
+            .expect("parse");
+        assert!(c.secure_cookie(), "a TLS front door");
         let c = Config::try_parse_from(["pinboard", "--token", "t", "--tls-cert", "c.pem"])
             .expect("parse");
         let errs = c.validate();
@@ -540,6 +596,7 @@ mod tests {
             "--tls-cert / PINBOARD_TLS_CERT is set but --tls-key / PINBOARD_TLS_KEY is not: \
              HTTPS needs both (or neither, for plain HTTP)"
         );
+        assert!(c.secure_cookie(), "pinboard's own TLS");
         let c = Config::try_parse_from(["pinboard", "--token", "t", "--tls-key", "k.pem"])
             .expect("parse");
         assert!(c.validate()[0].to_string().starts_with("--tls-key"));

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use pinned_edge::logging::Chain;
 use pinned_store::ConnectionString;
 
 use futures_util::future::BoxFuture;
@@ -26,7 +27,10 @@ use crate::clock::{DurableMark, MarkError};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const POOL_SIZE: usize = 2;
 
-const CREATE: &str = "CREATE TABLE IF NOT EXISTS pinboard_epoch_mark \
+/// The mark's own sessions ask for warnings only: the server's `NOTICE:
+/// relation … already exists` on every start after the first is no news.
+const CREATE: &str = "SET client_min_messages = warning; \
+                      CREATE TABLE IF NOT EXISTS pinboard_epoch_mark \
                       (name text PRIMARY KEY, epoch bigint NOT NULL)";
 const LOAD: &str = "SELECT epoch FROM pinboard_epoch_mark WHERE name = 'placement'";
 const RAISE: &str = "INSERT INTO pinboard_epoch_mark (name, epoch) VALUES ('placement', $1) \
@@ -54,7 +58,8 @@ impl PostgresMark {
     ///
     /// [`MarkError`] for a malformed URL or an unsupported `sslmode`.
     pub fn connect(url: &str) -> Result<Self, MarkError> {
-        let mut target = ConnectionString::parse(url).map_err(|e| MarkError(e.to_string()))?;
+        let mut target =
+            ConnectionString::parse(url).map_err(|e| MarkError(Chain(&e).to_string()))?;
         if target.config().get_connect_timeout().is_none() {
             target.config_mut().connect_timeout(CONNECT_TIMEOUT);
         }
@@ -70,7 +75,7 @@ impl PostgresMark {
             .runtime(Runtime::Tokio1)
             .create_timeout(Some(CONNECT_TIMEOUT))
             .build()
-            .map_err(|e| MarkError(e.to_string()))?;
+            .map_err(|e| MarkError(Chain(&e).to_string()))?;
         Ok(Self {
             pool,
             created: AtomicBool::new(false),
@@ -82,12 +87,12 @@ impl PostgresMark {
             .pool
             .get()
             .await
-            .map_err(|e| MarkError(e.to_string()))?;
+            .map_err(|e| MarkError(Chain(&e).to_string()))?;
         if !self.created.load(Ordering::Acquire) {
             client
                 .batch_execute(CREATE)
                 .await
-                .map_err(|e| MarkError(e.to_string()))?;
+                .map_err(|e| MarkError(Chain(&e).to_string()))?;
             self.created.store(true, Ordering::Release);
         }
         Ok(client)
@@ -98,7 +103,7 @@ impl PostgresMark {
         let row = client
             .query_opt(LOAD, &[])
             .await
-            .map_err(|e| MarkError(e.to_string()))?;
+            .map_err(|e| MarkError(Chain(&e).to_string()))?;
         let epoch: i64 = row.map(|r| r.get(0)).unwrap_or(0);
         Ok(u64::try_from(epoch).unwrap_or(0))
     }
@@ -109,7 +114,7 @@ impl PostgresMark {
         client
             .execute(RAISE, &[&epoch])
             .await
-            .map_err(|e| MarkError(e.to_string()))?;
+            .map_err(|e| MarkError(Chain(&e).to_string()))?;
         Ok(())
     }
 }

@@ -131,6 +131,10 @@ async fn serve_with<S: PlacementStore>(
     // generation (and whether the store starts empty).
     app.routes.open_generation().await?;
     let (stop, stopped) = watch::channel(false);
+    // The background tasks' lines carry the node (its bound address), for
+    // logs of several nodes read side by side.
+    let node = tracing::info_span!("node", addr = %listener.local_addr()?);
+    let _in_node = node.enter();
     let upkeep = upkeep::spawn(
         app.clone(),
         upkeep::UpkeepSettings::from(config),
@@ -146,6 +150,7 @@ async fn serve_with<S: PlacementStore>(
         )?),
         None => None,
     };
+    drop(_in_node);
     let shutdown = async move {
         shutdown.await;
         let _ = stop.send(true);

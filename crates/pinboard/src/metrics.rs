@@ -4,6 +4,7 @@
 //! label-free counters (one atomic add each); never blocks, never allocates
 //! on the hot path.
 
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -75,6 +76,17 @@ pub struct Metrics {
     pub store_losses: Counter,
     /// Vacated placement rows handed their grace (or removed) by expiry passes.
     pub placement_rows_expired: Counter,
+    /// Dashboard logins refused (429) because their address presented too
+    /// many wrong tokens in the window.
+    pub dashboard_logins_limited: Counter,
+    /// Worker sessions whose lease lapsed, as this node's upkeep noticed.
+    pub lease_lapses: Counter,
+    /// Ids this node re-placed because their owner's lease lapsed or its
+    /// process was replaced.
+    pub failovers: Counter,
+    /// 1 while this node places no new ids (a quarantine), else 0 (set at
+    /// scrape time).
+    pub quarantined: Gauge,
 }
 
 impl Default for Metrics {
@@ -118,6 +130,10 @@ impl Metrics {
             store_worker_reads: Counter::default(),
             placements_rolled_back: Counter::default(),
             store_losses: Counter::default(),
+            dashboard_logins_limited: Counter::default(),
+            lease_lapses: Counter::default(),
+            failovers: Counter::default(),
+            quarantined: Gauge::default(),
             placement_rows_expired: Counter::default(),
         };
         // prometheus-client appends `_total` to counters.
@@ -271,7 +287,32 @@ impl Metrics {
             "Vacated placement rows handed their grace or removed by expiry passes",
             m.placement_rows_expired.clone(),
         );
+        registry.register(
+            "pinboard_dashboard_logins_limited",
+            "Dashboard logins refused (429) after too many wrong tokens from one address",
+            m.dashboard_logins_limited.clone(),
+        );
+        registry.register(
+            "pinboard_lease_lapses",
+            "Worker sessions whose lease lapsed (noticed by this node's upkeep)",
+            m.lease_lapses.clone(),
+        );
+        registry.register(
+            "pinboard_failovers",
+            "Ids re-placed because their owner's lease lapsed or its process was replaced",
+            m.failovers.clone(),
+        );
+        registry.register(
+            "pinboard_quarantined",
+            "Whether this node places no new ids now (cold start or store loss): 1, else 0",
+            m.quarantined.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Adds families computed at scrape time (per-namespace traffic).
+    pub fn register_collector(&mut self, collector: Box<dyn Collector>) {
+        self.registry.register_collector(collector);
     }
 
     /// The OpenMetrics text exposition.

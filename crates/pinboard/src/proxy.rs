@@ -179,7 +179,7 @@ async fn hand_back<S: PlacementStore>(app: &App<S>, ctx: &mut RequestCtx<'_>, st
         .roll_back(key, target.ns(), target.id(), &claim)
         .await
     {
-        tracing::debug!(target: "pinboard::proxy", key, %error, "could not hand a refused claim back");
+        tracing::debug!(target: "pinboard::proxy", key, error = %pinned_edge::logging::Chain(&error), "could not hand a refused claim back");
     }
 }
 

@@ -359,6 +359,16 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
             self.store.remove_worker(session).await?;
         }
         let (draining, drain_deadline) = Self::drain_echo(&record, now);
+        tracing::info!(
+            target: "pinboard::registry",
+            session = %session_id,
+            advertise_url = %record.advertise_url,
+            namespaces = ?record.namespaces,
+            hostname = record.hostname.as_deref().unwrap_or(""),
+            reclaimed = instances.values().map(Vec::len).sum::<usize>() - duplicates.len(),
+            duplicates = duplicates.len(),
+            "worker registered"
+        );
         Ok((
             RegisterAck {
                 session_id,
@@ -551,7 +561,9 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
     ///
     /// 503 when the store fails.
     pub async fn deregister(&self, req: DeregisterRequest) -> Result<Effects, RegistryError> {
-        self.store.remove_worker(&req.session_id).await?;
+        if self.store.remove_worker(&req.session_id).await? {
+            tracing::info!(target: "pinboard::registry", session = %req.session_id, "worker deregistered");
+        }
         Ok(Effects {
             ended_sessions: vec![req.session_id],
             ..Effects::default()

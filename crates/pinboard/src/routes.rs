@@ -281,7 +281,7 @@ impl<S: PlacementStore> Routes<S> {
         {
             Ok(_) => route.settled.store(true, Ordering::Release),
             Err(error) => {
-                tracing::debug!(target: "pinboard::placement", ns, id, %error, "could not record the placement as settled");
+                tracing::debug!(target: "pinboard::placement", ns, id, error = %pinned_edge::logging::Chain(&error), "could not record the placement as settled");
             }
         }
     }

@@ -70,6 +70,9 @@ async fn metrics<S: PlacementStore>(State(app): State<Arc<App<S>>>) -> Response 
     app.metrics
         .cached_routes
         .set(app.routes.cached_routes() as i64);
+    app.metrics
+        .quarantined
+        .set(i64::from(app.routes.quarantine_left_ms() > 0));
     (
         [(
             header::CONTENT_TYPE,

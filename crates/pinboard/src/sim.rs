@@ -101,13 +101,13 @@ struct World {
 
 /// Runs the coprocess until `close` or the end of stdin.
 pub fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // stdout carries the protocol: logs go to stderr, warnings unless
+    // `RUST_LOG` asks for more, no colours into the sim's pipe.
+    pinned_edge::logging::LogSettings {
+        default_filter: "warn".into(),
+        ..Default::default()
+    }
+    .init();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

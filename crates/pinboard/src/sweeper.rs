@@ -73,6 +73,13 @@
 //! | connect failure / timeout | — | drop the cached route; next lap re-reads (a dead worker's record lapses and the id is re-placed) |
 //! | anything else | — | logged; call again next lap |
 //!
+//! Logs: a scan, lease or call that fails is a warning with its cause,
+//! logged when it starts failing, again with a count while it lasts
+//! (`--log-repeat-ms`) and when it works again, not every lap (one stream
+//! per scan, per worker session for its calls, per id for a failing
+//! handler). Refusals (the id is re-placed next lap) and quarantine are
+//! routine: debug.
+//!
 //! Metrics: `pinboard_sweep_laps_total`, `pinboard_sweep_alarms_delivered_total`,
 //! `pinboard_sweep_wakes_total`, `pinboard_sweep_failures_total`,
 //! `pinboard_sweep_lease_held`, `pinboard_sweep_last_lap_timestamp_ms`. Tracing target `pinboard::sweeper`.
@@ -93,6 +100,7 @@ use http::{Method, Request, StatusCode, Version};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
+use pinned_edge::logging::{repeats, Chain};
 use pinned_store::{
     DueAlarm, MarkedInstance, PostgresOptions, PostgresStore, StateStore, WorldStamp,
 };
@@ -101,6 +109,7 @@ use pinned_wire::ids::{validate_id, validate_namespace};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
+use tracing::Instrument;
 
 use self::decide::{
     classify_answer, classify_transport, lease_ttl_ms, Call, Key, LeaseKeeper, LeaseOp, Ledger,
@@ -113,6 +122,24 @@ use crate::proxy::classify::{RetryAction, MAX_REFUSAL_BODY};
 use crate::routes::{Avoid, ResolveError, Route};
 use crate::world::{Scope, World};
 use futures_util::future::BoxFuture;
+
+/// The site of every repeated-failure stream of the sweeper (see
+/// [`repeats`]); the scope says which scan, session or id.
+const REPEATS: &str = "pinboard sweeper";
+
+/// Logs a failure of `scope` (see the module doc) at warn.
+fn failed(scope: &str, error: impl std::fmt::Display, what: &'static str) {
+    if let Some(seen) = repeats().failed(REPEATS, scope, error) {
+        tracing::warn!(target: "pinboard::sweeper", scope, error = %seen, failures = seen.failures, "{what}");
+    }
+}
+
+/// Logs the end of `scope`'s failures, if it was failing.
+fn recovered(scope: &str) {
+    if let Some(after) = repeats().recovered(REPEATS, scope) {
+        tracing::info!(target: "pinboard::sweeper", scope, failures = after.failures, failing_for_ms = after.failing_for_ms(), "works again");
+    }
+}
 
 /// Longest one `_alarm` / `_wake` call may take (the alarm handler runs
 /// inside it). Inferred: generous, so slow handlers are not cut off, yet a
@@ -233,22 +260,30 @@ pub fn spawn_postgres<S: PlacementStore>(
 ) -> Result<JoinHandle<()>, pinned_store::StoreError> {
     let pg = Arc::new(PostgresStore::connect(url, PostgresOptions::default())?);
     let sweeper = Sweeper::new(app, pg.clone(), settings, token);
-    Ok(tokio::spawn(async move {
-        // Create the reference's tables if no worker did yet (idempotent).
-        loop {
-            match pg.setup().await {
-                Ok(()) => break,
-                Err(error) => {
-                    tracing::warn!(target: "pinboard::sweeper", %error, "state store not ready; retrying");
+    Ok(tokio::spawn(
+        async move {
+            // Create the reference's tables if no worker did yet (idempotent).
+            loop {
+                match pg.setup().await {
+                    Ok(()) => {
+                        recovered("state store setup");
+                        break;
+                    }
+                    Err(error) => failed(
+                        "state store setup",
+                        Chain(&error),
+                        "state store not ready; retrying",
+                    ),
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(settings.interval_ms)) => {}
+                    _ = shutdown.changed() => return,
                 }
             }
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(settings.interval_ms)) => {}
-                _ = shutdown.changed() => return,
-            }
+            sweeper.run(shutdown).await;
         }
-        sweeper.run(shutdown).await;
-    }))
+        .instrument(tracing::Span::current()),
+    ))
 }
 
 impl<S: PlacementStore> Sweeper<S> {
@@ -316,7 +351,7 @@ impl<S: PlacementStore> Sweeper<S> {
         let app = &self.shared.app;
         if self.was_held {
             if let Err(error) = app.store.release_sweeper_lease(&self.token).await {
-                tracing::warn!(target: "pinboard::sweeper", %error, "could not release the sweeper lease");
+                tracing::warn!(target: "pinboard::sweeper", error = %Chain(&error), "could not release the sweeper lease");
             }
         }
         app.metrics.sweep_lease_held.set(0);
@@ -366,10 +401,13 @@ impl<S: PlacementStore> Sweeper<S> {
         let app = &self.shared.app;
         let limit = self.settings.limit;
         let rows = match app.store.wake_candidates(limit, app.clock.now()).await {
-            Ok(rows) => rows,
+            Ok(rows) => {
+                recovered("placement scan");
+                rows
+            }
             Err(error) => {
                 app.metrics.sweep_failures.inc();
-                tracing::warn!(target: "pinboard::sweeper", %error, "placement scan failed");
+                failed("placement scan", Chain(&error), "placement scan failed");
                 return;
             }
         };
@@ -399,10 +437,17 @@ impl<S: PlacementStore> Sweeper<S> {
                 LeaseOp::Renew => app.store.renew_sweeper_lease(&self.token, ttl, now).await,
             };
             let granted = match answer {
-                Ok(g) => Some(g),
+                Ok(g) => {
+                    recovered("sweeper lease");
+                    Some(g)
+                }
                 Err(error) => {
                     app.metrics.sweep_failures.inc();
-                    tracing::warn!(target: "pinboard::sweeper", %error, "sweeper lease: placement store failed");
+                    failed(
+                        "sweeper lease",
+                        Chain(&error),
+                        "sweeper lease: placement store failed",
+                    );
                     None
                 }
             };
@@ -433,10 +478,13 @@ impl<S: PlacementStore> Sweeper<S> {
         let now = self.shared.app.clock.now();
         let due_by = i64::try_from(now.wall_ms).unwrap_or(i64::MAX);
         let rows = match self.shared.store.due_alarms(due_by, fetch).await {
-            Ok(rows) => rows,
+            Ok(rows) => {
+                recovered("due-alarm scan");
+                rows
+            }
             Err(error) => {
                 self.shared.app.metrics.sweep_failures.inc();
-                tracing::warn!(target: "pinboard::sweeper", %error, "due-alarm scan failed");
+                failed("due-alarm scan", Chain(&error), "due-alarm scan failed");
                 return;
             }
         };
@@ -468,10 +516,13 @@ impl<S: PlacementStore> Sweeper<S> {
         let after = self.cursor.as_ref().map(|(n, i)| (n.as_str(), i.as_str()));
         let from_start = after.is_none();
         let page = match self.shared.store.marked_instances(after, limit).await {
-            Ok(page) => page,
+            Ok(page) => {
+                recovered("activities scan");
+                page
+            }
             Err(error) => {
                 self.shared.app.metrics.sweep_failures.inc();
-                tracing::warn!(target: "pinboard::sweeper", %error, "activities scan failed");
+                failed("activities scan", Chain(&error), "activities scan failed");
                 return;
             }
         };
@@ -529,7 +580,9 @@ impl<S: PlacementStore> Sweeper<S> {
                 replan: None,
                 _permit: permit,
             };
-            calls.push(tokio::spawn(deliver(guard, replan, world)));
+            calls.push(tokio::spawn(
+                deliver(guard, replan, world).instrument(tracing::Span::current()),
+            ));
         }
     }
 }
@@ -588,12 +641,13 @@ async fn deliver<S: PlacementStore>(
         Attempt::Unresolved(error) => {
             metrics.sweep_failures.inc();
             match &error {
-                ResolveError::Store(_) => {
-                    tracing::warn!(target: "pinboard::sweeper", call, ns, id, %error, "cannot resolve")
+                // Routine: placements wait out a quarantine.
+                ResolveError::Quarantined => {
+                    tracing::debug!(target: "pinboard::sweeper", call, ns, id, error = %Chain(&error), "cannot resolve")
                 }
-                _ => {
-                    tracing::debug!(target: "pinboard::sweeper", call, ns, id, %error, "cannot resolve")
-                }
+                // One stream per namespace: a store down, or nobody to
+                // take the namespace's ids.
+                _ => failed(ns, Chain(&error), "cannot resolve an id to wake"),
             }
             None
         }
@@ -603,7 +657,11 @@ async fn deliver<S: PlacementStore>(
         }
         Attempt::Unbuildable { session } => {
             metrics.sweep_failures.inc();
-            tracing::warn!(target: "pinboard::sweeper", call, ns, id, session, "cannot build the request");
+            failed(
+                &session,
+                "cannot build the request",
+                "cannot build the request to the worker",
+            );
             None
         }
         Attempt::Transport {
@@ -613,7 +671,7 @@ async fn deliver<S: PlacementStore>(
         } => {
             metrics.sweep_failures.inc();
             shared.app.routes.invalidate(&cache_key);
-            tracing::debug!(target: "pinboard::sweeper", call, ns, id, session, %error, "worker unreachable");
+            failed(&session, &error, "worker unreachable");
             Some(Replan {
                 action: classify_transport(),
                 session,
@@ -627,6 +685,8 @@ async fn deliver<S: PlacementStore>(
             outcome,
         } => match outcome {
             Outcome::Done { fired } => {
+                recovered(&session);
+                recovered(&cache_key);
                 match shared
                     .app
                     .store
@@ -671,12 +731,20 @@ async fn deliver<S: PlacementStore>(
             }
             Outcome::HandlerFailed => {
                 metrics.sweep_failures.inc();
-                tracing::warn!(target: "pinboard::sweeper", call, ns, id, session, "handler failed; again next lap");
+                failed(
+                    &cache_key,
+                    format_args!("{call} answered {status}"),
+                    "handler failed; again next lap",
+                );
                 None
             }
             Outcome::Unexpected => {
                 metrics.sweep_failures.inc();
-                tracing::warn!(target: "pinboard::sweeper", call, ns, id, session, %status, "unexpected answer; again next lap");
+                failed(
+                    &session,
+                    format_args!("{call} answered {status}"),
+                    "unexpected answer; again next lap",
+                );
                 None
             }
         },

@@ -14,15 +14,28 @@
 //!   so one pass never holds Redis for long and a backlog (a worker with a
 //!   hundred thousand instances died) drains over a few passes.
 //!
+//! With the expiry pass it reads the live worker list and logs, at warn,
+//! each worker whose lease lapsed ([`lapses`]: once per session, on every
+//! node); with the generation check it logs the end of a quarantine
+//! ([`quarantine`]), at warn after a store loss.
+//!
 //! Never serves a request and never decides a placement. A failing store is
-//! logged once when it starts failing and once when it recovers.
+//! logged when it starts failing (with its cause), again with a count while
+//! it lasts (`--log-repeat-ms`), and when it recovers.
+
+pub mod lapses;
+pub mod quarantine;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use pinned_edge::logging::{repeats, Chain};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
+use self::lapses::LapseWatch;
+use self::quarantine::QuarantineWatch;
 use crate::app::App;
 use crate::config::Config;
 use crate::placement::PlacementStore;
@@ -54,26 +67,57 @@ impl From<&Config> for UpkeepSettings {
     }
 }
 
-/// Logs a store failure when it starts and a recovery when it ends.
-#[derive(Debug, Default)]
-struct Health {
-    failing: bool,
+/// Logs a store failure when it starts (and while it lasts, with a count)
+/// and its recovery (see [`repeats`]), per upkeep task `what`.
+fn record<T>(what: &'static str, result: Result<T, String>) -> Option<T> {
+    match result {
+        Ok(v) => {
+            if let Some(after) = repeats().recovered("pinboard upkeep", what) {
+                tracing::info!(target: "pinboard::upkeep", what, failures = after.failures, failing_for_ms = after.failing_for_ms(), "placement store answers again");
+            }
+            Some(v)
+        }
+        Err(error) => {
+            if let Some(seen) = repeats().failed("pinboard upkeep", what, error) {
+                tracing::warn!(target: "pinboard::upkeep", what, error = %seen, failures = seen.failures, "placement store failed");
+            }
+            None
+        }
+    }
 }
 
-impl Health {
-    fn record<T, E: std::fmt::Display>(&mut self, what: &str, result: Result<T, E>) {
-        match result {
-            Ok(_) if self.failing => {
-                self.failing = false;
-                tracing::info!(target: "pinboard::upkeep", what, "placement store answers again");
-            }
-            Ok(_) => {}
-            Err(error) if !self.failing => {
-                self.failing = true;
-                tracing::warn!(target: "pinboard::upkeep", what, %error, "placement store failed");
-            }
-            Err(_) => {}
+/// Reads the live workers and logs each lease that lapsed since the last
+/// read (warn, once per session).
+async fn look_for_lapses<S: PlacementStore>(app: &App<S>, watch: &mut LapseWatch) {
+    let now = app.clock.now();
+    let Some(live) = record("worker list", bounded(app.store.list_workers(now)).await) else {
+        return;
+    };
+    for lapse in watch.look(&live, now.wall_ms) {
+        app.metrics.lease_lapses.inc();
+        tracing::warn!(
+            target: "pinboard::upkeep",
+            session = %lapse.session,
+            advertise_url = %lapse.advertise_url,
+            hostname = lapse.hostname.as_deref().unwrap_or(""),
+            namespaces = ?lapse.namespaces,
+            lapsed_ms_ago = lapse.lapsed_ms_ago,
+            "worker lease lapsed: no heartbeat in time; its ids move on their next request"
+        );
+    }
+}
+
+/// Logs the end of a quarantine (warn when a store loss began it).
+fn look_at_quarantine<S: PlacementStore>(app: &App<S>, watch: &mut QuarantineWatch) {
+    let left = app.routes.quarantine_left_ms();
+    match watch.look(left, app.metrics.store_losses.get()) {
+        Some(ended) if ended.after_loss => {
+            tracing::warn!(target: "pinboard::upkeep", "quarantine after the store loss over: placing new ids again")
         }
+        Some(_) => {
+            tracing::info!(target: "pinboard::upkeep", "cold-start quarantine over: placing new ids")
+        }
+        None => {}
     }
 }
 
@@ -105,7 +149,7 @@ async fn bounded<T>(
 ) -> Result<T, String> {
     match tokio::time::timeout(STORE_CALL_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Err(e)) => Err(Chain(&e).to_string()),
         Err(_) => Err(format!(
             "no answer within {} ms",
             STORE_CALL_TIMEOUT.as_millis()
@@ -113,34 +157,39 @@ async fn bounded<T>(
     }
 }
 
-/// Runs upkeep until `stop` turns true (or its sender is gone).
+/// Runs upkeep until `stop` turns true (or its sender is gone), inside the
+/// caller's current span (pinboard's node span: its lines carry the node).
 pub fn spawn<S: PlacementStore>(
     app: Arc<App<S>>,
     settings: UpkeepSettings,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut check = tokio::time::interval(settings.check_every);
-        let mut expire = tokio::time::interval(settings.expire_every);
-        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut health = Health::default();
-        loop {
-            tokio::select! {
-                changed = stop.changed() => {
-                    if changed.is_err() || *stop.borrow() {
-                        return;
+    tokio::spawn(
+        async move {
+            let mut check = tokio::time::interval(settings.check_every);
+            let mut expire = tokio::time::interval(settings.expire_every);
+            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            expire.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut lapses = LapseWatch::default();
+            let mut quarantine = QuarantineWatch::default();
+            loop {
+                tokio::select! {
+                    changed = stop.changed() => {
+                        if changed.is_err() || *stop.borrow() {
+                            return;
+                        }
                     }
-                }
-                _ = check.tick() => {
-                    let checked = bounded(app.routes.check_generation()).await;
-                    health.record("generation check", checked);
-                }
-                _ = expire.tick() => {
-                    let expired = bounded(expire_pass(&app)).await;
-                    health.record("placement expiry", expired);
+                    _ = check.tick() => {
+                        record("generation check", bounded(app.routes.check_generation()).await);
+                        look_at_quarantine(&app, &mut quarantine);
+                    }
+                    _ = expire.tick() => {
+                        record("placement expiry", bounded(expire_pass(&app)).await);
+                        look_for_lapses(&app, &mut lapses).await;
+                    }
                 }
             }
         }
-    })
+        .instrument(tracing::Span::current()),
+    )
 }

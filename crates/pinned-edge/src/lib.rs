@@ -12,6 +12,9 @@
 //!   and the log throttle.
 //! - [`tls`]: rustls server and client configurations from PEM files, and
 //!   the server handshake under a deadline.
+//! - [`logging`]: the subscriber setup of every binary (text or JSON, no
+//!   colours into files), errors with their causes, and repeated failures
+//!   logged once with a count.
 //!
 //! This crate owns no accept loop and no router: each binary keeps its own
 //! loop (pinboard's spreads connections over single-threaded I/O threads,
@@ -23,5 +26,6 @@ pub mod backoff;
 pub mod cap;
 pub mod defaults;
 pub mod drive;
+pub mod logging;
 pub mod phase;
 pub mod tls;

@@ -75,6 +75,7 @@ pub fn database_url() -> String {
 /// thread and runtime, so it works inside and outside async code, and during a panic.
 /// Needs the `postgres` feature.
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[derive(Debug)]
 pub struct PostgresCleanup {
     ns: String,

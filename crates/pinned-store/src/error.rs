@@ -49,6 +49,7 @@ pub enum StoreError {
     /// committed. Retryable when the cause is transient (connection loss, lock or
     /// statement timeout, serialization failure, server shutting down).
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     #[error("postgres: {}", Causes(source))]
     Postgres {
         /// The driver's error (carries the SQLSTATE when the server sent one).
@@ -86,6 +87,7 @@ pub enum StoreError {
     /// SQLite failed. Nothing was committed. Retryable when the database was busy or
     /// locked by another process.
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     #[error("sqlite: {source}")]
     Sqlite {
         /// The driver's error.
@@ -118,6 +120,7 @@ pub enum StoreError {
     /// cannot give (an unsupported `sslmode`, a missing root certificate). Nothing was
     /// dialled.
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     #[error(transparent)]
     ConnectionString(#[from] ConnectionStringError),
 

@@ -57,6 +57,7 @@
 //! ```
 
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod doc_text;
 mod error;
@@ -72,26 +73,31 @@ mod sqlite;
 mod store;
 
 #[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 #[cfg(feature = "test-util")]
 mod faults;
 #[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub use faults::FailingStore;
 
 pub use doc_text::DocText;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use error::ConnectionStringError;
 pub use error::{BoxError, StoreError};
 pub use key::{InstanceKey, TrayKey, SINGLETON_TRAY_ID};
 pub use memory::MemoryStore;
 pub use open::StoreConfig;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{
     ConnectionString, PostgresOptions, PostgresStore, SslMode, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_POOL_SIZE,
     DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
 };
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::{SqliteOptions, SqliteStore, SyncMode};
 pub use store::{
     BatchOp, Doc, DueAlarm, MarkedInstance, StateStore, Tray, TrayRow, WorldStamp, ALARM_TRAY,

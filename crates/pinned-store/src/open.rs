@@ -24,6 +24,7 @@ pub enum StoreConfig {
     Memory,
     /// `SqliteStore` in this file (feature `sqlite`).
     #[cfg(feature = "sqlite")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
     Sqlite {
         /// The database file (created if absent).
         path: PathBuf,
@@ -32,6 +33,7 @@ pub enum StoreConfig {
     },
     /// `PostgresStore` at this URL; tables are created on open (feature `postgres`).
     #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres {
         /// A connection string as libpq reads it (`postgres://…`, `postgresql://…`, or
         /// `key=value` pairs; see `ConnectionString`).

@@ -66,6 +66,9 @@ PRIMARY KEY (ns, id, tray_ns, tray_id))";
 /// Serializes concurrent `setup` calls across processes: concurrent `CREATE TABLE IF NOT
 /// EXISTS` of one table can fail on the catalog's unique index.
 const SETUP_LOCK: &str = "SELECT pg_advisory_xact_lock(7070518297010521)";
+/// The DDL's `NOTICE: relation … already exists` on every start after the
+/// first is no news: the setup transaction asks the server for warnings only.
+const QUIET_DDL: &str = "SET LOCAL client_min_messages = warning";
 
 const LOCK_EPOCH: &str = "SELECT epoch FROM pinned_epoch WHERE ns = $1 AND id = $2 FOR UPDATE";
 const INSERT_EPOCH: &str =
@@ -378,6 +381,7 @@ impl PostgresStore {
         let conn = checkout.begin(self.begin.sql()).await?;
         let body = async {
             conn.batch_execute(SETUP_LOCK).await?;
+            conn.batch_execute(QUIET_DDL).await?;
             conn.batch_execute(CREATE_EPOCH).await?;
             conn.batch_execute(CREATE_TRAY_INDEX).await?;
             Ok::<_, StoreError>(conn.query_opt(LZ4_OFFERED, &[]).await?.is_some())

@@ -50,7 +50,7 @@ fn retag(slot: &Arc<crate::slot::Slot>) {
     let ctx = Context::new(slot.clone());
     crate::directory::spawn_detached(&slot.host.domain, async move {
         if let Err(error) = ctx.tag(&tag).await {
-            tracing::warn!(namespace = %ctx.ns(), id = %ctx.id(), %error, "cannot stamp the owner tag at the new epoch");
+            tracing::warn!(namespace = %ctx.ns(), id = %ctx.id(), error = %pinned_edge::logging::Chain(&error), "cannot stamp the owner tag at the new epoch");
         }
     });
 }
@@ -333,7 +333,7 @@ pub(crate) fn admit<T: Object>(
                         denial.into_response()
                     }
                     AuthError::Failed(error) => {
-                        tracing::error!(namespace = %host.ns, id = %slot.id, %error, "authorization failed");
+                        tracing::error!(namespace = %host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&*error), "authorization failed");
                         host.metrics.request_failed("auth", "http");
                         response::detail(StatusCode::SERVICE_UNAVAILABLE, "authorization failed")
                     }

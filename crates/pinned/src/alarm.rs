@@ -664,7 +664,7 @@ impl HostShared {
         match outcome {
             Ok(_) => {}
             Err(error) => {
-                tracing::error!(namespace = %self.ns, id = %id, %error, "alarm run failed; it fires again");
+                tracing::error!(namespace = %self.ns, id = %id, error = %pinned_edge::logging::Chain(&error), "alarm run failed; it fires again");
                 if self.control.fires_evicted_alarms() {
                     let retry = wall_ms(&self)
                         + i64::try_from(self.options.sweep_interval.as_millis())
@@ -697,7 +697,7 @@ impl HostShared {
                 }
                 Ok(None) => {}
                 Err(error) => {
-                    tracing::warn!(namespace = %host.ns, id = %slot.id, %error, "cannot read the alarm row");
+                    tracing::warn!(namespace = %host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&error), "cannot read the alarm row");
                 }
             }
         });

@@ -109,7 +109,7 @@ pub(crate) async fn alarm(host: &Arc<HostShared>, parts: &Parts, raw_id: &str) -
             response::detail(StatusCode::CONFLICT, &error.to_string())
         }
         Err(error) => {
-            tracing::error!(namespace = %host.ns, %id, %error, "alarm run failed");
+            tracing::error!(namespace = %host.ns, %id, error = %pinned_edge::logging::Chain(&error), "alarm run failed");
             response::internal_error()
         }
     }

@@ -144,12 +144,22 @@ pub(crate) async fn serve(
 ) {
     let fd_limit = cap::open_file_limit();
     let max_connections = cap::effective(settings.max_connections, fd_limit);
-    if max_connections < settings.max_connections {
+    // Lowering the default is routine (debug); a value the operator chose
+    // and does not get is worth a warning.
+    if max_connections < settings.max_connections
+        && settings.max_connections != pinned_edge::defaults::MAX_CONNECTIONS
+    {
         tracing::warn!(
             configured = settings.max_connections,
             open_file_limit = fd_limit,
             max_connections,
             "max_connections lowered to what the open-file limit carries (raise `ulimit -n` for more)"
+        );
+    } else if max_connections < settings.max_connections {
+        tracing::debug!(
+            open_file_limit = fd_limit,
+            max_connections,
+            "max_connections lowered to what the open-file limit carries (the default; raise `ulimit -n` for more)"
         );
     }
     let mut http = http1::Builder::new();
@@ -228,7 +238,7 @@ pub(crate) async fn serve(
                         }
                         Err(HandshakeError::TimedOut(_)) => Some(Lapse::Header),
                         Err(HandshakeError::Failed(error)) => {
-                            tracing::debug!(%peer, %error, "TLS handshake failed");
+                            tracing::debug!(%peer, error = %pinned_edge::logging::Chain(&error), "TLS handshake failed");
                             None
                         }
                     },

@@ -108,6 +108,11 @@ pub use lease::DEFAULT_LEASE_BUFFER;
 pub use object::{
     Idle, NoAlarmHandler, NoScheduleHandler, NotAnInstanceRoute, Object, RouteState, Routes, This,
 };
+/// The logging setup binaries install (`pinned::logging::init()` first
+/// thing in `main`: text or JSON on stderr, no colours into files), errors
+/// with their causes (`Chain`) and repeated failures logged once with a
+/// count. The library itself never installs a subscriber.
+pub use pinned_edge::logging;
 /// The durable state crate, re-exported.
 pub use pinned_store;
 pub use pinned_wire::attestation::Caller;

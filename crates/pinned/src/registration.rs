@@ -224,7 +224,14 @@ impl Registrar {
             Ok(response) => response,
             Err(error) => {
                 self.register_failed(backoff, "transport");
-                tracing::warn!(%error, "pinboard register failed");
+                // Once with its cause and count, not every retry (see `repeats`).
+                if let Some(seen) = pinned_edge::logging::repeats().failed(
+                    "pinboard register",
+                    &self.client_id,
+                    pinned_edge::logging::Chain(&error),
+                ) {
+                    tracing::warn!(error = %seen, failures = seen.failures, "pinboard register failed");
+                }
                 return;
             }
         };
@@ -232,9 +239,16 @@ impl Registrar {
             200 => {}
             401 => {
                 self.register_failed(backoff, "unauthorized");
-                tracing::error!(
-                    "pinboard register rejected: 401 unauthorized; check the deployment token"
-                );
+                if let Some(seen) = pinned_edge::logging::repeats().failed(
+                    "pinboard register",
+                    &self.client_id,
+                    "401 unauthorized",
+                ) {
+                    tracing::error!(
+                        failures = seen.failures,
+                        "pinboard register rejected: 401 unauthorized; check the deployment token"
+                    );
+                }
                 return;
             }
             503 => {
@@ -248,13 +262,25 @@ impl Registrar {
                     .map(str::to_owned);
                 backoff.defer(retry_after.as_deref());
                 let text = response.text().await.unwrap_or_default();
-                tracing::info!(attempt = backoff.failures, %text, "pinboard deferred registration; retrying");
+                if let Some(seen) = pinned_edge::logging::repeats().failed(
+                    "pinboard register",
+                    &self.client_id,
+                    format_args!("503 {text}"),
+                ) {
+                    tracing::info!(attempt = backoff.failures, text = %seen, "pinboard deferred registration; retrying");
+                }
                 return;
             }
             status => {
                 self.register_failed(backoff, "rejected");
                 let text = response.text().await.unwrap_or_default();
-                tracing::warn!(status, %text, "pinboard register rejected; retrying");
+                if let Some(seen) = pinned_edge::logging::repeats().failed(
+                    "pinboard register",
+                    &self.client_id,
+                    format_args!("{status} {text}"),
+                ) {
+                    tracing::warn!(status, failures = seen.failures, text = %seen, "pinboard register rejected; retrying");
+                }
                 return;
             }
         }
@@ -276,6 +302,15 @@ impl Registrar {
             .renewed(bounded_secs(ack.expires_in_ms / 1000.0), anchor);
         self.set_registered(true);
         self.apply_echo(&ack.echo);
+        if let Some(after) =
+            pinned_edge::logging::repeats().recovered("pinboard register", &self.client_id)
+        {
+            tracing::info!(
+                failures = after.failures,
+                failing_for_ms = after.failing_for_ms(),
+                "pinboard register succeeded again"
+            );
+        }
         tracing::info!(session = %session, reregistrations = self.state().reregistrations, "registered with pinboard");
         self.flush_releases().await;
     }
@@ -336,7 +371,13 @@ impl Registrar {
             Ok(response) => response,
             Err(error) => {
                 self.metrics.control_failed("heartbeat", "transport");
-                tracing::warn!(%error, "pinboard heartbeat failed");
+                if let Some(seen) = pinned_edge::logging::repeats().failed(
+                    "pinboard heartbeat",
+                    &self.client_id,
+                    pinned_edge::logging::Chain(&error),
+                ) {
+                    tracing::warn!(error = %seen, failures = seen.failures, "pinboard heartbeat failed");
+                }
                 return;
             }
         };
@@ -350,6 +391,15 @@ impl Registrar {
             };
             self.lease
                 .renewed(bounded_secs(ack.expires_in_ms / 1000.0), anchor);
+            if let Some(after) =
+                pinned_edge::logging::repeats().recovered("pinboard heartbeat", &self.client_id)
+            {
+                tracing::info!(
+                    failures = after.failures,
+                    failing_for_ms = after.failing_for_ms(),
+                    "pinboard heartbeat succeeded again"
+                );
+            }
             self.apply_echo(&ack.echo);
             let delivered = self.apply_messages(&ack.messages);
             let mut pending = self.acks.lock();
@@ -372,13 +422,26 @@ impl Registrar {
         }
         if status == 401 {
             self.metrics.control_failed("heartbeat", "unauthorized");
-            tracing::error!(
-                "pinboard heartbeat rejected: 401 unauthorized; check the deployment token"
-            );
+            if let Some(seen) = pinned_edge::logging::repeats().failed(
+                "pinboard heartbeat",
+                &self.client_id,
+                "401 unauthorized",
+            ) {
+                tracing::error!(
+                    failures = seen.failures,
+                    "pinboard heartbeat rejected: 401 unauthorized; check the deployment token"
+                );
+            }
             return;
         }
         self.metrics.control_failed("heartbeat", "rejected");
-        tracing::warn!(status, ack = ?body, "pinboard heartbeat rejected; retrying");
+        if let Some(seen) = pinned_edge::logging::repeats().failed(
+            "pinboard heartbeat",
+            &self.client_id,
+            format_args!("{status} {body:?}"),
+        ) {
+            tracing::warn!(status, failures = seen.failures, ack = %seen, "pinboard heartbeat rejected; retrying");
+        }
     }
 
     fn session_lost(&self) {

@@ -89,7 +89,7 @@ impl std::fmt::Debug for InstanceStore {
 /// activation owns its rows.
 pub(crate) fn abort_on_fence_lost(slot: &Arc<Slot>, error: &StoreError) {
     if error.is_fence_lost() {
-        tracing::warn!(namespace = %slot.host.ns, id = %slot.id, %error, "store fence lost; aborting the instance");
+        tracing::warn!(namespace = %slot.host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&error), "store fence lost; aborting the instance");
         crate::directory::HostShared::abort(slot);
     }
 }

@@ -322,7 +322,7 @@ impl Worker {
                         }
                     }
                 }
-                Err(error) => tracing::error!(%error, "cannot scan the store for alarms"),
+                Err(error) => tracing::error!(error = %pinned_edge::logging::Chain(&error), "cannot scan the store for alarms"),
             }
         });
     }

@@ -30,12 +30,35 @@ impl SelfSigned {
             "127.0.0.1".to_owned(),
         ])
         .expect("rcgen");
+        Self::written(&made.cert, &made.key_pair)
+    }
+
+    /// The same names, but marked `CA:TRUE` (what `openssl req -x509`
+    /// makes with its default configuration): a server using it as its own
+    /// certificate is refused by rustls (webpki's `CaUsedAsEndEntity`),
+    /// even by a client that trusts it.
+    ///
+    /// # Panics
+    ///
+    /// When the certificate cannot be made or written.
+    #[must_use]
+    pub fn ca_as_server() -> Self {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).expect("certificate");
+        Self::written(&cert, &key)
+    }
+
+    fn written(cert_made: &rcgen::Certificate, key_pair: &rcgen::KeyPair) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let cert = dir.path().join("cert.pem");
         let key = dir.path().join("key.pem");
-        let pem = made.cert.pem();
+        let pem = cert_made.pem();
         std::fs::write(&cert, &pem).expect("cert");
-        std::fs::write(&key, made.key_pair.serialize_pem()).expect("key");
+        std::fs::write(&key, key_pair.serialize_pem()).expect("key");
         Self {
             _dir: dir,
             cert,

@@ -43,7 +43,7 @@ pub async fn pinboard_binary() -> anyhow::Result<PathBuf> {
     let binary = profile_dir.join("pinboard");
     if !binary.exists() {
         let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "pinboard", "--bin", "pinboard"])
+            .args(["build", "-p", "pinned-pinboard", "--bin", "pinboard"])
             .status()
             .await?;
         anyhow::ensure!(status.success(), "building pinboard failed");
@@ -95,6 +95,22 @@ pub async fn terminate(child: &mut Child) -> anyhow::Result<std::process::ExitSt
     Ok(timeout(PATIENCE, child.wait())
         .await
         .context("the example did not exit")??)
+}
+
+/// pinboard's `GET /registry/overview` (workers and placements), with the
+/// test token.
+pub async fn overview(
+    client: &reqwest::Client,
+    pinboard: &str,
+) -> anyhow::Result<serde_json::Value> {
+    Ok(client
+        .get(format!("{pinboard}/registry/overview"))
+        .bearer_auth(test_support::TOKEN)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
 }
 
 /// The jobs example's HTTP surface, for its tests.

@@ -15,6 +15,8 @@
 //! `FLEET_NS` (the namespace, default `/counter`), `FLEET_GUARDED_NS` (also
 //! host the `authorize`-guarded object there), `FLEET_MAX_INSTANCES`,
 //! `FLEET_PG_IDLE_TXN_MS` (the store's idle-in-transaction timeout),
+//! `PINNED_LOG_FORMAT` / `PINNED_LOG_REPEAT_MS` (the logs: `text` or
+//! `json`, and how often a repeated failure is logged again),
 //! `PINNED_TLS_CERT` / `PINNED_TLS_KEY` and `PINNED_PINBOARD_CA` (read by
 //! `Options::from_env`: serve HTTPS, advertised as `https://`, and trust
 //! an `https://` pinboard's CA), and
@@ -44,10 +46,13 @@ fn ms(name: &str) -> Option<Duration> {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    // Text or JSON (`PINNED_LOG_FORMAT`) on stderr, warnings unless
+    // `RUST_LOG` asks for more.
+    pinned::logging::LogSettings {
+        default_filter: "warn".into(),
+        ..pinned::logging::LogSettings::from_env_and_args(std::env::args().skip(1))?
+    }
+    .init();
     let port: u16 = match std::env::var("FLEET_PORT") {
         Ok(port) => port.parse()?,
         Err(_) => 0,

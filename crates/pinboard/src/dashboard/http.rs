@@ -2,16 +2,19 @@
 //! the JSON feed the page polls and the one action endpoint.
 //!
 //! Owns the cookie (`pinboard_dashboard`: `HttpOnly; SameSite=Strict;
-//! Path=/dashboard`, no `Secure` since pinboard speaks plain HTTP: put TLS
-//! in front of it outside a trusted network), the CSRF check of every POST
-//! after login (header `X-Pinboard-Csrf`, which a cross-site form cannot
-//! set) and the security headers of every answer (no caching, no framing,
-//! scripts from this origin only).
+//! Path=/dashboard`, plus `Secure` when pinboard serves TLS itself or
+//! `--dashboard-secure-cookie` says a TLS front door does: a browser then
+//! never sends it in clear text), the failed-login limit at the login (its
+//! 429 comes before the body is read or the token compared), the CSRF
+//! check of every POST after login (header `X-Pinboard-Csrf`, which a
+//! cross-site form cannot set) and the security headers of every answer
+//! (no caching, no framing, scripts from this origin only).
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use axum::extract::{Query, Request, State};
+use axum::extract::{ConnectInfo, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -177,9 +180,57 @@ fn form_token(body: &[u8]) -> Option<String> {
     })
 }
 
+/// The `detail` of a login refused by the failed-login limit.
+pub const LIMITED_DETAIL: &str = "too many failed logins from this address; try again later";
+
+/// The session cookie's `Set-Cookie` value: `value` for `max_age` seconds
+/// (0 clears it), `Secure` as configured.
+fn cookie(value: &str, max_age: u64, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    format!(
+        "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age={max_age}{secure}"
+    )
+}
+
+/// The client address the failed-login limit counts: the connection's
+/// peer (never a forwarding header, which the client writes). A request
+/// without one (a router driven in-process) shares one unspecified address.
+fn client_ip(req: &Request) -> IpAddr {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ConnectInfo(a)| a.ip())
+}
+
+/// 429 for a limited login: `Retry-After` (whole seconds, rounded up) and
+/// the reason, as the form again for a browser, else as JSON `detail`.
+fn limited(headers: &HeaderMap, wait: Duration) -> Response {
+    let browser = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"));
+    let mut res = if browser {
+        login_page(StatusCode::TOO_MANY_REQUESTS, LIMITED_DETAIL)
+    } else {
+        json_error(StatusCode::TOO_MANY_REQUESTS, LIMITED_DETAIL)
+    };
+    let secs = wait.as_millis().div_ceil(1000).max(1);
+    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+        res.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    res
+}
+
 /// `POST /dashboard/login` (form `token=<operator token>`): a session
-/// cookie and a redirect to the page, or the form again with the reason.
+/// cookie and a redirect to the page, or the form again with the reason;
+/// 429 once the client's address used up its failures (see
+/// [`login_limit`](super::login_limit)).
 pub async fn login<S: PlacementStore>(State(app): State<Arc<App<S>>>, req: Request) -> Response {
+    let ip = client_ip(&req);
+    let limit = &app.dashboard.login_limit;
+    if let Err(wait) = limit.check(ip, Instant::now()) {
+        app.metrics.dashboard_logins_limited.inc();
+        return limited(req.headers(), wait);
+    }
     let body = match read_body(req, app.registry_body).await {
         Ok(body) => body,
         Err(e) => return login_page(e.status(), &e.to_string()),
@@ -189,13 +240,15 @@ pub async fn login<S: PlacementStore>(State(app): State<Arc<App<S>>>, req: Reque
     };
     if !app.credentials.operator.accepts(token.as_bytes()) {
         app.metrics.registry_errors.inc();
+        limit.failed(ip, Instant::now());
         return login_page(StatusCode::UNAUTHORIZED, "that is not the operator token");
     }
+    limit.succeeded(ip);
     let session = app.dashboard.sessions.login(Instant::now());
-    let cookie = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age={}",
-        session.id,
-        super::sessions::SESSION_TTL.as_secs()
+    let cookie = cookie(
+        &session.id,
+        super::sessions::SESSION_TTL.as_secs(),
+        app.dashboard.secure_cookie,
     );
     let mut res = secured(StatusCode::SEE_OTHER.into_response());
     res.headers_mut()
@@ -214,12 +267,9 @@ pub async fn logout<S: PlacementStore>(State(app): State<Arc<App<S>>>, req: Requ
     };
     app.dashboard.sessions.logout(&id);
     let mut res = secured(StatusCode::NO_CONTENT.into_response());
-    res.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static(
-            "pinboard_dashboard=; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age=0",
-        ),
-    );
+    if let Ok(v) = HeaderValue::from_str(&cookie("", 0, app.dashboard.secure_cookie)) {
+        res.headers_mut().insert(header::SET_COOKIE, v);
+    }
     res
 }
 
@@ -362,5 +412,10 @@ mod tests {
         assert_eq!(form_token(b"token=a%2Bb+c"), Some("a+b c".into()));
         assert_eq!(form_token(b"other=1"), None);
         assert_eq!(escape("<b>\"&"), "&lt;b&gt;&quot;&amp;");
+        assert_eq!(
+            cookie("abc", 60, true),
+            "pinboard_dashboard=abc; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age=60; Secure"
+        );
+        assert!(!cookie("", 0, false).contains("Secure"));
     }
 }

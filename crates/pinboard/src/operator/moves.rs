@@ -7,6 +7,9 @@
 //! short locks. Both collections are bounded ([`MOVE_RING_CAPACITY`],
 //! [`DEPARTED_CAPACITY`]): a node that sees more churn forgets the oldest.
 //!
+//! Each move is logged: a failover (owner's lease lapsed, or its process
+//! replaced) at warn, any other at debug.
+//!
 //! A move is what *this node* saw: a claim made by another pinboard node is
 //! in that node's ring, and a first placement of a new id is no move.
 //!
@@ -112,6 +115,8 @@ pub struct Claim<'a> {
 pub struct MoveLog {
     ring: Mutex<VecDeque<Move>>,
     departed: quick_cache::sync::Cache<String, (String, MoveReason)>,
+    /// Counts failovers (`pinboard_failovers_total`).
+    failovers: prometheus_client::metrics::counter::Counter,
 }
 
 impl Default for MoveLog {
@@ -119,11 +124,20 @@ impl Default for MoveLog {
         Self {
             ring: Mutex::new(VecDeque::with_capacity(MOVE_RING_CAPACITY)),
             departed: quick_cache::sync::Cache::new(DEPARTED_CAPACITY),
+            failovers: prometheus_client::metrics::counter::Counter::default(),
         }
     }
 }
 
 impl MoveLog {
+    /// An empty log counting failovers in `failovers`.
+    pub fn counting(failovers: prometheus_client::metrics::counter::Counter) -> Self {
+        Self {
+            failovers,
+            ..Self::default()
+        }
+    }
+
     /// `key` (`<ns>/<id>`) left session `from` for `reason`; its next
     /// claim on this node is a move.
     pub fn departed(&self, key: &str, from: &str, reason: MoveReason) {
@@ -154,6 +168,23 @@ impl MoveLog {
         if from == to {
             // The owner came back for it (a re-registration's reclaim).
             return;
+        }
+        // A failover (the owner died or was replaced) is worth a warning;
+        // a drain, a refusal or a release moving an id is routine.
+        match reason {
+            MoveReason::LeaseLapsed | MoveReason::Replaced => {
+                self.failovers.inc();
+                tracing::warn!(
+                    target: "pinboard::placement",
+                    ns, id, from = %from, to, epoch, reason = reason.as_str(),
+                    "failover: id re-placed after its owner went"
+                );
+            }
+            _ => tracing::debug!(
+                target: "pinboard::placement",
+                ns, id, from = %from, to, epoch, reason = reason.as_str(),
+                "id moved"
+            ),
         }
         let mut ring = self.ring.lock();
         if ring.len() == MOVE_RING_CAPACITY {

@@ -6,12 +6,25 @@
 //! [`MAX_TRACKED_NAMESPACES`] namespaces get their own row (the first seen);
 //! the rest add up under [`OTHER_NAMESPACES`], so made-up namespaces in
 //! client paths cannot grow the table. One request costs a read lock, a
-//! map lookup and three atomic adds; never blocks on I/O.
+//! map lookup and four atomic adds; never blocks on I/O.
+//!
+//! The same counters are exported on `/metrics` ([`TrafficMetrics`], read
+//! at scrape time, so a request pays nothing more for them):
+//! `pinboard_proxy_namespace_requests_total{namespace}`,
+//! `pinboard_proxy_namespace_5xx_total{namespace}` and the histogram
+//! `pinboard_proxy_response_head_seconds{namespace}` (time to the response
+//! head; buckets [`LATENCY_BUCKETS_MS`]), which is what a 5xx share and a
+//! p99 per namespace are computed from.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::MetricType;
 use serde::{Deserialize, Serialize};
 
 /// Most namespaces with a row of their own.
@@ -28,6 +41,8 @@ pub const LATENCY_BUCKETS_MS: [u64; 14] = [
 struct Row {
     requests: AtomicU64,
     errors: AtomicU64,
+    /// Time to the response head, summed (µs): a histogram's `_sum`.
+    sum_us: AtomicU64,
     buckets: [AtomicU64; LATENCY_BUCKETS_MS.len() + 1],
 }
 
@@ -37,7 +52,9 @@ impl Row {
         if status >= 500 {
             self.errors.fetch_add(1, Ordering::Relaxed);
         }
-        let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.sum_us.fetch_add(us, Ordering::Relaxed);
+        let ms = us / 1000;
         let bucket = LATENCY_BUCKETS_MS
             .iter()
             .position(|&b| ms < b)
@@ -58,6 +75,9 @@ pub struct NamespaceTraffic {
     pub errors: u64,
     /// Requests per latency bucket ([`LATENCY_BUCKETS_MS`], then the rest).
     pub buckets: Vec<u64>,
+    /// Time to the response head of all of them, in microseconds.
+    #[serde(skip)]
+    pub sum_us: u64,
 }
 
 /// Per-namespace traffic of this node.
@@ -99,6 +119,7 @@ impl Traffic {
             ns: ns.to_owned(),
             requests: row.requests.load(Ordering::Relaxed),
             errors: row.errors.load(Ordering::Relaxed),
+            sum_us: row.sum_us.load(Ordering::Relaxed),
             buckets: row
                 .buckets
                 .iter()
@@ -116,6 +137,64 @@ impl Traffic {
             out.push(snapshot(OTHER_NAMESPACES, &self.other));
         }
         out
+    }
+}
+
+/// A counter family of [`TrafficMetrics`]: name, help, and its value in a row.
+type CounterFamily = (&'static str, &'static str, fn(&NamespaceTraffic) -> u64);
+
+/// [`Traffic`] as Prometheus families, read at scrape time (see the
+/// module doc). Every family is declared on every scrape, rows or not.
+#[derive(Debug, Clone)]
+pub struct TrafficMetrics(pub Arc<Traffic>);
+
+impl Collector for TrafficMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows = self.0.read();
+        let counters: [CounterFamily; 2] = [
+            (
+                "pinboard_proxy_namespace_requests",
+                "Client requests the proxy answered, per namespace (the first 64; the rest as (other))",
+                |row| row.requests,
+            ),
+            (
+                "pinboard_proxy_namespace_5xx",
+                "Client requests the proxy answered 5xx (the worker's or pinboard's own), per namespace",
+                |row| row.errors,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for row in &rows {
+                let labels = [("namespace", row.ns.as_str())];
+                ConstCounter::new(value(row)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut heads = encoder.encode_descriptor(
+            "pinboard_proxy_response_head_seconds",
+            "Time from a client request to its response head, per namespace",
+            None,
+            MetricType::Histogram,
+        )?;
+        for row in &rows {
+            let labels = [("namespace", row.ns.as_str())];
+            let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS_MS
+                .iter()
+                .map(|ms| *ms as f64 / 1000.0)
+                .chain(std::iter::once(f64::MAX))
+                .zip(row.buckets.iter().copied())
+                .collect();
+            let sum = row.sum_us as f64 / 1e6;
+            heads
+                .encode_family(&labels)?
+                .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                    sum,
+                    row.requests,
+                    &buckets,
+                    None,
+                )?;
+        }
+        Ok(())
     }
 }
 
@@ -146,5 +225,26 @@ mod tests {
         assert_eq!(rows.len(), MAX_TRACKED_NAMESPACES + 1);
         let other = rows.last().expect("other");
         assert_eq!((other.ns.as_str(), other.requests), (OTHER_NAMESPACES, 6));
+    }
+
+    #[test]
+    fn the_rows_are_exported_as_counters_and_a_histogram() {
+        let t = Arc::new(Traffic::default());
+        t.record("/c", 200, Duration::from_micros(1500));
+        t.record("/c", 503, Duration::from_millis(70));
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(TrafficMetrics(t)));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for line in [
+            "pinboard_proxy_namespace_requests_total{namespace=\"/c\"} 2",
+            "pinboard_proxy_namespace_5xx_total{namespace=\"/c\"} 1",
+            "pinboard_proxy_response_head_seconds_count{namespace=\"/c\"} 2",
+            "pinboard_proxy_response_head_seconds_bucket{le=\"0.002\",namespace=\"/c\"} 1",
+            "pinboard_proxy_response_head_seconds_bucket{le=\"0.1\",namespace=\"/c\"} 2",
+            "pinboard_proxy_response_head_seconds_bucket{le=\"+Inf\",namespace=\"/c\"} 2",
+        ] {
+            assert!(text.contains(line), "{line} missing:\n{text}");
+        }
     }
 }

@@ -264,8 +264,14 @@ impl ProxyError {
             ErrorKind::Unresolved(ResolveError::OtherWorld) => {}
             ErrorKind::Unresolved(e) => {
                 metrics.proxy_unavailable.inc();
-                if let ResolveError::Store(error) = e {
-                    tracing::warn!(target: "pinboard::proxy", %error, "placement store failed");
+                if let ResolveError::Store(err) = e {
+                    if let Some(seen) = pinned_edge::logging::repeats().failed(
+                        "pinboard proxy",
+                        "store",
+                        pinned_edge::logging::Chain(&err),
+                    ) {
+                        tracing::warn!(target: "pinboard::proxy", error = %seen, failures = seen.failures, "placement store failed");
+                    }
                 }
             }
             ErrorKind::FleetFull => {
@@ -276,7 +282,7 @@ impl ProxyError {
                 tracing::debug!(target: "pinboard::proxy", key, "worker did not answer in time");
             }
             ErrorKind::Unreachable(error) | ErrorKind::BrokeMidRequest(error) => {
-                tracing::debug!(target: "pinboard::proxy", %error, "worker unreachable");
+                tracing::debug!(target: "pinboard::proxy", error = %pinned_edge::logging::Chain(error), "worker unreachable");
             }
             _ => {}
         }

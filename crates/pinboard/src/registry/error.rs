@@ -100,7 +100,14 @@ impl RegistryError {
 impl IntoResponse for RegistryError {
     fn into_response(self) -> Response {
         if let Self::Store(e) = &self {
-            tracing::warn!(target: "pinboard::registry", error = %e, "placement store failed");
+            // Every registry call fails while the store is down: once with
+            // its cause, then with a count (see `repeats`).
+            let cause = pinned_edge::logging::Chain(e);
+            if let Some(seen) =
+                pinned_edge::logging::repeats().failed("pinboard registry", "store", cause)
+            {
+                tracing::warn!(target: "pinboard::registry", error = %seen, failures = seen.failures, "placement store failed");
+            }
         }
         let retry = matches!(
             self,

@@ -202,7 +202,7 @@ impl<S: PlacementStore> Routes<S> {
         match self.store.superseded(from, now).await {
             Ok(reason) => MoveReason::of_gone_session(reason.as_deref()),
             Err(error) => {
-                tracing::debug!(target: "pinboard::placement", from, %error, "could not read why a session went");
+                tracing::debug!(target: "pinboard::placement", from, error = %pinned_edge::logging::Chain(&error), "could not read why a session went");
                 MoveReason::LeaseLapsed
             }
         }

@@ -95,7 +95,12 @@ impl HostShared {
                 tokio::select! {
                     () = host.stop.cancelled() => {}
                     () = tokio::time::sleep_until(at) => {
-                        tracing::warn!(namespace = %host.ns, "drain deadline reached; aborting instances");
+                        // A drain that finished in time (a clean stop)
+                        // leaves nothing to abort: no warning for that.
+                        match host.len() {
+                            0 => tracing::debug!(namespace = %host.ns, "drain deadline reached; nothing left to abort"),
+                            live => tracing::warn!(namespace = %host.ns, instances = live, "drain deadline reached; aborting instances"),
+                        }
                         host.abort_all();
                     }
                 }

@@ -339,7 +339,7 @@ impl InstanceTrays {
     pub(crate) async fn settle(&self) {
         let receipt = self.frontier.receipt();
         if let Err(error) = receipt.await {
-            tracing::warn!(%error, "tray effects did not all land before teardown");
+            tracing::warn!(error = %pinned_edge::logging::Chain(&error), "tray effects did not all land before teardown");
         }
     }
 }

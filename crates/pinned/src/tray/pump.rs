@@ -114,7 +114,7 @@ impl<T: Tray> OpenTray<T> {
             // nobody waits for it, so it may wait for company.
             if state.changed {
                 if let Err(error) = self.commit_with(&mut state, Urgency::Soon) {
-                    tracing::error!(tray = %self.label(), %error, "could not write a tray's ack");
+                    tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not write a tray's ack");
                 }
             }
         }
@@ -154,7 +154,7 @@ impl<T: Tray> OpenTray<T> {
             // The last ack and the unmark: nobody waits for them, and the
             // next admission (a steady stream's usual case) carries them.
             if let Err(error) = self.commit_with(state, Urgency::Soon) {
-                tracing::error!(tray = %self.label(), %error, "could not unmark a dry tray");
+                tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not unmark a dry tray");
             }
             // The open map's reference and the pump's.
             if self.passivate_if_dry(state, 2) {
@@ -167,7 +167,7 @@ impl<T: Tray> OpenTray<T> {
             state.changed = true;
             tracing::error!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), attempts = state.attempts, "tray parked its head item after too many delivery attempts");
             if let Err(error) = self.commit(state) {
-                tracing::error!(tray = %self.label(), %error, "could not park the tray");
+                tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not park the tray");
             }
             return Step::Stop;
         }

@@ -30,7 +30,7 @@ pub(crate) async fn wake_marked(host: Arc<HostShared>) {
         {
             Ok(page) => page,
             Err(error) => {
-                tracing::error!(namespace = %host.ns, %error, "could not list instances with pending tray work");
+                tracing::error!(namespace = %host.ns, error = %pinned_edge::logging::Chain(&error), "could not list instances with pending tray work");
                 return;
             }
         };

@@ -79,6 +79,21 @@ impl Pinboard {
         self
     }
 
+    /// Serves HTTPS with `certs` (`--tls-cert`, `--tls-key`).
+    ///
+    /// # Panics
+    ///
+    /// When a path is not UTF-8.
+    pub fn tls(self, certs: &crate::SelfSigned) -> Self {
+        let (cert, key) = (certs.cert.to_str(), certs.key.to_str());
+        self.args(&[
+            "--tls-cert",
+            cert.expect("utf-8 path"),
+            "--tls-key",
+            key.expect("utf-8 path"),
+        ])
+    }
+
     /// Runs it under `ulimit -n <nofile>`.
     pub fn nofile(mut self, nofile: u64) -> Self {
         self.nofile = Some(nofile);
