@@ -10,16 +10,16 @@
 //!
 //! | phase | file | does |
 //! | --- | --- | --- |
-//! | prepare | [`prepare`] | `Host` lines, path and id, cluster credentials, world, body, the worker's request head |
-//! | resolve | [`resolve`] | the route of this attempt (`crate::routes`: cached, else the store, else a claim) |
-//! | stamp | [`send`] | the attempt's target, attestation, epoch and forwarding fields |
-//! | send | [`send`] | the request out, its response head back within the deadline |
-//! | classify | [`answer`] | the answer read through [`classify`]'s table: relayed, switched, or a refusal to retry |
-//! | retry-or-respond | [`retry`] | the next attempt set up, or the request ended on its error |
+//! | prepare | [`prepare`](mod@prepare) | `Host` lines, path and id, cluster credentials, world, body, the worker's request head |
+//! | resolve | [`resolve`](mod@resolve) | the route of this attempt (`crate::routes`: cached, else the store, else a claim) |
+//! | stamp | [`send`](mod@send) | the attempt's target, attestation, epoch and forwarding fields |
+//! | send | [`send`](mod@send) | the request out, its response head back within the deadline |
+//! | classify | [`answer`](mod@answer) | the answer read through [`classify`](mod@classify)'s table: relayed, switched, or a refusal to retry |
+//! | retry-or-respond | [`retry`](mod@retry) | the next attempt set up, or the request ended on its error |
 //!
 //! Then every request, answered or not, ends in the same place: a refused
 //! claim is handed back, traffic is counted, and an error becomes its one
-//! answer ([`error`]).
+//! answer ([`error`](mod@error)).
 //!
 //! The request's world (`crate::world`: `Pinboard-Hostname`/`Pinboard-Env`,
 //! or a cluster caller's registration) limits which workers it reaches: a
@@ -50,7 +50,7 @@
 //!
 //! # Retries
 //!
-//! At most `--proxy-retries` re-sends, decided by [`classify`]'s table. A request is
+//! At most `--proxy-retries` re-sends, decided by [`classify`](mod@classify)'s table. A request is
 //! only re-sent when resending is safe: its body is buffered (known length up
 //! to `--retry-body-limit`) or empty, and a transport failure is retried
 //! here only when nothing of the request reached the worker. One that
