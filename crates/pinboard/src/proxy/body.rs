@@ -52,7 +52,7 @@ impl BodyFault {
     }
 }
 
-/// How far a streamed body got, as seen from the forward phase.
+/// How far a streamed body got, as seen from the send phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyEnd {
     /// Still being sent (or dropped unsent: the worker connection failed).
@@ -63,7 +63,7 @@ pub enum BodyEnd {
     Fault(BodyFault),
 }
 
-/// A streamed body's progress, as the forward phase sees it.
+/// A streamed body's progress, as the send phase sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BodyState {
     /// How far it got.
@@ -76,7 +76,7 @@ pub struct BodyState {
     pub awaiting_client: bool,
 }
 
-/// A streamed body's progress, shared with the forward phase.
+/// A streamed body's progress, shared with the send phase.
 #[derive(Debug, Clone)]
 pub struct BodyWatch(Arc<Mutex<BodyState>>);
 

@@ -4,7 +4,7 @@
 //! Owns the hop-by-hop rules (RFC 9110 §7.6.1) and the forwarding headers
 //! (`X-Forwarded-For`, `X-Forwarded-Proto`, `Forwarded` of RFC 7239). Never
 //! adds pinboard's own headers (`Pinboard-Attestation`, `Pinboard-Epoch`:
-//! that is the forward phase) and never reads a body.
+//! that is the send phase) and never reads a body.
 //!
 //! Requests lose every client `pinboard-*` header, `Host` (the worker's is
 //! set per attempt), the hop-by-hop headers (`Connection`, `Keep-Alive`,
