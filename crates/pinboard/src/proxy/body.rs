@@ -10,7 +10,7 @@
 //! Never decides the status of a worker failure.
 //!
 //! A streamed body reports its progress on a shared [`BodyWatch`]: the
-//! forward phase counts the upstream deadline from the last chunk the
+//! send phase counts the upstream deadline from the last chunk the
 //! worker side took (a worker cannot answer an upload before it has it, and
 //! a frozen one stops taking chunks), and after a failed send it asks
 //! whether the client was the cause.
