@@ -54,11 +54,12 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use self::backoff::{Acceptor, Admission};
 use self::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
+use crate::app::App;
 use crate::config::Config;
 use crate::front::{self, Ended, Served};
 use crate::placement::PlacementStore;
-use crate::proxy::{self, ClientAddr, UpgradeHold};
-use crate::server::{self, App};
+use crate::proxy::{self, ClientAddr, Inbound, UpgradeHold};
+use crate::server;
 use crate::upstream;
 
 /// Whether `path` is one of pinboard's own routes ([`server::paths`])
@@ -456,7 +457,7 @@ async fn route<S: PlacementStore>(
             Err(never) => match never {},
         }
     } else {
-        proxy::serve(&app, Some(&client), request).await
+        proxy::serve(&app, Some(&client), Inbound::Request(request)).await
     }
 }
 

@@ -41,7 +41,7 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-pub use crate::outbound::BoxFuture;
+use futures_util::future::BoxFuture;
 
 /// A point in time as pinboard's decisions see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

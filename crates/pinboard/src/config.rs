@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Parser;
 
@@ -349,7 +350,53 @@ pub enum ConfigError {
     },
 }
 
+/// The proxy's settings, derived from [`Config`] (see `crate::proxy`).
+#[derive(Debug, Clone, Copy)]
+pub struct ProxySettings {
+    /// Re-sends after a retryable answer (`--proxy-retries`).
+    pub retries: u32,
+    /// Largest request body buffered for re-sending (`--retry-body-limit`).
+    pub retry_body_limit: usize,
+    /// Time a worker has to answer with a response head
+    /// (`--upstream-timeout-ms`).
+    pub upstream_timeout: Duration,
+    /// Time to read a buffered body whole; longest pause in a streamed one
+    /// (`--body-timeout-ms`).
+    pub body_timeout: Duration,
+    /// Longest pause in a worker's answer body once its head came
+    /// (`--upstream-body-timeout-ms`).
+    pub upstream_body_timeout: Duration,
+}
+
+/// How large a registry call's body may be and how long it may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    /// Largest body in bytes (413 beyond).
+    pub max_bytes: usize,
+    /// Time to receive all of it (408 after).
+    pub timeout: Duration,
+}
+
 impl Config {
+    /// The proxy's settings.
+    pub fn proxy_settings(&self) -> ProxySettings {
+        ProxySettings {
+            retries: self.proxy_retries,
+            retry_body_limit: self.retry_body_limit,
+            upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
+            body_timeout: Duration::from_millis(self.body_timeout_ms),
+            upstream_body_timeout: Duration::from_millis(self.upstream_body_timeout_ms),
+        }
+    }
+
+    /// The bounds of `/registry/*` (and dashboard) request bodies.
+    pub fn registry_body_limits(&self) -> BodyLimits {
+        BodyLimits {
+            max_bytes: self.max_registry_body_bytes,
+            timeout: Duration::from_millis(self.body_timeout_ms),
+        }
+    }
+
     /// The effective number of I/O threads (`--io-threads`, or one per CPU).
     pub fn io_threads(&self) -> usize {
         match self.io_threads {

@@ -20,7 +20,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use pinned_edge::logging::Chain;
 use pinned_store::ConnectionString;
 
-use crate::clock::{BoxFuture, DurableMark, MarkError};
+use futures_util::future::BoxFuture;
+
+use crate::clock::{DurableMark, MarkError};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const POOL_SIZE: usize = 2;

@@ -43,10 +43,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use self::head::{Fields, Parse};
 use self::respond::{After, Asked};
 use self::rewind::Rewind;
+use crate::app::App;
 use crate::placement::PlacementStore;
 use crate::proxy::body::BodyFault;
-use crate::proxy::{self, ClientAddr};
-use crate::server::App;
+use crate::proxy::{self, ClientAddr, Inbound, ProxyError};
 
 /// How much room a read asks for.
 const READ_ROOM: usize = 8 * 1024;
@@ -183,25 +183,21 @@ where
         };
         let mut close = own.close;
         let read = read_body(&mut io, &mut buf, own.body_len, limits.body_timeout).await;
-        let res = match (read, own.host) {
-            (Ok(_), Err(bad_host)) => {
-                app.metrics.proxy_requests.inc();
-                proxy::host_refusal(bad_host)
-            }
+        let inbound = match (read, own.host) {
+            (Ok(_), Err(bad_host)) => Inbound::Refused(ProxyError::bad_host(bad_host)),
             (Ok(body), Ok(())) => {
                 let body = match body {
                     Some(bytes) => Body::from(bytes),
                     None => Body::empty(),
                 };
-                let req = Request::from_parts(own.head, body);
-                proxy::serve_checked(&app, Some(&client), req).await
+                Inbound::HostChecked(Request::from_parts(own.head, body))
             }
             (Err(fault), _) => {
-                app.metrics.proxy_client_body_errors.inc();
                 close = true;
-                proxy::client_fault(fault)
+                Inbound::Refused(ProxyError::client_body(fault))
             }
         };
+        let res = proxy::serve(&app, Some(&client), inbound).await;
         close |= stop.load(Ordering::Acquire);
         let after = respond::write(&mut io, &mut out, res, asked, close).await;
         drop(busy);

@@ -2,38 +2,44 @@
 //! (leases, heartbeats, challenges), places every `(namespace, id)` on exactly
 //! one live worker, and reverse-proxies client traffic to the owner.
 //!
-//! Layout, one concern per module:
+//! Layers, bottom to top: a module uses only modules of its own layer or
+//! below (no import circle among the files), and nothing below the
+//! [`app`] state knows a request handler.
 //!
-//! - [`config`]: flags and environment.
-//! - [`clock`]: time, randomness and the epoch floor, as inputs;
-//!   [`epoch_mark`]: the floor's durable high-water mark in Postgres.
-//! - [`placement`]: the store trait; [`placement::MemoryStore`] (one node) and
-//!   [`placement::RedisStore`] (many nodes).
-//! - [`registry`]: register / heartbeat / release / deregister / tag / push
-//!   and the operator views; [`registry::http`] is its HTTP shell.
-//! - [`operator`]: the operator's placements pages, sweeper status and
-//!   recent moves; [`operator_cli`]: the `pinboard workers|placements|
-//!   drain|…` commands that read and act on a running pinboard.
-//! - [`challenge`]: the advertise-URL proof.
-//! - [`dashboard`]: the operator's web page at `/dashboard` (assets
-//!   embedded), its login sessions and its feed.
-//! - [`proxy`]: the data plane (resolve, forward, classify, retry);
-//!   [`world`]: which workers a request may reach (hostname and env).
-//! - [`sweeper`]: due alarms and marked ids from the state store, delivered
-//!   as `_alarm` / `_wake` through placement (with `--database-url`).
-//! - [`upkeep`]: store-loss checks and expiry of vacated placement rows.
-//! - [`outbound`]: the one transport for everything sent to workers.
-//! - [`metrics`], [`upstream`], [`server`]: metrics, the pooled client, wiring.
-//! - [`sim`]: `pinboard sim-coprocess`, the reference's simulation driving
-//!   these parts over JSON lines.
-//! - [`accept`]: the accept loop, which sends control paths to the router
-//!   and everything else straight to the proxy.
+//! 1. Inputs: [`config`] (flags, environment, the settings derived from
+//!    them); [`clock`] (time, randomness and the epoch floor) with
+//!    [`epoch_mark`] (the floor's durable mark in Postgres); [`metrics`].
+//! 2. [`placement`]: the store trait; [`placement::MemoryStore`] (one
+//!    node) and [`placement::RedisStore`] (many nodes).
+//! 3. [`world`]: which workers a request may reach (hostname and env).
+//! 4. [`upstream`]: the pooled clients, one [`upstream::WorkerConn`] per
+//!    live worker; [`outbound`]: the one transport for everything sent to
+//!    workers.
+//! 5. [`routes`]: the route directory (routes, the worker view, the
+//!    store's generation and quarantine, readiness, claims), with the
+//!    records it feeds in [`operator`] (`moves`, `traffic`).
+//! 6. [`challenge`]: the advertise-URL proof; [`registry`]: register /
+//!    heartbeat / release / deregister / tag / push, as decisions.
+//! 7. [`app`]: the shared state of a node, wired in one function.
+//! 8. What takes an `App`: [`proxy`] (the data plane, as phases),
+//!    [`sweeper`] (due alarms and marked ids, with `--database-url`),
+//!    [`upkeep`] (store-loss checks, expiry of vacated rows), and the HTTP
+//!    shells `registry::http`, `operator::http` and `dashboard::http` (the
+//!    operator's page at `/dashboard`).
+//! 9. Serving: [`server`] (the control router), [`front`] and [`accept`]
+//!    (the accept loop: control paths to the router, everything else to
+//!    [`proxy::serve`]).
+//! 10. Entry points: [`run`], [`cli`], [`operator_cli`] (the `pinboard
+//!     workers|placements|drain|…` commands), [`sim`] (`pinboard
+//!     sim-coprocess`: the reference's simulation driving these parts over
+//!     JSON lines).
 //!
 //! The crate never depends on the worker SDK: worker and control plane share
 //! only `pinned-wire` (and read the same `pinned-store` tables).
 #![forbid(unsafe_code)]
 
 pub mod accept;
+pub mod app;
 pub mod challenge;
 pub mod cli;
 pub mod clock;
@@ -48,6 +54,7 @@ pub mod outbound;
 pub mod placement;
 pub mod proxy;
 pub mod registry;
+pub mod routes;
 pub mod server;
 pub mod sim;
 pub mod sweeper;
@@ -110,9 +117,9 @@ async fn serve_with<S: PlacementStore>(
         )),
         None => EpochFloor::default(),
     };
-    let app = Arc::new(server::App::from_parts(
+    let app = Arc::new(app::App::from_parts(
         config,
-        server::AppParts {
+        app::AppParts {
             store: Arc::new(store),
             outbound: outbound::Outbound::http(config.upstream_tls()?),
             clock: Arc::new(SystemClock::new()),
@@ -122,7 +129,7 @@ async fn serve_with<S: PlacementStore>(
     ));
     // Before serving: a node places nothing until it knows the store's
     // generation (and whether the store starts empty).
-    app.directory.open_generation().await?;
+    app.routes.open_generation().await?;
     let (stop, stopped) = watch::channel(false);
     // The background tasks' lines carry the node (its bound address), for
     // logs of several nodes read side by side.

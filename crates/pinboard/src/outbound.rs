@@ -11,11 +11,10 @@
 //!
 //! # Hot path
 //!
-//! `Outbound` is an enum, not a `dyn` object: a warm proxied request pays
-//! one predictable branch and nothing else (no box, no lock); the response
-//! body is [`ResBody`], an enum over the pooled body and a buffered one.
+//! `Outbound` is an enum, not a `dyn` object, so the proxy's send is an
+//! ordinary `async fn` (no boxed future per request); the response body is
+//! [`ResBody`], an enum over the pooled body and a buffered one.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,13 +25,12 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
-use crate::proxy::resolve::WorkerConn;
 use crate::upstream::{
-    self, BodyError, PooledBody, SendError, Stamp, Upstream, UpstreamBody, UpstreamTls,
+    self, BodyError, PooledBody, SendError, Stamp, Upstream, UpstreamBody, UpstreamTls, WorkerConn,
 };
 
 /// A boxed future, as [`Exchange`] returns it.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use futures_util::future::BoxFuture;
 
 /// A transport that exchanges one buffered request for one buffered answer.
 pub trait Exchange: Send + Sync + 'static {

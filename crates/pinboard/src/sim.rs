@@ -31,11 +31,13 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 use self::net::{EffectResult, SimClock, SimDurable, SimEntropy, SimNet};
+use crate::app::{App, AppParts};
 use crate::clock::{Entropy, EpochFloor};
 use crate::config::Config;
 use crate::outbound::Outbound;
 use crate::placement::{InstanceKey, MemoryStore, PlacementStore};
-use crate::server::{self, App, AppParts};
+use crate::proxy::{self, Inbound};
+use crate::server;
 use crate::sweeper::{SweepSettings, Sweeper};
 
 /// The deployment token the simulated workers present.
@@ -77,6 +79,7 @@ impl Output {
 
 /// One simulated pinboard node.
 struct Node {
+    app: Arc<App<MemoryStore>>,
     router: Router,
     sweeper: tokio::sync::Mutex<Sweeper<MemoryStore>>,
 }
@@ -246,7 +249,7 @@ impl Sim {
                 let node = self.node(params)?;
                 let req = http_request(params)?;
                 let sync = req.uri().path().starts_with("/registry/");
-                let call = async move { fetch(&node.router, req).await };
+                let call = async move { fetch(&node, req).await };
                 if sync {
                     Ok(Reply::Now(call.await?))
                 } else {
@@ -362,7 +365,7 @@ impl Sim {
                     floor: Arc::new(EpochFloor::with_durable(self.durable.clone())),
                 },
             ));
-            app.directory.open_generation().await?;
+            app.routes.open_generation().await?;
             let sweeper = Sweeper::with_activities(
                 app.clone(),
                 self.durable.clone(),
@@ -370,7 +373,8 @@ impl Sim {
                 self.entropy.token_hex(16),
             );
             built.push(Arc::new(Node {
-                router: server::router(app),
+                router: server::router(app.clone()),
+                app,
                 sweeper: tokio::sync::Mutex::new(sweeper),
             }));
         }
@@ -421,11 +425,16 @@ fn http_request(params: &Value) -> Result<Request<Body>, SimError> {
         .map_err(|e| SimError::BadRequest(e.to_string()))
 }
 
-/// Serve `req` on a node's router; `{status, body}`.
-async fn fetch(router: &Router, req: Request<Body>) -> Result<Value, SimError> {
-    let res = match router.clone().oneshot(req).await {
-        Ok(res) => res,
-        Err(never) => match never {},
+/// Serve `req` on a node as its accept loop would (control paths to the
+/// router, everything else to the proxy); `{status, body}`.
+async fn fetch(node: &Node, req: Request<Body>) -> Result<Value, SimError> {
+    let res = if server::paths::ALL.contains(&req.uri().path()) {
+        match node.router.clone().oneshot(req).await {
+            Ok(res) => res,
+            Err(never) => match never {},
+        }
+    } else {
+        proxy::serve(&node.app, None, Inbound::Request(req)).await
     };
     let status = res.status().as_u16();
     let body = res

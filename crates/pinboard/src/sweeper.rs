@@ -8,7 +8,7 @@
 //! Owns the sweep loop, the sweeper lease and the per-lap bookkeeping
 //! ([`decide`]). Never writes to the state store (both scans are unfenced
 //! reads: the worker deletes an alarm row after its handler ran), never
-//! places an id other than through [`crate::proxy::resolve::Directory`], and
+//! places an id other than through [`crate::routes::Routes`], and
 //! never sends `Pinboard-Proxy-Secret` on `_wake` (the SIM harness asserts
 //! it is absent from every data-plane call).
 //!
@@ -115,14 +115,13 @@ use self::decide::{
     classify_answer, classify_transport, lease_ttl_ms, Call, Key, LeaseKeeper, LeaseOp, Ledger,
     Outcome, Replan,
 };
+use crate::app::App;
 use crate::config::Config;
-use crate::outbound::BoxFuture;
 use crate::placement::{InstanceKey, PlacementStore};
-use crate::proxy::classify::RetryAction;
-use crate::proxy::resolve::{Avoid, ResolveError};
-use crate::proxy::{upstream_uri, MAX_REFUSAL_BODY};
-use crate::server::App;
+use crate::proxy::classify::{RetryAction, MAX_REFUSAL_BODY};
+use crate::routes::{Avoid, ResolveError, Route};
 use crate::world::{Scope, World};
+use futures_util::future::BoxFuture;
 
 /// The site of every repeated-failure stream of the sweeper (see
 /// [`repeats`]); the scope says which scan, session or id.
@@ -671,7 +670,7 @@ async fn deliver<S: PlacementStore>(
             error,
         } => {
             metrics.sweep_failures.inc();
-            shared.app.directory.invalidate(&cache_key);
+            shared.app.routes.invalidate(&cache_key);
             failed(&session, &error, "worker unreachable");
             Some(Replan {
                 action: classify_transport(),
@@ -715,7 +714,7 @@ async fn deliver<S: PlacementStore>(
             }
             Outcome::Retry(action) => {
                 metrics.sweep_failures.inc();
-                shared.app.directory.invalidate(&cache_key);
+                shared.app.routes.invalidate(&cache_key);
                 tracing::debug!(target: "pinboard::sweeper", call, ns, id, session, epoch, %status, ?action, "refused; next lap re-resolves");
                 Some(Replan {
                     action,
@@ -784,7 +783,7 @@ async fn attempt<S: PlacementStore>(
     let mut refresh = false;
     if let Some(p) = &replan {
         match p.action {
-            RetryAction::Reread => app.directory.invalidate(cache_key),
+            RetryAction::Reread => app.routes.invalidate(cache_key),
             RetryAction::RefreshWorkers => refresh = true,
             RetryAction::Replace => stale = Some((p.session.as_str(), p.epoch)),
             RetryAction::MoveAway => {
@@ -799,7 +798,7 @@ async fn attempt<S: PlacementStore>(
         refresh,
     };
     let route = match app
-        .directory
+        .routes
         .resolve(cache_key, &key.ns, &key.id, scope_of(world), avoid)
         .await
     {
@@ -861,11 +860,11 @@ async fn attempt<S: PlacementStore>(
 fn build<S: PlacementStore>(
     app: &App<S>,
     key: &Key,
-    route: &crate::proxy::resolve::Route,
+    route: &Route,
 ) -> Option<Request<crate::upstream::UpstreamBody>> {
     let worker = &route.worker;
     let path = PathAndQuery::try_from(format!("{}/{}{}", key.ns, key.id, key.call.route())).ok()?;
-    let uri = upstream_uri(worker, &path).ok()?;
+    let uri = worker.absolute_uri(&path).ok()?;
     let now = app.clock.now();
     let mut builder = Request::builder()
         .method(Method::POST)
@@ -873,7 +872,10 @@ fn build<S: PlacementStore>(
         .version(Version::HTTP_11)
         .header(header::HOST, worker.host.clone())
         .header(header::CONTENT_LENGTH, HeaderValue::from_static("0"))
-        .header(ATTESTATION, worker.attestation(now.wall_secs(), None))
+        .header(
+            ATTESTATION,
+            worker.attestation(&*app.clock, now.mono_ms, None),
+        )
         .header(EPOCH, route.epoch_header.clone());
     if key.call == Call::Alarm {
         builder = builder.header(

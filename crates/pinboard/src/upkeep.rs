@@ -5,7 +5,7 @@
 //! the store, and small):
 //!
 //! - every `--worker-refresh-ms`, a generation check
-//!   ([`Directory::check_generation`](crate::proxy::resolve::Directory::check_generation)):
+//!   ([`Routes::check_generation`](crate::routes::Routes::check_generation)):
 //!   a lost store puts the node in quarantine even when no claim happens to
 //!   run into it first;
 //! - every half lease TTL, an expiry pass
@@ -36,9 +36,9 @@ use tracing::Instrument;
 
 use self::lapses::LapseWatch;
 use self::quarantine::QuarantineWatch;
+use crate::app::App;
 use crate::config::Config;
 use crate::placement::PlacementStore;
-use crate::server::App;
 
 /// Longest wait for one upkeep call to the store (a frozen Redis must not
 /// stall upkeep, nor its shutdown).
@@ -109,7 +109,7 @@ async fn look_for_lapses<S: PlacementStore>(app: &App<S>, watch: &mut LapseWatch
 
 /// Logs the end of a quarantine (warn when a store loss began it).
 fn look_at_quarantine<S: PlacementStore>(app: &App<S>, watch: &mut QuarantineWatch) {
-    let left = app.directory.quarantine_left_ms();
+    let left = app.routes.quarantine_left_ms();
     match watch.look(left, app.metrics.store_losses.get()) {
         Some(ended) if ended.after_loss => {
             tracing::warn!(target: "pinboard::upkeep", "quarantine after the store loss over: placing new ids again")
@@ -180,7 +180,7 @@ pub fn spawn<S: PlacementStore>(
                         }
                     }
                     _ = check.tick() => {
-                        record("generation check", bounded(app.directory.check_generation()).await);
+                        record("generation check", bounded(app.routes.check_generation()).await);
                         look_at_quarantine(&app, &mut quarantine);
                     }
                     _ = expire.tick() => {

@@ -1,6 +1,6 @@
 //! The HTTP/1 clients pinboard uses to reach workers: [`Pool`], one per
-//! worker, for proxied requests, and the generic pooled [`Upstream`] for
-//! challenge probes and the sweeper's deliveries.
+//! worker ([`WorkerConn`]), for proxied requests, and the generic pooled
+//! [`Upstream`] for challenge probes and the sweeper's deliveries.
 //!
 //! Owns connection pooling, keep-alive settings and TLS to `https://`
 //! advertise URLs ([`UpstreamTls`]: the Mozilla roots plus
@@ -13,8 +13,10 @@
 
 pub mod h1;
 pub mod stamp;
+pub mod worker;
 
 pub use self::stamp::Stamp;
+pub use self::worker::WorkerConn;
 
 use self::h1::Reached;
 

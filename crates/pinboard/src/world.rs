@@ -21,7 +21,7 @@
 //!   target wins over `Host`, RFC 9112 §3.2.2) when that is a *bound*
 //!   hostname: one a worker registered and the store still remembers,
 //!   whether or not a worker of it is live now (the proxy's
-//!   `Directory::bound_hostnames`). A browser cannot set headers, and the
+//!   `routes::View::binds`). A browser cannot set headers, and the
 //!   JS document's `clusterHost` design has `Host` name the world, with
 //!   `Pinboard-Hostname` for a pinboard behind a front door that routes by
 //!   `Host`. Any other `Host` (pinboard's own address, say) is the

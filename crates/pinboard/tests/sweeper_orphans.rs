@@ -11,10 +11,10 @@ use bytes::Bytes;
 use clap::Parser;
 use http::{Request, Response, StatusCode};
 use parking_lot::Mutex;
+use pinboard::app::{App, AppParts};
 use pinboard::clock::{EpochFloor, SeededEntropy, SystemClock};
 use pinboard::outbound::{BoxFuture, Exchange, Outbound};
 use pinboard::placement::{InstanceKey, MemoryStore, PlacementStore, WorkerRecord};
-use pinboard::server::{App, AppParts};
 use pinboard::sweeper::{Activities, SweepSettings, Sweeper};
 use pinboard::upstream::SendError;
 use pinboard::Config;
@@ -110,7 +110,7 @@ async fn orphans_are_re_placed_and_woken_until_the_wake_answers_200() {
             floor: Arc::new(EpochFloor::default()),
         },
     ));
-    app.directory.open_generation().await.expect("generation");
+    app.routes.open_generation().await.expect("generation");
     let now = app.clock.now();
     // Place `a` on `dead` (the only worker yet), then let `dead` go.
     store
@@ -118,7 +118,7 @@ async fn orphans_are_re_placed_and_woken_until_the_wake_answers_200() {
         .await
         .expect("put");
     let (route, claimed) = app
-        .directory
+        .routes
         .resolve_claiming(
             "/threads/a",
             "/threads",
@@ -136,8 +136,8 @@ async fn orphans_are_re_placed_and_woken_until_the_wake_answers_200() {
         .expect("put");
     let first = route.epoch;
     store.remove_worker("dead").await.expect("remove");
-    app.directory.workers_changed();
-    app.directory.invalidate("/threads/a");
+    app.routes.workers_changed();
+    app.routes.invalidate("/threads/a");
 
     script.answers.lock().extend([202, 200]);
     let settings = SweepSettings {

@@ -22,6 +22,7 @@ use percent_encoding::percent_decode_str;
 use pinned_wire::registry::PushRequest;
 use serde::{Deserialize, Serialize};
 
+use crate::app::App;
 use crate::operator::moves::Move;
 use crate::operator::placements::{PlacementPage, PlacementQuery};
 use crate::operator::sweeper_status::SweeperStatus;
@@ -29,7 +30,6 @@ use crate::operator::traffic::{NamespaceTraffic, LATENCY_BUCKETS_MS};
 use crate::placement::PlacementStore;
 use crate::registry::http::read_body;
 use crate::registry::RegistryError;
-use crate::server::App;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "pinboard_dashboard";
@@ -382,7 +382,7 @@ pub async fn push<S: PlacementStore>(State(app): State<Arc<App<S>>>, req: Reques
     .await;
     match result {
         Ok(msg_id) => {
-            app.directory.workers_changed();
+            app.routes.workers_changed();
             secured(Json(serde_json::json!({ "ok": true, "msgId": msg_id })).into_response())
         }
         Err(e) => {

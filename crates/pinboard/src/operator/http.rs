@@ -17,10 +17,10 @@ use super::moves::MOVE_RING_CAPACITY;
 use super::placements::PlacementQuery;
 use super::sweeper_status::SweeperStatus;
 use super::DEFAULT_MOVES_LIMIT;
+use crate::app::App;
 use crate::placement::PlacementStore;
 use crate::registry::http::{fail, Operator};
 use crate::registry::RegistryError;
-use crate::server::App;
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, RegistryError> {
     q.map(|Query(q)| q)

@@ -2,7 +2,7 @@
 //!
 //! Owns the ring and the short memory of ids whose owner just let go of them
 //! (released, deregistered, lapsed), so that the next claim of such an id can
-//! say where it came from. Fed by this node's [`Directory`] and registry
+//! say where it came from. Fed by this node's [`Routes`] and registry
 //! shell; never reads the store and never blocks on anything but its own
 //! short locks. Both collections are bounded ([`MOVE_RING_CAPACITY`],
 //! [`DEPARTED_CAPACITY`]): a node that sees more churn forgets the oldest.
@@ -13,7 +13,7 @@
 //! A move is what *this node* saw: a claim made by another pinboard node is
 //! in that node's ring, and a first placement of a new id is no move.
 //!
-//! [`Directory`]: crate::proxy::resolve::Directory
+//! [`Routes`]: crate::routes::Routes
 
 use std::collections::VecDeque;
 

@@ -10,7 +10,7 @@
 //! Never decides the status of a worker failure.
 //!
 //! A streamed body reports its progress on a shared [`BodyWatch`]: the
-//! forward phase counts the upstream deadline from the last chunk the
+//! send phase counts the upstream deadline from the last chunk the
 //! worker side took (a worker cannot answer an upload before it has it, and
 //! a frozen one stops taking chunks), and after a failed send it asks
 //! whether the client was the cause.
@@ -52,7 +52,7 @@ impl BodyFault {
     }
 }
 
-/// How far a streamed body got, as seen from the forward phase.
+/// How far a streamed body got, as seen from the send phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyEnd {
     /// Still being sent (or dropped unsent: the worker connection failed).
@@ -63,7 +63,7 @@ pub enum BodyEnd {
     Fault(BodyFault),
 }
 
-/// A streamed body's progress, as the forward phase sees it.
+/// A streamed body's progress, as the send phase sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BodyState {
     /// How far it got.
@@ -76,7 +76,7 @@ pub struct BodyState {
     pub awaiting_client: bool,
 }
 
-/// A streamed body's progress, shared with the forward phase.
+/// A streamed body's progress, shared with the send phase.
 #[derive(Debug, Clone)]
 pub struct BodyWatch(Arc<Mutex<BodyState>>);
 
@@ -119,8 +119,8 @@ impl BodyWatch {
 pub enum ReqBody {
     /// Buffered: can be sent again.
     Replay(Bytes),
-    /// Streamed: one attempt only.
-    Once(Option<ClientBody>),
+    /// Streamed ([`ClientBody`], boxed once here): one attempt only.
+    Once(Option<Body>),
 }
 
 impl ReqBody {
@@ -135,7 +135,7 @@ impl ReqBody {
         match self {
             ReqBody::Replay(b) => Either::Left(Full::new(b.clone())),
             ReqBody::Once(b) => match b.take() {
-                Some(b) => Either::Right(Body::new(b)),
+                Some(b) => Either::Right(b),
                 None => crate::upstream::empty(),
             },
         }
@@ -163,7 +163,7 @@ pub async fn prepare(
         },
         _ => {
             let (body, end) = ClientBody::new(body, timeout);
-            Ok((ReqBody::Once(Some(body)), Some(end)))
+            Ok((ReqBody::Once(Some(Body::new(body))), Some(end)))
         }
     }
 }

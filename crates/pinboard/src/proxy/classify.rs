@@ -1,5 +1,5 @@
 //! Retry classification: what a worker's answer (or a failed connect) means
-//! for the proxy. Pure: status, headers and detail in, a [`Verdict`] out.
+//! for the proxy (and the sweeper). Pure: status, headers and detail in, a [`Verdict`] out.
 //!
 //! Owns the table below; never performs the retry itself.
 //!
@@ -15,12 +15,16 @@
 //! | connect failure before the request was sent | re-read after a backoff |
 //! | connection lost after the request went out, before any answer | 502 `worker connection failed mid-request`, never re-sent here: an idempotent method (RFC 9110 §9.2.2) was already sent once more on a new connection by the worker's pool (`upstream::Pool::send`: the keep-alive race), and the worker may have started it |
 //! | a malformed or cut-short answer (bad framing, an oversized head) | 502 `worker connection failed mid-request`, never re-sent (the worker took the request; nginx's `proxy_next_upstream` leaves `invalid_header` out by default) |
-//! | no response head within `--upstream-timeout-ms` | 504 `worker did not answer in time`, route dropped, never re-sent (decided in `proxy`, not here: the worker may still be working on it, and a frozen one would cost the whole budget again per retry) |
-//! | the client's body broke or stalled | the client's fault (400 / 408), route kept (decided in `proxy`, before this table) |
+//! | no response head within `--upstream-timeout-ms` | 504 `worker did not answer in time`, route dropped, never re-sent (decided in the proxy's send phase, not here: the worker may still be working on it, and a frozen one would cost the whole budget again per retry) |
+//! | the client's body broke or stalled | the client's fault (400 / 408), route kept (decided in the proxy's send phase, before this table) |
 //! | anything else (incl. `activation queue full; retry`, `instance aborted`) | relay as is |
 
 use http::StatusCode;
 use pinned_wire::refusal::Refusal;
+
+/// Largest refusal body read to classify it (a larger answer is relayed
+/// unread).
+pub const MAX_REFUSAL_BODY: u64 = 4096;
 
 /// What to do before the next attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +107,7 @@ pub fn classify(
 /// Whether an answer says the worker did not activate the id (it refused
 /// to take it on): `Pinned-Refusal`, or a 503 for an unhealthy lease, a
 /// drain, full capacity or a full activation queue. A placement claimed
-/// for the request and answered so is handed back (`proxy::resolve`).
+/// for the request and answered so is handed back (`routes::claim`).
 pub fn never_activated(status: StatusCode, has_refusal_header: bool, detail: Option<&str>) -> bool {
     has_refusal_header
         || (status == StatusCode::SERVICE_UNAVAILABLE

@@ -28,8 +28,9 @@ use http::HeaderMap;
 use pinned_wire::headers::{FROM, MAX_SUBREQUEST_DEPTH, SESSION, SESSION_SECRET, SUBREQUEST_DEPTH};
 use subtle::ConstantTimeEq;
 
-use super::resolve::{Directory, WorkerConn};
 use crate::placement::{PlacementStore, StoreError};
+use crate::routes::Routes;
+use crate::upstream::WorkerConn;
 
 /// Longest `Pinboard-Session` looked up (pinboard's session ids are 32
 /// hex characters; this leaves room, and bounds what a forged one costs).
@@ -74,7 +75,7 @@ fn text<'a>(headers: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> 
 /// See [`ClusterError`].
 pub async fn verify<S: PlacementStore>(
     headers: &HeaderMap,
-    directory: &Directory<S>,
+    routes: &Routes<S>,
 ) -> Result<Option<Caller>, ClusterError> {
     let session = text(headers, &SESSION);
     let secret = text(headers, &SESSION_SECRET);
@@ -101,7 +102,7 @@ pub async fn verify<S: PlacementStore>(
     if session.len() > MAX_SESSION_ID_LEN {
         return Err(ClusterError::Credentials);
     }
-    let Some(worker) = directory.worker(session).await? else {
+    let Some(worker) = routes.worker(session).await? else {
         return Err(ClusterError::Credentials);
     };
     if !bool::from(worker.record.secret.as_bytes().ct_eq(secret.as_bytes())) {

@@ -9,7 +9,6 @@
 //! [`Registry`](super::Registry).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{FromRequest, FromRequestParts, Query, Request, State};
 use axum::response::{IntoResponse, Response};
@@ -25,8 +24,9 @@ use serde::Deserialize;
 
 use super::auth::Tokens;
 use super::RegistryError;
+use crate::app::App;
+use crate::config::BodyLimits;
 use crate::placement::PlacementStore;
-use crate::server::App;
 
 /// Check `Authorization: Bearer <token>` against `tokens` (constant time).
 ///
@@ -39,15 +39,6 @@ pub fn authorize(headers: &HeaderMap, tokens: &Tokens) -> Result<(), RegistryErr
     } else {
         Err(RegistryError::Unauthorized)
     }
-}
-
-/// How large a registry call's body may be and how long it may take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BodyLimits {
-    /// Largest body in bytes (413 beyond).
-    pub max_bytes: usize,
-    /// Time to receive all of it (408 after).
-    pub timeout: Duration,
 }
 
 /// Read `req`'s body within `limits`.
@@ -191,9 +182,9 @@ pub async fn register<S: PlacementStore>(
     match app.registry.register(req).await {
         Ok((ack, effects)) => {
             app.metrics.registrations.inc();
-            app.directory.forget_sessions(&effects.ended_sessions);
-            app.directory.forget_replaced(&effects.replaced_sessions);
-            app.directory.workers_changed();
+            app.routes.forget_sessions(&effects.ended_sessions);
+            app.routes.forget_replaced(&effects.replaced_sessions);
+            app.routes.workers_changed();
             Json(ack).into_response()
         }
         Err(e) => fail(&app, e),
@@ -224,14 +215,14 @@ pub async fn release<S: PlacementStore>(
             .iter()
             .map(|i| format!("{}/{}", i.namespace, i.id))
             .collect();
-        app.directory.note_released(
+        app.routes.note_released(
             keys.iter()
                 .zip(&items)
                 .map(|(k, i)| (k.as_str(), i.session_id.as_str())),
         );
         let freed = app.registry.release(items).await?;
         for k in keys {
-            app.directory.invalidate(&k);
+            app.routes.invalidate(&k);
         }
         Ok::<_, RegistryError>(freed)
     }
@@ -249,7 +240,7 @@ pub async fn deregister<S: PlacementStore>(
 ) -> Response {
     match app.registry.deregister(req).await {
         Ok(effects) => {
-            app.directory.forget_sessions(&effects.ended_sessions);
+            app.routes.forget_sessions(&effects.ended_sessions);
             Json(serde_json::json!({ "ok": true })).into_response()
         }
         Err(e) => fail(&app, e),
@@ -274,7 +265,7 @@ pub async fn push<S: PlacementStore>(
 ) -> Response {
     match app.registry.push(req).await {
         Ok(msg_id) => {
-            app.directory.workers_changed();
+            app.routes.workers_changed();
             let mut body = serde_json::json!({ "ok": true });
             if let Some(id) = msg_id {
                 body["msgId"] = serde_json::Value::String(id);

@@ -10,6 +10,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
+
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use parking_lot::Mutex;
@@ -20,7 +22,7 @@ use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
 use super::Output;
-use crate::clock::{BoxFuture, Clock, DurableMark, Entropy, MarkError, Now};
+use crate::clock::{Clock, DurableMark, Entropy, MarkError, Now};
 use crate::outbound::Exchange;
 use crate::sweeper::Activities;
 use crate::upstream::SendError;

@@ -107,7 +107,7 @@ async fn setup() -> (
         )
         .expect("app"),
     );
-    app.directory.open_generation().await.expect("generation");
+    app.routes.open_generation().await.expect("generation");
     let state = Arc::new(StateMemory::new());
     let settings = SweepSettings {
         interval_ms: 1_000,
