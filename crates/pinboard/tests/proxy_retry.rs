@@ -199,10 +199,14 @@ async fn a_fleet_of_full_workers_answers_capacity_not_absence() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_start_quarantine_defers_new_placements() {
-    let pb = pinboard()
-        .args(&["--lease-ttl-ms", "60000", "--quarantine-ms", "1500"])
-        .start();
+    // The stopwatch starts before the process does, so the quarantine (which
+    // starts with the process) cannot have begun before it: the elapsed time at
+    // the first placement is then a true lower bound. The quarantine is long
+    // enough that a loaded machine still registers the worker and asks inside it.
     let started = tokio::time::Instant::now();
+    let pb = pinboard()
+        .args(&["--lease-ttl-ms", "60000", "--quarantine-ms", "4000"])
+        .start();
     let (good, _) = fake(&pb.url, "good", Mode::Serve).await;
     let c = client();
     let res = c
@@ -217,7 +221,7 @@ async fn cold_start_quarantine_defers_new_placements() {
         json!({"detail": "pinboard is starting; retry"})
     );
     assert_eq!(good.hits.load(Ordering::SeqCst), 0);
-    // Once the quarantine is over (not before 1.5 s), the id is placed.
+    // Once the quarantine is over (not before 4 s), the id is placed.
     let status = eventually("the quarantine to end", Duration::from_secs(10), || async {
         let res = c
             .get(format!("{}/counter/q/hit", pb.url))
@@ -229,7 +233,7 @@ async fn cold_start_quarantine_defers_new_placements() {
     .await;
     assert_eq!(status, 200);
     assert!(
-        started.elapsed() >= Duration::from_millis(1_500),
+        started.elapsed() >= Duration::from_millis(4_000),
         "placed before the quarantine ended: {:?}",
         started.elapsed()
     );
