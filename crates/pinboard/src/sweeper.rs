@@ -117,6 +117,7 @@ use self::decide::{
 };
 use crate::app::App;
 use crate::config::Config;
+use crate::operator::moves::MovedBy;
 use crate::placement::{InstanceKey, PlacementStore};
 use crate::proxy::classify::{RetryAction, MAX_REFUSAL_BODY};
 use crate::routes::{Avoid, ResolveError, Route};
@@ -799,7 +800,14 @@ async fn attempt<S: PlacementStore>(
     };
     let route = match app
         .routes
-        .resolve(cache_key, &key.ns, &key.id, scope_of(world), avoid)
+        .resolve_as(
+            MovedBy::Sweeper,
+            cache_key,
+            &key.ns,
+            &key.id,
+            scope_of(world),
+            avoid,
+        )
         .await
     {
         Ok(route) => route,
