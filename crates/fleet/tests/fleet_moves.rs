@@ -1,0 +1,195 @@
+//! The operator's "what moved" list after failures, as an operator reads
+//! it: the real `pinboard moves --json` command against a real pinboard
+//! with real workers.
+//!
+//! - A worker SIGKILLed while it holds ids: clients keep asking for them
+//!   (each retry first meets `owner unreachable`, then pinboard's cached
+//!   route is dropped) until its lease lapses and they answer from the
+//!   survivor; every one of them is then listed as moved from the killed
+//!   session to the survivor with reason `lease_lapsed`.
+//! - A worker drained by the operator with ids it then releases (each
+//!   closes when the drain's deadline comes): their next requests place
+//!   them on the other worker, listed with reason `drain`.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::{client, eventually, pinboard, rust_worker, wait_workers, Proc, TOKEN};
+
+/// How long a failover may take: the fleet pinboard's 2 s lease, its
+/// refresh and the clients' retries, with room for a loaded machine.
+const FAILOVER: Duration = Duration::from_secs(20);
+
+/// `GET <pb>/counter/<id>/hit`: the answering process on 200.
+async fn hit(c: &reqwest::Client, pb: &str, id: &str) -> Option<String> {
+    let res = c.get(format!("{pb}/counter/{id}/hit")).send().await.ok()?;
+    if !res.status().is_success() {
+        return None;
+    }
+    let body: Value = res.json().await.ok()?;
+    body["process"].as_str().map(str::to_owned)
+}
+
+/// The process token a worker puts in every answer.
+async fn process_of(c: &reqwest::Client, worker: &Proc) -> String {
+    c.get(format!("{}/fleet/process", worker.url))
+        .send()
+        .await
+        .expect("process token")
+        .text()
+        .await
+        .expect("process token body")
+}
+
+/// The session each worker registered, by advertise URL.
+async fn sessions(c: &reqwest::Client, pb: &str) -> HashMap<String, String> {
+    wait_workers(c, pb, 2)
+        .await
+        .iter()
+        .filter_map(|w| {
+            Some((
+                w["advertiseUrl"].as_str()?.trim_end_matches('/').to_owned(),
+                w["sessionId"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// Asks for `ids` until each was answered at least once by each worker
+/// process in `want` (a new id goes to either worker, weighted by
+/// headroom); returns each id's process.
+async fn spread(c: &reqwest::Client, pb: &str, want: &[&str]) -> HashMap<String, String> {
+    eventually("ids on both workers", Duration::from_secs(20), || async {
+        let mut owners = HashMap::new();
+        for i in 0..24 {
+            let id = format!("m-{i}");
+            let process = hit(c, pb, &id).await?;
+            owners.insert(id, process);
+        }
+        want.iter()
+            .all(|p| owners.values().any(|o| o == p))
+            .then_some(owners)
+    })
+    .await
+}
+
+/// `pinboard moves --json` (the real command, this package's pinboard
+/// binary) against `pb`: its moves.
+fn moves_command(pb: &str) -> Vec<Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_fleet-pinboard"))
+        .args(["moves", "--limit", "256", "--json"])
+        .env("PINBOARD_URL", pb)
+        .env("PINBOARD_OPERATOR_TOKEN", TOKEN)
+        .output()
+        .expect("run pinboard moves");
+    assert!(
+        out.status.success(),
+        "pinboard moves: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).expect("--json output parses");
+    answer["moves"].as_array().cloned().unwrap_or_default()
+}
+
+/// Checks that each of `ids` is listed once as moved `from` → `to` for
+/// `reason`.
+fn assert_moved(moves: &[Value], ids: &[String], from: &str, to: &str, reason: &str) {
+    for id in ids {
+        let listed: Vec<&Value> = moves
+            .iter()
+            .filter(|m| m["ns"] == "/counter" && m["id"] == id.as_str())
+            .collect();
+        assert_eq!(listed.len(), 1, "{id}: {listed:?} in {moves:#?}");
+        let m = listed[0];
+        assert_eq!(
+            (&m["from"], &m["to"], &m["reason"], &m["by"]),
+            (&json!(from), &json!(to), &json!(reason), &json!("request")),
+            "{id}: {m}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_workers_ids_are_listed_as_lease_lapses() {
+    let pb = pinboard().start();
+    let c = client();
+    let mut killed = rust_worker(&pb.url).start();
+    let survivor = rust_worker(&pb.url).start();
+    let by_url = sessions(&c, &pb.url).await;
+    let (killed_session, survivor_session) = (&by_url[&killed.url], &by_url[&survivor.url]);
+    let killed_process = process_of(&c, &killed).await;
+    let survivor_process = process_of(&c, &survivor).await;
+    let owners = spread(&c, &pb.url, &[&killed_process, &survivor_process]).await;
+    let held: Vec<String> = owners
+        .iter()
+        .filter(|(_, p)| **p == killed_process)
+        .map(|(id, _)| id.clone())
+        .collect();
+    assert!(
+        moves_command(&pb.url).is_empty(),
+        "first placements are no moves"
+    );
+
+    killed.kill();
+    for id in &held {
+        eventually("the id answering from the survivor", FAILOVER, || async {
+            hit(&c, &pb.url, id)
+                .await
+                .filter(|p| *p == survivor_process)
+        })
+        .await;
+    }
+    assert_moved(
+        &moves_command(&pb.url),
+        &held,
+        killed_session,
+        survivor_session,
+        "lease_lapsed",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_workers_released_ids_are_listed_as_drains() {
+    let pb = pinboard().start();
+    let c = client();
+    let drained = rust_worker(&pb.url).start();
+    let other = rust_worker(&pb.url).start();
+    let by_url = sessions(&c, &pb.url).await;
+    let (drained_session, other_session) = (&by_url[&drained.url], &by_url[&other.url]);
+    let drained_process = process_of(&c, &drained).await;
+    let other_process = process_of(&c, &other).await;
+    let owners = spread(&c, &pb.url, &[&drained_process, &other_process]).await;
+    let held: Vec<String> = owners
+        .iter()
+        .filter(|(_, p)| **p == drained_process)
+        .map(|(id, _)| id.clone())
+        .collect();
+
+    // Drained with a short deadline: at it, the worker closes what it
+    // holds and releases each id to pinboard.
+    let answer = c
+        .post(format!("{}/registry/push", pb.url))
+        .bearer_auth(TOKEN)
+        .json(&json!({"type": "drain", "sessionId": drained_session, "deadline": 0.5}))
+        .send()
+        .await
+        .expect("push");
+    assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
+    for id in &held {
+        eventually("the id answering from the other worker", FAILOVER, || async {
+            hit(&c, &pb.url, id).await.filter(|p| *p == other_process)
+        })
+        .await;
+    }
+    assert_moved(
+        &moves_command(&pb.url),
+        &held,
+        drained_session,
+        other_session,
+        "drain",
+    );
+}
