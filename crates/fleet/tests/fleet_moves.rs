@@ -10,6 +10,13 @@
 //! - A worker drained by the operator with ids it then releases (each
 //!   closes when the drain's deadline comes): their next requests place
 //!   them on the other worker, listed with reason `drain`.
+//! - A worker killed and the placement store (a private Redis) wiped
+//!   before its lease lapsed: the survivor re-registers and reclaims its
+//!   own ids (no move), the dead worker's are placed on it after the
+//!   store-loss quarantine, listed with reason `store_loss`.
+//! - A worker killed while it holds ids nobody asks for again: pinboard's
+//!   sweeper wakes them on the survivor, listed as lease lapses made `by`
+//!   the sweeper.
 
 mod support;
 
@@ -17,16 +24,25 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
+use pinned_store::conformance::{database_url, unique_ns, PostgresCleanup};
 use serde_json::{json, Value};
-use support::{client, eventually, pinboard, rust_worker, wait_workers, Proc, TOKEN};
+use support::{client, eventually, pinboard, rust_worker, wait_workers, Proc, RedisServer, TOKEN};
 
 /// How long a failover may take: the fleet pinboard's 2 s lease, its
 /// refresh and the clients' retries, with room for a loaded machine.
 const FAILOVER: Duration = Duration::from_secs(20);
 
+/// The fleet worker's namespace unless `FLEET_NS` names another.
+const COUNTER: &str = "/counter";
+
 /// `GET <pb>/counter/<id>/hit`: the answering process on 200.
 async fn hit(c: &reqwest::Client, pb: &str, id: &str) -> Option<String> {
-    let res = c.get(format!("{pb}/counter/{id}/hit")).send().await.ok()?;
+    hit_in(c, pb, COUNTER, id).await
+}
+
+/// `GET <pb><ns>/<id>/hit`: the answering process on 200.
+async fn hit_in(c: &reqwest::Client, pb: &str, ns: &str, id: &str) -> Option<String> {
+    let res = c.get(format!("{pb}{ns}/{id}/hit")).send().await.ok()?;
     if !res.status().is_success() {
         return None;
     }
@@ -63,11 +79,21 @@ async fn sessions(c: &reqwest::Client, pb: &str) -> HashMap<String, String> {
 /// process in `want` (a new id goes to either worker, weighted by
 /// headroom); returns each id's process.
 async fn spread(c: &reqwest::Client, pb: &str, want: &[&str]) -> HashMap<String, String> {
+    spread_in(c, pb, COUNTER, want).await
+}
+
+/// As [`spread`], in namespace `ns`.
+async fn spread_in(
+    c: &reqwest::Client,
+    pb: &str,
+    ns: &str,
+    want: &[&str],
+) -> HashMap<String, String> {
     eventually("ids on both workers", Duration::from_secs(20), || async {
         let mut owners = HashMap::new();
         for i in 0..24 {
             let id = format!("m-{i}");
-            let process = hit(c, pb, &id).await?;
+            let process = hit_in(c, pb, ns, &id).await?;
             owners.insert(id, process);
         }
         want.iter()
@@ -95,22 +121,44 @@ fn moves_command(pb: &str) -> Vec<Value> {
     answer["moves"].as_array().cloned().unwrap_or_default()
 }
 
-/// Checks that each of `ids` is listed once as moved `from` → `to` for
-/// `reason`.
-fn assert_moved(moves: &[Value], ids: &[String], from: &str, to: &str, reason: &str) {
+/// What a test expects of each move of its ids.
+struct Expected<'a> {
+    ns: &'a str,
+    from: &'a str,
+    to: &'a str,
+    reason: &'a str,
+    by: &'a str,
+}
+
+/// Checks that each of `ids` is listed once, as `want` says.
+fn assert_moved(moves: &[Value], ids: &[String], want: &Expected<'_>) {
     for id in ids {
         let listed: Vec<&Value> = moves
             .iter()
-            .filter(|m| m["ns"] == "/counter" && m["id"] == id.as_str())
+            .filter(|m| m["ns"] == want.ns && m["id"] == id.as_str())
             .collect();
         assert_eq!(listed.len(), 1, "{id}: {listed:?} in {moves:#?}");
         let m = listed[0];
         assert_eq!(
             (&m["from"], &m["to"], &m["reason"], &m["by"]),
-            (&json!(from), &json!(to), &json!(reason), &json!("request")),
+            (
+                &json!(want.from),
+                &json!(want.to),
+                &json!(want.reason),
+                &json!(want.by)
+            ),
             "{id}: {m}"
         );
     }
+}
+
+/// The ids of `owners` answered by `process`.
+fn held_by(owners: &HashMap<String, String>, process: &str) -> Vec<String> {
+    owners
+        .iter()
+        .filter(|(_, p)| *p == process)
+        .map(|(id, _)| id.clone())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,11 +172,7 @@ async fn a_sigkilled_workers_ids_are_listed_as_lease_lapses() {
     let killed_process = process_of(&c, &killed).await;
     let survivor_process = process_of(&c, &survivor).await;
     let owners = spread(&c, &pb.url, &[&killed_process, &survivor_process]).await;
-    let held: Vec<String> = owners
-        .iter()
-        .filter(|(_, p)| **p == killed_process)
-        .map(|(id, _)| id.clone())
-        .collect();
+    let held = held_by(&owners, &killed_process);
     assert!(
         moves_command(&pb.url).is_empty(),
         "first placements are no moves"
@@ -146,9 +190,13 @@ async fn a_sigkilled_workers_ids_are_listed_as_lease_lapses() {
     assert_moved(
         &moves_command(&pb.url),
         &held,
-        killed_session,
-        survivor_session,
-        "lease_lapsed",
+        &Expected {
+            ns: COUNTER,
+            from: killed_session,
+            to: survivor_session,
+            reason: "lease_lapsed",
+            by: "request",
+        },
     );
 }
 
@@ -163,11 +211,7 @@ async fn a_drained_workers_released_ids_are_listed_as_drains() {
     let drained_process = process_of(&c, &drained).await;
     let other_process = process_of(&c, &other).await;
     let owners = spread(&c, &pb.url, &[&drained_process, &other_process]).await;
-    let held: Vec<String> = owners
-        .iter()
-        .filter(|(_, p)| **p == drained_process)
-        .map(|(id, _)| id.clone())
-        .collect();
+    let held = held_by(&owners, &drained_process);
 
     // Drained with a short deadline: at it, the worker closes what it
     // holds and releases each id to pinboard.
@@ -180,16 +224,132 @@ async fn a_drained_workers_released_ids_are_listed_as_drains() {
         .expect("push");
     assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
     for id in &held {
-        eventually("the id answering from the other worker", FAILOVER, || async {
-            hit(&c, &pb.url, id).await.filter(|p| *p == other_process)
-        })
+        eventually(
+            "the id answering from the other worker",
+            FAILOVER,
+            || async { hit(&c, &pb.url, id).await.filter(|p| *p == other_process) },
+        )
         .await;
     }
     assert_moved(
         &moves_command(&pb.url),
         &held,
-        drained_session,
-        other_session,
-        "drain",
+        &Expected {
+            ns: COUNTER,
+            from: drained_session,
+            to: other_session,
+            reason: "drain",
+            by: "request",
+        },
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_the_store_lost_with_their_owner_are_listed_as_store_losses() {
+    let redis = RedisServer::start();
+    let pb = pinboard().redis(&redis.url).start();
+    let c = client();
+    let mut lost = rust_worker(&pb.url).start();
+    let kept = rust_worker(&pb.url).start();
+    let by_url = sessions(&c, &pb.url).await;
+    let lost_session = by_url[&lost.url].clone();
+    let kept_before = by_url[&kept.url].clone();
+    let lost_process = process_of(&c, &lost).await;
+    let kept_process = process_of(&c, &kept).await;
+    let owners = spread(&c, &pb.url, &[&lost_process, &kept_process]).await;
+    let held = held_by(&owners, &lost_process);
+    let reclaimed = held_by(&owners, &kept_process);
+
+    // The owner dies, and the store loses everything while its lease
+    // still ran: nothing in the store says where its ids were.
+    lost.kill();
+    redis.flushall().await;
+    for id in &held {
+        eventually("the id answering from the survivor", FAILOVER, || async {
+            hit(&c, &pb.url, id).await.filter(|p| *p == kept_process)
+        })
+        .await;
+    }
+    // The survivor re-registered (the store forgot its session too).
+    let kept_now = eventually("the survivor's new session", FAILOVER, || async {
+        support::workers(&c, &pb.url)
+            .await
+            .iter()
+            .find(|w| w["advertiseUrl"] == kept.url.as_str())
+            .and_then(|w| w["sessionId"].as_str().map(str::to_owned))
+            .filter(|s| *s != kept_before)
+    })
+    .await;
+    for id in &reclaimed {
+        assert_eq!(hit(&c, &pb.url, id).await, Some(kept_process.clone()));
+    }
+    let moves = moves_command(&pb.url);
+    assert_moved(
+        &moves,
+        &held,
+        &Expected {
+            ns: COUNTER,
+            from: &lost_session,
+            to: &kept_now,
+            reason: "store_loss",
+            by: "request",
+        },
+    );
+    for id in &reclaimed {
+        assert!(
+            !moves.iter().any(|m| m["id"] == id.as_str()),
+            "{id} was reclaimed by its own process: {moves:#?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_the_sweeper_wakes_elsewhere_are_listed_as_its_moves() {
+    let ns = unique_ns("moves-swept");
+    let _cleanup = PostgresCleanup::new(&ns);
+    let db = database_url();
+    let pb = pinboard()
+        .args(&["--database-url", &db, "--sweep-interval-ms", "200"])
+        .start();
+    let c = client();
+    let worker = || {
+        rust_worker(&pb.url)
+            .env("FLEET_NS", &ns)
+            .env("FLEET_DATABASE_URL", &db)
+            .start()
+    };
+    let mut killed = worker();
+    let survivor = worker();
+    let by_url = sessions(&c, &pb.url).await;
+    let (killed_session, survivor_session) = (&by_url[&killed.url], &by_url[&survivor.url]);
+    let killed_process = process_of(&c, &killed).await;
+    let survivor_process = process_of(&c, &survivor).await;
+    let owners = spread_in(&c, &pb.url, &ns, &[&killed_process, &survivor_process]).await;
+    let held = held_by(&owners, &killed_process);
+
+    // Nobody asks for them again: once the lease lapsed, the sweeper
+    // wakes them (orphans) on the survivor.
+    killed.kill();
+    let moves = eventually("the sweeper to re-place every id", FAILOVER, || async {
+        let moves = moves_command(&pb.url);
+        held.iter()
+            .all(|id| {
+                moves
+                    .iter()
+                    .any(|m| m["ns"] == ns.as_str() && m["id"] == id.as_str())
+            })
+            .then_some(moves)
+    })
+    .await;
+    assert_moved(
+        &moves,
+        &held,
+        &Expected {
+            ns: &ns,
+            from: killed_session,
+            to: survivor_session,
+            reason: "lease_lapsed",
+            by: "sweeper",
+        },
     );
 }

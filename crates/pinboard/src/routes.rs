@@ -293,6 +293,15 @@ impl<S: PlacementStore> Routes<S> {
         self.cache.remove(key);
     }
 
+    /// Forget the cached route for `key` after its owner `session` failed
+    /// or refused (why is not known yet): if the id's next claim here
+    /// takes it from that owner, the move log asks the store why, or
+    /// takes what this node learns first (see [`MoveLog::lost_sight`]).
+    pub fn lose_sight(&self, key: &str, session: &str) {
+        self.counters.moves.lost_sight(key, session);
+        self.invalidate(key);
+    }
+
     /// Forget every route to the given sessions (ended: deregistered, or
     /// by their own process's re-registration) and re-read workers next
     /// time. Their ids' next claims here are moves: a drain when the

@@ -671,7 +671,7 @@ async fn deliver<S: PlacementStore>(
             error,
         } => {
             metrics.sweep_failures.inc();
-            shared.app.routes.invalidate(&cache_key);
+            shared.app.routes.lose_sight(&cache_key, &session);
             failed(&session, &error, "worker unreachable");
             Some(Replan {
                 action: classify_transport(),
@@ -715,7 +715,7 @@ async fn deliver<S: PlacementStore>(
             }
             Outcome::Retry(action) => {
                 metrics.sweep_failures.inc();
-                shared.app.routes.invalidate(&cache_key);
+                shared.app.routes.lose_sight(&cache_key, &session);
                 tracing::debug!(target: "pinboard::sweeper", call, ns, id, session, epoch, %status, ?action, "refused; next lap re-resolves");
                 Some(Replan {
                     action,

@@ -176,8 +176,9 @@ pub struct Claim<'a> {
 }
 
 /// A departure remembered until the id's next claim: the session it
-/// left, and why when that was seen (`None`: the owner left this node's
-/// live view, for a reason the store may still tell).
+/// left, and why when that was seen (`None`: this node lost sight of the
+/// owner, for a reason the store may still tell; see
+/// [`MoveLog::lost_sight`]).
 pub type Departure = (String, Option<MoveReason>);
 
 /// The ring of recent moves and the ids waiting to be claimed again.
@@ -229,10 +230,12 @@ impl MoveLog {
             .insert(key.to_owned(), (from.to_owned(), Some(reason)));
     }
 
-    /// The cached owner `from` of `key` left this node's live worker view
-    /// without a word here: the id's next claim asks the store why, or
-    /// takes the cause this node learns first (a store loss).
-    pub fn left_view(&self, key: &str, from: &str) {
+    /// This node stopped routing `key` to `from` without learning why:
+    /// the owner left the live worker view, or did not answer (a client
+    /// retrying through `owner unreachable`). The id's next claim asks the
+    /// store why, or takes the cause this node learns first (a store
+    /// loss); the owner found holding it again forgets it.
+    pub fn lost_sight(&self, key: &str, from: &str) {
         if self
             .departed
             .peek(key)
@@ -245,8 +248,8 @@ impl MoveLog {
     }
 
     /// The store lost its data: each `(key, owner)` of this node's cached
-    /// routes, and each id whose owner left the view for a reason not yet
-    /// known, left it for the loss.
+    /// routes, and each id this node lost sight of the owner of for a
+    /// reason not yet known, left it for the loss.
     pub fn store_lost<'a>(&self, cached: impl IntoIterator<Item = (&'a str, &'a str)>) {
         for (key, owner) in cached {
             self.departed(key, owner, MoveReason::StoreLoss);
@@ -280,10 +283,12 @@ impl MoveLog {
 
     /// The store says live session `owner` holds `key`: a departure
     /// remembered from another session is over (the id moved on through
-    /// another node, or its process reclaimed it under a new session).
+    /// another node, or its process reclaimed it under a new session), and
+    /// so is sight lost of `owner` itself (it answers again). A departure
+    /// `owner` gave a reason for stays: its release may be on its way.
     pub fn owned(&self, key: &str, owner: &str) {
         self.departed
-            .remove_if(key, |(session, _)| session != owner);
+            .remove_if(key, |(session, seen)| session != owner || seen.is_none());
     }
 
     /// The departure remembered for `key`, if any, forgotten: a claim
@@ -425,8 +430,8 @@ mod tests {
             Some(("s2".to_owned(), Some(MoveReason::Drain)))
         );
         // An owner seen leaving the view takes the first cause learnt.
-        log.left_view("/c/c", "s1");
-        log.left_view("/c/d", "s1");
+        log.lost_sight("/c/c", "s1");
+        log.lost_sight("/c/d", "s1");
         log.departed("/c/d", "s1", MoveReason::SessionEnded);
         log.store_lost([("/c/e", "s2")]);
         log.departed("/c/c", "s1", MoveReason::SessionEnded);
@@ -441,7 +446,7 @@ mod tests {
                 "{key}"
             );
         }
-        log.left_view("/c/f", "s1");
+        log.lost_sight("/c/f", "s1");
         assert_eq!(log.take_departure("/c/f"), Some(("s1".to_owned(), None)));
     }
 
@@ -457,6 +462,9 @@ mod tests {
         log.departed("/c/a", "s1", MoveReason::StoreLoss);
         log.owned("/c/a", "s1-again");
         assert_eq!(log.take_departure("/c/a"), None, "reclaimed elsewhere");
+        log.lost_sight("/c/a", "s1");
+        log.owned("/c/a", "s1");
+        assert_eq!(log.take_departure("/c/a"), None, "it answers again");
     }
 
     #[test]

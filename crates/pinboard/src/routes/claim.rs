@@ -216,9 +216,9 @@ impl<S: PlacementStore> Routes<S> {
             }
             (None, Some((seen, Some(reason)))) => return Some((seen, reason)),
             (Some(from), _) => from,
-            // The row is gone and its owner left the view unexplained: its
-            // grace ran out (a store loss this node noticed since would
-            // have said so).
+            // The row is gone and this node lost sight of its owner
+            // unexplained: its grace ran out (a store loss this node
+            // noticed since would have said so).
             (None, Some((seen, None))) => seen,
             (None, None) => return None,
         };

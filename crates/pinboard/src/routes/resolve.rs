@@ -135,7 +135,7 @@ impl<S: PlacementStore> Routes<S> {
                 }
                 self.counters
                     .moves
-                    .left_view(key, &r.worker.record.session_id);
+                    .lost_sight(key, &r.worker.record.session_id);
                 self.invalidate(key);
             }
         }

@@ -548,9 +548,13 @@ async fn a_refusal_moves_the_id_as_a_refusal_or_a_drain() {
 async fn ids_the_store_lost_under_an_owner_that_did_not_reclaim_them_move_as_a_store_loss() {
     let (dir, clock, store) = setup_leased(0, 3000).await;
     place_on(&dir, "lost", "a").await;
+    place_on(&dir, "unanswered", "a").await;
     place_on(&dir, "reclaimed", "b").await;
     let old_epoch = dir.cached("/c/reclaimed").expect("cached").epoch;
     store.wipe();
+    // A request found `a` unreachable and dropped its route before this
+    // node noticed the loss.
+    dir.lose_sight("/c/unanswered", "a");
     // The loss is noticed (the upkeep's check) before any owner is back.
     dir.check_generation().await.expect("check");
     // `b` re-registers as `b2` and reclaims what it holds; `a` never
@@ -576,12 +580,15 @@ async fn ids_the_store_lost_under_an_owner_that_did_not_reclaim_them_move_as_a_s
         now.mono_ms += 3000;
         now.wall_ms += 3000;
     }
-    for id in ["lost", "reclaimed"] {
+    for id in ["lost", "unanswered", "reclaimed"] {
         assert_eq!(resolve_id(&dir, id).await.worker.record.session_id, "b2");
     }
     assert_eq!(
         moves_of(&dir),
-        vec![moved("lost", "a", "b2", MoveReason::StoreLoss)],
+        vec![
+            moved("lost", "a", "b2", MoveReason::StoreLoss),
+            moved("unanswered", "a", "b2", MoveReason::StoreLoss),
+        ],
         "a reclaim by the same process is no move"
     );
 }
