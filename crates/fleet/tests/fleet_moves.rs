@@ -10,6 +10,10 @@
 //! - A worker drained by the operator with ids it then releases (each
 //!   closes when the drain's deadline comes): their next requests place
 //!   them on the other worker, listed with reason `drain`.
+//! - An id the operator winds down on a worker that takes no new ids
+//!   (drained without a deadline): the worker releases it, and its next
+//!   request places it on the other worker, listed with reason
+//!   `wind_down`.
 //! - A worker killed and the placement store (a private Redis) wiped
 //!   before its lease lapsed: the survivor re-registers and reclaims its
 //!   own ids (no move), the dead worker's are placed on it after the
@@ -239,6 +243,65 @@ async fn a_drained_workers_released_ids_are_listed_as_drains() {
             from: drained_session,
             to: other_session,
             reason: "drain",
+            by: "request",
+        },
+    );
+}
+
+/// `POST /registry/push` with `body`, answered 200.
+async fn push(c: &reqwest::Client, pb: &str, body: Value) {
+    let answer = c
+        .post(format!("{pb}/registry/push"))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("push");
+    assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_wound_down_is_listed_as_a_wind_down() {
+    let pb = pinboard().start();
+    let c = client();
+    let wound = rust_worker(&pb.url).start();
+    let other = rust_worker(&pb.url).start();
+    let by_url = sessions(&c, &pb.url).await;
+    let (wound_session, other_session) = (&by_url[&wound.url], &by_url[&other.url]);
+    let wound_process = process_of(&c, &wound).await;
+    let other_process = process_of(&c, &other).await;
+    let owners = spread(&c, &pb.url, &[&wound_process, &other_process]).await;
+    let held = held_by(&owners, &wound_process);
+    let id = &held[0];
+
+    // It takes no new ids (so the id cannot come back to it) but keeps
+    // serving the ones it has, then is asked to wind this one down now.
+    push(
+        &c,
+        &pb.url,
+        json!({"type": "drain", "sessionId": wound_session, "deadline": null}),
+    )
+    .await;
+    push(
+        &c,
+        &pb.url,
+        json!({"type": "wind_down", "sessionId": wound_session, "ns": COUNTER, "id": id, "deadline": 0}),
+    )
+    .await;
+    eventually(
+        "the id answering from the other worker",
+        FAILOVER,
+        || async { hit(&c, &pb.url, id).await.filter(|p| *p == other_process) },
+    )
+    .await;
+    assert_moved(
+        &moves_command(&pb.url),
+        std::slice::from_ref(id),
+        &Expected {
+            ns: COUNTER,
+            from: wound_session,
+            to: other_session,
+            reason: "wind_down",
             by: "request",
         },
     );
