@@ -1,12 +1,13 @@
 //! Superseding: a second worker with the same hostname and a higher epoch
-//! takes over; the first stops registering and aborts its instances.
+//! takes over; the first stops registering and aborts its instances, and
+//! the operator's moves list says its ids moved for the takeover.
 
 mod support;
 
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{client, eventually, pinboard, rust_worker, stats, wait_workers, workers};
+use support::{client, eventually, pinboard, rust_worker, stats, wait_workers, workers, TOKEN};
 
 /// GET `url` in the `shop` hostname world (the workers' own) until it
 /// answers 200; its body.
@@ -58,6 +59,31 @@ async fn a_higher_epoch_worker_of_the_same_hostname_takes_over() {
             .map(Vec::len),
         Some(20)
     );
+    let second_session = workers(&c, &pb.url).await[0]["sessionId"].clone();
+    let moves: Value = c
+        .get(format!("{}/registry/moves?limit=100", pb.url))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("moves")
+        .json()
+        .await
+        .expect("moves json");
+    for i in 0..20 {
+        let id = format!("s-{i}");
+        let listed: Vec<&Value> = moves["moves"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["id"] == id.as_str())
+            .collect();
+        assert_eq!(listed.len(), 1, "{id} in {moves}");
+        assert_eq!(
+            (&listed[0]["from"], &listed[0]["to"], &listed[0]["reason"]),
+            (&first_session, &second_session, &Value::from("takeover")),
+            "{id}"
+        );
+    }
     // And it stays superseded: heartbeats go on, it never registers again.
     let registrations = test_support::metric(&c, &pb.url, "pinboard_registrations_total").await;
     let beats = "pinboard_heartbeats_total";

@@ -404,6 +404,7 @@ pub async fn run(args: OperatorArgs) -> Result<String, CliError> {
                     "TO",
                     "EPOCH",
                     "WHY",
+                    "BY",
                 ],
                 &moves
                     .iter()
@@ -416,6 +417,7 @@ pub async fn run(args: OperatorArgs) -> Result<String, CliError> {
                             m.to.clone(),
                             m.epoch.clone(),
                             m.reason.as_str().to_owned(),
+                            m.by.as_str().to_owned(),
                         ]
                     })
                     .collect::<Vec<_>>(),

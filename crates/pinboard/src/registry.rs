@@ -141,12 +141,16 @@ impl<S, P> std::fmt::Debug for Registry<S, P> {
 /// What the HTTP shell must do besides answering (local cache upkeep).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Effects {
-    /// Sessions that ended: drop cached routes to them.
+    /// Sessions that ended (deregistered, or by their own process's
+    /// re-registration): drop cached routes to them.
     pub ended_sessions: Vec<String>,
     /// Sessions superseded by a new process at their advertise URL (a
     /// restart): drop cached routes to them, their ids' next claims are
     /// moves of that kind.
     pub replaced_sessions: Vec<String>,
+    /// Sessions superseded by a newer deployment of their hostname: drop
+    /// cached routes to them, their ids' next claims are takeovers.
+    pub taken_over_sessions: Vec<String>,
 }
 
 fn malformed(msg: impl Into<String>) -> RegistryError {
@@ -314,7 +318,7 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
         let prev = req.prev_session_id.as_deref();
         let (plan, now) = self.admit(&record, prev).await?;
         let mut effects = Effects::default();
-        effects.ended_sessions.extend(
+        effects.taken_over_sessions.extend(
             plan.supersede
                 .iter()
                 .map(|(session, _)| session)
@@ -1038,7 +1042,8 @@ mod tests {
         old.epoch = Some(1);
         let (a, _) = reg.register(old.clone()).await.expect("old");
         let (_, effects) = reg.register(deployment("app", None, 2)).await.expect("new");
-        assert_eq!(effects.ended_sessions, vec![a.session_id.clone()]);
+        assert_eq!(effects.taken_over_sessions, vec![a.session_id.clone()]);
+        assert!(effects.ended_sessions.is_empty(), "{effects:?}");
         let err = reg
             .heartbeat(beat(&a.session_id, vec![]))
             .await
@@ -1066,7 +1071,7 @@ mod tests {
             .register(deployment("APP", Some("staging"), 9))
             .await
             .expect("staging");
-        assert!(effects.ended_sessions.is_empty());
+        assert!(effects.taken_over_sessions.is_empty());
         // An older staging deployment is refused by staging, not production.
         let err = reg
             .register(deployment("app", Some("staging"), 1))
@@ -1084,7 +1089,7 @@ mod tests {
         let (a, _) = reg.register(deployment("app", None, 1)).await.expect("a");
         let (b, _) = reg.register(deployment("app", None, 1)).await.expect("b");
         let (_, effects) = reg.register(deployment("app", None, 2)).await.expect("new");
-        assert_eq!(effects.ended_sessions.len(), 2);
+        assert_eq!(effects.taken_over_sessions.len(), 2);
         for sid in [&a.session_id, &b.session_id] {
             let err = reg.heartbeat(beat(sid, vec![])).await.expect_err("gone");
             assert!(matches!(err, RegistryError::Superseded(_)), "{err:?}");
@@ -1101,7 +1106,7 @@ mod tests {
             .register(deployment("app", Some("production"), 2))
             .await
             .expect("new");
-        assert!(effects.ended_sessions.is_empty(), "still winding down");
+        assert!(effects.taken_over_sessions.is_empty(), "still winding down");
         let (ack, _) = reg
             .heartbeat(beat(&a.session_id, vec![]))
             .await
@@ -1191,7 +1196,7 @@ mod tests {
         };
         let (slow, fast) = tokio::join!(slow, fast);
         let (newest, effects) = fast.expect("the newest deployment");
-        assert_eq!(effects.ended_sessions, vec![incumbent.session_id]);
+        assert_eq!(effects.taken_over_sessions, vec![incumbent.session_id]);
         let err = slow.expect_err("the older newcomer must see the newest one");
         assert_eq!(err.status(), 409, "{err}");
         assert!(err.to_string().contains("epoch 3 (> 2)"), "{err}");

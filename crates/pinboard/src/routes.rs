@@ -45,7 +45,7 @@ pub use self::generation::{Readiness, Standing};
 use self::workers::Snapshot;
 pub use self::workers::{View, UNKNOWN_SESSION_CAPACITY};
 use crate::clock::{Clock, Entropy, EpochFloor};
-use crate::operator::moves::{MoveLog, MoveReason};
+use crate::operator::moves::{MoveLog, MoveReason, MovedBy};
 use crate::placement::{InstanceKey, PlacementStore, StoreError, WorkerRecord};
 use crate::upstream::{UpstreamTls, WorkerConn};
 use crate::world::{Scope, World};
@@ -123,6 +123,8 @@ struct Lookup<'a> {
     id: &'a str,
     /// The world asking.
     scope: Scope<'a>,
+    /// What asks: a claim it makes that moves the id says so.
+    by: MovedBy,
 }
 
 /// The "nobody can take it" error of `scope`: the hostless world keeps the
@@ -291,22 +293,41 @@ impl<S: PlacementStore> Routes<S> {
         self.cache.remove(key);
     }
 
-    /// Forget every route to the given sessions and re-read workers next time.
+    /// Forget the cached route for `key` after its owner `session` failed
+    /// or refused (why is not known yet): if the id's next claim here
+    /// takes it from that owner, the move log asks the store why, or
+    /// takes what this node learns first (see [`MoveLog::lost_sight`]).
+    pub fn lose_sight(&self, key: &str, session: &str) {
+        self.counters.moves.lost_sight(key, session);
+        self.invalidate(key);
+    }
+
+    /// Forget every route to the given sessions (ended: deregistered, or
+    /// by their own process's re-registration) and re-read workers next
+    /// time. Their ids' next claims here are moves: a drain when the
+    /// session was draining (a takeover when a newer deployment was
+    /// winding it down), else a session ending.
     pub fn forget_sessions(&self, sessions: &[String]) {
+        // The view read last knows a drain the cached routes' records may
+        // predate.
+        let snap = self.snapshot.read().clone();
         self.forget(sessions, |record| {
-            if record.refuses_new_ids() {
+            let cached = if record.retire_at_wall_ms.is_some() {
+                MoveReason::Takeover
+            } else if record.refuses_new_ids() {
                 MoveReason::Drain
             } else {
                 MoveReason::SessionEnded
-            }
+            };
+            snap.letting_go(&record.session_id, cached)
         });
     }
 
-    /// As [`forget_sessions`](Self::forget_sessions), for sessions a new
-    /// process at their advertise URL superseded: their ids' next claims
-    /// here are moves of that kind.
-    pub fn forget_replaced(&self, sessions: &[String]) {
-        self.forget(sessions, |_| MoveReason::Replaced);
+    /// As [`forget_sessions`](Self::forget_sessions), for sessions that
+    /// went for `reason` (superseded: replaced at their advertise URL, or
+    /// taken over by a newer deployment).
+    pub fn forget_gone(&self, sessions: &[String], reason: MoveReason) {
+        self.forget(sessions, |_| reason);
     }
 
     fn forget(&self, sessions: &[String], reason: impl Fn(&WorkerRecord) -> MoveReason) {
@@ -326,18 +347,31 @@ impl<S: PlacementStore> Routes<S> {
     }
 
     /// Remember ids their owners released, `(key, session)` each, so their
-    /// next claim here shows as a move: a drain when the owner is draining
-    /// in the local view. Reads no store.
+    /// next claim here shows as a move: a wind-down when the operator asked
+    /// for one through this node ([`MoveLog::winding_down`]), a takeover
+    /// when a newer deployment is winding the owner down, a drain when the
+    /// owner is draining in the local view, else an idle release. Reads no
+    /// store.
     pub fn note_released<'a>(&self, released: impl IntoIterator<Item = (&'a str, &'a str)>) {
         let snap = self.snapshot.read().clone();
         for (key, session) in released {
-            let reason = if snap.draining(session) {
-                MoveReason::Drain
-            } else {
-                MoveReason::Released
-            };
-            self.counters.moves.departed(key, session, reason);
+            let reason = snap.letting_go(session, MoveReason::Released);
+            self.counters.moves.released(key, session, reason);
         }
+    }
+
+    /// The store lost its data under every cached route: remember each
+    /// id's owner, so an id its owner does not reclaim is a store-loss
+    /// move when it is placed again (the store has no row to say where it
+    /// came from). Bounded by the route cache and the move log's memory of
+    /// departures.
+    fn note_store_loss(&self) {
+        let cached: Vec<(String, Arc<Route>)> = self.cache.iter().collect();
+        self.counters.moves.store_lost(
+            cached
+                .iter()
+                .map(|(key, route)| (key.as_str(), route.worker.record.session_id.as_str())),
+        );
     }
 }
 

@@ -117,6 +117,7 @@ use self::decide::{
 };
 use crate::app::App;
 use crate::config::Config;
+use crate::operator::moves::MovedBy;
 use crate::placement::{InstanceKey, PlacementStore};
 use crate::proxy::classify::{RetryAction, MAX_REFUSAL_BODY};
 use crate::routes::{Avoid, ResolveError, Route};
@@ -670,7 +671,7 @@ async fn deliver<S: PlacementStore>(
             error,
         } => {
             metrics.sweep_failures.inc();
-            shared.app.routes.invalidate(&cache_key);
+            shared.app.routes.lose_sight(&cache_key, &session);
             failed(&session, &error, "worker unreachable");
             Some(Replan {
                 action: classify_transport(),
@@ -714,7 +715,7 @@ async fn deliver<S: PlacementStore>(
             }
             Outcome::Retry(action) => {
                 metrics.sweep_failures.inc();
-                shared.app.routes.invalidate(&cache_key);
+                shared.app.routes.lose_sight(&cache_key, &session);
                 tracing::debug!(target: "pinboard::sweeper", call, ns, id, session, epoch, %status, ?action, "refused; next lap re-resolves");
                 Some(Replan {
                     action,
@@ -799,7 +800,14 @@ async fn attempt<S: PlacementStore>(
     };
     let route = match app
         .routes
-        .resolve(cache_key, &key.ns, &key.id, scope_of(world), avoid)
+        .resolve_as(
+            MovedBy::Sweeper,
+            cache_key,
+            &key.ns,
+            &key.id,
+            scope_of(world),
+            avoid,
+        )
         .await
     {
         Ok(route) => route,

@@ -1,7 +1,8 @@
 //! The sweeper with no activities at all: a placement whose owner is gone
 //! is re-placed at a higher epoch and woken on a live worker, a wake
 //! answered 202 is repeated on the next lap until it answers 200, and a
-//! settled placement is left alone. Driven through the product's seams
+//! settled placement is left alone; the re-placement is in the moves list
+//! as the sweeper's. Driven through the product's seams
 //! (`App::from_parts`, an `Exchange` transport, awaited laps), no sockets.
 
 use std::collections::VecDeque;
@@ -13,6 +14,7 @@ use http::{Request, Response, StatusCode};
 use parking_lot::Mutex;
 use pinboard::app::{App, AppParts};
 use pinboard::clock::{EpochFloor, SeededEntropy, SystemClock};
+use pinboard::operator::moves::{MoveReason, MovedBy};
 use pinboard::outbound::{BoxFuture, Exchange, Outbound};
 use pinboard::placement::{InstanceKey, MemoryStore, PlacementStore, WorkerRecord};
 use pinboard::sweeper::{Activities, SweepSettings, Sweeper};
@@ -162,6 +164,25 @@ async fn orphans_are_re_placed_and_woken_until_the_wake_answers_200() {
         .expect("row");
     assert_eq!(row.placement.session_id, "live");
     assert!(!row.settled, "202 does not settle");
+    // The operator's moves list has the re-placement, made by the sweeper.
+    let moves = app.moves.recent(10);
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(
+        (
+            moves[0].id.as_str(),
+            moves[0].from.as_str(),
+            moves[0].to.as_str(),
+            moves[0].reason,
+            moves[0].by
+        ),
+        (
+            "a",
+            "dead",
+            "live",
+            MoveReason::LeaseLapsed,
+            MovedBy::Sweeper
+        )
+    );
 
     sweeper.lap_to_completion().await;
     assert_eq!(script.calls.lock().len(), 2, "woken again after 202");

@@ -28,7 +28,7 @@ use crate::operator::placements::{PlacementPage, PlacementQuery};
 use crate::operator::sweeper_status::SweeperStatus;
 use crate::operator::traffic::{NamespaceTraffic, LATENCY_BUCKETS_MS};
 use crate::placement::PlacementStore;
-use crate::registry::http::read_body;
+use crate::registry::http::{apply_push, read_body};
 use crate::registry::RegistryError;
 
 /// The session cookie's name.
@@ -377,12 +377,11 @@ pub async fn push<S: PlacementStore>(State(app): State<Arc<App<S>>>, req: Reques
         let body = read_body(req, app.registry_body).await?;
         let push: PushRequest = serde_json::from_slice(&body)
             .map_err(|e| RegistryError::Malformed(format!("malformed body: {e}")))?;
-        app.registry.push(push).await
+        apply_push(&app, push).await
     }
     .await;
     match result {
         Ok(msg_id) => {
-            app.routes.workers_changed();
             secured(Json(serde_json::json!({ "ok": true, "msgId": msg_id })).into_response())
         }
         Err(e) => {

@@ -2,9 +2,10 @@
 //! next one or end the request on the error.
 //!
 //! Owns the retry budget (`--proxy-retries`, none for a body that cannot
-//! be sent twice), what a retry changes (the cached route dropped, what
-//! the next resolution avoids, the backoff) and dropping the route of a
-//! request that ends on its worker's failure. Never decides *whether* an
+//! be sent twice), what a retry changes (the cached route dropped, with
+//! its owner remembered for the move log; what the next resolution
+//! avoids; the backoff) and dropping the route of a request that ends on
+//! its worker's failure. Never decides *whether* an
 //! error may be retried: that came with the error, from `classify`'s
 //! table.
 
@@ -34,13 +35,13 @@ pub async fn retry_or_respond<S: PlacementStore>(
         Some(retry) if attempt < ctx.attempts.retries => retry,
         _ => {
             if error.kind.drops_route() {
-                app.routes.invalidate(key);
+                app.routes.lose_sight(key, &route.worker.record.session_id);
             }
             return Err(error);
         }
     };
     app.metrics.proxy_retries.inc();
-    app.routes.invalidate(key);
+    app.routes.lose_sight(key, &route.worker.record.session_id);
     let action = retry.action;
     tracing::debug!(target: "pinboard::proxy", key, attempt, ?action, "retrying");
     ctx.attempts.next(action, route);

@@ -26,6 +26,7 @@ use super::auth::Tokens;
 use super::RegistryError;
 use crate::app::App;
 use crate::config::BodyLimits;
+use crate::operator::moves::MoveReason;
 use crate::placement::PlacementStore;
 
 /// Check `Authorization: Bearer <token>` against `tokens` (constant time).
@@ -183,7 +184,10 @@ pub async fn register<S: PlacementStore>(
         Ok((ack, effects)) => {
             app.metrics.registrations.inc();
             app.routes.forget_sessions(&effects.ended_sessions);
-            app.routes.forget_replaced(&effects.replaced_sessions);
+            app.routes
+                .forget_gone(&effects.replaced_sessions, MoveReason::Replaced);
+            app.routes
+                .forget_gone(&effects.taken_over_sessions, MoveReason::Takeover);
             app.routes.workers_changed();
             Json(ack).into_response()
         }
@@ -196,12 +200,21 @@ pub async fn heartbeat<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
     Authorized(req): Authorized<HeartbeatRequest>,
 ) -> Response {
+    let session = req.session_id.clone();
     match app.registry.heartbeat(req).await {
         Ok((ack, _)) => {
             app.metrics.heartbeats.inc();
             Json(ack).into_response()
         }
-        Err(e) => fail(&app, e),
+        Err(e) => {
+            if let RegistryError::Superseded(reason) = &e {
+                // Wound down to its deadline (or superseded through
+                // another node): its ids' next claims here say why.
+                let why = MoveReason::of_gone_session(Some(reason));
+                app.routes.forget_gone(std::slice::from_ref(&session), why);
+            }
+            fail(&app, e)
+        }
     }
 }
 
@@ -263,9 +276,8 @@ pub async fn push<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,
     OperatorBody(req): OperatorBody<PushRequest>,
 ) -> Response {
-    match app.registry.push(req).await {
+    match apply_push(&app, req).await {
         Ok(msg_id) => {
-            app.routes.workers_changed();
             let mut body = serde_json::json!({ "ok": true });
             if let Some(id) = msg_id {
                 body["msgId"] = serde_json::Value::String(id);
@@ -274,6 +286,32 @@ pub async fn push<S: PlacementStore>(
         }
         Err(e) => fail(&app, e),
     }
+}
+
+/// An operator push, from `/registry/push` or the dashboard: the registry
+/// applies it; this node re-reads the workers next and remembers a
+/// wind-down it asked for (the id's release through this node is then a
+/// `wind_down` move). Returns the control message's id, if one was queued.
+///
+/// # Errors
+///
+/// As [`Registry::push`](crate::registry::Registry::push).
+pub async fn apply_push<S: PlacementStore>(
+    app: &App<S>,
+    req: PushRequest,
+) -> Result<Option<String>, RegistryError> {
+    let winding = match &req {
+        PushRequest::WindDown {
+            session_id, ns, id, ..
+        } => Some((format!("{ns}/{id}"), session_id.clone())),
+        _ => None,
+    };
+    let msg_id = app.registry.push(req).await?;
+    if let Some((key, session)) = winding {
+        app.moves.winding_down(&key, &session);
+    }
+    app.routes.workers_changed();
+    Ok(msg_id)
 }
 
 /// `GET /registry/workers` (operator).

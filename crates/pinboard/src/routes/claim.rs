@@ -6,6 +6,27 @@
 //! it; never sends anything to a worker and never reads the route cache
 //! (a round's caller does).
 //!
+//! # What a claim says moved
+//!
+//! Every claim that takes a row from another session is a move, whoever
+//! noticed the owner go (this node, another node, nobody before the
+//! claim): the store's claim answers the session the row moved from. Why
+//! it left, in this order:
+//!
+//! 1. the resolution was told to treat that owner as vacant: it refused
+//!    the id (a drain when it is draining, a takeover when a newer
+//!    deployment winds it down);
+//! 2. a departure this node remembers from that session (a release, a
+//!    wind-down, a deregistration, a supersession seen here, a store
+//!    loss): the row's owner is empty after a release and the row is gone
+//!    after a store loss, so only a node that saw those can say;
+//! 3. what the store says of the session (one read, only for such a
+//!    move): superseded by a new process at its URL (`replaced`) or by a
+//!    newer deployment (`takeover`), else its lease lapsed.
+//!
+//! A claim of a row no session owned, with no departure remembered, is a
+//! first placement: no move.
+//!
 //! # Refused claims
 //!
 //! [`Routes::resolve_claiming`] says whether this call claimed the id.
@@ -48,7 +69,9 @@ impl<S: PlacementStore> Routes<S> {
         avoid: Avoid<'_>,
         snap: &Snapshot,
     ) -> Result<Round, ResolveError> {
-        let Lookup { key, ns, id, scope } = lookup;
+        let Lookup {
+            key, ns, id, scope, ..
+        } = lookup;
         let now = self.clock.now();
         let (generation, quarantined) = self.standing_at(now.mono_ms);
         let mut candidates: Vec<&Arc<WorkerConn>> = snap
@@ -83,18 +106,24 @@ impl<S: PlacementStore> Routes<S> {
             )
             .await?
         {
-            ClaimOutcome::Owned(p) => (p, false),
+            ClaimOutcome::Owned(p) => {
+                self.counters.moves.owned(key, &p.session_id);
+                (p, false)
+            }
             ClaimOutcome::Claimed(p, from) => {
                 self.counters.placements.inc();
-                let gone = match from {
-                    Some(from) if avoid.stale.is_none() && !self.counters.moves.remembers(key) => {
-                        let reason = self.gone_reason(&from, now).await;
-                        Some((from, reason))
-                    }
-                    _ => None,
-                };
-                let gone = gone.as_ref().map(|(from, reason)| (from.as_str(), *reason));
-                self.record_move(lookup, &p, avoid, snap, now, gone);
+                let departure = self.departure(key, from, avoid, snap, now).await;
+                self.counters.moves.claimed(
+                    Claim {
+                        ns,
+                        id,
+                        to: &p.session_id,
+                        epoch: p.epoch,
+                        at_ms: now.wall_ms,
+                        by: lookup.by,
+                    },
+                    departure.as_ref().map(|(from, why)| (from.as_str(), *why)),
+                );
                 self.floor.minted(p.epoch).await;
                 (p, true)
             }
@@ -159,45 +188,49 @@ impl<S: PlacementStore> Routes<S> {
         Ok(released)
     }
 
-    /// Note a claim in the move log: after a refusal (a drain when the
-    /// refusing owner is draining), else whatever departure was seen here,
-    /// else `gone`: the row's previous owner, with what the store says of
-    /// why it went.
-    fn record_move(
+    /// Where a claimed row came from and why (see the module doc): `from`
+    /// is the session the store says owned it, if another.
+    async fn departure(
         &self,
-        lookup: Lookup<'_>,
-        placement: &Placement,
+        key: &str,
+        from: Option<String>,
         avoid: Avoid<'_>,
         snap: &Snapshot,
         now: Now,
-        gone: Option<(&str, MoveReason)>,
-    ) {
-        let known = avoid.stale.map(|(from, _)| {
-            let reason = if snap.draining(from) {
-                MoveReason::Drain
-            } else {
-                MoveReason::Refusal
-            };
-            (from, reason)
-        });
-        let known = known.or(gone);
-        self.counters.moves.claimed(
-            Claim {
-                key: lookup.key,
-                ns: lookup.ns,
-                id: lookup.id,
-                to: &placement.session_id,
-                epoch: placement.epoch,
-                at_ms: now.wall_ms,
-            },
-            known,
-        );
+    ) -> Option<(String, MoveReason)> {
+        let remembered = self.counters.moves.take_departure(key);
+        if let Some((refused, _)) = avoid.stale {
+            // An owner that released the id before it refused it (a stale
+            // route) left it for the release.
+            if let Some((seen, Some(reason))) = &remembered {
+                if seen == refused {
+                    return Some((seen.clone(), *reason));
+                }
+            }
+            let reason = snap.letting_go(refused, MoveReason::Refusal);
+            return Some((refused.to_owned(), reason));
+        }
+        let from = match (from, remembered) {
+            (Some(from), Some((seen, Some(reason)))) if seen == from => {
+                return Some((from, reason))
+            }
+            (None, Some((seen, Some(reason)))) => return Some((seen, reason)),
+            (Some(from), _) => from,
+            // The row is gone and this node lost sight of its owner
+            // unexplained: its grace ran out (a store loss this node
+            // noticed since would have said so).
+            (None, Some((seen, None))) => seen,
+            (None, None) => return None,
+        };
+        let reason = self.gone_reason(&from, now).await;
+        Some((from, reason))
     }
 
     /// Why the session `from` that owned a row this node just claimed is
     /// gone, as far as the store knows (its supersession note; none: its
-    /// lease lapsed, or it deregistered). Only for a move this node saw
-    /// nothing of, so it costs one store read per such move.
+    /// lease lapsed, or it deregistered through another node). Only for a
+    /// move this node remembers nothing of, so it costs one store read per
+    /// such move.
     async fn gone_reason(&self, from: &str, now: Now) -> MoveReason {
         match self.store.superseded(from, now).await {
             Ok(reason) => MoveReason::of_gone_session(reason.as_deref()),

@@ -3,8 +3,8 @@
 //! by [`Standing::next`].
 //!
 //! Owns when this node may place new ids and `/readyz`'s answer; never
-//! touches the route cache (cached routes outlive a store loss, see
-//! `Routes::store_lost`).
+//! changes the route cache (cached routes outlive a store loss, see
+//! `Routes::store_lost`; the move log notes their owners).
 //!
 //! # States
 //!
@@ -272,6 +272,7 @@ impl<S: PlacementStore> Routes<S> {
         }
         let left_ms = self.adopt(generation.clone(), now, window);
         self.counters.store_losses.inc();
+        self.note_store_loss();
         tracing::warn!(
             target: "pinboard::placement",
             previous = previous.as_deref().map_or("none", |g| g.0.as_str()),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::claim::Round;
 use super::workers::View;
 use super::{no_worker, Avoid, Lookup, ResolveError, Route, Routes};
-use crate::operator::moves::MoveReason;
+use crate::operator::moves::MovedBy;
 use crate::placement::PlacementStore;
 use crate::world::Scope;
 
@@ -34,6 +34,31 @@ impl<S: PlacementStore> Routes<S> {
         avoid: Avoid<'_>,
     ) -> Result<Arc<Route>, ResolveError> {
         Ok(self.resolve_claiming(key, ns, id, scope, avoid).await?.0)
+    }
+
+    /// As [`resolve`](Self::resolve) for `by`: a claim it makes that moves
+    /// the id is recorded as made by it (the sweeper's calls say so).
+    ///
+    /// # Errors
+    ///
+    /// [`ResolveError`]: no worker, quarantine, or a store failure.
+    pub async fn resolve_as(
+        &self,
+        by: MovedBy,
+        key: &str,
+        ns: &str,
+        id: &str,
+        scope: Scope<'_>,
+        avoid: Avoid<'_>,
+    ) -> Result<Arc<Route>, ResolveError> {
+        let lookup = Lookup {
+            key,
+            ns,
+            id,
+            scope,
+            by,
+        };
+        Ok(self.resolve_lookup(None, lookup, avoid).await?.0)
     }
 
     /// As [`resolve`](Self::resolve), and whether this call claimed the id
@@ -63,20 +88,39 @@ impl<S: PlacementStore> Routes<S> {
     /// [`ResolveError`]: no worker, quarantine, or a store failure.
     pub async fn resolve_claiming_in(
         &self,
-        mut view: Option<View>,
+        view: Option<View>,
         key: &str,
         ns: &str,
         id: &str,
         scope: Scope<'_>,
         avoid: Avoid<'_>,
     ) -> Result<(Arc<Route>, bool), ResolveError> {
+        let lookup = Lookup {
+            key,
+            ns,
+            id,
+            scope,
+            by: MovedBy::Request,
+        };
+        self.resolve_lookup(view, lookup, avoid).await
+    }
+
+    async fn resolve_lookup(
+        &self,
+        mut view: Option<View>,
+        lookup: Lookup<'_>,
+        avoid: Avoid<'_>,
+    ) -> Result<(Arc<Route>, bool), ResolveError> {
+        let Lookup { key, ns, scope, .. } = lookup;
         if avoid.stale.is_none() && !avoid.refresh {
             if let Some(r) = self.cached(key) {
                 // A cached owner is trusted only while it is in the live
                 // worker view (refreshed at most every `refresh_ms`, so this
                 // costs no store call per request): a frozen or dead owner
                 // answers nothing at all, and must lose its ids once its
-                // lease lapsed, not after a client timeout.
+                // lease lapsed, not after a client timeout. Why it went is
+                // the next claim's to say (see `claim`): the store knows,
+                // unless it lost the row.
                 let snap = match view.take() {
                     Some(View(snap)) => snap,
                     None => self.workers(false).await?,
@@ -89,15 +133,12 @@ impl<S: PlacementStore> Routes<S> {
                     }
                     return Ok((r, false));
                 }
-                self.counters.moves.departed(
-                    key,
-                    &r.worker.record.session_id,
-                    MoveReason::LeaseLapsed,
-                );
+                self.counters
+                    .moves
+                    .lost_sight(key, &r.worker.record.session_id);
                 self.invalidate(key);
             }
         }
-        let lookup = Lookup { key, ns, id, scope };
         let mut force = avoid.refresh;
         for _ in 0..ROUNDS {
             let snap = match view.take() {

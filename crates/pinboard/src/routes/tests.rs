@@ -302,3 +302,323 @@ async fn worlds_place_apart_and_ids_stay_global() {
         .expect("any");
     assert_eq!(any.worker.record.session_id, "app");
 }
+
+// Moves: every claim that takes an id from another session is recorded
+// with why it left, whoever saw the owner go.
+
+use crate::operator::moves::{MoveReason, MovedBy, REPLACED_REASON, TAKEOVER_REASON};
+
+/// `(id, from, to, reason, by)` of every move recorded, oldest first.
+fn moves_of(dir: &Routes<MemoryStore>) -> Vec<(String, String, String, MoveReason, MovedBy)> {
+    let mut moves: Vec<_> = dir
+        .counters
+        .moves
+        .recent(usize::MAX)
+        .into_iter()
+        .map(|m| (m.id, m.from, m.to, m.reason, m.by))
+        .collect();
+    moves.reverse();
+    moves
+}
+
+fn moved(
+    id: &str,
+    from: &str,
+    to: &str,
+    reason: MoveReason,
+) -> (String, String, String, MoveReason, MovedBy) {
+    (id.into(), from.into(), to.into(), reason, MovedBy::Request)
+}
+
+/// Places `/c/<id>` on `on` (the other of `a`/`b` excluded) and caches
+/// its route; returns its epoch.
+async fn place_on(dir: &Routes<MemoryStore>, id: &str, on: &str) -> u64 {
+    let other = [if on == "a" { "b" } else { "a" }.to_owned()];
+    let route = dir
+        .resolve(
+            &format!("/c/{id}"),
+            "/c",
+            id,
+            HOSTLESS,
+            Avoid {
+                exclude: &other,
+                ..Avoid::default()
+            },
+        )
+        .await
+        .expect("placed");
+    assert_eq!(route.worker.record.session_id, on);
+    route.epoch
+}
+
+async fn resolve_id(dir: &Routes<MemoryStore>, id: &str) -> Arc<Route> {
+    dir.resolve(&format!("/c/{id}"), "/c", id, HOSTLESS, Avoid::default())
+        .await
+        .expect("resolved")
+}
+
+/// Moves the clock on by `ms`, renewing `b` half way: `a`'s lease (as
+/// long as `ms`) runs out.
+async fn lapse_a(clock: &FakeClock, store: &MemoryStore, ms: u64) {
+    let advance = |by: u64| {
+        let mut now = clock.0.lock();
+        now.mono_ms += by;
+        now.wall_ms += by;
+    };
+    advance(ms / 2);
+    store
+        .renew_worker("b", 10, false, 10_000, clock.now())
+        .await
+        .expect("renew")
+        .expect("b live");
+    advance(ms - ms / 2);
+}
+
+#[tokio::test]
+async fn ids_of_an_owner_whose_lease_lapsed_move_as_a_lease_lapse_cached_or_not() {
+    let (dir, clock, store) = setup(0).await;
+    place_on(&dir, "cached", "a").await;
+    place_on(&dir, "dropped", "a").await;
+    assert!(moves_of(&dir).is_empty(), "a first placement is no move");
+    lapse_a(&clock, &store, 10_000).await;
+    // As a client retrying through `owner unreachable` leaves it: no
+    // route, and nothing said here about why.
+    dir.invalidate("/c/dropped");
+    for id in ["cached", "dropped"] {
+        assert_eq!(resolve_id(&dir, id).await.worker.record.session_id, "b");
+    }
+    assert_eq!(
+        moves_of(&dir),
+        vec![
+            moved("cached", "a", "b", MoveReason::LeaseLapsed),
+            moved("dropped", "a", "b", MoveReason::LeaseLapsed),
+        ]
+    );
+    // Resolving again is no second move.
+    resolve_id(&dir, "cached").await;
+    assert_eq!(moves_of(&dir).len(), 2);
+}
+
+#[tokio::test]
+async fn an_owner_superseded_through_another_node_says_replaced_or_takeover() {
+    let (dir, clock, store) = setup(0).await;
+    place_on(&dir, "x", "a").await;
+    place_on(&dir, "y", "b").await;
+    // Another node superseded both; this node only sees them leave.
+    let now = clock.now();
+    for (session, reason) in [
+        ("a", format!("{REPLACED_REASON} http://a.invalid:1")),
+        ("b", format!("{TAKEOVER_REASON} 2 of hostname \"app\"")),
+    ] {
+        store
+            .mark_superseded(session, &reason, 60_000, now)
+            .await
+            .expect("mark");
+        store.remove_worker(session).await.expect("remove");
+    }
+    store
+        .put_worker(&rec("c", 10), 10_000, now)
+        .await
+        .expect("put");
+    for id in ["x", "y"] {
+        assert_eq!(resolve_id(&dir, id).await.worker.record.session_id, "c");
+    }
+    assert_eq!(
+        moves_of(&dir),
+        vec![
+            moved("x", "a", "c", MoveReason::Replaced),
+            moved("y", "b", "c", MoveReason::Takeover),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn releases_say_idle_wind_down_or_drain_and_sessions_that_end_say_so() {
+    let (dir, clock, store) = setup(0).await;
+    let now = clock.now();
+    for id in ["idle", "wound", "drained", "ended"] {
+        place_on(&dir, id, "a").await;
+    }
+    dir.counters.moves.winding_down("/c/wound", "a");
+    let release = |id: &'static str| {
+        let store = store.clone();
+        async move {
+            assert!(store
+                .release(InstanceKey::new("/c", id), "a", None)
+                .await
+                .expect("release"));
+        }
+    };
+    for id in ["idle", "wound"] {
+        dir.note_released([(format!("/c/{id}").as_str(), "a")]);
+        release(id).await;
+        dir.invalidate(&format!("/c/{id}"));
+    }
+    // Draining in this node's view when it lets go.
+    store
+        .set_server_drain("a", Some(crate::placement::DrainDeadline::Never), now)
+        .await
+        .expect("drain");
+    dir.workers_changed();
+    resolve_id(&dir, "ended").await;
+    dir.note_released([("/c/drained", "a")]);
+    release("drained").await;
+    dir.invalidate("/c/drained");
+    // Then it deregisters (a drain that ended), and another session ends
+    // without one.
+    store.remove_worker("a").await.expect("deregister");
+    dir.forget_sessions(&["a".to_owned()]);
+    for id in ["idle", "wound", "drained", "ended"] {
+        assert_eq!(resolve_id(&dir, id).await.worker.record.session_id, "b");
+    }
+    assert_eq!(
+        moves_of(&dir),
+        vec![
+            moved("idle", "a", "b", MoveReason::Released),
+            moved("wound", "a", "b", MoveReason::WindDown),
+            moved("drained", "a", "b", MoveReason::Drain),
+            moved("ended", "a", "b", MoveReason::Drain),
+        ]
+    );
+    place_on(&dir, "quiet", "b").await;
+    store
+        .put_worker(&rec("a", 10), 10_000, clock.now())
+        .await
+        .expect("a again");
+    store.remove_worker("b").await.expect("deregister");
+    dir.forget_sessions(&["b".to_owned()]);
+    assert_eq!(
+        resolve_id(&dir, "quiet").await.worker.record.session_id,
+        "a"
+    );
+    assert_eq!(
+        moves_of(&dir).last(),
+        Some(&moved("quiet", "b", "a", MoveReason::SessionEnded))
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_moves_the_id_as_a_refusal_or_a_drain() {
+    let (dir, clock, store) = setup(0).await;
+    for id in ["r", "d"] {
+        place_on(&dir, id, "a").await;
+    }
+    let refuse = |id: &'static str, epoch: u64| {
+        let dir = &dir;
+        async move {
+            let a = ["a".to_owned()];
+            dir.resolve(
+                &format!("/c/{id}"),
+                "/c",
+                id,
+                HOSTLESS,
+                Avoid {
+                    stale: Some(("a", epoch)),
+                    exclude: &a,
+                    refresh: false,
+                },
+            )
+            .await
+            .expect("moved away")
+        }
+    };
+    let epoch = dir.cached("/c/r").expect("cached").epoch;
+    assert_eq!(refuse("r", epoch).await.worker.record.session_id, "b");
+    store
+        .set_server_drain(
+            "a",
+            Some(crate::placement::DrainDeadline::Never),
+            clock.now(),
+        )
+        .await
+        .expect("drain");
+    dir.workers_changed();
+    let epoch = dir.cached("/c/d").expect("cached").epoch;
+    assert_eq!(refuse("d", epoch).await.worker.record.session_id, "b");
+    assert_eq!(
+        moves_of(&dir),
+        vec![
+            moved("r", "a", "b", MoveReason::Refusal),
+            moved("d", "a", "b", MoveReason::Drain),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn ids_the_store_lost_under_an_owner_that_did_not_reclaim_them_move_as_a_store_loss() {
+    let (dir, clock, store) = setup_leased(0, 3000).await;
+    place_on(&dir, "lost", "a").await;
+    place_on(&dir, "unanswered", "a").await;
+    place_on(&dir, "reclaimed", "b").await;
+    let old_epoch = dir.cached("/c/reclaimed").expect("cached").epoch;
+    store.wipe();
+    // A request found `a` unreachable and dropped its route before this
+    // node noticed the loss.
+    dir.lose_sight("/c/unanswered", "a");
+    // The loss is noticed (the upkeep's check) before any owner is back.
+    dir.check_generation().await.expect("check");
+    // `b` re-registers as `b2` and reclaims what it holds; `a` never
+    // comes back.
+    let now = clock.now();
+    store
+        .put_worker(&rec("b2", 10), 10_000, now)
+        .await
+        .expect("put");
+    store
+        .reclaim(
+            InstanceKey::new("/c", "reclaimed"),
+            "b2",
+            &["b"],
+            old_epoch + 1,
+            now,
+        )
+        .await
+        .expect("reclaim");
+    dir.forget_sessions(&["b".to_owned()]);
+    {
+        let mut now = clock.0.lock();
+        now.mono_ms += 3000;
+        now.wall_ms += 3000;
+    }
+    for id in ["lost", "unanswered", "reclaimed"] {
+        assert_eq!(resolve_id(&dir, id).await.worker.record.session_id, "b2");
+    }
+    assert_eq!(
+        moves_of(&dir),
+        vec![
+            moved("lost", "a", "b2", MoveReason::StoreLoss),
+            moved("unanswered", "a", "b2", MoveReason::StoreLoss),
+        ],
+        "a reclaim by the same process is no move"
+    );
+}
+
+#[tokio::test]
+async fn a_sweeper_re_placement_says_so() {
+    let (dir, clock, store) = setup(0).await;
+    place_on(&dir, "orphan", "a").await;
+    lapse_a(&clock, &store, 10_000).await;
+    dir.invalidate("/c/orphan");
+    let route = dir
+        .resolve_as(
+            MovedBy::Sweeper,
+            "/c/orphan",
+            "/c",
+            "orphan",
+            Scope::Any,
+            Avoid::default(),
+        )
+        .await
+        .expect("woken elsewhere");
+    assert_eq!(route.worker.record.session_id, "b");
+    assert_eq!(
+        moves_of(&dir),
+        vec![(
+            "orphan".into(),
+            "a".into(),
+            "b".into(),
+            MoveReason::LeaseLapsed,
+            MovedBy::Sweeper
+        )]
+    );
+}

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Routes;
+use crate::operator::moves::MoveReason;
 use crate::placement::{PlacementStore, StoreError};
 use crate::upstream::WorkerConn;
 
@@ -62,11 +63,16 @@ pub(super) struct Snapshot {
 }
 
 impl Snapshot {
-    /// Whether `session` is live here and refuses new ids (draining).
-    pub(super) fn draining(&self, session: &str) -> bool {
-        self.by_session
-            .get(session)
-            .is_some_and(|w| w.record.refuses_new_ids())
+    /// Why an id that live `session` let go of (released, refused) left
+    /// it, as far as this view tells: a takeover when a newer deployment
+    /// is winding the session down, a drain when it refuses new ids, else
+    /// `otherwise`.
+    pub(super) fn letting_go(&self, session: &str, otherwise: MoveReason) -> MoveReason {
+        match self.by_session.get(session).map(|w| &w.record) {
+            Some(r) if r.retire_at_wall_ms.is_some() => MoveReason::Takeover,
+            Some(r) if r.refuses_new_ids() => MoveReason::Drain,
+            _ => otherwise,
+        }
     }
 }
 

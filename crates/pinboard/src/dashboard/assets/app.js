@@ -122,7 +122,7 @@ function renderMoves(moves) {
     el("td", { class: "mono", title: m.from }, short(m.from)),
     el("td", { class: "mono", title: m.to }, short(m.to)),
     el("td", { class: "mono" }, m.epoch),
-    el("td", {}, m.reason.replace("_", " ")))));
+    el("td", {}, m.reason.replaceAll("_", " ") + (m.by === "sweeper" ? " (sweeper wake)" : "")))));
   if (moves.length === 0) body.append(el("tr", {}, el("td", { colSpan: 6, class: "hint" }, "nothing moved yet")));
 }
 
