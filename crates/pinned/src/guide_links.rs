@@ -86,4 +86,3 @@ macro_rules! rustdoc_links {
         )
     };
 }
-

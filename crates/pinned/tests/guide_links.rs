@@ -43,7 +43,11 @@ fn chapters() -> BTreeMap<String, String> {
             out.insert(name.to_owned(), read(&path));
         }
     }
-    assert!(out.len() > 10, "the guide has its chapters: {:?}", out.keys());
+    assert!(
+        out.len() > 10,
+        "the guide has its chapters: {:?}",
+        out.keys()
+    );
     out
 }
 
@@ -192,7 +196,10 @@ fn same_target(github: &str, rustdoc: &str) -> Result<(), String> {
         let name = item.rsplit("::").next().unwrap_or(item);
         let page_name = github
             .strip_prefix(DOCS_RS)
-            .and_then(|url| url.rsplit('/').find(|s| !s.is_empty() && *s != "index.html"))
+            .and_then(|url| {
+                url.rsplit('/')
+                    .find(|s| !s.is_empty() && *s != "index.html")
+            })
             .ok_or_else(|| format!("{github} is not a docs.rs page"))?;
         let item_name = page_name
             .strip_suffix(".html")
@@ -227,7 +234,9 @@ fn every_label_is_defined_for_github_and_for_docs_rs_alike() {
         let github = definitions(&markdown);
         for label in used_labels(&markdown) {
             match (github.get(&label), rustdoc.get(&label)) {
-                (None, _) => problems.push(format!("{file}: [{label}] has no definition for GitHub")),
+                (None, _) => {
+                    problems.push(format!("{file}: [{label}] has no definition for GitHub"))
+                }
                 (_, None) => problems.push(format!(
                     "{file}: [{label}] is not in rustdoc_links! (src/guide_links.rs)"
                 )),
