@@ -1,5 +1,6 @@
-//! The certificate recipe the READMEs give works: the `openssl` commands
-//! of pinboard's README (the repository README holds the same block) run
+//! The certificate recipe the docs give works: the `openssl` commands
+//! of pinboard's README (the guide's "Running behind pinboard" chapter
+//! holds the same block) run
 //! in a temporary directory, pinboard serves HTTPS with the leaf they make,
 //! and a Rust worker trusting their CA registers. (Run as written, with
 //! `openssl` from the `PATH`.)
@@ -11,8 +12,8 @@ use std::process::Command;
 
 use support::{pinboard, rust_worker, wait_workers};
 
-/// The fenced `sh` block of `readme` that makes the CA, without the
-/// indentation of a list item.
+/// The fenced `sh` block of the Markdown file `readme` that makes the CA,
+/// without the indentation of a list item.
 fn recipe(readme: &str) -> String {
     let text = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -47,8 +48,8 @@ async fn the_readme_certificate_recipe_serves_a_worker_over_tls() {
     let ours = recipe("crates/pinboard/README.md");
     assert_eq!(
         ours,
-        recipe("README.md"),
-        "the two READMEs give different recipes"
+        recipe("crates/pinned/guide/behind-pinboard.md"),
+        "pinboard's README and the guide give different recipes"
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let made = Command::new("sh")

@@ -4,7 +4,7 @@
 //! with the operator token, sees both workers and their placements, drains
 //! one from the page (through the confirmation dialog) and sees its state
 //! change, takes a screenshot (into `$PINBOARD_SCREENSHOT_DIR` when set, a
-//! temporary directory otherwise: never the checkout; the README's
+//! temporary directory otherwise: never the checkout; the guide's
 //! `docs/dashboard.png` is refreshed by copying it there), and logs out. Also
 //! checks, over plain HTTP, what a browser cannot show: a wrong token gets
 //! no session, and an action without the CSRF header is refused.

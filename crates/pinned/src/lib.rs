@@ -39,6 +39,11 @@
 //! Without a pinboard the worker runs in *local mode* (the reference's dev
 //! mode): one process, no attestation checks, a warning at start, and a
 //! refusal to start when the environment says production.
+//!
+//! The [guide] walks through everything else chapter by chapter: concepts,
+//! a first object, shared state and auth, durable state and trays, alarms,
+//! sockets, running behind pinboard, operating a fleet, migrating from the
+//! Python reference, guarantees and limits.
 #![forbid(unsafe_code)]
 
 mod abort;
@@ -59,6 +64,9 @@ mod domain;
 mod durable;
 mod edge;
 mod fence;
+#[macro_use]
+mod guide_links;
+pub mod guide;
 mod headroom;
 mod hooks;
 mod host;
