@@ -92,9 +92,10 @@ pub use open::StoreConfig;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{
-    ConnectionString, PostgresOptions, PostgresStore, SslMode, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_POOL_SIZE,
-    DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
+    ConnectionString, IndexState, PlanChoice, PostgresOptions, PostgresStore, SslMode,
+    SweepIndexBuild, SweepIndexes, SweepScan, ALARM_DUE_INDEX, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, DEFAULT_INDEX_BUILD_DEADLINE, DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE, MARKED_INDEX,
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
