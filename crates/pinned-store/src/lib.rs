@@ -25,7 +25,7 @@
 //! | feature | default | gives |
 //! | --- | --- | --- |
 //! | `sqlite` | yes | `SqliteStore`, `SqliteOptions`, `SyncMode`, `StoreError::Sqlite` |
-//! | `postgres` | no | `PostgresStore`, `PostgresOptions`, its `DEFAULT_*` constants, `StoreError::Postgres`, `ConnectionString` (libpq strings, TLS through rustls) |
+//! | `postgres` | no | `PostgresStore`, `PostgresOptions`, its `DEFAULT_*` constants, `StoreError::Postgres`, `ConnectionString` (libpq strings, TLS through rustls), the sweeper indexes' `SweepIndexes`, `SweepIndexBuild`, `SweepScan`, `PlanChoice` |
 //! | `test-util` | no | the `conformance` suite (its `PostgresCleanup` needs `postgres` too) |
 //!
 //! A location naming a backend this build lacks is refused by

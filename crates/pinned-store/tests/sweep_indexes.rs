@@ -378,3 +378,23 @@ async fn an_index_a_failed_build_left_invalid_is_built_again() -> anyhow::Result
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_name_taken_by_another_relation_fails_the_build_with_its_reason() -> anyhow::Result<()> {
+    let schema = Schema::new("sweep_taken").await;
+    let store = schema.store().await;
+    indexes_built(&store).await;
+    schema
+        .exec(&format!(
+            "DROP INDEX {MARKED_INDEX}; CREATE TABLE {MARKED_INDEX} (x int)"
+        ))
+        .await;
+    let err = store.build_sweep_indexes().await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("does another relation take the name"),
+        "{err}"
+    );
+    assert_eq!(store.sweep_indexes().await?.marked, IndexState::Missing);
+    Ok(())
+}

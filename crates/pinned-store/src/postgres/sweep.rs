@@ -33,7 +33,7 @@ macro_rules! alarm_at {
     };
 }
 
-/// Name of the index serving [`DUE_ALARMS`].
+/// Name of the index serving the due-alarms scan.
 pub const ALARM_DUE_INDEX: &str = "pinned_tray_index_alarm_due";
 /// Name of the index serving the marked-instances scan.
 pub const MARKED_INDEX: &str = "pinned_tray_index_marked";
@@ -276,6 +276,17 @@ impl IndexBuilder {
                     }
                 } else {
                     SweepIndexBuild::AlreadyReady
+                });
+            }
+            if attempt > BUILD_ATTEMPTS {
+                // Built, yet not there: `IF NOT EXISTS` found another relation of that name.
+                return Err(StoreError::Setup {
+                    source: format!(
+                        "the sweeper indexes of {table} are still not built after \
+                         {BUILD_ATTEMPTS} attempts ({indexes:?}): does another relation \
+                         take the name {ALARM_DUE_INDEX} or {MARKED_INDEX}?"
+                    )
+                    .into(),
                 });
             }
             changed = true;
