@@ -116,6 +116,18 @@ async fn indexes_built(store: &PostgresStore) {
     .await;
 }
 
+/// `build_sweep_indexes`, once no other build holds the lock (`setup`'s may still be
+/// letting go of it).
+async fn build(store: &PostgresStore) -> Result<SweepIndexBuild, pinned_store::StoreError> {
+    test_support::eventually("the build lock", BUILD_PATIENCE, || async {
+        match store.build_sweep_indexes().await {
+            Ok(SweepIndexBuild::Busy) => None,
+            other => Some(other),
+        }
+    })
+    .await
+}
+
 /// 20 000 instances of 10 rows (200 000 rows): nine `kv` rows each, `k0` marked on every
 /// 50th instance and `k1` too (by another world) on every 100th; an alarm row on every
 /// 4th, due (`at` = 1000 + i) on every 400th, the rest far in the future.
@@ -293,6 +305,8 @@ async fn concurrent_starts_build_each_index_once() -> anyhow::Result<()> {
     // Tables first, so the stores below race on the build rather than on setup.
     let first = schema.store().await;
     indexes_built(&first).await;
+    // Once this gets the lock, `setup`'s build has let go of it.
+    assert_eq!(build(&first).await?, SweepIndexBuild::AlreadyReady);
     schema
         .exec(&format!(
             "DROP INDEX {ALARM_DUE_INDEX}; DROP INDEX {MARKED_INDEX}; {FILL}"
@@ -354,7 +368,7 @@ async fn an_index_a_failed_build_left_invalid_is_built_again() -> anyhow::Result
     assert_eq!(before.alarm_due, IndexState::Invalid);
     assert_eq!(before.marked, IndexState::Ready);
 
-    let outcome = store.build_sweep_indexes().await?;
+    let outcome = build(&store).await?;
     assert!(
         matches!(outcome, SweepIndexBuild::Built { .. }),
         "{outcome:?}"
@@ -372,10 +386,7 @@ async fn an_index_a_failed_build_left_invalid_is_built_again() -> anyhow::Result
         definition.contains("jsonb_typeof") && !definition.contains("UNIQUE"),
         "the leftover was replaced by the sweeper's index: {definition}"
     );
-    assert_eq!(
-        store.build_sweep_indexes().await?,
-        SweepIndexBuild::AlreadyReady
-    );
+    assert_eq!(build(&store).await?, SweepIndexBuild::AlreadyReady);
     Ok(())
 }
 
@@ -389,7 +400,7 @@ async fn a_name_taken_by_another_relation_fails_the_build_with_its_reason() -> a
             "DROP INDEX {MARKED_INDEX}; CREATE TABLE {MARKED_INDEX} (x int)"
         ))
         .await;
-    let err = store.build_sweep_indexes().await.unwrap_err();
+    let err = build(&store).await.unwrap_err();
     assert!(
         err.to_string()
             .contains("does another relation take the name"),

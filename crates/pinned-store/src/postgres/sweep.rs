@@ -260,7 +260,23 @@ impl IndexBuilder {
         if !locked {
             return Ok(SweepIndexBuild::Busy);
         }
-        // Held until `client` is dropped: the session ends and the server releases it.
+        let outcome = self.build_locked(&client, schema).await;
+        if outcome.is_ok() {
+            // Released now rather than when the closing session ends, so that the next
+            // builder does not find it taken. On an error the session ends anyway.
+            client
+                .execute("SELECT pg_advisory_unlock($1)", &[&build_lock_key(schema)])
+                .await?;
+        }
+        outcome
+    }
+
+    /// Builds under the lock, until the catalog says both indexes are built.
+    async fn build_locked(
+        &self,
+        client: &tokio_postgres::Client,
+        schema: &str,
+    ) -> Result<SweepIndexBuild, StoreError> {
         let started = Instant::now();
         let table = format!("{schema}.pinned_tray_index");
         let mut attempt = 1;
@@ -268,7 +284,7 @@ impl IndexBuilder {
         loop {
             // Read under the lock: a build that finished meanwhile is not redone, and an
             // invalid index now can only be a failed build's (ours build under the lock).
-            let indexes = status(&client, &table).await?;
+            let indexes = status(client, &table).await?;
             if indexes.ready() {
                 return Ok(if changed {
                     SweepIndexBuild::Built {
