@@ -25,7 +25,7 @@
 //! | feature | default | gives |
 //! | --- | --- | --- |
 //! | `sqlite` | yes | `SqliteStore`, `SqliteOptions`, `SyncMode`, `StoreError::Sqlite` |
-//! | `postgres` | no | `PostgresStore`, `PostgresOptions`, its `DEFAULT_*` constants, `StoreError::Postgres`, `ConnectionString` (libpq strings, TLS through rustls) |
+//! | `postgres` | no | `PostgresStore`, `PostgresOptions`, its `DEFAULT_*` constants, `StoreError::Postgres`, `ConnectionString` (libpq strings, TLS through rustls), the sweeper indexes' `SweepIndexes`, `SweepIndexBuild`, `SweepScan`, `PlanChoice` |
 //! | `test-util` | no | the `conformance` suite (its `PostgresCleanup` needs `postgres` too) |
 //!
 //! A location naming a backend this build lacks is refused by
@@ -92,9 +92,10 @@ pub use open::StoreConfig;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{
-    ConnectionString, PostgresOptions, PostgresStore, SslMode, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_POOL_SIZE,
-    DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
+    ConnectionString, IndexState, PlanChoice, PostgresOptions, PostgresStore, SslMode,
+    SweepIndexBuild, SweepIndexes, SweepScan, ALARM_DUE_INDEX, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, DEFAULT_INDEX_BUILD_DEADLINE, DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE, MARKED_INDEX,
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

@@ -22,12 +22,17 @@ use tokio_postgres::Row;
 mod begin;
 mod connection;
 mod group_commit;
+mod sweep;
 mod tls;
 
 pub use self::connection::{ConnectionString, SslMode};
+pub use self::sweep::{
+    IndexState, PlanChoice, SweepIndexBuild, SweepIndexes, SweepScan, ALARM_DUE_INDEX, MARKED_INDEX,
+};
 
 use self::begin::{Begin, LZ4_OFFERED};
 use self::group_commit::{GroupCommit, Landed, Write};
+use self::sweep::{IndexBuilder, DUE_ALARMS, MARKED_AFTER, MARKED_FIRST};
 use crate::error::postgres_transient;
 use crate::locks::InstanceLocks;
 use crate::store::{check_epoch, sql_limit};
@@ -54,6 +59,10 @@ pub const DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(5)
 /// Default bound on one whole transaction, from `BEGIN` to the end of `COMMIT`. Kept
 /// above the server-side timeouts so the server errors first.
 pub const DEFAULT_TXN_DEADLINE: Duration = Duration::from_secs(30);
+/// Default bound on building the sweeper's indexes (all of the build: the wait for the
+/// build lock's holder aside, which is never waited for). A build reads the whole table
+/// twice and first waits for every transaction older than it in the database.
+pub const DEFAULT_INDEX_BUILD_DEADLINE: Duration = Duration::from_secs(3600);
 
 /// Both tables of wire.md §12.2, verbatim.
 const CREATE_EPOCH: &str = "CREATE TABLE IF NOT EXISTS pinned_epoch (\
@@ -87,26 +96,6 @@ WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
 const LIST_TRAYS: &str = "SELECT tray_ns, tray_id, marked, doc FROM pinned_tray_index \
 WHERE ns = $1 AND id = $2 AND ($3::text IS NULL OR tray_ns = $3) \
 AND ($4::boolean IS NULL OR marked = $4) ORDER BY tray_ns COLLATE \"C\", tray_id COLLATE \"C\"";
-/// Due alarm rows (`StateStore::due_alarms`). The `CASE`s make sure only JSON numbers are
-/// cast, whatever order the planner evaluates the conditions in; `at` must then be an
-/// integer within `bigint`. No index serves it: a scan of the alarm rows.
-const DUE_ALARMS: &str = "SELECT ns, id, at::bigint, nonce, hostname, env FROM (\
-SELECT ns, id, hostname, env, \
-CASE WHEN jsonb_typeof(doc->'at') = 'number' THEN (doc->>'at')::numeric END AS at, \
-CASE WHEN jsonb_typeof(doc->'nonce') = 'string' THEN doc->>'nonce' END AS nonce \
-FROM pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm') AS alarms \
-WHERE at <= $1::bigint AND at >= -9223372036854775808 AND at = trunc(at) \
-ORDER BY at, ns COLLATE \"C\", id COLLATE \"C\" LIMIT $2::bigint";
-/// Distinct instances with a marked row (`StateStore::marked_instances`), byte-ordered,
-/// each with the world of one of its marked rows: one naming a hostname before `'*'`,
-/// then the smallest `(hostname, env)`.
-const MARKED_INSTANCES: &str = "SELECT DISTINCT ON (ns COLLATE \"C\", id COLLATE \"C\") \
-ns, id, hostname, env FROM pinned_tray_index \
-WHERE marked AND ($1::text IS NULL OR ns COLLATE \"C\" > $1::text \
-OR (ns = $1::text AND id COLLATE \"C\" > $2::text)) \
-ORDER BY ns COLLATE \"C\", id COLLATE \"C\", hostname = '*', hostname COLLATE \"C\", \
-env COLLATE \"C\" LIMIT $3::bigint";
-
 /// Settings of a [`PostgresStore`]; every default is one of this module's constants.
 #[derive(Debug, Clone)]
 pub struct PostgresOptions {
@@ -126,6 +115,10 @@ pub struct PostgresOptions {
     /// Bound on one whole transaction; past it the connection is killed
     /// (default [`DEFAULT_TXN_DEADLINE`]).
     pub txn_deadline: Duration,
+    /// Bound on building the sweeper's indexes, as the server's `statement_timeout` of
+    /// each build statement and on the whole build (default
+    /// [`DEFAULT_INDEX_BUILD_DEADLINE`]).
+    pub index_build_deadline: Duration,
     /// Stamped into the `env` column of every written row (default `"*"`, pinboard's
     /// single-world mode).
     pub env: String,
@@ -146,6 +139,7 @@ impl Default for PostgresOptions {
             statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
             idle_in_transaction_timeout: DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
             txn_deadline: DEFAULT_TXN_DEADLINE,
+            index_build_deadline: DEFAULT_INDEX_BUILD_DEADLINE,
             env: "*".to_owned(),
             hostname: "*".to_owned(),
             transaction_sql: None,
@@ -373,6 +367,13 @@ impl PostgresStore {
     /// from then on stores large documents `lz4`-compressed where the server offers it
     /// (see `begin.rs`). Safe to call from many processes at once.
     ///
+    /// When the sweeper's indexes ([`sweep_indexes`](Self::sweep_indexes)) are not all
+    /// built, it starts [`build_sweep_indexes`](Self::build_sweep_indexes) in a task of
+    /// its own and returns without waiting for it: a build reads the whole table and
+    /// first waits for every older transaction in the database, and the store works
+    /// without the indexes (only the sweeper's scans read more). A failed build is
+    /// logged as a warning, and tried again by the next `setup` (the next start).
+    ///
     /// # Errors
     ///
     /// [`StoreError::Unavailable`] if no connection can be had, else the server's error.
@@ -384,19 +385,115 @@ impl PostgresStore {
             conn.batch_execute(QUIET_DDL).await?;
             conn.batch_execute(CREATE_EPOCH).await?;
             conn.batch_execute(CREATE_TRAY_INDEX).await?;
-            Ok::<_, StoreError>(conn.query_opt(LZ4_OFFERED, &[]).await?.is_some())
+            let indexes = sweep::status(conn, "pinned_tray_index").await?;
+            let lz4 = conn.query_opt(LZ4_OFFERED, &[]).await?.is_some();
+            Ok::<_, StoreError>((indexes, lz4))
         }
         .await;
         match body {
-            Ok(lz4) => {
+            Ok((indexes, lz4)) => {
                 checkout.commit().await?;
                 self.begin.offer_lz4(lz4);
+                if !indexes.ready() {
+                    self.spawn_index_build(indexes.schema);
+                }
                 Ok(())
             }
             Err(err) => {
                 checkout.rollback().await;
                 Err(err)
             }
+        }
+    }
+
+    /// Builds the sweeper's indexes of `schema` in the background, logging the outcome.
+    fn spawn_index_build(&self, schema: String) {
+        let builder = IndexBuilder::new(self.pool.clone(), &self.options);
+        tokio::spawn(async move {
+            match builder.build(&schema).await {
+                Ok(SweepIndexBuild::Built { elapsed }) => tracing::info!(
+                    %schema, elapsed_ms = elapsed.as_millis(),
+                    "postgres store: sweeper indexes built"
+                ),
+                Ok(SweepIndexBuild::Busy) => tracing::info!(
+                    %schema,
+                    "postgres store: another process is building the sweeper indexes"
+                ),
+                Ok(SweepIndexBuild::AlreadyReady) => {}
+                Err(error) => tracing::warn!(
+                    %schema, %error,
+                    "postgres store: cannot build the sweeper indexes; its scans read \
+                     every row until they are built"
+                ),
+            }
+        });
+    }
+
+    /// The state of the sweeper's indexes ([`ALARM_DUE_INDEX`], [`MARKED_INDEX`]) on the
+    /// store's `pinned_tray_index` (as the transaction hook's `search_path` finds it).
+    ///
+    /// # Errors
+    ///
+    /// As any read; the table must exist ([`setup`](Self::setup)).
+    pub async fn sweep_indexes(&self) -> Result<SweepIndexes, StoreError> {
+        let mut checkout = Checkout::new(self.pool.get().await.map_err(pool_error)?);
+        let conn = checkout.begin(self.begin.sql()).await?;
+        match sweep::status(conn, "pinned_tray_index").await {
+            Ok(indexes) => {
+                checkout.commit().await?;
+                Ok(indexes)
+            }
+            Err(err) => {
+                checkout.rollback().await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Builds the sweeper's indexes where missing, and waits for the build: `CREATE
+    /// INDEX CONCURRENTLY IF NOT EXISTS` of each, on a connection of its own outside any
+    /// transaction, under a session advisory lock per schema. Returns
+    /// [`SweepIndexBuild::Busy`] at once, doing nothing, when another process holds that
+    /// lock. An index a failed build left invalid is dropped and built again. Runs as the
+    /// connection's own role: the transaction hook (a `SET LOCAL ROLE`, say) does not
+    /// apply outside a transaction, and building an index takes owning the table.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Deadline`] past [`PostgresOptions::index_build_deadline`], else the
+    /// server's error (after three tries when it is transient: concurrent builds in other
+    /// schemas can be chosen as a deadlock's victim).
+    pub async fn build_sweep_indexes(&self) -> Result<SweepIndexBuild, StoreError> {
+        let indexes = self.sweep_indexes().await?;
+        if indexes.ready() {
+            return Ok(SweepIndexBuild::AlreadyReady);
+        }
+        IndexBuilder::new(self.pool.clone(), &self.options)
+            .build(&indexes.schema)
+            .await
+    }
+
+    /// `EXPLAIN (FORMAT JSON)` of one of the sweeper's scans, exactly as the store sends
+    /// it, with `plan` chosen; with `analyze` the scan runs (read-only) and the plan
+    /// carries what each node read (`ANALYZE, BUFFERS`). For checking that the scans use
+    /// the sweeper's indexes. Runs in a transaction like the scans (hook included), on a
+    /// connection that is closed afterwards.
+    ///
+    /// # Errors
+    ///
+    /// As any read.
+    pub async fn explain(
+        &self,
+        scan: SweepScan<'_>,
+        plan: PlanChoice,
+        analyze: bool,
+    ) -> Result<Value, StoreError> {
+        let explained = sweep::explain(&self.pool, self.begin.sql(), scan, plan, analyze);
+        match tokio::time::timeout(self.options.txn_deadline, explained).await {
+            Ok(plan) => plan,
+            Err(_elapsed) => Err(StoreError::Deadline {
+                deadline: self.options.txn_deadline,
+            }),
         }
     }
 
@@ -412,7 +509,7 @@ impl PostgresStore {
     /// one (at most `pool_size` times) whenever it happens, `COMMIT` included.
     async fn scan(
         &self,
-        sql: &'static str,
+        sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
         let mut retries = 0;
@@ -947,10 +1044,11 @@ impl StateStore for PostgresStore {
         after: Option<(&str, &str)>,
         limit: usize,
     ) -> Result<Vec<MarkedInstance>, StoreError> {
-        let (after_ns, after_id) = after.unzip();
-        let rows = self
-            .scan(MARKED_INSTANCES, &[&after_ns, &after_id, &sql_limit(limit)])
-            .await?;
+        let limit = sql_limit(limit);
+        let rows = match after {
+            None => self.scan(MARKED_FIRST, &[&limit]).await?,
+            Some((ns, id)) => self.scan(MARKED_AFTER, &[&ns, &id, &limit]).await?,
+        };
         rows.iter()
             .map(|row| {
                 Ok(MarkedInstance {

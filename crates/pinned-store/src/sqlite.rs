@@ -36,33 +36,65 @@ CREATE TABLE IF NOT EXISTS pinned_tray_index (
   tray_ns TEXT NOT NULL, tray_id TEXT NOT NULL,
   marked BOOLEAN NOT NULL, doc TEXT NOT NULL,
   env TEXT NOT NULL DEFAULT '*', hostname TEXT NOT NULL DEFAULT '*',
-  PRIMARY KEY (ns, id, tray_ns, tray_id)) WITHOUT ROWID;";
+  PRIMARY KEY (ns, id, tray_ns, tray_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS pinned_tray_index_alarm_due
+  ON pinned_tray_index (json_extract(doc, '$.at'), ns, id)
+  WHERE tray_ns = 'pinned' AND tray_id = 'alarm';
+CREATE INDEX IF NOT EXISTS pinned_tray_index_marked
+  ON pinned_tray_index (ns, id, hostname = '*', hostname, env) WHERE marked;";
 
 /// Due alarm rows (see `StateStore::due_alarms`). `at` must be a JSON number that is an
 /// integer within `i64` (an integer too large for SQLite comes back as a REAL, caught by
 /// the range test; a REAL is integer-valued when it survives the cast). Numbers compare
-/// numerically across INTEGER and REAL; `ns`, `id` in byte order (BINARY).
+/// numerically across INTEGER and REAL; `ns`, `id` in byte order (BINARY). The alarm
+/// index (keyed by this `at`, then `ns`, `id`) gives the order, so the scan stops after
+/// `?2` rows; the unary `+` keeps the constant upper bound out of the index search, which
+/// takes `at <= ?1` instead (SQLite bounds a range on one side by one term only).
 const DUE_ALARMS: &str = "\
 SELECT ns, id, CAST(at AS INTEGER), nonce, hostname, env FROM (
   SELECT ns, id, hostname, env, json_type(doc, '$.at') AS at_type, json_extract(doc, '$.at') AS at,
     CASE json_type(doc, '$.nonce') WHEN 'text' THEN json_extract(doc, '$.nonce') END AS nonce
   FROM pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm')
 WHERE at_type IN ('integer', 'real')
-  AND at >= -9223372036854775808.0 AND at < 9223372036854775808.0
+  AND at >= -9223372036854775808.0 AND +at < 9223372036854775808.0
   AND at = CAST(at AS INTEGER) AND at <= ?1
 ORDER BY at, ns, id LIMIT ?2";
 
-/// Distinct instances with a marked row (see `StateStore::marked_instances`), each with
-/// the world of one of its marked rows: one naming a hostname before `'*'`, then the
-/// smallest `(hostname, env)`.
-const MARKED_INSTANCES: &str = "\
-SELECT ns, id, hostname, env FROM (
-  SELECT ns, id, hostname, env,
-    row_number() OVER (PARTITION BY ns, id ORDER BY hostname = '*', hostname, env) AS rank
-  FROM pinned_tray_index
-  WHERE marked AND (?1 IS NULL OR ns > ?1 OR (ns = ?1 AND id > ?2)))
-WHERE rank = 1
-ORDER BY ns, id LIMIT ?3";
+/// The world of one instance's marked rows: one naming a hostname before `'*'`, then the
+/// smallest `(hostname, env)`; the marked index holds them in this order.
+macro_rules! marked_world {
+    ($column:literal) => {
+        concat!(
+            "(SELECT w.",
+            $column,
+            " FROM pinned_tray_index w WHERE w.marked AND w.ns = m.ns AND w.id = m.id \
+             ORDER BY w.hostname = '*', w.hostname, w.env LIMIT 1)"
+        )
+    };
+}
+
+/// The first page of distinct instances with a marked row (see
+/// `StateStore::marked_instances`), each with its world: the page is read in order from
+/// the marked index and stops after `?1` instances, then each one's world is one lookup.
+const MARKED_FIRST: &str = concat!(
+    "SELECT ns, id, ",
+    marked_world!("hostname"),
+    ", ",
+    marked_world!("env"),
+    " FROM (SELECT DISTINCT ns, id FROM pinned_tray_index WHERE marked \
+     ORDER BY ns, id LIMIT ?1) AS m ORDER BY ns, id"
+);
+
+/// [`MARKED_FIRST`] strictly after `(?1, ?2)`: a row-value comparison, which the index
+/// takes as where to start.
+const MARKED_AFTER: &str = concat!(
+    "SELECT ns, id, ",
+    marked_world!("hostname"),
+    ", ",
+    marked_world!("env"),
+    " FROM (SELECT DISTINCT ns, id FROM pinned_tray_index \
+     WHERE marked AND (ns, id) > (?1, ?2) ORDER BY ns, id LIMIT ?3) AS m ORDER BY ns, id"
+);
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -601,20 +633,26 @@ impl StateStore for SqliteStore {
         limit: usize,
     ) -> Result<Vec<MarkedInstance>, StoreError> {
         let limit = sql_limit(limit);
-        let (after_ns, after_id) = match after {
-            Some((ns, id)) => (Some(ns.to_owned()), Some(id.to_owned())),
-            None => (None, None),
-        };
+        let after = after.map(|(ns, id)| (ns.to_owned(), id.to_owned()));
         self.run(move |conn, _| {
-            let mut stmt = conn.prepare_cached(MARKED_INSTANCES)?;
-            let rows = stmt.query_map(params![after_ns, after_id, limit], |row| {
+            let read = |row: &rusqlite::Row<'_>| {
                 Ok(MarkedInstance {
                     ns: row.get(0)?,
                     id: row.get(1)?,
                     world: WorldStamp::new(row.get::<_, String>(2)?, row.get::<_, String>(3)?),
                 })
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            };
+            let rows = match &after {
+                None => conn
+                    .prepare_cached(MARKED_FIRST)?
+                    .query_map(params![limit], read)?
+                    .collect::<Result<Vec<_>, _>>()?,
+                Some((ns, id)) => conn
+                    .prepare_cached(MARKED_AFTER)?
+                    .query_map(params![ns, id, limit], read)?
+                    .collect::<Result<Vec<_>, _>>()?,
+            };
+            Ok(rows)
         })
         .await
     }
@@ -622,4 +660,111 @@ impl StateStore for SqliteStore {
 
 fn owned4(a: &str, b: &str, c: &str, d: &str) -> (String, String, String, String) {
     (a.to_owned(), b.to_owned(), c.to_owned(), d.to_owned())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may panic on the unexpected
+mod tests {
+    use rusqlite::StatementStatus;
+
+    use super::*;
+
+    /// 20 000 instances with a `kv` row each, marked on every 50th (and a second marked
+    /// row by another world on every 100th); 5 000 alarm rows, all due, and odd ones.
+    const FILL: &str = "\
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000) \
+        INSERT INTO pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc, hostname) \
+        SELECT '/s', printf('i%06d', i), 'kv', 'k0', i % 50 = 0, json_object('v', i), '*' FROM n \
+        UNION ALL SELECT '/s', printf('i%06d', i), 'kv', 'k1', i % 100 = 0, '{}', 'shop.test' FROM n \
+        UNION ALL SELECT '/s', printf('i%06d', i), 'pinned', 'alarm', 0, \
+          json_object('at', 20000 - i, 'nonce', 'n' || i), '*' FROM n WHERE i % 4 = 0; \
+        INSERT INTO pinned_tray_index (ns, id, tray_ns, tray_id, marked, doc) VALUES \
+        ('/s', 'odd-string', 'pinned', 'alarm', 0, '{\"at\": \"soon\"}'), \
+        ('/s', 'odd-fraction', 'pinned', 'alarm', 0, '{\"at\": 1.5}'), \
+        ('/s', 'odd-huge', 'pinned', 'alarm', 0, '{\"at\": 1e30}'), \
+        ('/s', 'odd-nonce', 'pinned', 'alarm', 0, '{\"at\": 7, \"nonce\": 7}'), \
+        ('/s', 'odd-negative', 'pinned', 'alarm', 0, '{\"at\": -5}'); \
+        ANALYZE;";
+
+    /// The scans' SQL with their arguments: due alarms (10 of 5 000 due), the first
+    /// page and a later page of marked instances (10 of 400).
+    fn scans() -> [(&'static str, Vec<rusqlite::types::Value>, &'static str); 3] {
+        use rusqlite::types::Value::{Integer, Text};
+        [
+            (
+                DUE_ALARMS,
+                vec![Integer(i64::MAX), Integer(10)],
+                "pinned_tray_index_alarm_due",
+            ),
+            (MARKED_FIRST, vec![Integer(10)], "pinned_tray_index_marked"),
+            (
+                MARKED_AFTER,
+                vec![Text("/s".into()), Text("i010000".into()), Integer(10)],
+                "pinned_tray_index_marked",
+            ),
+        ]
+    }
+
+    /// Runs `sql`; its rows as text, and the virtual machine steps it took (a measure of
+    /// the rows it visited).
+    fn run(conn: &Connection, sql: &str, args: &[rusqlite::types::Value]) -> (Vec<String>, i32) {
+        let mut stmt = conn.prepare(sql).unwrap();
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(args), |row| {
+                let cells: Vec<rusqlite::types::Value> =
+                    (0..4).map(|i| row.get(i)).collect::<Result<_, _>>()?;
+                Ok(format!("{cells:?}"))
+            })
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        (rows, stmt.get_status(StatementStatus::VmStep))
+    }
+
+    #[test]
+    fn the_scans_read_a_page_through_their_indexes_and_answer_as_without_them() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        conn.execute_batch(FILL).unwrap();
+        let mut indexed = Vec::new();
+        for (sql, args, index) in scans() {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let plan: Vec<String> = stmt
+                .query_map(rusqlite::params_from_iter(&args), |row| row.get(3))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let table_reads: Vec<&String> = plan
+                .iter()
+                .filter(|d| d.contains("pinned_tray_index") || d.starts_with("SEARCH w"))
+                .collect();
+            assert!(
+                !table_reads.is_empty()
+                    && table_reads
+                        .iter()
+                        .all(|d| d.contains(&format!("USING INDEX {index}"))),
+                "{sql}: {plan:?}"
+            );
+            if sql == DUE_ALARMS {
+                assert!(
+                    !plan.iter().any(|d| d.contains("TEMP B-TREE")),
+                    "the index gives the order, so the scan stops at the limit: {plan:?}"
+                );
+            }
+            indexed.push(run(&conn, sql, &args));
+        }
+        conn.execute_batch(
+            "DROP INDEX pinned_tray_index_alarm_due; DROP INDEX pinned_tray_index_marked",
+        )
+        .unwrap();
+        for ((sql, args, _), (rows, steps)) in scans().into_iter().zip(indexed) {
+            let (plain_rows, plain_steps) = run(&conn, sql, &args);
+            assert_eq!(rows, plain_rows, "{sql}");
+            assert_eq!(rows.len(), 10);
+            assert!(
+                steps * 4 < plain_steps,
+                "{sql}: {steps} steps with the index, {plain_steps} without"
+            );
+        }
+    }
 }

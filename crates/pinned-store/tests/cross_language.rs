@@ -8,11 +8,12 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use pinned_store::conformance::{database_url, doc, unique_ns, PostgresCleanup};
 use pinned_store::{
     BatchOp, InstanceKey, PostgresOptions, PostgresStore, StateStore, StoreError, Tray, TrayKey,
-    TrayRow,
+    TrayRow, WorldStamp,
 };
 use serde_json::{json, Value};
 
@@ -34,11 +35,16 @@ fn python() -> PathBuf {
 
 /// Runs `ops` through the Python store and returns one result object per op.
 fn py(env: &str, hostname: &str, ops: Value) -> Vec<Value> {
+    py_on(&database_url(), env, hostname, ops)
+}
+
+/// [`py`] on the database at `dsn`.
+fn py_on(dsn: &str, env: &str, hostname: &str, ops: Value) -> Vec<Value> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/xlang.py");
     let arg = json!({"env": env, "hostname": hostname, "ops": ops}).to_string();
     let out = Command::new(python())
         .arg(&script)
-        .arg(database_url())
+        .arg(dsn)
         .arg(arg)
         .output()
         .expect("run the Python reference");
@@ -331,5 +337,68 @@ async fn python_is_fenced_after_rust_advances_the_epoch() -> anyhow::Result<()> 
         .await
         .unwrap_err()
         .is_fence_lost());
+    Ok(())
+}
+
+/// The reference's tables with the sweeper's indexes on them, in a schema of their own
+/// (`search_path`: the DSN's `options` for Python, the transaction hook for Rust), set up
+/// by the reference first or by Rust first. The reference's `setup` runs beside the
+/// indexes, its writes (an alarm whose `at` is a string included) go through the index
+/// expression, and the indexed scans find its rows.
+#[tokio::test]
+async fn the_reference_shares_its_tables_with_the_sweeper_indexes() -> anyhow::Result<()> {
+    let (raw, conn) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    for python_first in [true, false] {
+        let schema = format!("pst_xlang_{}_{python_first}", std::process::id());
+        raw.batch_execute(&format!(
+            "SET client_min_messages = warning; \
+             DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
+        .await?;
+        let base = database_url();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let dsn = format!("{base}{sep}options=-csearch_path%3D{schema}");
+        let writes = json!([
+            {"op": "set", "ns": "/x", "id": "due", "tray_ns": "pinned", "tray_id": "alarm",
+             "marked": false, "doc": {"at": 5, "nonce": "n"}, "epoch": 1},
+            {"op": "set", "ns": "/x", "id": "odd", "tray_ns": "pinned", "tray_id": "alarm",
+             "marked": false, "doc": {"at": "soon"}, "epoch": 1},
+            {"op": "set", "ns": "/x", "id": "busy", "tray_ns": "kv", "tray_id": "k",
+             "marked": true, "doc": {}, "epoch": 1},
+        ]);
+        if python_first {
+            py_on(&dsn, "*", "py.test", json!([])); // its setup alone
+        }
+        let store = PostgresStore::open(
+            &database_url(),
+            PostgresOptions {
+                transaction_sql: Some(format!("SET LOCAL search_path = {schema}")),
+                ..PostgresOptions::default()
+            },
+        )
+        .await?;
+        test_support::eventually("the sweeper indexes", Duration::from_secs(60), || async {
+            store.sweep_indexes().await.unwrap().ready().then_some(())
+        })
+        .await;
+        for result in py_on(&dsn, "*", "py.test", writes) {
+            ok(&result);
+        }
+        let due = store.due_alarms(10, 10).await?;
+        assert_eq!(
+            due.iter()
+                .map(|a| (a.id.as_str(), a.at, a.nonce.as_deref()))
+                .collect::<Vec<_>>(),
+            [("due", 5, Some("n"))],
+            "python first: {python_first}"
+        );
+        let marked = store.marked_instances(None, 10).await?;
+        assert_eq!(marked.len(), 1);
+        assert_eq!(marked[0].id, "busy");
+        assert_eq!(marked[0].world, WorldStamp::new("py.test", "*"));
+        raw.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await?;
+    }
     Ok(())
 }

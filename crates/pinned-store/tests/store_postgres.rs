@@ -771,6 +771,12 @@ async fn transaction_sql_runs_in_every_transaction() -> anyhow::Result<()> {
         .await
         .unwrap_err()
         .is_fence_lost());
+    // The sweeper indexes `setup` started building there are built before the schema
+    // goes: a build still waiting for older transactions could deadlock with the drop.
+    test_support::eventually("the sweeper indexes", Duration::from_secs(60), || async {
+        store.sweep_indexes().await.unwrap().ready().then_some(())
+    })
+    .await;
     client
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await?;
