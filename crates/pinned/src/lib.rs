@@ -63,6 +63,7 @@ mod dispatch;
 mod domain;
 mod durable;
 mod edge;
+mod error_response;
 mod fence;
 #[macro_use]
 mod guide_links;
