@@ -58,6 +58,8 @@ use std::time::Duration;
 use pinned_store::InstanceKey;
 use pinned_wire::registry::ControlMessage;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::connection::RedisConn;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisResult, Script, ScriptInvocation, Value};
 
 pub use self::batch::{BatchStats, Batching};
@@ -72,7 +74,7 @@ use crate::clock::Now;
 /// Placement store shared through Redis.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     scripts: Arc<Scripts>,
     batcher: Arc<Batcher>,
@@ -446,6 +448,13 @@ impl RedisStore {
         )
         .await
         .map_err(|_| StoreError::Timeout(batching.deadline))??;
+        Ok(Self::over(RedisConn::Single(conn), prefix, batching))
+    }
+
+    /// A store over `conn` (one Redis, or one hash tag of a cluster: every
+    /// key it touches starts with `prefix`), batching by `batching`.
+    /// Starts the batcher's task on the current Tokio runtime.
+    pub(super) fn over(conn: RedisConn, prefix: &str, batching: Batching) -> Self {
         let key = |kind: &str| format!("{prefix}{kind}");
         let layout = Layout {
             generation: key("gen"),
@@ -455,7 +464,7 @@ impl RedisStore {
             owners: key("o:"),
             rows: key("p:"),
         };
-        Ok(Self {
+        Self {
             batcher: Arc::new(Batcher::start(conn.clone(), layout, batching)),
             conn,
             prefix: prefix.to_owned(),
@@ -479,7 +488,7 @@ impl RedisStore {
             }),
             row_grace_ms: 60_000,
             deadline: batching.deadline,
-        })
+        }
     }
 
     /// What the claim batcher did so far.
@@ -532,14 +541,14 @@ impl RedisStore {
 trait Request: Sync {
     fn run<T: FromRedisValue + Send>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut RedisConn,
     ) -> impl Future<Output = RedisResult<T>> + Send;
 }
 
 impl Request for Cmd {
     fn run<T: FromRedisValue + Send>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut RedisConn,
     ) -> impl Future<Output = RedisResult<T>> + Send {
         self.query_async(conn)
     }
@@ -548,7 +557,7 @@ impl Request for Cmd {
 impl Request for Pipeline {
     fn run<T: FromRedisValue + Send>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut RedisConn,
     ) -> impl Future<Output = RedisResult<T>> + Send {
         self.query_async(conn)
     }
@@ -557,7 +566,7 @@ impl Request for Pipeline {
 impl Request for ScriptInvocation<'_> {
     fn run<T: FromRedisValue + Send>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut RedisConn,
     ) -> impl Future<Output = RedisResult<T>> + Send {
         // EVALSHA, loading the script first when Redis lacks it.
         self.invoke_async(conn)
