@@ -29,10 +29,12 @@
 //! every shard; a heartbeat renews the record, then every liveness key
 //! (`PEXPIRE`, 64 commands the client sends as they go, each to its
 //! master). A heartbeat that finds a liveness key gone while the record
-//! lives (the shard lost its data) removes the session everywhere and is
-//! answered as a lapsed one: the worker re-registers and reclaims its ids,
-//! exactly as after the loss of one Redis. Removing a session deletes its
-//! liveness key in every shard.
+//! lives (the shard lost its data) removes the record and is answered as
+//! a lapsed one: the worker re-registers and reclaims its ids, exactly as
+//! after the loss of one Redis; its liveness keys in the intact shards
+//! stay (until their TTL), so the ids there keep their owner until the
+//! reclaim takes them over at their epochs. Removing a session
+//! (deregistration, supersession) deletes its liveness key in every shard.
 //!
 //! # Store loss, per shard
 //!
@@ -450,11 +452,14 @@ impl PlacementStore for ClusterStore {
             return Ok(None);
         };
         if !self.renew_live(session_id, ttl_ms).await? {
-            // A shard lost the session (its data went): the session ends
-            // everywhere and the worker, told so, re-registers and
-            // reclaims its ids, as after the loss of one Redis.
+            // A shard lost the session (its data went): the worker, told
+            // so, re-registers and reclaims its ids, as after the loss of
+            // one Redis. Only the record goes (no new id is placed on the
+            // session); its liveness stays in the intact shards, so their
+            // rows keep their owner until the reclaim takes them over at
+            // their epochs instead of falling vacant to the first claim.
             tracing::warn!(target: "pinboard::placement", session = session_id, "a shard no longer knows this session: it must re-register");
-            self.remove_worker(session_id).await?;
+            self.global.remove_worker(session_id).await?;
             return Ok(None);
         }
         self.replicated_everywhere().await?;
