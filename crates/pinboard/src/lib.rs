@@ -10,7 +10,8 @@
 //!    them); [`clock`] (time, randomness and the epoch floor) with
 //!    [`epoch_mark`] (the floor's durable mark in Postgres); [`metrics`].
 //! 2. [`placement`]: the store trait; [`placement::MemoryStore`] (one
-//!    node) and [`placement::RedisStore`] (many nodes).
+//!    node), [`placement::RedisStore`] (many nodes on one Redis) and
+//!    [`placement::ClusterStore`] (many nodes on a Redis Cluster).
 //! 3. [`world`]: which workers a request may reach (hostname and env).
 //! 4. [`upstream`]: the pooled clients, one [`upstream::WorkerConn`] per
 //!    live worker; [`outbound`]: the one transport for everything sent to

@@ -91,8 +91,8 @@ use redis::{FromRedisValue, Script};
 use self::standing::ShardStanding;
 use super::connection::{ClusterLink, RedisConn};
 use super::{
-    Admission, Batching, ClaimOutcome, DrainDeadline, Generation, LiveWorker, PlacementEntry,
-    PlacementStore, ReclaimOutcome, RedisStore, StoreError, WorkerRecord,
+    Admission, BatchStats, Batching, ClaimOutcome, DrainDeadline, Generation, LiveWorker,
+    PlacementEntry, PlacementStore, ReclaimOutcome, RedisStore, StoreError, WorkerRecord,
 };
 use crate::clock::{Clock, Entropy, Now, SeededEntropy, SystemClock};
 
@@ -391,6 +391,18 @@ impl ClusterStore {
     /// A shard's loss answered once: the node re-reads its floor now.
     fn take_reload(&self, n: usize) -> bool {
         std::mem::take(&mut self.standing[n].lock().reload_due)
+    }
+
+    /// What the shards' claim batchers did so far, summed.
+    pub fn batch_stats(&self) -> BatchStats {
+        self.shards
+            .iter()
+            .map(RedisStore::batch_stats)
+            .fold(BatchStats::default(), |a, b| BatchStats {
+                batches: a.batches + b.batches,
+                ops: a.ops + b.ops,
+                queued: a.queued + b.queued,
+            })
     }
 
     /// Shard `n`'s generation as this node knows it (tests, diagnostics).

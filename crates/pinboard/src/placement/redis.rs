@@ -3,7 +3,7 @@
 //!
 //! Owns the key layout and the Lua scripts; never holds state of its own
 //! beyond the connection (a `ConnectionManager`: one multiplexed connection,
-//! reconnecting on failure) and the claim batcher. Every release and
+//! reconnecting on failure; or a cluster's, see `connection`) and the claim batcher. Every release and
 //! reclaim is one Lua script, so it is atomic and costs one round trip.
 //! Claims and settles, the calls every new placement makes, go through the
 //! batcher (`batch`): concurrent ones share one script call, each op still
@@ -46,8 +46,10 @@
 //! checks `P gen` first, in the same script: a wiped Redis (no `gen`, or
 //! another one) places nothing until the node noticed.
 //!
-//! All keys of one deployment live in one Redis (scripts touch keys they
-//! derive from a prefix): not for Redis Cluster.
+//! Scripts touch keys they derive from the prefix, so every key of one
+//! store must live on one server: one Redis, or one hash tag of a cluster
+//! (the prefix `P{s17}`: each of `ClusterStore`'s virtual shards is one of
+//! these stores).
 
 mod batch;
 
