@@ -365,6 +365,55 @@ pub fn unique_prefix(bench: &str) -> String {
     format!("pinned-bench:{bench}:{}:{nanos}:", std::process::id())
 }
 
+/// As [`redis_wipe`], on every master of the Redis Cluster whose nodes
+/// are `urls` (comma-separated): a cluster refuses one `UNLINK` of keys
+/// in several slots, so each key goes alone. Replicas are skipped (their
+/// masters' deletes reach them).
+///
+/// # Errors
+///
+/// When a node cannot be reached or refuses.
+pub async fn redis_cluster_wipe(urls: &str, prefix: &str) -> anyhow::Result<u64> {
+    anyhow::ensure!(
+        !prefix.is_empty() && !prefix.contains(['*', '?', '[', ']', '\\']),
+        "refusing to wipe prefix {prefix:?}"
+    );
+    let mut deleted = 0;
+    for url in urls.split(',').map(str::trim) {
+        let mut conn = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await
+            .context("redis connect")?;
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+        if !matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+            continue;
+        }
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}*"))
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut conn)
+                .await?;
+            for key in keys {
+                let n: u64 = redis::cmd("UNLINK")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await?;
+                deleted += n;
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    Ok(deleted)
+}
+
 /// Deletes every key under `prefix` in the Redis at `url`; returns how many.
 ///
 /// # Errors

@@ -6,6 +6,12 @@
 //! connection, as in pinboard). So the Redis side of a placement is seen
 //! apart from proxying and activation.
 //!
+//! The same placements run on pinboard's Redis Cluster store
+//! ([`run_cluster_store`]): the store's 64 virtual shards spread over the
+//! cluster's masters, with or without the `WAIT` for a replica after each
+//! claim, and Redis' CPU summed over every node of the cluster (replicas
+//! included: they apply every write too).
+//!
 //! Also owns reading Redis' own CPU time (`INFO cpu`), which the proxy
 //! benchmark prints per placement for both figures.
 
@@ -17,7 +23,8 @@ use anyhow::Context as _;
 use hdrhistogram::Histogram;
 use pinboard::clock::Now;
 use pinboard::placement::{
-    ClaimOutcome, Generation, InstanceKey, PlacementStore, RedisStore, WorkerRecord,
+    BatchStats, Batching, ClaimOutcome, ClusterSettings, ClusterStore, Generation, InstanceKey,
+    PlacementStore, RedisStore, WorkerRecord,
 };
 
 /// The namespace the direct placements claim in.
@@ -80,6 +87,129 @@ pub async fn run_store(
     let store = RedisStore::connect(url, prefix)
         .await
         .context("connect the placement store")?;
+    let nodes = vec![
+        redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?,
+    ];
+    run_on(Bench::Single(store), nodes, round, tasks, warmup, duration).await
+}
+
+/// As [`run_store`], on the Redis Cluster whose nodes are `urls`
+/// (comma-separated), every claim waiting for `wait_replicas` replicas;
+/// Redis' CPU is the sum over every node.
+///
+/// # Errors
+///
+/// When the cluster cannot be reached or the worker record cannot be written.
+pub async fn run_cluster_store(
+    urls: &str,
+    prefix: &str,
+    wait_replicas: u32,
+    round: usize,
+    tasks: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<StoreReport> {
+    let seeds: Vec<&str> = urls.split(',').map(str::trim).collect();
+    let settings = ClusterSettings {
+        batching: Batching::default(),
+        wait_replicas,
+        ..ClusterSettings::default()
+    };
+    let store = ClusterStore::connect(&seeds, prefix, settings)
+        .await
+        .context("connect the cluster placement store")?;
+    let mut nodes = Vec::new();
+    for url in &seeds {
+        nodes.push(
+            redis::Client::open(*url)?
+                .get_multiplexed_async_connection()
+                .await?,
+        );
+    }
+    run_on(Bench::Cluster(store), nodes, round, tasks, warmup, duration).await
+}
+
+/// The store a run places on.
+#[derive(Clone)]
+enum Bench {
+    Single(RedisStore),
+    Cluster(ClusterStore),
+}
+
+impl Bench {
+    fn batch_stats(&self) -> BatchStats {
+        match self {
+            Self::Single(s) => s.batch_stats(),
+            Self::Cluster(s) => s.batch_stats(),
+        }
+    }
+
+    async fn open_generation(&self, proposal: &Generation) -> anyhow::Result<Generation> {
+        Ok(match self {
+            Self::Single(s) => s.open_generation(proposal).await?,
+            Self::Cluster(s) => s.open_generation(proposal).await?,
+        })
+    }
+
+    async fn put_worker(&self, record: &WorkerRecord, ttl_ms: u64) -> anyhow::Result<()> {
+        match self {
+            Self::Single(s) => s.put_worker(record, ttl_ms, now()).await?,
+            Self::Cluster(s) => s.put_worker(record, ttl_ms, now()).await?,
+        }
+        Ok(())
+    }
+
+    /// Claim `key` for `session` and settle it: whether both did.
+    async fn place(&self, key: InstanceKey<'_>, session: &str, generation: &Generation) -> bool {
+        match self {
+            Self::Single(s) => place(s, key, session, generation).await,
+            Self::Cluster(s) => place(s, key, session, generation).await,
+        }
+    }
+}
+
+async fn place<S: PlacementStore>(
+    store: &S,
+    key: InstanceKey<'_>,
+    session: &str,
+    generation: &Generation,
+) -> bool {
+    let at = now();
+    let claimed = store
+        .resolve_or_claim(
+            key,
+            Some(session),
+            None,
+            at.wall_ms.saturating_mul(1000),
+            generation,
+            at,
+        )
+        .await;
+    let Ok(ClaimOutcome::Claimed(p, _)) = claimed else {
+        return false;
+    };
+    matches!(store.settle(key, &p.session_id, p.epoch).await, Ok(true))
+}
+
+/// Redis' CPU over `nodes`, seconds.
+async fn nodes_cpu(nodes: &mut [redis::aio::MultiplexedConnection]) -> Option<f64> {
+    let mut total = 0.0;
+    for node in nodes.iter_mut() {
+        total += redis_cpu(node).await?;
+    }
+    Some(total)
+}
+
+async fn run_on(
+    store: Bench,
+    mut nodes: Vec<redis::aio::MultiplexedConnection>,
+    round: usize,
+    tasks: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<StoreReport> {
     let generation = store
         .open_generation(&Generation::new("bench", 0))
         .await
@@ -87,7 +217,7 @@ pub async fn run_store(
     let session = format!("bench-session-{round}");
     let lease = warmup + duration + Duration::from_secs(60);
     store
-        .put_worker(&record(&session), lease.as_millis() as u64, now())
+        .put_worker(&record(&session), lease.as_millis() as u64)
         .await
         .context("register the bench's worker record")?;
     let shared = Arc::new(Shared {
@@ -103,16 +233,13 @@ pub async fn run_store(
     let handles: Vec<_> = (0..tasks.max(1))
         .map(|task| tokio::spawn(place_loop(shared.clone(), task)))
         .collect();
-    let mut redis = redis::Client::open(url)?
-        .get_multiplexed_async_connection()
-        .await?;
     tokio::time::sleep(warmup).await;
     shared.measuring.store(true, Ordering::Release);
     let before = (
         shared.done.load(Ordering::Acquire),
         shared.errors.load(Ordering::Acquire),
         own_cpu(),
-        redis_cpu(&mut redis).await,
+        nodes_cpu(&mut nodes).await,
         shared.store.batch_stats(),
     );
     let started = tokio::time::Instant::now();
@@ -121,7 +248,7 @@ pub async fn run_store(
         shared.done.load(Ordering::Acquire),
         shared.errors.load(Ordering::Acquire),
         own_cpu(),
-        redis_cpu(&mut redis).await,
+        nodes_cpu(&mut nodes).await,
         shared.store.batch_stats(),
     );
     let elapsed = started.elapsed().as_secs_f64();
@@ -149,7 +276,7 @@ pub async fn run_store(
 }
 
 struct Shared {
-    store: RedisStore,
+    store: Bench,
     generation: Generation,
     session: String,
     round: usize,
@@ -172,29 +299,11 @@ async fn place_loop(shared: Arc<Shared>, task: usize) -> Histogram<u64> {
         use std::fmt::Write as _;
         let _ = write!(id, "r{}-t{task}-{n}", shared.round);
         let key = InstanceKey::new(NS, &id);
-        let at = now();
         let started = tokio::time::Instant::now();
-        let placed = async {
-            let claimed = shared
-                .store
-                .resolve_or_claim(
-                    key,
-                    Some(&shared.session),
-                    None,
-                    at.wall_ms.saturating_mul(1000),
-                    &shared.generation,
-                    at,
-                )
-                .await;
-            let Ok(ClaimOutcome::Claimed(p, _)) = claimed else {
-                return false;
-            };
-            matches!(
-                shared.store.settle(key, &p.session_id, p.epoch).await,
-                Ok(true)
-            )
-        }
-        .await;
+        let placed = shared
+            .store
+            .place(key, &shared.session, &shared.generation)
+            .await;
         let counted = if placed { &shared.done } else { &shared.errors };
         counted.fetch_add(1, Ordering::AcqRel);
         if shared.measuring.load(Ordering::Acquire) {

@@ -29,6 +29,8 @@ pub const DEFAULT_REDIS_PREFIX: &str = "pinboard:";
 /// Default time any Redis call waits for its answer (the claim batcher's
 /// default deadline).
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 5_000;
+/// Default of `--redis-cluster-replicas`.
+pub const DEFAULT_REDIS_CLUSTER_REPLICAS: u32 = 1;
 /// Default largest request body buffered so it can be re-sent on a retry.
 pub const DEFAULT_RETRY_BODY_LIMIT: usize = 64 * 1024;
 /// Default timeout of the challenge round trip to a worker.
@@ -121,6 +123,19 @@ pub struct Config {
     /// Redis URL; without it placement lives in this process (one node).
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
+
+    /// Redis Cluster: a comma-separated list of its nodes' URLs
+    /// (`redis://host:port`; any one that answers is enough, the client
+    /// finds the rest). Placement is spread over 64 virtual shards, each a
+    /// hash tag. Exclusive with `--redis-url`.
+    #[arg(long, env = "REDIS_CLUSTER_URL", conflicts_with = "redis_url")]
+    pub redis_cluster_url: Option<String>,
+
+    /// Redis Cluster: replicas every acknowledged placement, reclaim,
+    /// registration and heartbeat waits for (`WAIT`), so a failover that
+    /// promotes one loses none of them; 0 for a cluster without replicas.
+    #[arg(long, env = "PINBOARD_REDIS_CLUSTER_REPLICAS", default_value_t = DEFAULT_REDIS_CLUSTER_REPLICAS)]
+    pub redis_cluster_replicas: u32,
 
     /// Prefix of every Redis key (lets several deployments or tests share one Redis).
     #[arg(long, env = "PINBOARD_REDIS_PREFIX", default_value = DEFAULT_REDIS_PREFIX)]

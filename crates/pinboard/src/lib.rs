@@ -10,7 +10,8 @@
 //!    them); [`clock`] (time, randomness and the epoch floor) with
 //!    [`epoch_mark`] (the floor's durable mark in Postgres); [`metrics`].
 //! 2. [`placement`]: the store trait; [`placement::MemoryStore`] (one
-//!    node) and [`placement::RedisStore`] (many nodes).
+//!    node), [`placement::RedisStore`] (many nodes on one Redis) and
+//!    [`placement::ClusterStore`] (many nodes on a Redis Cluster).
 //! 3. [`world`]: which workers a request may reach (hostname and env).
 //! 4. [`upstream`]: the pooled clients, one [`upstream::WorkerConn`] per
 //!    live worker; [`outbound`]: the one transport for everything sent to
@@ -70,7 +71,9 @@ use tokio::sync::watch;
 
 use crate::clock::{Entropy, EpochFloor, SeededEntropy, SystemClock};
 pub use crate::config::Config;
-use crate::placement::{Batching, MemoryStore, PlacementStore, RedisStore, StoreError};
+use crate::placement::{
+    Batching, ClusterSettings, ClusterStore, MemoryStore, PlacementStore, RedisStore, StoreError,
+};
 
 /// How long shutdown waits for the sweeper to finish its lap and release
 /// its lease.
@@ -168,8 +171,9 @@ async fn serve_with<S: PlacementStore>(
     Ok(())
 }
 
-/// Serve on `listener` until `shutdown` resolves: Redis placement when
-/// `config.redis_url` is set, otherwise in-process placement.
+/// Serve on `listener` until `shutdown` resolves: Redis Cluster placement
+/// when `config.redis_cluster_url` is set, Redis placement when
+/// `config.redis_url` is, otherwise in-process placement.
 ///
 /// # Errors
 ///
@@ -179,6 +183,26 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    if let Some(urls) = &config.redis_cluster_url {
+        let urls: Vec<&str> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect();
+        let settings = ClusterSettings {
+            batching: Batching {
+                deadline: Duration::from_millis(config.redis_timeout_ms.max(1)),
+                ..Batching::default()
+            },
+            wait_replicas: config.redis_cluster_replicas,
+            quarantine_ms: config.quarantine_ms(),
+            loss_quarantine_ms: config.quarantine_ms().max(config.lease_ttl_ms),
+            row_grace_ms: config.placement_grace_ms(),
+        };
+        let store = ClusterStore::connect(&urls, &config.redis_prefix, settings).await?;
+        tracing::info!(prefix = %config.redis_prefix, shards = placement::SHARDS, replicas = config.redis_cluster_replicas, "placement in Redis Cluster");
+        return serve_with(&config, store, listener, shutdown).await;
+    }
     match &config.redis_url {
         Some(url) => {
             let batching = Batching {

@@ -1,8 +1,10 @@
 //! Placement: who owns `(namespace, id)` and at which epoch, plus the worker
 //! records (sessions) that ownership depends on.
 //!
-//! Owns the [`PlacementStore`] trait and its two implementations, the
-//! in-process [`MemoryStore`] and the shared [`RedisStore`], and the pure
+//! Owns the [`PlacementStore`] trait and its implementations, the
+//! in-process [`MemoryStore`], the shared [`RedisStore`] (one Redis) and
+//! [`ClusterStore`] (a Redis Cluster: 64 virtual shards, each a
+//! `RedisStore` keyspace under its own hash tag), and the pure
 //! candidate choice ([`choose_candidate`]). It never calls a worker and never
 //! issues an epoch at or below one already stored for that id.
 //!
@@ -54,6 +56,8 @@
 //! ever placed in a store whose loss its node has not noticed; what the node
 //! does about it is `proxy::resolve`'s concern.
 
+mod cluster;
+mod connection;
 #[cfg(test)]
 pub(crate) mod gated;
 mod memory;
@@ -65,6 +69,7 @@ use std::future::Future;
 use pinned_wire::registry::{ControlMessage, Takeover};
 use serde::{Deserialize, Serialize};
 
+pub use self::cluster::{shard_of, ClusterSettings, ClusterStore, SHARDS};
 pub use self::memory::MemoryStore;
 pub use self::redis::{BatchStats, Batching, RedisStore};
 use crate::clock::Now;
@@ -231,6 +236,15 @@ pub enum ClaimOutcome {
     /// Nothing was claimed: the store's generation is not the one named
     /// (it lost its data); this is the one it holds now, if any.
     GenerationLost(Option<Generation>),
+    /// Nothing was claimed: the part of the store holding the id (a
+    /// [`ClusterStore`] shard) lost its data, and places nothing new for
+    /// `quarantine_left_ms` more (0: it places again, ask once more). The
+    /// node re-reads its epoch floor before its next claim, as after the
+    /// loss of the whole store.
+    ShardLost {
+        /// What is left of the shard's quarantine (ms).
+        quarantine_left_ms: u64,
+    },
 }
 
 /// The store's generation (see the module doc): `<token>@<wall ms>`, the
@@ -307,6 +321,16 @@ pub enum StoreError {
     /// The store's background task is gone (it panicked).
     #[error("the store's batching task is gone")]
     Closed,
+    /// A write was made but fewer replicas than asked took it in time
+    /// (`WAIT`, [`ClusterSettings::wait_replicas`]): it is not
+    /// acknowledged, and nothing may act on it.
+    #[error("the write reached {got} of {want} replicas in time")]
+    NotReplicated {
+        /// Replicas that acknowledged it.
+        got: u64,
+        /// Replicas asked for.
+        want: u32,
+    },
 }
 
 /// Most hostnames a store remembers as bound (see

@@ -26,8 +26,9 @@ pub use self::http::{
 };
 pub use self::poll::{eventually, until, until_explained, POLL};
 pub use self::process::{
-    listening_line, unique, unreachable_url, Exited, Pinboard, PostgresCluster, Proc, PythonWorker,
-    RedisServer, RustWorker, ServerTls, Signal, READY_PATIENCE, SHARED_REDIS,
+    listening_line, redis_cpu_seconds, unique, unreachable_url, Exited, Pinboard, PostgresCluster,
+    Proc, PythonWorker, RedisCluster, RedisServer, RustWorker, ServerTls, Signal, NODE_TIMEOUT_MS,
+    READY_PATIENCE, SHARED_REDIS,
 };
 pub use self::python::python;
 pub use self::tls::{Issued, PrivateCa, SelfSigned};

@@ -11,6 +11,7 @@ mod pinboard;
 mod postgres;
 mod python_worker;
 mod redis;
+mod redis_cluster;
 mod rust_worker;
 
 use std::fmt;
@@ -27,6 +28,7 @@ pub use self::pinboard::{Pinboard, SHARED_REDIS};
 pub use self::postgres::{PostgresCluster, ServerTls};
 pub use self::python_worker::PythonWorker;
 pub use self::redis::RedisServer;
+pub use self::redis_cluster::{cpu_seconds as redis_cpu_seconds, RedisCluster, NODE_TIMEOUT_MS};
 pub use self::rust_worker::RustWorker;
 
 /// How long a child may take to report its address (a debug build on two

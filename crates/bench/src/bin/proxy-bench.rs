@@ -81,6 +81,14 @@ struct Cli {
     /// Redis for scenario (c) and the placements (a unique key prefix, wiped after).
     #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
     redis_url: String,
+    /// Redis Cluster for the store-alone placements on a cluster (its
+    /// nodes, comma-separated; `scripts/services` starts this one: 3
+    /// masters, one replica each). Unreachable: those runs are skipped.
+    #[arg(
+        long,
+        default_value = "redis://127.0.0.1:17000,redis://127.0.0.1:17001,redis://127.0.0.1:17002,redis://127.0.0.1:17003,redis://127.0.0.1:17004,redis://127.0.0.1:17005"
+    )]
+    redis_cluster_url: String,
     /// The nginx binary.
     #[arg(long, default_value = nginx::DEFAULT_NGINX)]
     nginx: PathBuf,
@@ -417,11 +425,13 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
         store_rounds.push(report);
     }
 
+    let cluster_rounds = cluster_placements(cli, prefix).await;
     summary(
         [&direct, &via_mem, &via_redis, &via_nginx],
         &placements,
         &store_rounds,
     );
+    cluster_summary(&store_rounds, &cluster_rounds);
     if let Some([a, b, c, d]) = &paced {
         println!(
             "  added p99 over (a), paced at {} req/s: (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (target < 1 ms); \
@@ -749,6 +759,79 @@ impl Warm<'_> {
 
 async fn stop(server: &mut Server) {
     let _ = server.kill().await;
+}
+
+/// The store-alone placements on the Redis Cluster, without and with the
+/// `WAIT` for one replica after each claim: `(wait_replicas, rounds)`;
+/// empty when the cluster does not answer. Keys go under the run's
+/// prefix and are removed after.
+async fn cluster_placements(cli: &Cli, prefix: &str) -> Vec<(u32, Vec<placements::StoreReport>)> {
+    let mut out = Vec::new();
+    for wait in [0u32, 1] {
+        println!(
+            "new ids on pinboard's Redis Cluster store alone (64 virtual shards over the cluster's masters,              {} tasks, WAIT for {wait} replica(s) after each claim; Redis CPU summed over every node)",
+            cli.connections
+        );
+        let mut rounds = Vec::new();
+        for round in 1..=cli.placement_rounds {
+            match placements::run_cluster_store(
+                &cli.redis_cluster_url,
+                &format!("{prefix}cluster{wait}:"),
+                wait,
+                round,
+                cli.connections,
+                Duration::from_secs(cli.warmup),
+                Duration::from_secs(cli.seconds),
+            )
+            .await
+            {
+                Ok(report) => {
+                    println!("  round {round:<16} {report}  [load {}]", load_average());
+                    rounds.push(report);
+                }
+                Err(e) => {
+                    println!(
+                        "  skipped: the cluster at {} did not answer: {e:#}",
+                        cli.redis_cluster_url
+                    );
+                    return out;
+                }
+            }
+        }
+        out.push((wait, rounds));
+    }
+    match deploy::redis_cluster_wipe(&cli.redis_cluster_url, prefix).await {
+        Ok(n) => println!("Redis Cluster: removed {n} keys under {prefix}"),
+        Err(e) => println!("Redis Cluster: could not remove keys under {prefix}: {e:#}"),
+    }
+    out
+}
+
+fn cluster_summary(
+    single: &[placements::StoreReport],
+    cluster: &[(u32, Vec<placements::StoreReport>)],
+) {
+    let best = |rounds: &[placements::StoreReport]| {
+        rounds
+            .iter()
+            .copied()
+            .max_by(|a, b| a.rate.total_cmp(&b.rate))
+    };
+    let Some(one) = best(single) else { return };
+    for (wait, rounds) in cluster {
+        let Some(c) = best(rounds) else { continue };
+        println!(
+            "  placements, store alone on the 3-master cluster, WAIT {wait}: {:.0}/s ({:.2} x one Redis);              Redis CPU/placement {:.1} us ({:.2} x one Redis, all nodes), client {:.1} us;              {:.1} calls/batch; p50 {} us, p99 {} us",
+            c.rate,
+            c.rate / one.rate,
+            c.redis_cpu_us.unwrap_or(f64::NAN),
+            c.redis_cpu_us.unwrap_or(f64::NAN) / one.redis_cpu_us.unwrap_or(f64::NAN),
+            c.client_cpu_us.unwrap_or(f64::NAN),
+            c.ops_per_batch,
+            c.p50_us,
+            c.p99_us,
+        );
+    }
 }
 
 fn summary(warm: [&Series; 4], placements: &Series, store: &[placements::StoreReport]) {

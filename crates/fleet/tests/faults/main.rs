@@ -18,6 +18,7 @@
 //! - [`worker_signals`]: SIGKILL, and SIGSTOP then SIGCONT, of a worker.
 //! - [`pinboard_nodes`]: SIGKILL of one of two pinboard nodes on one Redis.
 //! - [`redis_faults`]: `FLUSHALL`, a restart, `CLIENT PAUSE`.
+//! - [`cluster_faults`]: a Redis Cluster master flushed, one killed.
 //! - [`postgres_faults`]: every state-store connection killed during writes.
 //! - [`partition`]: a worker cut off from pinboard's registry, not from clients.
 //! - [`abuse`]: slowloris, a connection flood, an id flood.
@@ -27,6 +28,7 @@ mod support;
 
 mod abuse;
 mod checker;
+mod cluster_faults;
 mod load;
 mod partition;
 mod pinboard_nodes;

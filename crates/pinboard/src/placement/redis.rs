@@ -3,7 +3,7 @@
 //!
 //! Owns the key layout and the Lua scripts; never holds state of its own
 //! beyond the connection (a `ConnectionManager`: one multiplexed connection,
-//! reconnecting on failure) and the claim batcher. Every release and
+//! reconnecting on failure; or a cluster's, see `connection`) and the claim batcher. Every release and
 //! reclaim is one Lua script, so it is atomic and costs one round trip.
 //! Claims and settles, the calls every new placement makes, go through the
 //! batcher (`batch`): concurrent ones share one script call, each op still
@@ -46,8 +46,10 @@
 //! checks `P gen` first, in the same script: a wiped Redis (no `gen`, or
 //! another one) places nothing until the node noticed.
 //!
-//! All keys of one deployment live in one Redis (scripts touch keys they
-//! derive from a prefix): not for Redis Cluster.
+//! Scripts touch keys they derive from the prefix, so every key of one
+//! store must live on one server: one Redis, or one hash tag of a cluster
+//! (the prefix `P{s17}`: each of `ClusterStore`'s virtual shards is one of
+//! these stores).
 
 mod batch;
 
@@ -58,6 +60,8 @@ use std::time::Duration;
 use pinned_store::InstanceKey;
 use pinned_wire::registry::ControlMessage;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::connection::RedisConn;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisResult, Script, ScriptInvocation, Value};
 
 pub use self::batch::{BatchStats, Batching};
@@ -72,7 +76,7 @@ use crate::clock::Now;
 /// Placement store shared through Redis.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: RedisConn,
     prefix: String,
     scripts: Arc<Scripts>,
     batcher: Arc<Batcher>,
@@ -446,6 +450,13 @@ impl RedisStore {
         )
         .await
         .map_err(|_| StoreError::Timeout(batching.deadline))??;
+        Ok(Self::over(RedisConn::Single(conn), prefix, batching))
+    }
+
+    /// A store over `conn` (one Redis, or one hash tag of a cluster: every
+    /// key it touches starts with `prefix`), batching by `batching`.
+    /// Starts the batcher's task on the current Tokio runtime.
+    pub(super) fn over(conn: RedisConn, prefix: &str, batching: Batching) -> Self {
         let key = |kind: &str| format!("{prefix}{kind}");
         let layout = Layout {
             generation: key("gen"),
@@ -455,7 +466,7 @@ impl RedisStore {
             owners: key("o:"),
             rows: key("p:"),
         };
-        Ok(Self {
+        Self {
             batcher: Arc::new(Batcher::start(conn.clone(), layout, batching)),
             conn,
             prefix: prefix.to_owned(),
@@ -479,7 +490,7 @@ impl RedisStore {
             }),
             row_grace_ms: 60_000,
             deadline: batching.deadline,
-        })
+        }
     }
 
     /// What the claim batcher did so far.
@@ -532,14 +543,14 @@ impl RedisStore {
 trait Request: Sync {
     fn run<T: FromRedisValue + Send>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut RedisConn,
     ) -> impl Future<Output = RedisResult<T>> + Send;
 }
 
 impl Request for Cmd {
     fn run<T: FromRedisValue + Send>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut RedisConn,
     ) -> impl Future<Output = RedisResult<T>> + Send {
         self.query_async(conn)
     }
@@ -548,7 +559,7 @@ impl Request for Cmd {
 impl Request for Pipeline {
     fn run<T: FromRedisValue + Send>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut RedisConn,
     ) -> impl Future<Output = RedisResult<T>> + Send {
         self.query_async(conn)
     }
@@ -557,7 +568,7 @@ impl Request for Pipeline {
 impl Request for ScriptInvocation<'_> {
     fn run<T: FromRedisValue + Send>(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut RedisConn,
     ) -> impl Future<Output = RedisResult<T>> + Send {
         // EVALSHA, loading the script first when Redis lacks it.
         self.invoke_async(conn)

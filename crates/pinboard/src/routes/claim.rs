@@ -130,6 +130,15 @@ impl<S: PlacementStore> Routes<S> {
             ClaimOutcome::Vacant if quarantined => return Err(ResolveError::Quarantined),
             ClaimOutcome::Vacant => return Err(no_worker(scope)),
             ClaimOutcome::CandidateGone => return Ok(Round::Again),
+            ClaimOutcome::ShardLost { quarantine_left_ms } => {
+                // Epochs minted in that shard before its loss are gone
+                // from the store: the next claim keeps above the mark.
+                self.floor.reload_durable();
+                if quarantine_left_ms > 0 {
+                    return Err(ResolveError::Quarantined);
+                }
+                return Ok(Round::Again);
+            }
             ClaimOutcome::GenerationLost(held) => {
                 self.store_lost(held).await?;
                 if self.quarantine_left_ms() > 0 {

@@ -36,11 +36,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, Script, Value};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
+use super::super::connection::RedisConn;
 use super::super::StoreError;
 
 // KEYS: generation key, unsettled set, dropped mark. ARGV: worker prefix,
@@ -240,7 +240,7 @@ pub(super) struct Batcher {
 impl Batcher {
     /// Starts the driver task on the current runtime; it ends when the
     /// batcher is dropped (after answering what it sent).
-    pub(super) fn start(conn: ConnectionManager, layout: Layout, settings: Batching) -> Self {
+    pub(super) fn start(conn: RedisConn, layout: Layout, settings: Batching) -> Self {
         let settings = Batching {
             max_ops: settings.max_ops.max(1),
             max_in_flight: settings.max_in_flight.max(1),
@@ -303,7 +303,7 @@ impl Batcher {
 }
 
 struct Driver {
-    conn: ConnectionManager,
+    conn: RedisConn,
     layout: Arc<Layout>,
     script: Arc<Script>,
     slots: Arc<Semaphore>,
@@ -363,7 +363,7 @@ impl Driver {
 /// Sends one batch and answers each of its callers (a timeout naming
 /// `deadline`, the callers' deadline, when the last of theirs passed).
 async fn send(
-    mut conn: ConnectionManager,
+    mut conn: RedisConn,
     layout: &Layout,
     script: &Script,
     ops: Vec<Queued>,
