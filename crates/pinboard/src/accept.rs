@@ -62,13 +62,6 @@ use crate::proxy::{self, ClientAddr, Inbound, UpgradeHold};
 use crate::server;
 use crate::upstream;
 
-/// Whether `path` is one of pinboard's own routes ([`server::paths`])
-/// rather than `/<ns>/<id>/…`. Exact paths only: a namespace may be called
-/// `/registry` and keep every other path below it.
-pub fn is_control_path(path: &str) -> bool {
-    server::paths::ALL.contains(&path)
-}
-
 /// How [`serve`] serves connections: plain data, from [`Config`] (the TLS
 /// acceptor is set apart: reading its files can fail, see
 /// [`Config::tls_server`]).
@@ -447,7 +440,7 @@ async fn route<S: PlacementStore>(
     request: hyper::Request<Incoming>,
 ) -> axum::response::Response {
     let mut request = request.map(Body::new);
-    if is_control_path(request.uri().path()) {
+    if server::paths::is_control(request.uri().path()) {
         // The dashboard's failed-login limit counts by peer address.
         request
             .extensions_mut()
@@ -463,7 +456,7 @@ async fn route<S: PlacementStore>(
 
 #[cfg(test)]
 mod tests {
-    use super::is_control_path;
+    use crate::server::paths::is_control as is_control_path;
 
     #[test]
     fn only_pinboards_own_routes_are_control_paths() {

@@ -6,6 +6,8 @@
 //!   reading one, busy, idle) and the deadline of each phase.
 //! - [`drive`]: runs one connection to its end under those deadlines, and
 //!   finishes it gracefully on a stop signal.
+//! - [`h1`]: the HTTP/1.1 codec both binaries' hand-written paths share,
+//!   server and client role (heads, body framing, writing).
 //! - [`cap`]: the connection cap, lowered to what the open-file limit
 //!   carries.
 //! - [`roster`]: which connections are idle, longest idle first, so the
@@ -28,6 +30,7 @@ pub mod backoff;
 pub mod cap;
 pub mod defaults;
 pub mod drive;
+pub mod h1;
 pub mod logging;
 pub mod phase;
 pub mod roster;
