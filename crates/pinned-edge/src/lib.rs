@@ -1,6 +1,8 @@
 //! The HTTP edge that `pinboard` and the `pinned` worker share: what every
 //! accepted client connection is held to, whichever binary accepts it.
 //!
+//! - [`accept`]: the accept loop both binaries run with their
+//!   per-connection service: the cap, the TLS handshake, the drain.
 //! - [`defaults`]: the deadlines and bounds both binaries start from.
 //! - [`phase`]: where a connection is in its life (waiting for a head,
 //!   reading one, busy, idle) and the deadline of each phase.
@@ -20,12 +22,14 @@
 //!   colours into files), errors with their causes, and repeated failures
 //!   logged once with a count.
 //!
-//! This crate owns no accept loop and no router: each binary keeps its own
-//! loop (pinboard's spreads connections over single-threaded I/O threads,
-//! the worker's runs on the application's runtime) and decides what a
-//! request is. It never depends on `pinboard` or `pinned`.
+//! This crate owns no router: each binary decides what a request is, in
+//! the per-connection service it hands the accept loop (pinboard's
+//! spreads connections over single-threaded I/O threads, the worker's runs
+//! on the application's runtime). It never depends on `pinboard` or
+//! `pinned`.
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod backoff;
 pub mod cap;
 pub mod defaults;
