@@ -1,5 +1,4 @@
-//! Message bodies on the wire, both roles: how a body is delimited
-//! ([`Framing`]) and the decoder that cuts a body out of a connection's
+//! Message bodies on the wire, both roles: the decoder that cuts a body out of a connection's
 //! read buffer ([`Decoder`]): a fixed length, chunked, or until close.
 //!
 //! Owns the framing grammar only; never reads a socket (the caller fills
@@ -8,7 +7,7 @@
 //!
 //! Framing is read as strictly as hyper and nginx read it, so that no
 //! parser between a client and a server frames a message differently (a
-//! smuggling gap): `Content-Length` is digits only ([`content_length`]); a
+//! smuggling gap): a
 //! chunk-size line is hex digits, optional blanks and `;` extensions, then
 //! CRLF ([`chunk_size`]); a chunk's data ends with CRLF, never a bare LF.
 //! Bounds: chunk-size lines of at most [`MAX_CHUNK_LINE`] bytes, a trailer
@@ -19,25 +18,13 @@
 use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
 
+use super::framing::Framing;
 use super::head::{self, Fields, HeadError};
 
 /// Longest chunk-size line (hex digits and chunk extensions).
 pub const MAX_CHUNK_LINE: usize = 4096;
 /// Largest trailer section.
 pub const MAX_TRAILERS: usize = 64 * 1024;
-
-/// How a body is delimited (RFC 9112 §6.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// No body (a `HEAD` request's answer, 204, 304).
-    Empty,
-    /// `Content-Length`.
-    Fixed(u64),
-    /// `Transfer-Encoding: chunked`.
-    Chunked,
-    /// Until the sender closes the connection (responses only).
-    UntilClose,
-}
 
 /// Why a body could not be read whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -52,20 +39,6 @@ pub enum BodyError {
     /// The framing was not valid; names the part that is not.
     #[error("malformed body: {0}")]
     Malformed(&'static str),
-}
-
-/// A `Content-Length` value: one or more ASCII digits and nothing else
-/// (RFC 9110 §8.6), as hyper and nginx read it; `None` otherwise or past
-/// `u64`.
-#[inline]
-pub fn content_length(value: &[u8]) -> Option<u64> {
-    if value.is_empty() {
-        return None;
-    }
-    value.iter().try_fold(0u64, |n, &b| {
-        let digit = b.checked_sub(b'0').filter(|d| *d <= 9)?;
-        n.checked_mul(10)?.checked_add(u64::from(digit))
-    })
 }
 
 /// The end of the line starting the buffer (the index of its `\n`).
@@ -361,28 +334,6 @@ mod tests {
         }
         let long = vec![b'1'; MAX_CHUNK_LINE + 1];
         assert!(check_chunks(&long).is_err());
-    }
-
-    #[test]
-    fn content_lengths_are_digits_only() {
-        assert_eq!(content_length(b"0"), Some(0));
-        assert_eq!(content_length(b"0012"), Some(12));
-        for bad in [
-            &b""[..],
-            b"+2",
-            b"-2",
-            b" 2",
-            b"0x2",
-            b"2,2",
-            b"99999999999999999999",
-        ] {
-            assert_eq!(
-                content_length(bad),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
-        }
     }
 
     /// Decodes `wire` fed in pieces of `piece` bytes: the body and the

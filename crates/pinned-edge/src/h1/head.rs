@@ -18,7 +18,7 @@ use std::mem::MaybeUninit;
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version};
 
-use super::body::{content_length, Framing};
+use super::framing::{content_length, Framing};
 
 /// Most fields in a head or a trailer section (hyper's default too).
 pub const MAX_FIELDS: usize = 100;

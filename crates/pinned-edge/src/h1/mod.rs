@@ -1,6 +1,6 @@
 //! One HTTP/1.1 codec for both roles: the server's (read a request head,
 //! write a response) and the client's (write a request head, read a
-//! response), sharing head parsing ([`head`]), body framing ([`body`])
+//! response), sharing head parsing ([`head`]), body framing ([`framing`], [`body`])
 //! and field writing ([`write`]), as hyper's `proto::h1::role` and
 //! pingora's `protocols::http::v1` serve both roles from one codec.
 //!
@@ -19,6 +19,7 @@
 //! fuzzing (`fuzz/`).
 
 pub mod body;
+pub mod framing;
 pub mod head;
 pub mod rewind;
 pub mod write;
