@@ -298,6 +298,10 @@ pub struct Notes {
     /// `chunked`; `None` while the list has no coding at all (empty
     /// elements do not count, RFC 9110 §5.6.1).
     pub chunked: Option<bool>,
+    /// A `Transfer-Encoding` list with an empty element (or an empty
+    /// line): recipients differ on it (hyper takes the last element as
+    /// written, empty or not), so a server refuses it.
+    pub te_blank: bool,
     /// A `Connection` line says `close`.
     pub close: bool,
     /// A `TE` line says `trailers`.
@@ -340,6 +344,7 @@ impl Notes {
             if let Some(last) = list.rsplit(',').map(str::trim).find(|t| !t.is_empty()) {
                 self.chunked = Some(last.eq_ignore_ascii_case("chunked"));
             }
+            self.te_blank |= list.split(',').any(|t| t.trim().is_empty());
         } else if *name == header::CONNECTION {
             self.close |= lists(value.as_bytes(), b"close");
         } else if *name == header::TE {
@@ -354,16 +359,25 @@ impl Notes {
         Ok(())
     }
 
-    /// A request body's framing (RFC 9112 §6.3, the server's role):
-    /// chunked when `Transfer-Encoding` ends in `chunked`, `Content-Length`
-    /// otherwise, none without either.
+    /// The body framing of a request of `version` (RFC 9112 §6.3, the
+    /// server's role): chunked when `Transfer-Encoding` ends in `chunked`,
+    /// `Content-Length` otherwise, none without either.
+    ///
+    /// As strict as any server it may stand in front of, never less:
+    /// whatever hyper refuses is refused, and a few messages hyper takes
+    /// are refused too, where taking them is what a smuggling attempt
+    /// needs (RFC 9112 §6.1 allows the refusal).
     ///
     /// # Errors
     ///
     /// A `Transfer-Encoding` whose last coding is not `chunked` (the
-    /// server cannot tell where the body ends: 400), or one beside a
-    /// `Content-Length` (a smuggling attempt, refused as hyper does).
-    pub fn request_framing(&self) -> Result<Framing, HeadError> {
+    /// server cannot tell where the body ends), one with an empty element
+    /// ([`te_blank`](Self::te_blank)), one in an HTTP/1.0 request
+    /// (faulty framing, §6.1), or one beside a `Content-Length`.
+    pub fn request_framing(&self, version: Version) -> Result<Framing, HeadError> {
+        if self.transfer_encoding && (self.te_blank || version == Version::HTTP_10) {
+            return Err(HeadError::Malformed("transfer-encoding"));
+        }
         match (self.transfer_encoding, self.chunked, self.length) {
             (false, _, None) => Ok(Framing::Fixed(0)),
             (false, _, Some(n)) => Ok(Framing::Fixed(n)),
@@ -568,17 +582,29 @@ mod tests {
         assert_eq!(r.notes.length, Some(5));
         assert_eq!(r.notes.hosts, 1);
         assert!(r.notes.close && r.notes.trailers);
-        assert_eq!(r.notes.request_framing(), Ok(Framing::Fixed(5)));
+        assert_eq!(
+            r.notes.request_framing(Version::HTTP_11),
+            Ok(Framing::Fixed(5))
+        );
         let r = request("POST / HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n")
             .expect("valid")
             .expect("complete");
-        assert_eq!(r.notes.request_framing(), Ok(Framing::Chunked));
+        assert_eq!(
+            r.notes.request_framing(Version::HTTP_11),
+            Ok(Framing::Chunked)
+        );
         for refused in [
             "POST / HTTP/1.1\r\ntransfer-encoding: chunked, gzip\r\n\r\n",
             "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\n",
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked,\r\n\r\n",
+            "POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\ntransfer-encoding:\r\n\r\n",
+            "POST / HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n",
         ] {
             let r = request(refused).expect("valid").expect("complete");
-            assert!(r.notes.request_framing().is_err(), "{refused:?}");
+            assert!(
+                r.notes.request_framing(r.parts.version).is_err(),
+                "{refused:?}"
+            );
         }
     }
 

@@ -63,7 +63,7 @@ pub fn request(data: &[u8]) {
         return;
     };
     assert_eq!(request.parts.headers.len(), fields.len());
-    let Ok(framing) = request.notes.request_framing() else {
+    let Ok(framing) = request.notes.request_framing(request.parts.version) else {
         return;
     };
     let rest = &data[line.len..];
