@@ -398,7 +398,7 @@ async fn route<S: PlacementStore>(
             Err(never) => match never {},
         }
     } else {
-        proxy::serve(&app, Some(&client), Inbound::Request(request)).await
+        proxy::serve(&app, Some(&client), Inbound::Request(request), None).await
     }
 }
 

@@ -127,6 +127,9 @@ where
     let mut buf = BytesMut::with_capacity(READ_ROOM);
     let mut out = Vec::with_capacity(1024);
     let mut fields = Fields::default();
+    // The deadline of each request's answer from its worker, reset per
+    // request (see `proxy::send::await_head`).
+    let mut head_timer = std::pin::pin!(tokio::time::sleep(limits.body_timeout));
     loop {
         // How much of the buffer the last parse of this head saw.
         let mut seen = 0;
@@ -195,7 +198,7 @@ where
                 Inbound::Refused(ProxyError::client_body(fault))
             }
         };
-        let res = proxy::serve(&app, Some(&client), inbound).await;
+        let res = proxy::serve(&app, Some(&client), inbound, Some(head_timer.as_mut())).await;
         close |= stop.load(Ordering::Acquire);
         let after = write::response(&mut io, &mut out, res, asked, close).await;
         drop(busy);
