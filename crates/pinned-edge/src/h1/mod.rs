@@ -1,7 +1,7 @@
 //! One HTTP/1.1 codec for both roles: the server's (read a request head,
 //! write a response) and the client's (write a request head, read a
 //! response), sharing head parsing ([`head`]), body framing ([`framing`], [`body`])
-//! and field writing ([`write`]), as hyper's `proto::h1::role` and
+//! and field writing ([`write`](mod@write)), as hyper's `proto::h1::role` and
 //! pingora's `protocols::http::v1` serve both roles from one codec.
 //!
 //! Owns the wire format only: bytes in a buffer to `http` heads and body
