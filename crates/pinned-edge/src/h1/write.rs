@@ -68,6 +68,33 @@ pub fn request_end(out: &mut Vec<u8>, method: &Method, body_len: usize) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// An IMF-fixdate's length (`Sun, 06 Nov 1994 08:49:37 GMT`).
+const DATE_LEN: usize = 29;
+
+thread_local! {
+    /// This thread's `Date` value and the second it names: formatted once
+    /// a second, as hyper does, not once a response.
+    static DATE: std::cell::Cell<(u64, [u8; DATE_LEN])> = const { std::cell::Cell::new((u64::MAX, [0; DATE_LEN])) };
+}
+
+/// Appends the `date` line of now.
+fn date_line(out: &mut Vec<u8>) {
+    let now = std::time::SystemTime::now();
+    let second = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (cached, mut text) = DATE.get();
+    if cached != second {
+        let mut cursor = std::io::Cursor::new(&mut text[..]);
+        // Always 29 bytes: a date that would not fit is not written.
+        if write!(cursor, "{}", httpdate::HttpDate::from(now)).is_err() {
+            return;
+        }
+        DATE.set((second, text));
+    }
+    field_line(out, b"date", &text);
+}
+
 /// How a response body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Framing {
@@ -163,8 +190,7 @@ where
         field_line(out, name.as_str().as_bytes(), value.as_bytes());
     }
     if !dated {
-        let now = httpdate::HttpDate::from(std::time::SystemTime::now()).to_string();
-        field_line(out, b"date", now.as_bytes());
+        date_line(out);
     }
     match framing {
         Framing::Empty => {}
@@ -376,6 +402,21 @@ mod tests {
             )
         );
         assert_eq!(after, After::Close);
+    }
+
+    #[test]
+    fn the_date_is_an_imf_fixdate_of_now() {
+        let mut out = Vec::new();
+        date_line(&mut out);
+        let line = String::from_utf8(out).expect("ascii");
+        let value = line
+            .strip_prefix("date: ")
+            .and_then(|v| v.strip_suffix("\r\n"))
+            .expect("a date line");
+        let parsed = httpdate::parse_http_date(value).expect("an HTTP date");
+        let now = std::time::SystemTime::now();
+        let age = now.duration_since(parsed).expect("not in the future");
+        assert!(age < std::time::Duration::from_secs(5), "{value}");
     }
 
     #[tokio::test]
