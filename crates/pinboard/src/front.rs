@@ -12,7 +12,7 @@
 //! Never answers a head it did not sort as its own ([`head::sort`]):
 //! anything else (pinboard's own paths, upgrades, chunked or large bodies,
 //! `Expect`, HTTP/1.0, a malformed or oversized head) goes to hyper with
-//! the bytes already read put back ([`rewind`]), and hyper serves the rest
+//! the bytes already read put back ([`Rewind`]), and hyper serves the rest
 //! of that connection as it always did. Proxied traffic from a keep-alive
 //! client never leaves this loop.
 //!
@@ -23,8 +23,6 @@
 //! lives in this task's own state and the answer goes out in one write.
 
 pub mod head;
-pub mod respond;
-pub mod rewind;
 
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
@@ -40,13 +38,13 @@ use pinned_edge::drive::GracefulShutdown;
 use pinned_edge::phase::Phase;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use self::head::{Fields, Parse};
-use self::respond::{After, Asked};
-use self::rewind::Rewind;
 use crate::app::App;
 use crate::placement::PlacementStore;
 use crate::proxy::body::BodyFault;
 use crate::proxy::{self, ClientAddr, Inbound, ProxyError};
+use pinned_edge::h1::head::{lower_minor_version, parse_request, Fields};
+use pinned_edge::h1::rewind::Rewind;
+use pinned_edge::h1::write::{self, After, Asked};
 
 /// How much room a read asks for.
 const READ_ROOM: usize = 8 * 1024;
@@ -129,26 +127,29 @@ where
     let mut buf = BytesMut::with_capacity(READ_ROOM);
     let mut out = Vec::with_capacity(1024);
     let mut fields = Fields::default();
+    // The deadline of each request's answer from its worker, reset per
+    // request (see `proxy::send::await_head`).
+    let mut head_timer = std::pin::pin!(tokio::time::sleep(limits.body_timeout));
     loop {
         // How much of the buffer the last parse of this head saw.
         let mut seen = 0;
-        let layout = loop {
+        let line = loop {
             // A head can only end with a newline: bytes dripped in without
             // one are not parsed again from the start (a slow client must
             // not cost a parse of the whole head per byte).
             let fresh = &buf[seen..];
             if !fresh.is_empty() && (seen == 0 || fresh.contains(&b'\n')) {
-                match head::parse(&buf, &mut fields) {
-                    Parse::Complete(layout) if layout.len <= limits.max_head => break layout,
+                match parse_request(&buf, &mut fields) {
+                    Ok(Some(line)) if line.len <= limits.max_head => break line,
                     // `HTTP/1.2` and up are HTTP/1.1 to us (RFC 9112 §2.3),
                     // where httparse (and hyper) refuse them: parse again.
-                    Parse::Hyper if head::lower_minor_version(&mut buf) => continue,
+                    Err(_) if lower_minor_version(&mut buf) => continue,
                     // hyper answers what the front will not: 431 to a head
                     // over the limit, 400 to a malformed one.
-                    Parse::Complete(_) | Parse::Hyper => {
+                    Ok(Some(_)) | Err(_) => {
                         return Ended::HandOff(Rewind::new(buf.freeze(), io));
                     }
-                    Parse::Partial => {}
+                    Ok(None) => {}
                 }
             }
             seen = buf.len();
@@ -166,8 +167,8 @@ where
                 return Ended::Closed;
             }
         };
-        let head = buf.split_to(layout.len).freeze();
-        let own = match head::sort(&head, &layout, &fields, limits.max_body) {
+        let head = buf.split_to(line.len).freeze();
+        let own = match head::sort(&head, &line, &fields, limits.max_body) {
             Some(own) => own,
             None => {
                 let mut again = BytesMut::with_capacity(head.len() + buf.len());
@@ -197,9 +198,9 @@ where
                 Inbound::Refused(ProxyError::client_body(fault))
             }
         };
-        let res = proxy::serve(&app, Some(&client), inbound).await;
+        let res = proxy::serve(&app, Some(&client), inbound, Some(head_timer.as_mut())).await;
         close |= stop.load(Ordering::Acquire);
-        let after = respond::write(&mut io, &mut out, res, asked, close).await;
+        let after = write::response(&mut io, &mut out, res, asked, close).await;
         drop(busy);
         if after == After::Close {
             let _ = io.shutdown().await;

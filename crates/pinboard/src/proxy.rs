@@ -76,10 +76,12 @@ pub mod respond;
 pub mod retry;
 pub mod send;
 
+use std::pin::Pin;
+
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{Request, StatusCode};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use self::answer::classify;
 pub use self::context::RequestCtx;
@@ -109,17 +111,20 @@ pub enum Inbound {
 
 /// Proxies one client request (see the module doc); `client` is the
 /// connection's peer, for the forwarding headers (none are added without
-/// it).
-pub async fn serve<S: PlacementStore>(
+/// it); `head_timer` the connection's timer for the worker's answer, when
+/// it keeps one ([`RequestCtx::head_timer`]).
+pub async fn serve<'c, S: PlacementStore>(
     app: &App<S>,
-    client: Option<&ClientAddr>,
+    client: Option<&'c ClientAddr>,
     inbound: Inbound,
+    head_timer: Option<Pin<&'c mut Sleep>>,
 ) -> Response {
     app.metrics.proxy_requests.inc();
     let mut ctx = match prepare(app, client, inbound).await {
         Ok(ctx) => ctx,
         Err(e) => return respond(app, None, *e),
     };
+    ctx.head_timer = head_timer;
     let started = Instant::now();
     let res = match forward(app, &mut ctx).await {
         Ok(res) => res,
@@ -215,7 +220,7 @@ mod tests {
             .uri("/c/a/x")
             .body(Body::empty())
             .expect("request");
-        let serve = serve(&app, None, Inbound::Request(req));
+        let serve = serve(&app, None, Inbound::Request(req), None);
         assert!(
             std::mem::size_of_val(&serve) <= 6 * 1024,
             "the proxy's per-request future grew to {} bytes",
@@ -247,7 +252,7 @@ mod tests {
             forwarded: None,
         };
         let mut send = std::pin::pin!(app.outbound.send(&worker, &upstream, &stamp, false, body));
-        let head = send::await_head(send.as_mut(), None, Duration::from_secs(1));
+        let head = send::await_head(send.as_mut(), None, Duration::from_secs(1), None);
         assert!(
             std::mem::size_of_val(&head) <= 512,
             "await_head holds its future again: {} bytes",

@@ -152,6 +152,13 @@ pub mod paths {
         READYZ,
         METRICS,
     ];
+
+    /// Whether `path` is one of pinboard's own routes rather than
+    /// `/<ns>/<id>/…`. Exact paths only: a namespace may be called
+    /// `/registry` and keep every other path below it.
+    pub fn is_control(path: &str) -> bool {
+        ALL.contains(&path)
+    }
 }
 
 /// The control router: registry, dashboard, health and metrics. Paths it

@@ -434,7 +434,7 @@ async fn fetch(node: &Node, req: Request<Body>) -> Result<Value, SimError> {
             Err(never) => match never {},
         }
     } else {
-        proxy::serve(&node.app, None, Inbound::Request(req)).await
+        proxy::serve(&node.app, None, Inbound::Request(req), None).await
     };
     let status = res.status().as_u16();
     let body = res

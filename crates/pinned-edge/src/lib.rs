@@ -1,11 +1,15 @@
 //! The HTTP edge that `pinboard` and the `pinned` worker share: what every
 //! accepted client connection is held to, whichever binary accepts it.
 //!
+//! - [`accept`]: the accept loop both binaries run with their
+//!   per-connection service: the cap, the TLS handshake, the drain.
 //! - [`defaults`]: the deadlines and bounds both binaries start from.
 //! - [`phase`]: where a connection is in its life (waiting for a head,
 //!   reading one, busy, idle) and the deadline of each phase.
 //! - [`drive`]: runs one connection to its end under those deadlines, and
 //!   finishes it gracefully on a stop signal.
+//! - [`h1`]: the HTTP/1.1 codec both binaries' hand-written paths share,
+//!   server and client role (heads, body framing, writing).
 //! - [`cap`]: the connection cap, lowered to what the open-file limit
 //!   carries.
 //! - [`roster`]: which connections are idle, longest idle first, so the
@@ -18,16 +22,19 @@
 //!   colours into files), errors with their causes, and repeated failures
 //!   logged once with a count.
 //!
-//! This crate owns no accept loop and no router: each binary keeps its own
-//! loop (pinboard's spreads connections over single-threaded I/O threads,
-//! the worker's runs on the application's runtime) and decides what a
-//! request is. It never depends on `pinboard` or `pinned`.
+//! This crate owns no router: each binary decides what a request is, in
+//! the per-connection service it hands the accept loop (pinboard's
+//! spreads connections over single-threaded I/O threads, the worker's runs
+//! on the application's runtime). It never depends on `pinboard` or
+//! `pinned`.
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod backoff;
 pub mod cap;
 pub mod defaults;
 pub mod drive;
+pub mod h1;
 pub mod logging;
 pub mod phase;
 pub mod roster;

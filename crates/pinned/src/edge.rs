@@ -1,11 +1,12 @@
 //! The worker's own HTTP server: the accept loop [`serve`](crate::serve)
-//! runs, with the same edge pinboard has (from `pinned-edge`): a header
+//! runs, pinboard's own ([`pinned_edge::accept`]) with the worker's
+//! per-connection service, and the same edge pinboard has: a header
 //! read deadline, an idle keep-alive deadline, a head size limit, a
 //! connection cap with accept back-off (never a hot loop on `EMFILE`), and
 //! a deadline for open connections after the drain.
 //!
-//! Owns sockets and connection tasks only; never looks at a request (the
-//! application's [`Router`] does). The per-request cost is what
+//! Owns the per-connection service and what the loop's events log; never
+//! looks at a request (the application's [`Router`] does). The per-request cost is what
 //! `axum::serve` paid (the `ConnectInfo` extension and the body box) plus
 //! a few atomic operations for the phase: nothing allocates per request.
 //! Each connection keeps the paths its namespace requests were last
@@ -28,6 +29,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,18 +42,16 @@ use http::Extensions;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use pinned_edge::backoff::{Acceptor, Admission};
+use pinned_edge::accept::{self, Connection, Events, Lane, Lanes, Settings};
+use pinned_edge::defaults;
 use pinned_edge::drive::serve_connection;
 use pinned_edge::phase::{ConnTimeouts, Lapse, Phase, Tracked};
-use pinned_edge::roster::Roster;
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
-use pinned_edge::tls::{self, HandshakeError};
-use pinned_edge::{cap, defaults};
 use prometheus_client::metrics::counter::Counter;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::config::ConfigError;
@@ -129,7 +129,9 @@ fn request_extensions(peer: std::net::SocketAddr) -> Extensions {
 /// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
 /// resolves (for [`serve`](crate::serve): the signal, then the drain),
 /// then lets open connections finish for up to `settings.shutdown_timeout`
-/// and drops the rest.
+/// and drops the rest: the accept loop pinboard runs too
+/// ([`pinned_edge::accept`]), on the application's runtime, with the
+/// worker's per-connection service ([`Worker`]'s lane).
 ///
 /// At the cap the longest idle connection is closed to admit a new one
 /// (counted in `reclaimed`); with none idle long enough the new one is
@@ -144,26 +146,6 @@ pub(crate) async fn serve(
     reclaimed: Counter,
     shutdown: impl Future<Output = ()> + Send,
 ) {
-    let fd_limit = cap::open_file_limit();
-    let max_connections = cap::effective(settings.max_connections, fd_limit);
-    // Lowering the default is routine (debug); a value the operator chose
-    // and does not get is worth a warning.
-    if max_connections < settings.max_connections
-        && settings.max_connections != pinned_edge::defaults::MAX_CONNECTIONS
-    {
-        tracing::warn!(
-            configured = settings.max_connections,
-            open_file_limit = fd_limit,
-            max_connections,
-            "max_connections lowered to what the open-file limit carries (raise `ulimit -n` for more)"
-        );
-    } else if max_connections < settings.max_connections {
-        tracing::debug!(
-            open_file_limit = fd_limit,
-            max_connections,
-            "max_connections lowered to what the open-file limit carries (the default; raise `ulimit -n` for more)"
-        );
-    }
     let mut http = http1::Builder::new();
     http.keep_alive(true)
         // Deadlines are the phase's (see `pinned_edge::phase` for why not
@@ -171,28 +153,94 @@ pub(crate) async fn serve(
         .header_read_timeout(None)
         .max_header_size(settings.max_header_bytes)
         .max_buf_size(settings.max_header_bytes.max(defaults::MIN_READ_BUFFER));
-    let http = Arc::new(http);
-    // One roster: connections run on the application's runtime, any thread.
-    let rosters = [Roster::new()];
-    // Every connection holds a receiver: a send asks them to finish, and
-    // `closed` resolves once the last one dropped its receiver.
-    let (stop, stopping) = watch::channel(());
-    // Cancels the connections still open at the shutdown deadline.
-    let abort = CancellationToken::new();
-    let mut acceptor = Acceptor::new(max_connections);
-    tokio::pin!(shutdown);
-    while let Some((tcp, peer)) = acceptor.next(&listener, &mut shutdown, || {}).await {
-        if acceptor.admit(&rosters) == Admission::Refused {
-            // Closed before any byte: the client sees the connection end.
-            drop(tcp);
-            continue;
+    let lane = Worker {
+        app,
+        hosts,
+        http: Arc::new(http),
+        timeouts: settings.timeouts,
+    };
+    let edge = Settings {
+        // One lane: connections run on the application's runtime, any
+        // thread.
+        lanes: Lanes::Caller,
+        timeouts: settings.timeouts,
+        shutdown_timeout: settings.shutdown_timeout,
+        max_connections: settings.max_connections,
+        tls,
+    };
+    let events = Arc::new(Logged { reclaimed });
+    // One lane on the caller's runtime: no thread to start, nothing fails.
+    let _ = accept::serve(listener, edge, move |_| lane.clone(), events, shutdown).await;
+}
+
+/// The loop's events: logged, reclaims counted in
+/// `pinned_connections_reclaimed_total`.
+struct Logged {
+    reclaimed: Counter,
+}
+
+impl Events for Logged {
+    fn handshake_failed(&self, peer: SocketAddr, error: &std::io::Error) {
+        tracing::debug!(%peer, error = %pinned_edge::logging::Chain(error), "TLS handshake failed");
+    }
+
+    fn lapsed(&self, peer: SocketAddr, lapse: Lapse) {
+        match lapse {
+            Lapse::Header => {
+                tracing::debug!(%peer, deadline = "header read", "connection closed at its deadline");
+            }
+            Lapse::Idle => {
+                tracing::debug!(%peer, deadline = "keep-alive", "connection closed at its deadline");
+            }
+            Lapse::Reclaimed => {
+                self.reclaimed.inc();
+                tracing::debug!(%peer, "idle connection closed to admit a new one at the cap");
+            }
         }
-        // Small request/response exchanges must not wait on Nagle's algorithm.
-        let _ = tcp.set_nodelay(true);
-        // The phase holds the connection's seat under the cap until the
-        // task ends (see the end of the task for upgrades).
-        let phase = Phase::seated(rosters[0].seat());
-        let (requests, app, hosts) = (phase.clone(), app.clone(), hosts.clone());
+    }
+}
+
+/// What the worker serves every connection with.
+#[derive(Clone)]
+struct Worker {
+    app: Router,
+    hosts: Hosts,
+    http: Arc<http1::Builder>,
+    timeouts: ConnTimeouts,
+}
+
+impl Lane for Worker {
+    type Conn = Client;
+
+    fn connect(&mut self, peer: SocketAddr, phase: &Phase) -> Client {
+        Client {
+            lane: self.clone(),
+            peer,
+            phase: phase.clone(),
+        }
+    }
+}
+
+/// One client connection's service.
+struct Client {
+    lane: Worker,
+    peer: SocketAddr,
+    phase: Phase,
+}
+
+impl Connection for Client {
+    async fn serve<IO>(self, io: IO, stopping: watch::Receiver<()>) -> Option<Lapse>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Self { lane, peer, phase } = self;
+        let Worker {
+            app,
+            hosts,
+            http,
+            timeouts,
+        } = lane;
+        let requests = phase.clone();
         let extensions = request_extensions(peer);
         let rewrites = dispatch::Rewrites::default();
         let service = service_fn(move |mut request: hyper::Request<Incoming>| {
@@ -233,64 +281,10 @@ pub(crate) async fn serve(
                 Ok::<_, Infallible>(response.map(|body| Tracked::new(body, busy)))
             })
         });
-        let (stopping, abort, timeouts) = (stopping.clone(), abort.clone(), settings.timeouts);
-        let reclaimed = reclaimed.clone();
-        let (http, tls) = (http.clone(), tls.clone());
-        tokio::spawn(async move {
-            let served = async {
-                match tls {
-                    None => serve_connection(&http, tcp, service, &phase, timeouts, stopping).await,
-                    // The header deadline counts from accept, handshake included.
-                    Some(acceptor) => match tls::accept(&acceptor, tcp, timeouts.header).await {
-                        Ok(tls) => {
-                            serve_connection(&http, tls, service, &phase, timeouts, stopping).await
-                        }
-                        Err(HandshakeError::TimedOut(_)) => Some(Lapse::Header),
-                        Err(HandshakeError::Failed(error)) => {
-                            tracing::debug!(%peer, error = %pinned_edge::logging::Chain(&error), "TLS handshake failed");
-                            None
-                        }
-                    },
-                }
-            };
-            tokio::select! {
-                // Fixed order: the connection is what wakes this task, once
-                // or more per request; a random start would cost a random
-                // number per wake-up, and the abort is seen either way.
-                biased;
-                lapse = served => {
-                    match lapse {
-                        Some(Lapse::Header) => {
-                            tracing::debug!(%peer, deadline = "header read", "connection closed at its deadline");
-                        }
-                        Some(Lapse::Idle) => {
-                            tracing::debug!(%peer, deadline = "keep-alive", "connection closed at its deadline");
-                        }
-                        Some(Lapse::Reclaimed) => {
-                            reclaimed.inc();
-                            tracing::debug!(%peer, "idle connection closed to admit a new one at the cap");
-                        }
-                        None => {}
-                    }
-                }
-                () = abort.cancelled() => {}
-            }
-            // An upgraded socket lives on with its instance, which holds it
-            // in flight: it leaves the cap here, as it leaves this loop.
-            phase.leave_roster();
-        });
-    }
-    drop(listener);
-    drop(stopping);
-    let _ = stop.send(());
-    if tokio::time::timeout(settings.shutdown_timeout, stop.closed())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            connections = rosters[0].open(),
-            "shutdown deadline passed; dropping the connections still open"
-        );
-        abort.cancel();
+        let lapse = serve_connection(&http, io, service, &phase, timeouts, stopping).await;
+        // An upgraded socket lives on with its instance, which holds it in
+        // flight: it leaves the cap here, as it leaves this loop.
+        phase.leave_roster();
+        lapse
     }
 }

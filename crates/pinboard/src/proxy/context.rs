@@ -7,8 +7,11 @@
 //! next resolution avoids, a claim to hand back). Never does I/O: the
 //! phases do, reading and writing this.
 
+use std::pin::Pin;
+
 use http::uri::PathAndQuery;
 use http::HeaderValue;
+use tokio::time::Sleep;
 
 use super::body::{BodyWatch, ReqBody};
 use super::classify::RetryAction;
@@ -177,6 +180,10 @@ pub struct RequestCtx<'c> {
     pub attempts: Attempts,
     /// When the request arrived, on the app's monotonic clock.
     pub arrived_mono_ms: u64,
+    /// The connection's timer for the response head's deadline, reset for
+    /// each request (`None`: the send phase makes its own; see
+    /// [`await_head`](super::send::await_head)).
+    pub head_timer: Option<Pin<&'c mut Sleep>>,
 }
 
 impl std::fmt::Debug for RequestCtx<'_> {

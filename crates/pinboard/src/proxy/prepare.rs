@@ -107,6 +107,7 @@ pub async fn prepare<'c, S: PlacementStore>(
             ..Attempts::default()
         },
         arrived_mono_ms,
+        head_timer: None,
     })
 }
 

@@ -12,7 +12,7 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use pinned_wire::headers::{ATTESTATION, EPOCH};
 
-use super::h1::field_line;
+use pinned_edge::h1::write::field_line;
 
 /// `X-Forwarded-For`.
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

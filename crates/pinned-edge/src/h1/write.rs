@@ -1,39 +1,105 @@
-//! Writing one response to the client: its head, then its body framed by
-//! `Content-Length` or chunked, as it arrives.
+//! Heads and bodies onto the wire, both roles: field lines, a request's
+//! start line and length, and a whole response written from an
+//! `http::Response` (head, then its body framed by length or chunked).
 //!
-//! Owns the response's wire format and whether the connection can carry
-//! another request after it. Never changes a field the proxy chose, except
-//! the framing ones (`Content-Length`, `Transfer-Encoding`, `Connection`),
-//! which follow the body actually written; adds `Date` when absent, as
-//! hyper does.
-//!
-//! A body whose frames are already there (most relayed answers, every
-//! answer of pinboard's own) goes out with its head in one write.
+//! Owns the byte layout of what is written and, for a response, the
+//! choice of framing from the body's size hint; never decides what a
+//! request or response says (the caller's fields are written as given,
+//! but the framing fields, which this module writes itself).
 
 use std::future::poll_fn;
 use std::io::Write as _;
 use std::pin::pin;
 use std::task::Poll;
 
-use axum::body::Body;
-use axum::response::Response;
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, StatusCode};
-use http_body::Body as _;
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use http_body::Body;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::head::lists;
-use crate::upstream::h1::field_line;
 
 /// A data frame at least this long is written from its own buffer rather
 /// than copied behind the head.
 const COPY_BELOW: usize = 16 * 1024;
 
-/// How the body is delimited on the wire.
+/// Appends one `name: value` line (of a request's head, a response's or a
+/// trailer section).
+#[inline]
+pub fn field_line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends every field of `headers` but those `skip` names.
+#[inline]
+pub fn fields(out: &mut Vec<u8>, headers: &HeaderMap, skip: impl Fn(&header::HeaderName) -> bool) {
+    for (name, value) in headers {
+        if !skip(name) {
+            field_line(out, name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+}
+
+/// Starts a request head in `out` (cleared first): `method target
+/// HTTP/1.1`, target in origin form.
+#[inline]
+pub fn request_line(out: &mut Vec<u8>, method: &Method, target: &str) {
+    out.clear();
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+}
+
+/// Ends a request head whose body is `body_len` bytes: its
+/// `Content-Length` (announced for an empty body only where one is
+/// expected, as hyper does; elsewhere no length means none), then the
+/// blank line.
+#[inline]
+pub fn request_end(out: &mut Vec<u8>, method: &Method, body_len: usize) {
+    let announce = body_len > 0 || matches!(*method, Method::POST | Method::PUT | Method::PATCH);
+    if announce {
+        let mut digits = itoa::Buffer::new();
+        field_line(out, b"content-length", digits.format(body_len).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// An IMF-fixdate's length (`Sun, 06 Nov 1994 08:49:37 GMT`).
+const DATE_LEN: usize = 29;
+
+thread_local! {
+    /// This thread's `Date` value and the second it names: formatted once
+    /// a second, as hyper does, not once a response.
+    static DATE: std::cell::Cell<(u64, [u8; DATE_LEN])> = const { std::cell::Cell::new((u64::MAX, [0; DATE_LEN])) };
+}
+
+/// Appends the `date` line of now.
+fn date_line(out: &mut Vec<u8>) {
+    let now = std::time::SystemTime::now();
+    let second = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (cached, mut text) = DATE.get();
+    if cached != second {
+        let mut cursor = std::io::Cursor::new(&mut text[..]);
+        // Always 29 bytes: a date that would not fit is not written.
+        if write!(cursor, "{}", httpdate::HttpDate::from(now)).is_err() {
+            return;
+        }
+        DATE.set((second, text));
+    }
+    field_line(out, b"date", &text);
+}
+
+/// How a response body is delimited on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Framing {
     /// No body: a `HEAD` answer, 1xx, 204, 304. The fields go out as the
-    /// proxy has them (a relayed `HEAD` keeps the worker's length).
+    /// caller has them (a relayed `HEAD` keeps the origin's length).
     Empty,
     /// `Content-Length`.
     Fixed(u64),
@@ -73,16 +139,22 @@ pub enum After {
 }
 
 /// Writes `res` for a request that `asked` to `io`, using `out` as the
-/// write buffer. `close`: the connection ends after this response (the
-/// client asked, or the server is stopping); it is also ended when the
-/// response carries `Connection: close`.
-pub async fn write<IO: AsyncWrite + Unpin>(
+/// write buffer (the head and small bodies leave in one write). `close`:
+/// the connection ends after this response (the client asked, or the
+/// server is stopping); it is also ended when the response carries
+/// `Connection: close`. A body of known size goes with its length, any
+/// other chunked.
+pub async fn response<IO, B>(
     io: &mut IO,
     out: &mut Vec<u8>,
-    res: Response,
+    res: http::Response<B>,
     asked: Asked,
     mut close: bool,
-) -> After {
+) -> After
+where
+    IO: AsyncWrite + Unpin,
+    B: Body<Data = Bytes>,
+{
     let (parts, body) = res.into_parts();
     let status = parts.status;
     let framing = if asked.head_only
@@ -118,8 +190,7 @@ pub async fn write<IO: AsyncWrite + Unpin>(
         field_line(out, name.as_str().as_bytes(), value.as_bytes());
     }
     if !dated {
-        let now = httpdate::HttpDate::from(std::time::SystemTime::now()).to_string();
-        field_line(out, b"date", now.as_bytes());
+        date_line(out);
     }
     match framing {
         Framing::Empty => {}
@@ -164,13 +235,17 @@ async fn flush<IO: AsyncWrite + Unpin>(io: &mut IO, out: &mut Vec<u8>) -> bool {
 /// when given, chunked otherwise, with the trailer fields `named` lists.
 /// `false` when the body failed or did not match its length, or the
 /// client went away.
-async fn write_body<IO: AsyncWrite + Unpin>(
+async fn write_body<IO, B>(
     io: &mut IO,
     out: &mut Vec<u8>,
-    body: Body,
+    body: B,
     length: Option<u64>,
     named: Option<&HeaderValue>,
-) -> bool {
+) -> bool
+where
+    IO: AsyncWrite + Unpin,
+    B: Body<Data = Bytes>,
+{
     let mut body = pin!(body);
     let mut left = length.unwrap_or(0);
     loop {
@@ -244,8 +319,17 @@ async fn write_body<IO: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::{BodyExt, StreamBody};
+    use http_body_util::combinators::UnsyncBoxBody;
+    use http_body_util::{BodyExt, Full, StreamBody};
     use tokio::io::AsyncReadExt;
+
+    type Response = http::Response<UnsyncBoxBody<Bytes, std::io::Error>>;
+
+    fn full(text: &'static str) -> UnsyncBoxBody<Bytes, std::io::Error> {
+        Full::new(Bytes::from_static(text.as_bytes()))
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    }
 
     const GET: Asked = Asked {
         head_only: false,
@@ -255,7 +339,7 @@ mod tests {
     async fn wire(res: Response, asked: Asked, close: bool) -> (String, After) {
         let (mut near, mut far) = tokio::io::duplex(1 << 20);
         let mut out = Vec::new();
-        let after = write(&mut near, &mut out, res, asked, close).await;
+        let after = response(&mut near, &mut out, res, asked, close).await;
         drop(near);
         let mut text = String::new();
         far.read_to_string(&mut text).await.expect("read");
@@ -270,11 +354,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_known_length_body_follows_its_head() {
-        let res = Response::builder()
+        let res = http::Response::builder()
             .status(201)
             .header("content-length", "999")
             .header("x-a", "1")
-            .body(Body::from("hello"))
+            .body(full("hello"))
             .expect("response");
         let (text, after) = wire(res, GET, false).await;
         assert_eq!(
@@ -303,8 +387,8 @@ mod tests {
                 t
             })),
         ];
-        let body = Body::new(StreamBody::new(futures_util::stream::iter(frames)));
-        let res = Response::builder()
+        let body = StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync();
+        let res = http::Response::builder()
             .header("date", "then")
             .header("trailer", "x-sum")
             .body(body)
@@ -320,12 +404,27 @@ mod tests {
         assert_eq!(after, After::Close);
     }
 
+    #[test]
+    fn the_date_is_an_imf_fixdate_of_now() {
+        let mut out = Vec::new();
+        date_line(&mut out);
+        let line = String::from_utf8(out).expect("ascii");
+        let value = line
+            .strip_prefix("date: ")
+            .and_then(|v| v.strip_suffix("\r\n"))
+            .expect("a date line");
+        let parsed = httpdate::parse_http_date(value).expect("an HTTP date");
+        let now = std::time::SystemTime::now();
+        let age = now.duration_since(parsed).expect("not in the future");
+        assert!(age < std::time::Duration::from_secs(5), "{value}");
+    }
+
     #[tokio::test]
     async fn head_answers_keep_their_fields_and_send_no_body() {
-        let res = Response::builder()
+        let res = http::Response::builder()
             .header("content-length", "12")
             .header("connection", "close")
-            .body(Body::empty())
+            .body(full(""))
             .expect("response");
         let (text, after) = wire(
             res,
@@ -369,8 +468,9 @@ mod tests {
                 http_body::SizeHint::with_exact(3)
             }
         }
-        let res = Response::new(Body::new(Liar(body)));
-        let (_, after) = wire(res, GET, false).await;
+        let res = http::Response::new(Liar(body));
+        let (mut near, _far) = tokio::io::duplex(1 << 20);
+        let after = response(&mut near, &mut Vec::new(), res, GET, false).await;
         assert_eq!(after, After::Close);
     }
 }

@@ -1,5 +1,6 @@
-//! A socket with bytes put back in front of it: how a connection the
-//! front started reading is handed to hyper with what was already read.
+//! A socket with bytes put back in front of it: how a connection a
+//! server started reading with this codec is handed to hyper with what
+//! was already read.
 //!
 //! Owns only the put-back bytes; never reads ahead and never writes
 //! anything of its own.
