@@ -18,6 +18,14 @@ use test_support::{Proc, PythonWorker};
 
 const JOBS: usize = 10;
 
+/// Both tests run workers in local mode on one database, and the Rust jobs
+/// example wakes every marked runner it finds there when it starts, the other
+/// test's included: run side by side, one test's Rust worker takes the other
+/// test's runner while its owner still works it, and fences that owner out
+/// (seen as a 503 on an enqueue). One at a time, each test's worker meets only
+/// the runners it is meant to take over.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn database_url() -> String {
     std::env::var("PINNED_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:5432/test".to_owned())
@@ -56,6 +64,7 @@ fn unique_id(side: &str) -> String {
 #[tokio::test]
 async fn a_rust_worker_finishes_the_jobs_a_python_worker_admitted_and_died_on() -> anyhow::Result<()>
 {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let id = unique_id("py2rs");
     let client = reqwest::Client::new();
     let mut python = start_python("150")?;
@@ -101,6 +110,7 @@ async fn a_rust_worker_finishes_the_jobs_a_python_worker_admitted_and_died_on() 
 #[tokio::test]
 async fn a_python_worker_finishes_the_jobs_a_rust_worker_admitted_and_died_on() -> anyhow::Result<()>
 {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let id = unique_id("rs2py");
     let client = reqwest::Client::new();
     let url = database_url();
