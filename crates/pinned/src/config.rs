@@ -227,7 +227,7 @@ pub struct Options {
     /// Edge variables that did not parse, reported by `validate`.
     edge_variables: Vec<ConfigError>,
     pub(crate) states: crate::state::States,
-    pub(crate) domain: crate::domain::Domain,
+    pub(crate) domain: crate::time::Domain,
 }
 
 impl Default for Options {
@@ -275,7 +275,7 @@ impl Options {
             tls_key: None,
             edge_variables: Vec::new(),
             states: crate::state::States::default(),
-            domain: crate::domain::Domain::system(),
+            domain: crate::time::Domain::system(),
         }
     }
 
@@ -516,17 +516,6 @@ impl Options {
     /// [`Domain::simulated`]: crate::Domain::simulated
     pub fn domain(mut self, domain: crate::Domain) -> Self {
         self.domain = domain;
-        self
-    }
-
-    /// Shorthand for a [`domain`](Self::domain) reading wall time from
-    /// `clock` (default [`Clock::system`]); [`Clock::tokio`] runs alarms
-    /// and attestation expiry on tokio's clock.
-    ///
-    /// [`Clock::system`]: crate::Clock::system
-    /// [`Clock::tokio`]: crate::Clock::tokio
-    pub fn clock(mut self, clock: crate::Clock) -> Self {
-        self.domain = self.domain.with_clock(clock);
         self
     }
 

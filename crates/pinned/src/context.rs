@@ -15,7 +15,7 @@ use futures_util::FutureExt;
 use crate::alarm::Alarm;
 use crate::cluster::Cluster;
 use crate::directory::{self, HostShared};
-use crate::instance_lease::{wall, EvictionRequested, InstanceLease};
+use crate::instance_lease::{EvictionRequested, InstanceLease};
 use crate::slot::{Phase, Slot};
 use crate::store::InstanceStore;
 use crate::BoxError;
@@ -327,7 +327,7 @@ impl Context {
             expired: lease.is_some_and(|lease| lease.expired()),
             expires_at: lease
                 .and_then(|lease| lease.expires_at())
-                .map(|at| wall(self.slot.host.domain.clock(), at)),
+                .map(|at| self.slot.host.domain.wall_at(at)),
             buffer: lease.map_or(crate::DEFAULT_LEASE_BUFFER, |lease| lease.buffer()),
             winding_down: self.slot.winding_down(),
             eviction_deadline: self
@@ -335,7 +335,7 @@ impl Context {
                 .winding_down()
                 .then(|| self.slot.effective_deadline())
                 .flatten()
-                .map(|at| wall(self.slot.host.domain.clock(), at)),
+                .map(|at| self.slot.host.domain.wall_at(at)),
         }
     }
 

@@ -9,8 +9,6 @@
 
 use std::time::{Duration, SystemTime};
 
-use tokio::time::Instant;
-
 /// A snapshot of an instance's lease, from
 /// [`Context::lease`](crate::Context::lease).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,15 +39,3 @@ pub struct InstanceLease {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("the instance is winding down; unfinished work resumes on its next activation")]
 pub struct EvictionRequested;
-
-/// A monotonic deadline as wall time on `clock`.
-pub(crate) fn wall(clock: &crate::Clock, at: Instant) -> SystemTime {
-    let now = Instant::now();
-    let wall_now = clock.now();
-    let wall = if at >= now {
-        wall_now.checked_add(at - now)
-    } else {
-        wall_now.checked_sub(now - at)
-    };
-    wall.unwrap_or(wall_now)
-}

@@ -48,14 +48,12 @@ mod alarm;
 mod auth;
 mod body;
 mod call;
-mod clock;
 mod cluster;
 mod config;
 mod context;
 mod control;
 mod directory;
 mod dispatch;
-mod domain;
 mod durable;
 mod edge;
 mod fence;
@@ -77,6 +75,7 @@ mod state;
 mod store;
 mod switchboard;
 mod task;
+mod time;
 pub mod tray;
 mod worker;
 pub mod ws;
@@ -87,7 +86,6 @@ pub use alarm::{
 };
 pub use auth::{AuthError, Denial};
 pub use call::Call;
-pub use clock::Clock;
 pub use cluster::{Cluster, ClusterError};
 pub use config::{
     ConfigError, ConfigErrors, Options, ENV_ADVERTISE_URL, ENV_ALLOW_DEV_IN_PRODUCTION,
@@ -97,7 +95,7 @@ pub use config::{
     PRODUCTION_MARKERS,
 };
 pub use context::{Context, TagError};
-pub use domain::Domain;
+pub use time::Domain;
 pub use headroom::{default_headroom, DEFAULT_HEADROOM_MB};
 pub use host::{
     HostOptions, DEFAULT_DETACHED_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES,

@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::config::ConfigError;
-use crate::domain::Domain;
+use crate::time::Domain;
 use crate::lease::Lease;
 use crate::metrics::Metrics;
 

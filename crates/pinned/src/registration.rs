@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
-use crate::domain::Domain;
+use crate::time::Domain;
 use crate::hosts::Hosts;
 use crate::plane::{PendingRelease, Plane};
 

@@ -67,7 +67,7 @@ pub(crate) struct Inner {
     edge: crate::edge::EdgeSettings,
     /// HTTPS for [`serve`](crate::serve) (`None`: plain HTTP).
     tls: Option<pinned_edge::tls::tokio_rustls::TlsAcceptor>,
-    domain: crate::domain::Domain,
+    domain: crate::time::Domain,
 }
 
 /// Alarms armed from the store at start (local mode).

@@ -164,7 +164,7 @@ pub(crate) struct HostShared {
     /// The application states ([`Options::state`](crate::Options::state)).
     pub(crate) states: Arc<crate::state::States>,
     /// The worker's clock, tasks and randomness.
-    pub(crate) domain: crate::domain::Domain,
+    pub(crate) domain: crate::time::Domain,
     /// Armed alarm timers by id.
     pub(crate) timers: DashMap<Arc<str>, crate::alarm::Timer>,
 }
@@ -180,7 +180,7 @@ pub(crate) struct HostParts {
     pub(crate) control: ControlPlane,
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     pub(crate) states: Arc<crate::state::States>,
-    pub(crate) domain: crate::domain::Domain,
+    pub(crate) domain: crate::time::Domain,
     pub(crate) switchboard: crate::switchboard::Switchboard,
     pub(crate) stop: CancellationToken,
 }

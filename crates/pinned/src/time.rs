@@ -1,5 +1,7 @@
 //! [`Domain`]: the one place a worker and its instances meet the outside
 //! world besides requests: wall time, timers, spawned tasks, randomness.
+//! It is the worker's only public time source: the wall clock it reads
+//! ([`Wall`]) is private to it, so no part of the worker can read another.
 //!
 //! Every part of the worker reads the time, starts tasks and draws random
 //! bytes through the domain it was built with, so one value decides whether
@@ -13,7 +15,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
@@ -21,7 +23,6 @@ use rand::{Rng, RngCore, SeedableRng};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
-use crate::clock::Clock;
 
 /// Where a worker's instances get their time, timers, tasks and randomness.
 /// [`Domain::system`] by default; set another with
@@ -42,10 +43,23 @@ use crate::clock::Clock;
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct Domain {
-    clock: Clock,
+    clock: Wall,
     /// `None`: the runtime current where a task is spawned.
     runtime: Option<tokio::runtime::Handle>,
     entropy: Entropy,
+}
+
+/// Where a domain reads wall time.
+#[derive(Clone, Debug, Default)]
+enum Wall {
+    /// The operating system's wall clock.
+    #[default]
+    System,
+    /// `wall` at `start`, advanced by tokio's clock since.
+    Tokio {
+        wall: SystemTime,
+        start: Instant,
+    },
 }
 
 #[derive(Clone, Default)]
@@ -74,18 +88,35 @@ impl Domain {
         Self::default()
     }
 
-    /// A simulation: wall time from tokio's clock ([`Clock::tokio`], so it
-    /// stands still under `tokio::time::pause`), the current runtime, and
-    /// randomness from `seed`. Needs a tokio runtime (its clock is read
+    /// A simulation: wall time from tokio's clock (see
+    /// [`with_tokio_clock`](Self::with_tokio_clock)), the current runtime,
+    /// and randomness from `seed`. Needs a tokio runtime (its clock is read
     /// now).
     pub fn simulated(seed: u64) -> Self {
-        Self::system().with_clock(Clock::tokio()).with_seed(seed)
+        Self::system().with_tokio_clock().with_seed(seed)
     }
 
-    /// The same domain reading wall time from `clock`.
+    /// The same domain reading wall time from tokio's clock: the wall time
+    /// at this call, advanced by tokio's clock from then on. Under
+    /// `tokio::time::pause` it stands still and moves only as tokio's time
+    /// does, so alarms come due and attestations expire on paused time.
+    /// Needs a tokio runtime (its clock is read now).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let domain = pinned::Domain::system().with_tokio_clock();
+    /// let before = domain.now();
+    /// tokio::time::advance(std::time::Duration::from_secs(60)).await;
+    /// assert_eq!(domain.now().duration_since(before).unwrap().as_secs(), 60);
+    /// # }
+    /// ```
     #[must_use]
-    pub fn with_clock(mut self, clock: Clock) -> Self {
-        self.clock = clock;
+    pub fn with_tokio_clock(mut self) -> Self {
+        self.clock = Wall::Tokio {
+            wall: SystemTime::now(),
+            start: Instant::now(),
+        };
         self
     }
 
@@ -106,24 +137,43 @@ impl Domain {
         self
     }
 
-    /// The domain's wall clock.
-    pub fn clock(&self) -> &Clock {
-        &self.clock
-    }
-
     /// The current wall time.
     pub fn now(&self) -> SystemTime {
-        self.clock.now()
+        match &self.clock {
+            Wall::System => SystemTime::now(),
+            Wall::Tokio { wall, start } => *wall + start.elapsed(),
+        }
     }
 
     /// Milliseconds since the Unix epoch (0 before it).
     pub(crate) fn unix_ms(&self) -> u64 {
-        self.clock.unix_ms()
+        self.since_epoch()
+            .as_millis()
+            .try_into()
+            .unwrap_or(u64::MAX)
     }
 
     /// Seconds since the Unix epoch, fractional (attestation times).
     pub(crate) fn unix_secs(&self) -> f64 {
-        self.clock.unix_secs()
+        self.since_epoch().as_secs_f64()
+    }
+
+    fn since_epoch(&self) -> Duration {
+        self.now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// A monotonic deadline as wall time on this domain's clock.
+    pub(crate) fn wall_at(&self, at: Instant) -> SystemTime {
+        let now = Instant::now();
+        let wall_now = self.now();
+        let wall = if at >= now {
+            wall_now.checked_add(at - now)
+        } else {
+            wall_now.checked_sub(now - at)
+        };
+        wall.unwrap_or(wall_now)
     }
 
     /// Waits `duration` on the runtime's clock (paused time skips it).
