@@ -42,10 +42,10 @@ use crate::context::Context;
 use crate::directory::{panic_message, Admission, Attempt, Entered, HostShared};
 use crate::object::{NotAnInstanceRoute, Object};
 use crate::response;
-use crate::slot::Slot;
+use crate::directory::Record;
 
 /// A newer epoch was adopted: the owner tag goes with the placement.
-fn retag(slot: &Arc<crate::slot::Slot>) {
+fn retag(slot: &Arc<crate::directory::Record>) {
     let Some(tag) = slot.tag() else { return };
     let ctx = Context::new(slot.clone());
     crate::directory::spawn_detached(&slot.host.domain, async move {
@@ -204,7 +204,7 @@ where
 /// The answer to a request whose handler panicked, logged in its span.
 fn panicked(
     host: &HostShared,
-    slot: &Slot,
+    slot: &Record,
     span: Option<&tracing::Span>,
     panic: &(dyn std::any::Any + Send),
 ) -> Response {
@@ -237,7 +237,7 @@ fn take_pending(parts: &mut Parts) -> Option<Pending> {
 /// usual `info` a handler's lines carry the instance span alone. With
 /// nothing listening at `info` there is none, not even a disabled one: no
 /// span is cloned, entered on every poll, or dropped.
-fn request_span(slot: &Slot, parts: &Parts) -> Option<tracing::Span> {
+fn request_span(slot: &Record, parts: &Parts) -> Option<tracing::Span> {
     if tracing::enabled!(tracing::Level::DEBUG) {
         let instance_span = slot.span();
         Some(

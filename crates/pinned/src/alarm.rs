@@ -27,14 +27,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::FutureExt;
-use parking_lot::Mutex;
 use pinned_store::{Doc, InstanceKey, StateStore, StoreError, TrayKey};
 use serde_json::Value;
 use tokio::task::AbortHandle;
 
 use crate::context::Context;
 use crate::directory::{panic_message, spawn_detached, Admission, HostShared};
-use crate::slot::Slot;
+use crate::directory::Record;
 
 /// Tray namespace of the alarm row.
 pub const ALARM_TRAY_NS: &str = "pinned";
@@ -130,17 +129,6 @@ impl AlarmRow {
     }
 }
 
-/// Per-instance alarm state, allocated on first use.
-#[derive(Default)]
-pub(crate) struct AlarmState {
-    /// Serializes row reads-then-writes (a run's clear against `set`).
-    row_turn: tokio::sync::Mutex<()>,
-    /// One run at a time.
-    run_turn: tokio::sync::Mutex<()>,
-    /// The nonce of the alarm being run, hidden from `get`.
-    running: Mutex<Option<String>>,
-}
-
 /// How one run ended.
 #[derive(Debug)]
 pub(crate) enum Run {
@@ -202,7 +190,7 @@ fn parse(doc: &Doc) -> Option<(i64, Option<String>)> {
 /// The instance's alarm. Get it from [`Context::alarm`](crate::Context::alarm).
 #[derive(Clone)]
 pub struct Alarm {
-    slot: Arc<Slot>,
+    slot: Arc<Record>,
 }
 
 impl std::fmt::Debug for Alarm {
@@ -212,7 +200,7 @@ impl std::fmt::Debug for Alarm {
 }
 
 impl Alarm {
-    pub(crate) fn new(slot: Arc<Slot>) -> Self {
+    pub(crate) fn new(slot: Arc<Record>) -> Self {
         Self { slot }
     }
 
@@ -277,7 +265,7 @@ impl Alarm {
         let Some(at) = row.alarm else {
             return Ok(None);
         };
-        let running = self.slot.alarm_state().running.lock().clone();
+        let running = self.slot.timer_turns().running.lock().clone();
         if running.is_some() && running == row.nonce {
             return Ok(None);
         }
@@ -290,13 +278,13 @@ impl Alarm {
 /// deletes it once nothing is left) and re-arms the timer for its earliest
 /// time. Serialized per instance with every other row read-then-write.
 async fn modify(
-    slot: &Arc<Slot>,
+    slot: &Arc<Record>,
     edit: impl FnOnce(&mut AlarmRow) -> Result<(), AlarmError>,
 ) -> Result<(), AlarmError> {
     let store = slot.host.store.as_ref().ok_or(AlarmError::NoStore)?;
     let (ns, id) = (&*slot.host.ns, &*slot.id);
     let epoch = slot.epoch().unwrap_or(0);
-    let _row = slot.alarm_state().row_turn.lock().await;
+    let _row = slot.timer_turns().row.lock().await;
     let stored = store
         .get_tray(InstanceKey::new(ns, id), ALARM_TRAY, epoch)
         .await?;
@@ -325,7 +313,7 @@ async fn modify(
 }
 
 /// A lost fence aborts the instance (a newer activation owns its rows).
-fn fenced<T>(slot: &Arc<Slot>, answer: Result<T, AlarmError>) -> Result<T, AlarmError> {
+fn fenced<T>(slot: &Arc<Record>, answer: Result<T, AlarmError>) -> Result<T, AlarmError> {
     if let Err(AlarmError::Store(error)) = &answer {
         crate::store::abort_on_fence_lost(slot, error);
     }
@@ -337,7 +325,7 @@ fn time_of(ms: i64) -> SystemTime {
 }
 
 /// Every named schedule of `slot`'s instance, earliest first.
-pub(crate) async fn schedules(slot: &Arc<Slot>) -> Result<Vec<(String, SystemTime)>, AlarmError> {
+pub(crate) async fn schedules(slot: &Arc<Record>) -> Result<Vec<(String, SystemTime)>, AlarmError> {
     let row = fenced(slot, read(slot).await)?;
     let mut schedules: Vec<(String, i64)> = row
         .map(|row| row.schedules.into_iter().collect())
@@ -349,7 +337,7 @@ pub(crate) async fn schedules(slot: &Arc<Slot>) -> Result<Vec<(String, SystemTim
         .collect())
 }
 
-async fn read(slot: &Arc<Slot>) -> Result<Option<AlarmRow>, AlarmError> {
+async fn read(slot: &Arc<Record>) -> Result<Option<AlarmRow>, AlarmError> {
     let store = slot.host.store.as_ref().ok_or(AlarmError::NoStore)?;
     let row = store
         .get_tray(
@@ -381,7 +369,7 @@ async fn read(slot: &Arc<Slot>) -> Result<Option<AlarmRow>, AlarmError> {
 /// ```
 #[derive(Clone)]
 pub struct Schedule {
-    slot: Arc<Slot>,
+    slot: Arc<Record>,
     name: String,
 }
 
@@ -395,7 +383,7 @@ impl std::fmt::Debug for Schedule {
 }
 
 impl Schedule {
-    pub(crate) fn new(slot: Arc<Slot>, name: &str) -> Self {
+    pub(crate) fn new(slot: Arc<Record>, name: &str) -> Self {
         Self {
             slot,
             name: name.to_owned(),
@@ -477,7 +465,7 @@ impl Schedule {
 
 /// Runs the instance's due alarm, if any. `wait`: queue behind a run in
 /// progress (timers) instead of answering [`Run::Running`] (`_alarm`).
-pub(crate) async fn run(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
+pub(crate) async fn run(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
     run_once(slot, wait).await.inspect_err(|error| {
         if let RunError::Store(error) = error {
             crate::store::abort_on_fence_lost(slot, error);
@@ -485,15 +473,15 @@ pub(crate) async fn run(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
     })
 }
 
-async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
+async fn run_once(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
     let Some(store) = slot.host.store.clone() else {
         return Ok(Run::Fired(false));
     };
-    let state = slot.alarm_state();
+    let state = slot.timer_turns();
     let _turn = if wait {
-        state.run_turn.lock().await
+        state.run.lock().await
     } else {
-        match state.run_turn.try_lock() {
+        match state.run.try_lock() {
             Ok(turn) => turn,
             Err(_) => return Ok(Run::Running),
         }
@@ -502,7 +490,7 @@ async fn run_once(slot: &Arc<Slot>, wait: bool) -> Result<Run, RunError> {
     let (ns, id) = (&*slot.host.ns, &*slot.id);
     let epoch = slot.epoch().unwrap_or(0);
     let row = {
-        let _row = state.row_turn.lock().await;
+        let _row = state.row.lock().await;
         store
             .get_tray(InstanceKey::new(ns, id), ALARM_TRAY, epoch)
             .await
@@ -678,7 +666,7 @@ impl HostShared {
     }
 
     /// Re-arms an activated instance's stored alarm.
-    pub(crate) fn rearm_from_store(self: &Arc<Self>, slot: &Arc<Slot>) {
+    pub(crate) fn rearm_from_store(self: &Arc<Self>, slot: &Arc<Record>) {
         let Some(store) = self.store.clone() else {
             return;
         };

@@ -9,7 +9,7 @@ use crate::admit::Pending;
 use crate::cluster::Cluster;
 use crate::context::Context;
 use crate::object::NotAnInstanceRoute;
-use crate::slot::Instance;
+use crate::instance::Instance;
 
 /// What admission attaches to every request it hands to an instance's
 /// handler.

@@ -16,7 +16,8 @@ use crate::alarm::Alarm;
 use crate::cluster::Cluster;
 use crate::directory::{self, HostShared};
 use crate::instance_lease::{EvictionRequested, InstanceLease};
-use crate::slot::{Phase, Slot};
+use crate::instance::Phase;
+use crate::directory::Record;
 use crate::store::InstanceStore;
 use crate::BoxError;
 
@@ -48,7 +49,7 @@ pub enum TagError {
 /// ```
 #[derive(Clone)]
 pub struct Context {
-    slot: Arc<Slot>,
+    slot: Arc<Record>,
 }
 
 impl fmt::Debug for Context {
@@ -61,11 +62,11 @@ impl fmt::Debug for Context {
 }
 
 impl Context {
-    pub(crate) fn new(slot: Arc<Slot>) -> Self {
+    pub(crate) fn new(slot: Arc<Record>) -> Self {
         Self { slot }
     }
 
-    pub(crate) fn slot(&self) -> &Arc<Slot> {
+    pub(crate) fn slot(&self) -> &Arc<Record> {
         &self.slot
     }
 
@@ -250,7 +251,7 @@ impl Context {
         if self.slot.host.store.is_none() {
             return Err(crate::tray::TrayError::NoStore);
         }
-        self.slot.trays().ok_or_else(|| {
+        crate::tray::InstanceTrays::of(&self.slot).ok_or_else(|| {
             if self.slot.host.lifecycle.trays.is_empty() {
                 crate::tray::TrayError::NotDeclared("(none declared)")
             } else {

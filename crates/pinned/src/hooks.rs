@@ -24,22 +24,23 @@ use tracing::Instrument;
 use crate::context::Context;
 use crate::directory::{panic_message, spawn_detached, HostShared};
 use crate::object::Idle;
-use crate::slot::{Phase, Slot};
+use crate::instance::Phase;
+use crate::directory::Record;
 use crate::BoxError;
 
 /// Runs `hook` and hands its outcome to `then`, in place when it is ready
 /// at once, in a task otherwise.
 fn run<T, F>(
-    slot: &Arc<Slot>,
+    slot: &Arc<Record>,
     name: &'static str,
     hook: BoxFuture<'static, Result<T, BoxError>>,
     then: F,
 ) where
     T: Send + 'static,
-    F: FnOnce(&Arc<Slot>, Option<T>) + Send + 'static,
+    F: FnOnce(&Arc<Record>, Option<T>) + Send + 'static,
 {
     let mut hook = AssertUnwindSafe(hook).catch_unwind();
-    let settle = move |slot: &Arc<Slot>, outcome: std::thread::Result<Result<T, BoxError>>| {
+    let settle = move |slot: &Arc<Record>, outcome: std::thread::Result<Result<T, BoxError>>| {
         let value = match outcome {
             Ok(Ok(value)) => Some(value),
             Ok(Err(error)) => {
@@ -75,14 +76,14 @@ fn run<T, F>(
     }
 }
 
-fn failed(slot: &Slot, name: &'static str, error: &str) {
+fn failed(slot: &Record, name: &'static str, error: &str) {
     tracing::error!(namespace = %slot.host.ns, id = %slot.id, hook = name, %error, "lifecycle hook failed");
     slot.host.metrics.callback_failed(name);
 }
 
 /// The sweep found `slot` idle (and not winding down): ask the object
 /// whether to evict it. Asked once per idle period.
-pub(crate) fn idle(slot: &Arc<Slot>) {
+pub(crate) fn idle(slot: &Arc<Record>) {
     let Some(instance) = slot.instance() else {
         HostShared::close_if_idle(slot);
         return;
@@ -100,7 +101,7 @@ pub(crate) fn idle(slot: &Arc<Slot>) {
 }
 
 /// `slot` started winding down or its deadline changed.
-pub(crate) fn wind_down(slot: &Arc<Slot>, deadline: Option<Instant>) {
+pub(crate) fn wind_down(slot: &Arc<Record>, deadline: Option<Instant>) {
     if slot.phase() != Phase::Live {
         return;
     }

@@ -41,7 +41,6 @@
 //! refusal to start when the environment says production.
 #![forbid(unsafe_code)]
 
-mod abort;
 mod admit;
 mod advertise;
 mod alarm;
@@ -61,6 +60,7 @@ mod headroom;
 mod hooks;
 mod host;
 mod hosts;
+mod instance;
 mod instance_lease;
 mod lease;
 mod metrics;
@@ -70,7 +70,6 @@ mod process;
 mod registration;
 mod response;
 mod serve;
-mod slot;
 mod state;
 mod store;
 mod switchboard;
@@ -80,7 +79,7 @@ pub mod tray;
 mod worker;
 pub mod ws;
 
-pub use abort::Cancelled;
+pub use instance::abort::Cancelled;
 pub use alarm::{
     Alarm, AlarmError, Schedule, ALARM_TRAY_ID, ALARM_TRAY_NS, MAX_SCHEDULES, MAX_SCHEDULE_NAME,
 };

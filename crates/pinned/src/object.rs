@@ -26,7 +26,7 @@ use http::StatusCode;
 use crate::call::Scope;
 use crate::context::Context;
 use crate::response::detail;
-use crate::slot::Instance;
+use crate::instance::Instance;
 use crate::BoxError;
 
 /// A durable object: state built per id on first request, routes built once

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::slot::Slot;
+use crate::directory::Record;
 
 /// The tray namespace reserved for the worker's own rows (alarms).
 pub const RESERVED_TRAY_NS: &str = "pinned";
@@ -73,7 +73,7 @@ pub enum InstanceStoreError {
 #[derive(Clone)]
 pub struct InstanceStore {
     store: Arc<dyn StateStore>,
-    slot: Arc<Slot>,
+    slot: Arc<Record>,
 }
 
 impl std::fmt::Debug for InstanceStore {
@@ -87,7 +87,7 @@ impl std::fmt::Debug for InstanceStore {
 
 /// Aborts the instance of `slot` when `error` is a lost fence: a newer
 /// activation owns its rows.
-pub(crate) fn abort_on_fence_lost(slot: &Arc<Slot>, error: &StoreError) {
+pub(crate) fn abort_on_fence_lost(slot: &Arc<Record>, error: &StoreError) {
     if error.is_fence_lost() {
         tracing::warn!(namespace = %slot.host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&error), "store fence lost; aborting the instance");
         crate::directory::HostShared::abort(slot);
@@ -150,7 +150,7 @@ fn from_doc<T: DeserializeOwned>(
 }
 
 impl InstanceStore {
-    pub(crate) fn new(store: Arc<dyn StateStore>, slot: Arc<Slot>) -> Self {
+    pub(crate) fn new(store: Arc<dyn StateStore>, slot: Arc<Record>) -> Self {
         Self { store, slot }
     }
 

@@ -43,7 +43,7 @@ pub use axum::extract::ws::{CloseFrame, Message, Utf8Bytes};
 
 use crate::call::Scope;
 use crate::object::NotAnInstanceRoute;
-use crate::slot::Slot;
+use crate::directory::Record;
 
 /// Close code sent to sockets still open when their instance is aborted.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
@@ -63,7 +63,7 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Extractor for a WebSocket handshake on an instance route.
 pub struct WebSocketUpgrade {
     inner: axum_ws::WebSocketUpgrade,
-    slot: Arc<Slot>,
+    slot: Arc<Record>,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for WebSocketUpgrade {

@@ -19,7 +19,8 @@ use tracing::Instrument;
 use super::Busy;
 use super::{panic_message, HostShared, Keyed};
 use crate::context::Context;
-use crate::slot::{Activation, Instance, Phase, Slot};
+use crate::instance::{Activation, Instance, Phase};
+use super::Record;
 use crate::tray::InstanceTrays;
 
 /// How many idle instances an eviction at capacity compares.
@@ -35,7 +36,7 @@ pub(crate) enum Entered {
 
 impl Entered {
     /// The record entered.
-    pub(crate) fn slot(&self) -> &Arc<Slot> {
+    pub(crate) fn slot(&self) -> &Arc<Record> {
         match self {
             Self::Live(busy, _) | Self::Activating(busy) => busy.slot(),
         }
@@ -48,7 +49,7 @@ pub(crate) enum Attempt {
     Entered(Entered),
     /// The id's record is closing: wait until it has left the map
     /// ([`HostShared::enter_after`] waits it out and tries again).
-    Closing(Arc<Slot>),
+    Closing(Arc<Record>),
 }
 
 /// Why a request could not enter an instance.
@@ -115,7 +116,7 @@ impl HostShared {
     /// Cancel safe.
     pub(crate) async fn enter_after(
         self: &Arc<Self>,
-        mut slot: Arc<Slot>,
+        mut slot: Arc<Record>,
         id: &str,
         epoch: Option<u64>,
     ) -> Result<Entered, Admission> {
@@ -238,7 +239,7 @@ impl HostShared {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         // The requester's entry; the activation task takes its own when it
         // starts.
-        let slot = Arc::new(Slot::new(id, self.clone(), seq, 1));
+        let slot = Arc::new(Record::new(id, self.clone(), seq, 1));
         // The activation (and the store reads it makes) runs at the
         // admitted epoch.
         if let Some(epoch) = epoch {
@@ -272,7 +273,7 @@ impl HostShared {
     /// Begins closing the least recently used idle instance among the
     /// first [`EVICTION_SAMPLE`] idle ones found; false when none is idle.
     fn evict_idle(&self) -> bool {
-        let mut oldest: Option<(u64, Arc<Slot>)> = None;
+        let mut oldest: Option<(u64, Arc<Record>)> = None;
         let idle = self.slots.iter().filter(|entry| {
             let slot = &entry.key().0;
             slot.phase() == Phase::Live && slot.in_flight() == 0 && !slot.winding_down()
@@ -317,7 +318,7 @@ impl HostShared {
     }
 
     /// Starts the activation of `slot` unless it started already.
-    fn start_activation(self: &Arc<Self>, slot: &Arc<Slot>) {
+    fn start_activation(self: &Arc<Self>, slot: &Arc<Record>) {
         let host = self.clone();
         let mut pending = slot.activation.lock();
         if pending.is_some() || slot.phase() != Phase::Activating || slot.activated_at().is_some() {
@@ -344,7 +345,7 @@ impl HostShared {
                 // The trays resume once the object exists (their handlers
                 // need it) and before the instance serves.
                 slot.set_instance(instance.clone());
-                if let Some(trays) = slot.trays() {
+                if let Some(trays) = InstanceTrays::of(&slot) {
                     trays.hydrate().await?;
                 }
                 Ok::<_, crate::BoxError>(instance)
@@ -405,7 +406,7 @@ impl HostShared {
     }
 
     /// Waits until `slot` has left the map.
-    async fn wait_gone(&self, slot: &Arc<Slot>) {
+    async fn wait_gone(&self, slot: &Arc<Record>) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);

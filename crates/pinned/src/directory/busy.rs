@@ -1,7 +1,7 @@
 //! The in-flight guard: one [`Busy`] per request, background task, open
 //! stream or activation inside an instance record.
 //!
-//! The record's state machine ([`Slot`]) only counts entries and reports
+//! The record's state machine ([`Slot`](crate::instance::Slot)) only counts entries and reports
 //! the last one out ([`Vacated`]); this guard is where that report reaches
 //! the directory, which acts on it: a teardown waiting for the record to
 //! settle is woken, a winding-down instance that became idle closes. The
@@ -11,12 +11,13 @@
 use std::sync::Arc;
 
 use super::HostShared;
-use crate::slot::{Phase, Slot, Vacated};
+use crate::instance::{Phase, Vacated};
+use super::Record;
 
 /// One in-flight entry of an instance (a request, a background task, an open
 /// stream). Dropping it leaves; the directory acts on the last one out.
 pub(crate) struct Busy {
-    slot: Arc<Slot>,
+    slot: Arc<Record>,
     stream: bool,
     /// The leave was stamped already ([`leave_at`](Self::leave_at)): the
     /// drop reads no clock.
@@ -24,7 +25,7 @@ pub(crate) struct Busy {
 }
 
 impl Busy {
-    pub(crate) fn slot(&self) -> &Arc<Slot> {
+    pub(crate) fn slot(&self) -> &Arc<Record> {
         &self.slot
     }
 
@@ -40,15 +41,16 @@ impl Busy {
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        if let Some(vacated) = self.slot.leave(self.stream, !self.stamped) {
+        let now = (!self.stamped).then(|| self.slot.host.elapsed_ms());
+        if let Some(vacated) = self.slot.leave(self.stream, now) {
             HostShared::vacated(&self.slot, vacated);
         }
     }
 }
 
-// === impl Slot: the guards of a record ===
+// === impl Record: the guards of a record ===
 
-impl Slot {
+impl Record {
     /// Enters the instance: counts one in-flight entry unless it is closing.
     /// Returns the phase seen on entry (`Activating` or `Live`). `now_ms`
     /// (on the host's clock, [`HostShared::ms_at`]) is when the request
@@ -101,7 +103,7 @@ impl Slot {
 
 impl HostShared {
     /// The last in-flight entry left `slot`.
-    pub(super) fn vacated(slot: &Arc<Slot>, vacated: Vacated) {
+    pub(super) fn vacated(slot: &Arc<Record>, vacated: Vacated) {
         match vacated {
             // A teardown may be waiting for the last entry to leave.
             Vacated::Settled => slot.host.settled.notify_waiters(),

@@ -37,9 +37,10 @@ use crate::fence::FenceTable;
 use crate::host::HostOptions;
 use crate::metrics::Metrics;
 use crate::object::Lifecycle;
-use crate::slot::{Id, Phase, Slot};
+use crate::instance::{Id, Phase};
 
 mod admission;
+mod record;
 mod busy;
 mod drain;
 mod teardown;
@@ -47,6 +48,7 @@ mod wind_down;
 
 pub(crate) use self::admission::{Admission, Attempt, Entered};
 pub(crate) use self::busy::Busy;
+pub(crate) use self::record::Record;
 pub(crate) use self::drain::DrainKind;
 use self::drain::DrainState;
 pub(crate) use self::wind_down::wind_down;
@@ -77,11 +79,11 @@ pub(crate) struct InstanceRow {
 /// compared as the id string, so the map looks it up by `&str` while the
 /// id is stored once, in the record.
 #[derive(Clone)]
-pub(crate) struct Keyed(pub(crate) Arc<Slot>);
+pub(crate) struct Keyed(pub(crate) Arc<Record>);
 
 impl Keyed {
     /// Whether this entry is `slot` itself (not a newer record of the id).
-    pub(crate) fn is(&self, slot: &Arc<Slot>) -> bool {
+    pub(crate) fn is(&self, slot: &Arc<Record>) -> bool {
         Arc::ptr_eq(&self.0, slot)
     }
 }
@@ -290,11 +292,11 @@ impl HostShared {
     }
 
     /// The record of `id` when it is live.
-    pub(crate) fn resident_slot(&self, id: &str) -> Option<Arc<Slot>> {
+    pub(crate) fn resident_slot(&self, id: &str) -> Option<Arc<Record>> {
         self.slot(id).filter(|slot| slot.phase() == Phase::Live)
     }
 
-    fn slot(&self, id: &str) -> Option<Arc<Slot>> {
+    fn slot(&self, id: &str) -> Option<Arc<Record>> {
         self.slots.get(id).map(|entry| entry.key().0.clone())
     }
 
@@ -370,7 +372,7 @@ impl HostShared {
     }
 
     /// The live records.
-    pub(crate) fn live(&self) -> Vec<Arc<Slot>> {
+    pub(crate) fn live(&self) -> Vec<Arc<Record>> {
         self.slots
             .iter()
             .filter(|entry| entry.key().0.phase() == Phase::Live)
@@ -378,7 +380,7 @@ impl HostShared {
             .collect()
     }
 
-    fn all(&self) -> Vec<Arc<Slot>> {
+    fn all(&self) -> Vec<Arc<Record>> {
         self.slots
             .iter()
             .map(|entry| entry.key().0.clone())

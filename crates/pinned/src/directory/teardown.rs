@@ -19,7 +19,9 @@ use tracing::Instrument;
 
 use super::{panic_message, spawn_detached, HostShared};
 use crate::context::Context;
-use crate::slot::{Phase, Slot};
+use crate::instance::Phase;
+use super::Record;
+use crate::tray::InstanceTrays;
 
 /// How long a closing instance waits for its placement release before the
 /// release continues in the background (about one registry call).
@@ -40,7 +42,7 @@ enum Close {
 }
 
 impl HostShared {
-    pub(super) fn remove(&self, slot: &Arc<Slot>) {
+    pub(super) fn remove(&self, slot: &Arc<Record>) {
         if slot.phase() == Phase::Closing {
             self.closing.fetch_sub(1, Ordering::SeqCst);
         }
@@ -57,14 +59,14 @@ impl HostShared {
 
     /// Closes `slot` if nothing is in flight (idle eviction, or the last
     /// entry leaving a winding-down instance).
-    pub(crate) fn close_if_idle(slot: &Arc<Slot>) {
+    pub(crate) fn close_if_idle(slot: &Arc<Record>) {
         if slot.begin_idle_close(slot.host.options.release_placement_on_idle) {
             Self::close_begun(slot);
         }
     }
 
     /// Tears down `slot`, whose idle close already began.
-    pub(super) fn close_begun(slot: &Arc<Slot>) {
+    pub(super) fn close_begun(slot: &Arc<Record>) {
         slot.host.closing.fetch_add(1, Ordering::SeqCst);
         spawn_detached(
             &slot.host.domain,
@@ -73,17 +75,17 @@ impl HostShared {
     }
 
     /// Aborts `slot`: cancels its work and closes it.
-    pub(crate) fn abort(slot: &Arc<Slot>) {
+    pub(crate) fn abort(slot: &Arc<Record>) {
         Self::close_cancelling(slot, Close::Abort);
     }
 
     /// Closes a record that never activated and that no request was
     /// authorized to enter, releasing its placement (see [`Close::Discard`]).
-    pub(super) fn discard_unserved(slot: &Arc<Slot>) {
+    pub(super) fn discard_unserved(slot: &Arc<Record>) {
         Self::close_cancelling(slot, Close::Discard);
     }
 
-    fn close_cancelling(slot: &Arc<Slot>, close: Close) {
+    fn close_cancelling(slot: &Arc<Record>, close: Close) {
         if slot.begin_abort() {
             slot.host.closing.fetch_add(1, Ordering::SeqCst);
             // Cancelled now, not when the teardown task runs: a handler
@@ -113,7 +115,7 @@ impl HostShared {
 
 /// Closes one instance: signal, let open work settle, run `on_stop`
 /// handlers last-registered first, then leave the map.
-async fn teardown(slot: Arc<Slot>, close: Close) {
+async fn teardown(slot: Arc<Record>, close: Close) {
     let host = slot.host.clone();
     if let Some(extra) = slot.extra_if_any() {
         if let Some(timer) = extra
@@ -136,7 +138,7 @@ async fn teardown(slot: Arc<Slot>, close: Close) {
         }
         settled.await;
     }
-    if let Some(trays) = slot.trays() {
+    if let Some(trays) = InstanceTrays::of(&slot) {
         trays.close_all().await;
     }
     if let Some(instance) = slot.instance() {
@@ -158,7 +160,7 @@ async fn teardown(slot: Arc<Slot>, close: Close) {
     }
     // Everything the trays (and the hooks above) enlisted lands before the
     // placement is released.
-    let trays = slot.take_trays();
+    let trays = InstanceTrays::take(&slot);
     let pending = match &trays {
         Some(trays) => {
             trays.settle().await;
@@ -224,7 +226,7 @@ async fn settle(
 /// Releases the placement of a closing instance: the fence first (so a
 /// late request at that epoch bounces), then `/registry/release`, waited up
 /// to [`RELEASE_WAIT`] and finished in the background after that.
-async fn release(host: &Arc<HostShared>, slot: &Arc<Slot>) {
+async fn release(host: &Arc<HostShared>, slot: &Arc<Record>) {
     let epoch = slot.epoch();
     if let Some(epoch) = epoch {
         host.fences.release(&slot.id, epoch);

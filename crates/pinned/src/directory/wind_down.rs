@@ -9,7 +9,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::HostShared;
-use crate::slot::{Phase, Slot, WindDown};
+use crate::instance::{Phase, WindDown};
+use super::Record;
 
 impl HostShared {
     /// A `wind_down` control message: a deadline in seconds from now, or
@@ -30,7 +31,7 @@ impl HostShared {
 }
 
 /// Sets or clears an instance's own wind-down.
-pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
+pub(crate) fn wind_down(slot: &Arc<Record>, after: Option<Duration>) {
     // A deadline too far to represent never comes: no abort.
     let deadline = after.and_then(|after| Instant::now().checked_add(after));
     {
@@ -57,7 +58,7 @@ pub(crate) fn wind_down(slot: &Arc<Slot>, after: Option<Duration>) {
 
 /// Revokes an instance's wind-down (a `wind_down` message with a null
 /// deadline).
-pub(crate) fn unwind(slot: &Arc<Slot>) {
+pub(crate) fn unwind(slot: &Arc<Record>) {
     if let Some(extra) = slot.extra_if_any() {
         if let Some(timer) = extra.wind.lock().take().and_then(|state| state.timer) {
             timer.abort();

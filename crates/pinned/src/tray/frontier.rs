@@ -29,7 +29,7 @@ use tokio::sync::{watch, Notify};
 
 use super::TrayError;
 use crate::directory::Busy;
-use crate::slot::Slot;
+use crate::directory::Record;
 use crate::BoxError;
 
 /// How long one flush (a batch, or an opaque effect) may take before the
@@ -83,7 +83,7 @@ struct Log {
 pub(crate) struct Frontier {
     store: Arc<dyn StateStore>,
     /// Weak: the slot owns its trays, which own this frontier.
-    slot: Weak<Slot>,
+    slot: Weak<Record>,
     log: Mutex<Log>,
     progress: watch::Sender<Progress>,
     /// Ends a linger early.
@@ -91,7 +91,7 @@ pub(crate) struct Frontier {
 }
 
 impl Frontier {
-    pub(crate) fn new(store: Arc<dyn StateStore>, slot: Weak<Slot>) -> Self {
+    pub(crate) fn new(store: Arc<dyn StateStore>, slot: Weak<Record>) -> Self {
         Self {
             store,
             slot,

@@ -29,7 +29,8 @@ use super::open::InstanceTrays;
 use super::row::Entries;
 use super::{Tray, TrayError, TrayHandler};
 use crate::context::Context;
-use crate::slot::{Instance, Slot};
+use crate::instance::Instance;
+use crate::directory::Record;
 use crate::BoxError;
 
 pub(crate) const VERSION_KEY: &str = "~v";
@@ -101,7 +102,7 @@ pub(crate) struct OpenTray<T: Tray> {
     /// Weak, like the slot below: the instance's trays (and through them
     /// the slot) own this tray, so strong pointers back would be cycles.
     pub(crate) owner: Weak<InstanceTrays>,
-    pub(crate) slot: Weak<Slot>,
+    pub(crate) slot: Weak<Record>,
     pub(crate) frontier: Arc<Frontier>,
     pub(crate) handler: HandlerFn<T>,
     pub(crate) on_open: HookFn<T>,

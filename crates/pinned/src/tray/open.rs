@@ -20,7 +20,7 @@ use super::frontier::Frontier;
 use super::machine::{OpenTray, Opened};
 use super::{Tray, TrayError, SINGLETON_ID};
 use crate::context::Context;
-use crate::slot::Slot;
+use crate::directory::Record;
 
 type Key = (&'static str, String);
 
@@ -29,7 +29,7 @@ pub(crate) struct InstanceTrays {
     /// Weak on purpose: the slot holds its trays strongly (until the end of
     /// its teardown), so a strong pointer back would make a cycle that
     /// keeps a record alive whenever a teardown is cut short.
-    pub(crate) slot: Weak<Slot>,
+    pub(crate) slot: Weak<Record>,
     declared: Arc<Declared>,
     store: Arc<dyn StateStore>,
     pub(crate) frontier: Arc<Frontier>,
@@ -38,8 +38,18 @@ pub(crate) struct InstanceTrays {
 }
 
 impl InstanceTrays {
+    /// The open trays hung on `record`, if any.
+    pub(crate) fn of(record: &Record) -> Option<Arc<InstanceTrays>> {
+        record.trays()?.downcast().ok()
+    }
+
+    /// Takes the open trays off a `record` that is leaving.
+    pub(crate) fn take(record: &Record) -> Option<Arc<InstanceTrays>> {
+        record.take_trays()?.downcast().ok()
+    }
+
     pub(crate) fn new(
-        slot: &Arc<Slot>,
+        slot: &Arc<Record>,
         declared: Arc<Declared>,
         store: Arc<dyn StateStore>,
     ) -> Self {
@@ -53,13 +63,13 @@ impl InstanceTrays {
         }
     }
 
-    fn slot(&self) -> Result<Arc<Slot>, TrayError> {
+    fn slot(&self) -> Result<Arc<Record>, TrayError> {
         self.slot.upgrade().ok_or(TrayError::Closed)
     }
 
     /// Passes a store answer through, aborting the instance on a lost fence.
     fn fenced<R>(
-        slot: &Arc<Slot>,
+        slot: &Arc<Record>,
         answer: Result<R, pinned_store::StoreError>,
     ) -> Result<R, TrayError> {
         answer.map_err(|error| {

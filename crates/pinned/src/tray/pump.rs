@@ -26,7 +26,7 @@ use super::machine::{delete_command, Active, OpenTray, Opened, Retired};
 use super::{Tray, MAX_CONCURRENT_DISPATCHES};
 use crate::context::Context;
 use crate::directory::panic_message;
-use crate::slot::Slot;
+use crate::directory::Record;
 
 /// Handler runs across the process.
 static DISPATCH_SLOTS: Semaphore = Semaphore::const_new(MAX_CONCURRENT_DISPATCHES);
@@ -105,7 +105,7 @@ impl<T: Tray> OpenTray<T> {
         self.state.lock().pumping = false;
     }
 
-    fn step(self: &Arc<Self>, slot: &Arc<Slot>) -> Step<T> {
+    fn step(self: &Arc<Self>, slot: &Arc<Record>) -> Step<T> {
         let mut state = self.state.lock();
         let step = self.decide(slot, &mut state);
         if matches!(step, Step::Stop) {
@@ -123,7 +123,7 @@ impl<T: Tray> OpenTray<T> {
 
     fn decide(
         self: &Arc<Self>,
-        slot: &Arc<Slot>,
+        slot: &Arc<Record>,
         state: &mut super::machine::TrayState<T>,
     ) -> Step<T> {
         if state.retired.is_some() {
@@ -189,7 +189,7 @@ impl<T: Tray> OpenTray<T> {
         }
     }
 
-    async fn pump(self: &Arc<Self>, slot: &Arc<Slot>) {
+    async fn pump(self: &Arc<Self>, slot: &Arc<Record>) {
         loop {
             let (item, attempts, receipt, cancel) = match self.step(slot) {
                 Step::Stop => return,
@@ -272,7 +272,7 @@ impl<T: Tray> OpenTray<T> {
     /// mode, the dispatch timeout, and `cancel_dispatch`.
     async fn run(
         self: &Arc<Self>,
-        slot: &Arc<Slot>,
+        slot: &Arc<Record>,
         item: T::Item,
         attempts: u64,
         cancel: CancellationToken,

@@ -1,5 +1,5 @@
-//! One instance record: its lifecycle phase, what keeps it in flight, and the
-//! handles the instance's [`Context`](crate::Context) reaches.
+//! The instance's life as a state machine: its phase, what keeps it in
+//! flight, its abort signal, its activity stamps and its turns.
 //!
 //! The phase and the in-flight count share one atomic word, so "is it idle?"
 //! and "may a request still enter?" are decided by a single compare-and-swap:
@@ -7,13 +7,13 @@
 //! raced it sees `Closing` on entry and backs out.
 //!
 //! This module is a state machine and nothing more: it never does I/O,
-//! spawns work or acts on the directory (it only reads its host's clock and
-//! drain state). A transition its owner must act
-//! on (the last in-flight entry leaving) is *reported*, as the [`Vacated`]
-//! that [`Slot::leave`] returns; the directory's in-flight guard
-//! ([`Busy`](crate::directory::Busy)) hands it to the directory, which
-//! decides what follows (wake a waiting teardown, close a winding-down
-//! instance).
+//! spawns work, reads a clock or knows the namespace that holds it (times
+//! come in as arguments, in the holder's milliseconds). A transition its
+//! owner must act on (the last in-flight entry leaving) is *reported*, as
+//! the [`Vacated`] that [`Slot::leave`] returns; the namespace layer's
+//! in-flight guard hands it to the namespace, which decides what follows
+//! (wake a waiting teardown, close a winding-down instance). What the
+//! layers above hang on an instance (open trays) is kept here unopened.
 //!
 //! Lifecycle: `Activating` → `Live` → `Closing` → `Closed`. An activation that
 //! fails goes straight from `Activating` to `Closed`; an abort during
@@ -30,10 +30,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::abort::Cancelled;
-use crate::alarm::AlarmState;
-use crate::directory::HostShared;
-use crate::tray::InstanceTrays;
+use super::abort::{self, Cancelled};
 use crate::BoxError;
 
 /// An instance id: up to 24 bytes are stored inline in the record (no
@@ -138,6 +135,22 @@ pub(crate) struct WindDown {
     pub(crate) timer: Option<AbortHandle>,
 }
 
+/// What a layer above hangs on an instance and this layer only keeps
+/// (the durable layer's open trays, taken at the end of teardown).
+pub(crate) type Attachment = Arc<dyn Any + Send + Sync>;
+
+/// The turns of an instance's timers (alarm and schedules), allocated on
+/// first use.
+#[derive(Default)]
+pub(crate) struct TimerTurns {
+    /// Serializes row reads-then-writes (a run's clear against `set`).
+    pub(crate) row: tokio::sync::Mutex<()>,
+    /// One run at a time.
+    pub(crate) run: tokio::sync::Mutex<()>,
+    /// The nonce of the alarm being run, hidden from `get`.
+    pub(crate) running: Mutex<Option<String>>,
+}
+
 /// The parts of a record that few instances use, allocated on the first
 /// use: an idle instance that never registered an `on_stop` handler, wound
 /// down, took a tag, set an alarm or opened trays pays one pointer for
@@ -148,27 +161,19 @@ pub(crate) struct Extra {
     pub(crate) wind: Mutex<Option<WindDown>>,
     /// The owner tag, stamped again when the instance adopts a newer epoch.
     tag: Mutex<Option<Arc<str>>>,
-    /// Alarm turns.
-    alarm: OnceLock<AlarmState>,
+    /// Timer turns.
+    timers: OnceLock<TimerTurns>,
     /// The open trays (objects that declare trays, on a worker with a
     /// store); taken at the end of teardown.
-    trays: Mutex<Option<Arc<InstanceTrays>>>,
+    trays: Mutex<Option<Attachment>>,
 }
 
-/// One instance record. Shared as `Arc<Slot>`; the public [`Context`] is a
-/// handle to it.
+/// One instance's life. The namespace layer's record holds it inline.
 ///
-/// Every resident instance has one, so its size is the worker's memory per
-/// idle instance (with the object's state and a map bucket): what only
-/// some instances need sits behind [`Extra`] or a box.
-///
-/// [`Context`]: crate::Context
+/// Every resident instance has one, so its size is most of the worker's
+/// memory per idle instance: what only some instances need sits behind
+/// [`Extra`] or a box.
 pub(crate) struct Slot {
-    /// The instance id; the directory's map finds the record by it.
-    pub(crate) id: Id,
-    pub(crate) host: Arc<HostShared>,
-    /// Insertion order, for `/_pinned/stats`.
-    pub(crate) seq: u64,
     /// `phase << 32 | in-flight count`.
     state: AtomicU64,
     /// Open streaming bodies and WebSockets (a subset of the in-flight count).
@@ -180,10 +185,10 @@ pub(crate) struct Slot {
     /// The abort signal is raised (teardown began): with `abort_waiters`,
     /// what requests, streams and background work end on.
     aborted: AtomicBool,
-    /// Milliseconds since the host's clock base of the last activity.
+    /// The holder's milliseconds of the last activity.
     last_activity: AtomicU64,
-    /// Milliseconds since the host's clock base when a client last had a
-    /// request or an open stream on the instance (`detached_timeout`).
+    /// The holder's milliseconds when a client last had a request or an
+    /// open stream on the instance (`detached_timeout`).
     last_connected: AtomicU64,
     /// The `last_activity` at which `on_idle` was last asked (so it is
     /// asked once per idle period).
@@ -193,43 +198,30 @@ pub(crate) struct Slot {
     epoch: AtomicU64,
     /// Woken when `aborted` is raised.
     abort_waiters: Notify,
-    /// The object's state: set when the activation succeeds, taken at the
-    /// end of teardown (so nothing the state holds can keep it alive).
-    instance: Mutex<Option<Instance>>,
-    /// The activation under way (boxed: it is there only while the
-    /// instance activates). A lock of its own: the activation task sets
-    /// the instance while its starter may still hold this one.
-    pub(crate) activation: Mutex<Option<Box<ActivationFuture>>>,
-    /// Exclusive (turn-based) hosts: one request at a time.
+    /// Exclusive (turn-based) instances: one request at a time.
     pub(crate) turn: Option<Box<Semaphore>>,
     /// One pointer until something needs it.
     extra: OnceBox<Extra>,
 }
 
 impl Slot {
-    /// A record in `Activating` holding `initial` in-flight entries (the
-    /// requester's and the activation task's).
-    pub(crate) fn new(id: &str, host: Arc<HostShared>, seq: u64, initial: u64) -> Self {
-        let now = host.elapsed_ms();
-        let turn = host.options.exclusive.then(|| Box::new(Semaphore::new(1)));
+    /// A slot in `Activating` holding `initial` in-flight entries (the
+    /// requester's and the activation task's), last active at `now_ms`;
+    /// `exclusive` gives it a turn.
+    pub(crate) fn new(now_ms: u64, exclusive: bool, initial: u64) -> Self {
         Self {
-            id: Id::new(id),
-            host,
-            seq,
             state: AtomicU64::new(word(Phase::Activating, initial)),
             streams: AtomicU32::new(0),
             winding: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
-            last_activity: AtomicU64::new(now),
-            last_connected: AtomicU64::new(now),
+            last_activity: AtomicU64::new(now_ms),
+            last_connected: AtomicU64::new(now_ms),
             idle_asked: AtomicU64::new(u64::MAX),
             activated_at: AtomicU64::new(0),
             epoch: AtomicU64::new(NO_EPOCH),
             abort_waiters: Notify::new(),
-            instance: Mutex::new(None),
-            activation: Mutex::new(None),
-            turn,
+            turn: exclusive.then(|| Box::new(Semaphore::new(1))),
             extra: OnceBox::new(),
         }
     }
@@ -245,9 +237,9 @@ impl Slot {
         self.extra.get()
     }
 
-    /// The alarm turns (allocated on first use).
-    pub(crate) fn alarm_state(&self) -> &AlarmState {
-        self.extra().alarm.get_or_init(AlarmState::default)
+    /// The timer turns (allocated on first use).
+    pub(crate) fn timer_turns(&self) -> &TimerTurns {
+        self.extra().timers.get_or_init(TimerTurns::default)
     }
 
     pub(crate) fn phase(&self) -> Phase {
@@ -262,23 +254,10 @@ impl Slot {
         self.streams.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn instance(&self) -> Option<Instance> {
-        self.instance.lock().clone()
-    }
-
-    pub(crate) fn set_instance(&self, instance: Instance) {
-        *self.instance.lock() = Some(instance);
-    }
-
-    /// Takes the state out of a record whose teardown finished.
-    pub(crate) fn take_instance(&self) -> Option<Instance> {
-        self.instance.lock().take()
-    }
-
     /// Raises the abort signal (teardown began): requests, open streams
     /// and background work waiting on [`cancelled`](Self::cancelled) end.
     pub(crate) fn cancel(&self) {
-        crate::abort::raise(&self.aborted, &self.abort_waiters);
+        abort::raise(&self.aborted, &self.abort_waiters);
     }
 
     /// Whether the abort signal was raised.
@@ -288,19 +267,20 @@ impl Slot {
 
     /// Completes once the abort signal is raised.
     pub(crate) fn cancelled(&self) -> Cancelled<'_> {
-        crate::abort::cancelled(&self.aborted, &self.abort_waiters)
+        abort::cancelled(&self.aborted, &self.abort_waiters)
     }
 
-    pub(crate) fn trays(&self) -> Option<Arc<InstanceTrays>> {
+    /// The open trays hung on the instance, if any.
+    pub(crate) fn trays(&self) -> Option<Attachment> {
         self.extra_if_any()?.trays.lock().clone()
     }
 
-    pub(crate) fn set_trays(&self, trays: Arc<InstanceTrays>) {
+    pub(crate) fn set_trays(&self, trays: Attachment) {
         *self.extra().trays.lock() = Some(trays);
     }
 
-    /// Takes the trays out of a record that is leaving.
-    pub(crate) fn take_trays(&self) -> Option<Arc<InstanceTrays>> {
+    /// Takes the trays out of an instance that is leaving.
+    pub(crate) fn take_trays(&self) -> Option<Attachment> {
         self.extra_if_any()?.trays.lock().take()
     }
 
@@ -308,7 +288,7 @@ impl Slot {
     /// phase seen on entry: `Ok` with `Activating` or `Live` (the entry is
     /// counted), `Err` with `Closing` or `Closed` (the entry is counted too,
     /// and the caller must [`leave`](Self::leave) again at once). `now` is
-    /// when the request arrived, in ms since the host's clock base.
+    /// when the request arrived, in the holder's milliseconds.
     pub(crate) fn count_entry(&self, now: u64) -> Result<Phase, Phase> {
         let old = self.state.fetch_add(1, Ordering::SeqCst);
         match phase_of(old) {
@@ -332,17 +312,17 @@ impl Slot {
         self.state.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// One in-flight entry leaves (`stream`: it was an open stream; `touch`:
-    /// stamp the activity now, unless the caller stamped it already with
+    /// One in-flight entry leaves (`stream`: it was an open stream; `now`:
+    /// stamp the activity then, unless the caller stamped it already with
     /// [`touch_at`](Self::touch_at)). Reports the transition the owner must
     /// act on when it was the last one out.
     #[must_use = "the owner must act on the last entry out"]
-    pub(crate) fn leave(&self, stream: bool, touch: bool) -> Option<Vacated> {
+    pub(crate) fn leave(&self, stream: bool, now: Option<u64>) -> Option<Vacated> {
         if stream {
             self.streams.fetch_sub(1, Ordering::Relaxed);
         }
-        if touch {
-            self.touch();
+        if let Some(now) = now {
+            self.touch_at(now);
         }
         vacated(self.state.fetch_sub(1, Ordering::SeqCst))
     }
@@ -394,18 +374,13 @@ impl Slot {
             .is_ok()
     }
 
-    pub(crate) fn touch(&self) {
-        self.touch_at(self.host.elapsed_ms());
-    }
-
-    /// Stamps the last activity at `now` (ms since the host's clock base).
+    /// Stamps the last activity at `now` (the holder's milliseconds).
     pub(crate) fn touch_at(&self, now: u64) {
         self.last_activity.store(now, Ordering::Relaxed);
     }
 
     /// A client was connected at `now_ms` (a request entered, or a stream
-    /// is open; the host's milliseconds, see
-    /// [`HostShared::ms_at`](crate::directory::HostShared::ms_at)).
+    /// is open).
     pub(crate) fn connected_at(&self, now_ms: u64) {
         self.last_connected.store(now_ms, Ordering::Relaxed);
     }
@@ -425,11 +400,6 @@ impl Slot {
     /// `activity`; false when it was asked for that period already.
     pub(crate) fn mark_idle_asked(&self, activity: u64) -> bool {
         self.idle_asked.swap(activity, Ordering::Relaxed) != activity
-    }
-
-    /// Milliseconds since the last activity, floored at 0.
-    pub(crate) fn idle_ms(&self) -> u64 {
-        self.idle_ms_at(self.host.elapsed_ms())
     }
 
     /// Milliseconds from the last activity to `now_ms`, floored at 0.
@@ -458,18 +428,6 @@ impl Slot {
         raise(&self.epoch, epoch)
     }
 
-    /// The instance's tracing span: everything the instance does (its
-    /// activation, requests, background tasks, alarm runs, teardown) runs
-    /// inside one, so its logs carry the namespace, id and epoch.
-    pub(crate) fn span(&self) -> tracing::Span {
-        tracing::info_span!(
-            "instance",
-            namespace = %self.host.ns,
-            id = %self.id,
-            epoch = self.epoch(),
-        )
-    }
-
     /// The owner tag last stamped with `Context::tag`.
     pub(crate) fn tag(&self) -> Option<Arc<str>> {
         self.extra_if_any()?.tag.lock().clone()
@@ -479,20 +437,15 @@ impl Slot {
         *self.extra().tag.lock() = Some(Arc::from(tag));
     }
 
-    /// Winding down: the host drains or the instance was told to wind down.
-    pub(crate) fn winding_down(&self) -> bool {
-        self.host.draining() || self.winding.load(Ordering::SeqCst)
+    /// Winding down on its own (a namespace drain is its holder's to add).
+    pub(crate) fn winding_alone(&self) -> bool {
+        self.winding.load(Ordering::SeqCst)
     }
 
-    /// The earliest of the instance's own deadline and the host's.
-    pub(crate) fn effective_deadline(&self) -> Option<Instant> {
-        let own = self
-            .extra_if_any()
-            .and_then(|extra| extra.wind.lock().as_ref().and_then(|wind| wind.deadline));
-        match (own, self.host.drain_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+    /// Its own wind-down deadline, if any.
+    pub(crate) fn own_deadline(&self) -> Option<Instant> {
+        self.extra_if_any()
+            .and_then(|extra| extra.wind.lock().as_ref().and_then(|wind| wind.deadline))
     }
 }
 
@@ -519,19 +472,6 @@ mod tests {
         assert_eq!(vacated(word(Phase::Closed, 1)), Some(Vacated::Settled));
         assert_eq!(vacated(word(Phase::Activating, 1)), None);
         assert_eq!(vacated(word(Phase::Closing, 3)), None);
-    }
-
-    /// The record is most of an idle instance's memory: 184 bytes make a
-    /// 208-byte allocation with the `Arc` counts and glibc's header (the
-    /// next size up costs 16 bytes per resident instance).
-    #[test]
-    #[cfg(target_pointer_width = "64")]
-    fn an_idle_record_stays_small() {
-        assert!(
-            std::mem::size_of::<Slot>() <= 184,
-            "Slot grew to {} bytes: move rarely used parts to `Extra`",
-            std::mem::size_of::<Slot>()
-        );
     }
 
     #[test]
