@@ -24,6 +24,7 @@ use axum::body::Body;
 use axum::extract::{OriginalUri, Request};
 use axum::response::{IntoResponse, Response};
 use axum::routing::Route;
+use axum::Router;
 use futures_util::FutureExt;
 use http::request::Parts;
 use http::{HeaderMap, StatusCode};
@@ -37,12 +38,13 @@ use tracing::Instrument;
 
 use crate::auth::AuthError;
 use crate::body::TrackedBody;
-use crate::call::{Call, Routed, Scope};
-use crate::context::Context;
-use crate::directory::{panic_message, Admission, Attempt, Entered, HostShared};
-use crate::object::{NotAnInstanceRoute, Object};
-use crate::response;
+use crate::call::NotAnInstanceRoute;
+use crate::call::{Call, Pending, Routed, Scope};
+use crate::directory::context::Context;
 use crate::directory::Record;
+use crate::directory::{panic_message, Admission, Attempt, Entered, HostShared};
+use crate::object::{Object, RouteState};
+use crate::response;
 
 /// A newer epoch was adopted: the owner tag goes with the placement.
 fn retag(slot: &Arc<crate::directory::Record>) {
@@ -60,18 +62,6 @@ fn admission_refused(refused: Admission) -> Response {
         Admission::Refused(refusal) => response::refusal(refusal),
         Admission::ActivationFailed | Admission::ShutDown => response::internal_error(),
     }
-}
-
-/// What dispatch established about a request before routing it: which
-/// namespace and which (still unchecked) id segment it is for.
-#[derive(Clone)]
-pub(crate) struct Pending {
-    pub(crate) host: Arc<HostShared>,
-    /// Where the raw id segment lies in the path of the request's
-    /// [`OriginalUri`] (set by dispatch, which axum's router leaves as it
-    /// is), so no id is copied before the gate decodes it.
-    pub(crate) id_at: std::ops::Range<usize>,
-    pub(crate) started: Instant,
 }
 
 /// A request that passed the gate: the decoded id, its placement epoch, and
@@ -432,4 +422,20 @@ pub(crate) fn admit<T: Object>(
         drop(entry);
         Ok(response.map(|body| Body::new(TrackedBody::new(body, stream))))
     }
+}
+
+/// `T`'s routes as the worker serves them: every matched route behind the
+/// admission layer; an unknown path or method answered by the reference's
+/// 404/405 without reaching it (so nothing is activated for it).
+pub(crate) fn routes<T: Object>() -> Router {
+    let routes = T::routes();
+    let routes = if routes.has_routes() {
+        routes.route_layer(AdmitLayer(admit::<T>))
+    } else {
+        routes
+    };
+    routes
+        .method_not_allowed_fallback(|| async { crate::response::method_not_allowed() })
+        .fallback(|| async { crate::response::not_found() })
+        .with_state(RouteState::new())
 }

@@ -1,15 +1,20 @@
 //! The per-request [`Call`]: which instance serves it, who called, and at
 //! which placement epoch it was admitted.
 
-use axum::extract::FromRequestParts;
-use http::request::Parts;
-use pinned_wire::attestation::Caller;
+use std::sync::Arc;
 
-use crate::admit::Pending;
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+use http::StatusCode;
+use pinned_wire::attestation::Caller;
+use tokio::time::Instant;
+
 use crate::cluster::Cluster;
-use crate::context::Context;
-use crate::object::NotAnInstanceRoute;
+use crate::directory::context::Context;
+use crate::directory::HostShared;
 use crate::instance::Instance;
+use crate::response::detail;
 
 /// What admission attaches to every request it hands to an instance's
 /// handler.
@@ -27,6 +32,18 @@ impl Scope {
             Routed::Pending(_) | Routed::Taken => None,
         }
     }
+}
+
+/// What dispatch established about a request before routing it: which
+/// namespace and which (still unchecked) id segment it is for.
+#[derive(Clone)]
+pub(crate) struct Pending {
+    pub(crate) host: Arc<HostShared>,
+    /// Where the raw id segment lies in the path of the request's
+    /// [`OriginalUri`] (set by dispatch, which axum's router leaves as it
+    /// is), so no id is copied before the gate decodes it.
+    pub(crate) id_at: std::ops::Range<usize>,
+    pub(crate) started: Instant,
 }
 
 /// The one extension a request under a namespace carries into the
@@ -85,8 +102,11 @@ impl Call {
 
     /// A cluster client whose calls are one level deeper than this request.
     pub fn cluster(&self) -> Cluster {
+        let host = &self.ctx.slot().host;
         Cluster::new(
-            self.ctx.slot().host.clone(),
+            &host.switchboard,
+            &host.control,
+            &host.ns,
             self.ctx.id(),
             self.depth.saturating_add(1),
         )
@@ -110,5 +130,19 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
         Scope::of(&parts.extensions)
             .map(|scope| scope.call.ctx.clone())
             .ok_or(NotAnInstanceRoute("pinned::Context"))
+    }
+}
+
+/// The rejection of [`This`], [`Call`](crate::Call) and
+/// [`WebSocketUpgrade`](crate::ws::WebSocketUpgrade) outside an instance
+/// route (a router served on its own): a programming error, answered 500.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} used outside a pinned instance route of that object")]
+pub struct NotAnInstanceRoute(pub(crate) &'static str);
+
+impl IntoResponse for NotAnInstanceRoute {
+    fn into_response(self) -> Response {
+        tracing::error!(error = %self, "extractor misuse");
+        detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
     }
 }

@@ -10,16 +10,14 @@
 //! dropped first, so user code that copies inbound headers can never
 //! forward an attestation or a session.
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::response::Response;
 use http::{HeaderMap, HeaderValue, Request};
 use pinned_wire::headers;
 
-use crate::directory::HostShared;
+use crate::control::ControlPlane;
 use crate::plane::ClusterHost;
-use crate::switchboard::Routed;
+use crate::switchboard::{Routed, Switchboard};
 
 /// Why a cluster call could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +57,10 @@ pub enum ClusterError {
 /// subrequest depth).
 #[derive(Clone)]
 pub struct Cluster {
-    host: Arc<HostShared>,
+    /// Where in-process calls go first.
+    switchboard: Switchboard,
+    /// Where the rest go (behind pinboard).
+    control: ControlPlane,
     caller: String,
     depth: i64,
 }
@@ -85,12 +86,19 @@ fn sanitized(headers: &HeaderMap) -> HeaderMap {
 }
 
 impl Cluster {
-    /// `depth` is the depth of the call being made (caller depth + 1).
-    pub(crate) fn new(host: Arc<HostShared>, id: &str, depth: i64) -> Self {
-        let caller = format!("{}/{}", host.ns, id);
+    /// A client for instance `id` of namespace `ns`; `depth` is the depth
+    /// of the call being made (caller depth + 1).
+    pub(crate) fn new(
+        switchboard: &Switchboard,
+        control: &ControlPlane,
+        ns: &str,
+        id: &str,
+        depth: i64,
+    ) -> Self {
         Self {
-            host,
-            caller,
+            switchboard: switchboard.clone(),
+            control: control.clone(),
+            caller: format!("{ns}/{id}"),
             depth,
         }
     }
@@ -138,7 +146,6 @@ impl Cluster {
         parts.headers = sanitized(&parts.headers);
         let request = Request::from_parts(parts, body);
         let request = match self
-            .host
             .switchboard
             .call(ns, id, request, self.caller.clone(), self.depth)
             .await
@@ -147,7 +154,7 @@ impl Cluster {
             Routed::Elsewhere(request) => request,
             Routed::Gone => return Err(ClusterError::WorkerGone),
         };
-        let Some(plane) = self.host.control.pinboard().cloned() else {
+        let Some(plane) = self.control.pinboard().cloned() else {
             return Err(ClusterError::UnknownTarget(path));
         };
         let session = plane.session().ok_or(ClusterError::NoSession)?;

@@ -24,10 +24,11 @@ use http::{HeaderValue, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::Service;
 
-use crate::admit::{gate, Pending};
-use crate::call::Routed;
+use crate::admit::gate;
+use crate::call::{Pending, Routed};
 use crate::directory::HostShared;
-use crate::{durable, response};
+use crate::durable::entry;
+use crate::response;
 
 /// The id segment and the path the object's routes see.
 pub(crate) struct Target<'a> {
@@ -106,7 +107,7 @@ impl Rewrites {
 /// connections: that process stays.)
 pub(crate) async fn dispatch(hosts: &[Arc<HostShared>], request: Request) -> Response {
     let Some(host) = host_of(hosts, request.uri().path()) else {
-        return not_found();
+        return response::not_found();
     };
     route(host, request, Instant::now(), None).await
 }
@@ -117,16 +118,6 @@ pub(crate) fn host_of<'h>(hosts: &'h [Arc<HostShared>], path: &str) -> Option<&'
         path.strip_prefix(&*host.ns)
             .is_some_and(|after| after.starts_with('/'))
     })
-}
-
-/// 404 `{"detail":"Not Found"}`, the reference framework's answer.
-pub(crate) fn not_found() -> Response {
-    response::detail(StatusCode::NOT_FOUND, "Not Found")
-}
-
-/// 405 `{"detail":"Method Not Allowed"}`, the reference framework's answer.
-pub(crate) fn method_not_allowed() -> Response {
-    response::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
 }
 
 pin_project_lite::pin_project! {
@@ -250,13 +241,13 @@ pub(crate) fn route(
 async fn durable_entry(host: Arc<HostShared>, parts: http::request::Parts) -> Response {
     let target = target(&host.ns, parts.uri.path());
     if target.rest == "/_alarm" {
-        return durable::alarm(&host, &parts, target.raw_id).await;
+        return entry::alarm(&host, &parts, target.raw_id).await;
     }
     let passed = match gate(&host, &parts.headers, target.raw_id) {
         Ok(passed) => passed,
         Err(refused) => return refused.into_response(),
     };
-    durable::wake(&host, &parts.method, passed.id.into_owned(), passed.epoch).await
+    entry::wake(&host, &parts.method, passed.id.into_owned(), passed.epoch).await
 }
 
 #[cfg(test)]

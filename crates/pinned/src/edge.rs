@@ -54,7 +54,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::config::ConfigError;
+use crate::config_error::ConfigError;
 use crate::dispatch;
 use crate::hosts::Hosts;
 

@@ -9,9 +9,8 @@
 
 use std::ops::Deref;
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::directory::{DrainKind, HostShared};
+use crate::directory::HostShared;
 
 /// Every hosted namespace of one worker (cheap to clone).
 #[derive(Clone)]
@@ -27,32 +26,9 @@ impl Hosts {
         self.0.iter().find(|host| &*host.ns == ns)
     }
 
-    /// Ids held per namespace (resident, activating or closing), for a
-    /// re-registration; namespaces holding none are left out.
-    pub(crate) fn instances(&self) -> std::collections::BTreeMap<String, Vec<String>> {
-        self.0
-            .iter()
-            .map(|host| (host.ns.to_string(), host.ids()))
-            .filter(|(_, ids)| !ids.is_empty())
-            .collect()
-    }
-
-    /// Aborts every instance of every namespace.
-    pub(crate) fn abort_all(&self) {
-        for host in self.0.iter() {
-            host.abort_all();
-        }
-    }
-
-    /// Applies the control plane's drain echo to every namespace.
-    pub(crate) fn server_drain(&self, draining: bool, deadline: Option<Duration>) {
-        for host in self.0.iter() {
-            if draining {
-                host.start_drain(DrainKind::Server, deadline);
-            } else {
-                host.stop_drain(DrainKind::Server);
-            }
-        }
+    /// Every namespace as the control plane commands it.
+    pub(crate) fn commanded(&self) -> crate::registration::Namespaces {
+        self.0.iter().map(|host| host.commanded()).collect()
     }
 }
 

@@ -43,21 +43,20 @@
 
 mod admit;
 mod advertise;
-mod alarm;
 mod auth;
 mod body;
 mod call;
 mod cluster;
 mod config;
-mod context;
+mod config_error;
 mod control;
 mod directory;
 mod dispatch;
 mod durable;
 mod edge;
+mod exchange;
 mod fence;
 mod headroom;
-mod hooks;
 mod host;
 mod hosts;
 mod instance;
@@ -71,40 +70,39 @@ mod registration;
 mod response;
 mod serve;
 mod state;
-mod store;
 mod switchboard;
 mod task;
 mod time;
-pub mod tray;
 mod worker;
 pub mod ws;
 
-pub use instance::abort::Cancelled;
-pub use alarm::{
-    Alarm, AlarmError, Schedule, ALARM_TRAY_ID, ALARM_TRAY_NS, MAX_SCHEDULES, MAX_SCHEDULE_NAME,
-};
 pub use auth::{AuthError, Denial};
 pub use call::Call;
+pub use call::NotAnInstanceRoute;
 pub use cluster::{Cluster, ClusterError};
 pub use config::{
-    ConfigError, ConfigErrors, Options, ENV_ADVERTISE_URL, ENV_ALLOW_DEV_IN_PRODUCTION,
-    ENV_HEADER_READ_TIMEOUT_MS, ENV_HOST, ENV_KEEP_ALIVE_TIMEOUT_MS, ENV_MAX_CONNECTIONS,
-    ENV_MAX_HEADER_BYTES, ENV_PINBOARD_CA, ENV_PINBOARD_TOKEN, ENV_PINBOARD_URL,
-    ENV_PINNED_HOSTNAME, ENV_PORT, ENV_SHUTDOWN_TIMEOUT_MS, ENV_TLS_CERT, ENV_TLS_KEY,
-    PRODUCTION_MARKERS,
+    Options, ENV_ADVERTISE_URL, ENV_ALLOW_DEV_IN_PRODUCTION, ENV_HEADER_READ_TIMEOUT_MS, ENV_HOST,
+    ENV_KEEP_ALIVE_TIMEOUT_MS, ENV_MAX_CONNECTIONS, ENV_MAX_HEADER_BYTES, ENV_PINBOARD_CA,
+    ENV_PINBOARD_TOKEN, ENV_PINBOARD_URL, ENV_PINNED_HOSTNAME, ENV_PORT, ENV_SHUTDOWN_TIMEOUT_MS,
+    ENV_TLS_CERT, ENV_TLS_KEY, PRODUCTION_MARKERS,
 };
-pub use context::{Context, TagError};
-pub use time::Domain;
+pub use config_error::{ConfigError, ConfigErrors};
+pub use directory::context::{Context, TagError};
+pub use directory::Idle;
+pub use durable::alarm::{
+    Alarm, AlarmError, Schedule, ALARM_TRAY_ID, ALARM_TRAY_NS, MAX_SCHEDULES, MAX_SCHEDULE_NAME,
+};
+pub use durable::store::{InstanceStore, InstanceStoreError, RESERVED_TRAY_NS};
+pub use durable::tray;
 pub use headroom::{default_headroom, DEFAULT_HEADROOM_MB};
 pub use host::{
     HostOptions, DEFAULT_DETACHED_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES,
     DEFAULT_SWEEP_INTERVAL,
 };
+pub use instance::abort::Cancelled;
 pub use instance_lease::{EvictionRequested, InstanceLease};
 pub use lease::DEFAULT_LEASE_BUFFER;
-pub use object::{
-    Idle, NoAlarmHandler, NoScheduleHandler, NotAnInstanceRoute, Object, RouteState, Routes, This,
-};
+pub use object::{NoAlarmHandler, NoScheduleHandler, Object, RouteState, Routes, This};
 /// The logging setup binaries install (`pinned::logging::init()` first
 /// thing in `main`: text or JSON on stderr, no colours into files), errors
 /// with their causes (`Chain`) and repeated failures logged once with a
@@ -117,7 +115,7 @@ pub use pinned_wire::registry::Takeover;
 pub use plane::{ClusterHost, Headroom, RegistrationState, DEFAULT_HEARTBEAT_INTERVAL};
 pub use serve::{serve, shutdown_signal, IntoWorker, Serve, ServeError, SHUTDOWN_DRAIN_DEADLINE};
 pub use state::{MissingState, State};
-pub use store::{InstanceStore, InstanceStoreError, RESERVED_TRAY_NS};
+pub use time::Domain;
 pub use worker::Worker;
 
 /// The repository README's code blocks, compiled as doc tests so the

@@ -17,15 +17,13 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
-use axum::response::{IntoResponse, Response};
 use axum::Router;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
-use http::StatusCode;
 
-use crate::call::Scope;
-use crate::context::Context;
-use crate::response::detail;
+use crate::call::{NotAnInstanceRoute, Scope};
+use crate::directory::context::Context;
+use crate::directory::{Idle, Lifecycle, Record};
 use crate::instance::Instance;
 use crate::BoxError;
 
@@ -181,10 +179,10 @@ pub trait Object: Sized + Send + Sync + 'static {
     }
 
     /// The trays (durable work queues) of every instance: see
-    /// [`tray`](crate::tray). Called once per hosted namespace; the default
+    /// [`tray`](crate::durable::tray). Called once per hosted namespace; the default
     /// declares none, and an object without trays pays nothing for them.
-    fn trays() -> crate::tray::Trays<Self> {
-        crate::tray::Trays::new()
+    fn trays() -> crate::durable::tray::Trays<Self> {
+        crate::durable::tray::Trays::new()
     }
 
     /// Called on every live instance when an ack restores the worker's
@@ -204,15 +202,6 @@ pub trait Object: Sized + Send + Sync + 'static {
         let _ = ctx;
         async { Ok(()) }
     }
-}
-
-/// What [`Object::on_idle`] decides for an idle instance.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Idle {
-    /// Evict it now (the default).
-    Evict,
-    /// Keep it resident until it is busy and idle again.
-    Keep,
 }
 
 /// The error of the default [`Object::alarm`]: the alarm stays stored and
@@ -300,20 +289,6 @@ impl<T> Deref for This<T> {
     }
 }
 
-/// The rejection of [`This`], [`Call`](crate::Call) and
-/// [`WebSocketUpgrade`](crate::ws::WebSocketUpgrade) outside an instance
-/// route (a router served on its own): a programming error, answered 500.
-#[derive(Debug, thiserror::Error)]
-#[error("{0} used outside a pinned instance route of that object")]
-pub struct NotAnInstanceRoute(pub(crate) &'static str);
-
-impl IntoResponse for NotAnInstanceRoute {
-    fn into_response(self) -> Response {
-        tracing::error!(error = %self, "extractor misuse");
-        detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
-    }
-}
-
 impl<T: Object> FromRequestParts<RouteState<T>> for This<T> {
     type Rejection = NotAnInstanceRoute;
 
@@ -328,76 +303,26 @@ impl<T: Object> FromRequestParts<RouteState<T>> for This<T> {
     }
 }
 
-/// A lifecycle hook of one object type, erased so the directory can hold it.
-pub(crate) type Hook = fn(Instance, Context) -> BoxFuture<'static, Result<(), BoxError>>;
-
-/// [`Object::scheduled`], type-erased.
-pub(crate) type ScheduleHook =
-    fn(Instance, Context, String) -> BoxFuture<'static, Result<(), BoxError>>;
-
-/// [`Object::on_idle`], type-erased.
-pub(crate) type IdleHook = fn(Instance, Context) -> BoxFuture<'static, Result<Idle, BoxError>>;
-
-/// [`Object::on_wind_down`], type-erased.
-pub(crate) type WindDownHook =
-    fn(Instance, Context, Option<tokio::time::Instant>) -> BoxFuture<'static, Result<(), BoxError>>;
-
-/// An object type's lifecycle, type-erased: what one hosted namespace needs
-/// to build and run its instances.
-#[derive(Clone)]
-pub(crate) struct Lifecycle {
-    pub(crate) activate: fn(Context) -> BoxFuture<'static, Result<Instance, BoxError>>,
-    pub(crate) routes: fn() -> Router,
-    pub(crate) alarm: Hook,
-    pub(crate) scheduled: ScheduleHook,
-    pub(crate) on_stop: Hook,
-    pub(crate) on_idle: IdleHook,
-    pub(crate) on_wind_down: WindDownHook,
-    pub(crate) on_unhealthy: Hook,
-    pub(crate) on_restored: Hook,
-    /// The declared trays.
-    pub(crate) trays: Arc<crate::tray::Declared>,
-}
-
-impl Lifecycle {
-    /// The lifecycle of object type `T`.
-    pub(crate) fn of<T: Object>() -> Self {
-        Self {
-            activate: activate::<T>,
-            routes: routes::<T>,
-            alarm: alarm::<T>,
-            scheduled: scheduled::<T>,
-            on_stop: on_stop::<T>,
-            on_idle: on_idle::<T>,
-            on_wind_down: on_wind_down::<T>,
-            on_unhealthy: on_unhealthy::<T>,
-            on_restored: on_restored::<T>,
-            trays: Arc::new(T::trays().into_declared()),
-        }
+/// The lifecycle of object type `T`, type-erased for its namespace.
+pub(crate) fn lifecycle<T: Object>() -> Lifecycle {
+    Lifecycle {
+        activate: activate::<T>,
+        alarm: alarm::<T>,
+        scheduled: scheduled::<T>,
+        on_stop: on_stop::<T>,
+        on_idle: on_idle::<T>,
+        on_wind_down: on_wind_down::<T>,
+        on_unhealthy: on_unhealthy::<T>,
+        on_restored: on_restored::<T>,
     }
 }
 
-fn activate<T: Object>(ctx: Context) -> BoxFuture<'static, Result<Instance, BoxError>> {
+fn activate<T: Object>(record: Arc<Record>) -> BoxFuture<'static, Result<Instance, BoxError>> {
     Box::pin(async move {
+        let ctx = Context::new(record);
         let state = T::activate(&ctx).await?;
         Ok(Arc::new(state) as Instance)
     })
-}
-
-/// `T`'s routes as the worker serves them: every matched route behind the
-/// admission layer; an unknown path or method answered by the reference's
-/// 404/405 without reaching it (so nothing is activated for it).
-fn routes<T: Object>() -> Router {
-    let routes = T::routes();
-    let routes = if routes.has_routes() {
-        routes.route_layer(crate::admit::AdmitLayer(crate::admit::admit::<T>))
-    } else {
-        routes
-    };
-    routes
-        .method_not_allowed_fallback(|| async { crate::dispatch::method_not_allowed() })
-        .fallback(|| async { crate::dispatch::not_found() })
-        .with_state(RouteState::new())
 }
 
 fn downcast<T: Object>(instance: Instance) -> Result<Arc<T>, BoxError> {
@@ -406,50 +331,74 @@ fn downcast<T: Object>(instance: Instance) -> Result<Arc<T>, BoxError> {
         .map_err(|_| BoxError::from(format!("instance is not a {}", std::any::type_name::<T>())))
 }
 
-fn alarm<T: Object>(instance: Instance, ctx: Context) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move { downcast::<T>(instance)?.alarm(&ctx).await })
+fn alarm<T: Object>(
+    instance: Instance,
+    record: Arc<Record>,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move {
+        let ctx = Context::new(record);
+        downcast::<T>(instance)?.alarm(&ctx).await
+    })
 }
 
 fn scheduled<T: Object>(
     instance: Instance,
-    ctx: Context,
+    record: Arc<Record>,
     name: String,
 ) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move { downcast::<T>(instance)?.scheduled(&ctx, &name).await })
+    Box::pin(async move {
+        let ctx = Context::new(record);
+        downcast::<T>(instance)?.scheduled(&ctx, &name).await
+    })
 }
 
 fn on_stop<T: Object>(
     instance: Instance,
-    ctx: Context,
+    record: Arc<Record>,
 ) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move { downcast::<T>(instance)?.on_stop(&ctx).await })
+    Box::pin(async move {
+        let ctx = Context::new(record);
+        downcast::<T>(instance)?.on_stop(&ctx).await
+    })
 }
 
 fn on_idle<T: Object>(
     instance: Instance,
-    ctx: Context,
+    record: Arc<Record>,
 ) -> BoxFuture<'static, Result<Idle, BoxError>> {
-    Box::pin(async move { downcast::<T>(instance)?.on_idle(&ctx).await })
+    Box::pin(async move {
+        let ctx = Context::new(record);
+        downcast::<T>(instance)?.on_idle(&ctx).await
+    })
 }
 
 fn on_wind_down<T: Object>(
     instance: Instance,
-    ctx: Context,
+    record: Arc<Record>,
     deadline: Option<tokio::time::Instant>,
 ) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move { downcast::<T>(instance)?.on_wind_down(&ctx, deadline).await })
+    Box::pin(async move {
+        let ctx = Context::new(record);
+        downcast::<T>(instance)?.on_wind_down(&ctx, deadline).await
+    })
 }
 
 fn on_unhealthy<T: Object>(
     instance: Instance,
-    ctx: Context,
+    record: Arc<Record>,
 ) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move { downcast::<T>(instance)?.on_unhealthy(&ctx).await })
+    Box::pin(async move {
+        let ctx = Context::new(record);
+        downcast::<T>(instance)?.on_unhealthy(&ctx).await
+    })
 }
 
 fn on_restored<T: Object>(
     instance: Instance,
-    ctx: Context,
+    record: Arc<Record>,
 ) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move { downcast::<T>(instance)?.on_restored(&ctx).await })
+    Box::pin(async move {
+        let ctx = Context::new(record);
+        downcast::<T>(instance)?.on_restored(&ctx).await
+    })
 }

@@ -18,10 +18,10 @@ use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
-use crate::config::ConfigError;
-use crate::time::Domain;
+use crate::config_error::ConfigError;
 use crate::lease::Lease;
 use crate::metrics::Metrics;
+use crate::time::Domain;
 
 /// Default heartbeat interval (also the register retry base).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(3);

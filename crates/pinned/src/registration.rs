@@ -31,9 +31,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
-use crate::time::Domain;
-use crate::hosts::Hosts;
 use crate::plane::{PendingRelease, Plane};
+use crate::time::Domain;
 
 /// The longest duration the worker takes from pinboard (a lease, a drain or
 /// wind-down deadline): one year. Anything longer, or infinite, means "not
@@ -123,12 +122,41 @@ async fn json_object(response: reqwest::Response) -> Map<String, Value> {
     }
 }
 
-/// The registration loop: the plane's state plus the namespace table it acts
+/// One hosted namespace as pinboard commands it (duplicates to quit,
+/// instances to wind down, drain echoes): the control plane is handed this
+/// view of the namespaces above it and never reaches further.
+pub(crate) trait Commanded: Send + Sync {
+    /// The namespace, with its leading slash.
+    fn ns(&self) -> &str;
+    /// Its `env` option, registered with it.
+    fn env(&self) -> Option<String>;
+    /// Ids it holds (resident, activating or closing).
+    fn ids(&self) -> Vec<String>;
+    /// Aborts instance `id` if resident.
+    fn abort_id(&self, id: &str);
+    /// Aborts every instance.
+    fn abort_all(&self);
+    /// Winds instance `id` down (`None` revokes a wind-down).
+    fn wind_down_id(&self, id: &str, deadline: Option<Duration>);
+    /// Applies pinboard's drain echo.
+    fn server_drain(&self, draining: bool, deadline: Option<Duration>);
+}
+
+/// The namespaces one registration loop commands, in declaration order.
+pub(crate) type Namespaces = Arc<[Arc<dyn Commanded>]>;
+
+/// The registration loop: the plane's state plus the namespaces it acts
 /// on, handed over when the loop starts (the plane itself never points at
 /// the hosts).
 struct Registrar {
     plane: Arc<Plane>,
-    hosts: Hosts,
+    hosts: Namespaces,
+}
+
+impl Registrar {
+    fn find(&self, ns: &str) -> Option<&Arc<dyn Commanded>> {
+        self.hosts.iter().find(|host| host.ns() == ns)
+    }
 }
 
 /// The loop reads and updates the plane's state as its own.
@@ -177,14 +205,13 @@ impl Registrar {
         let hosts = self.hosts.clone();
         let envs: std::collections::BTreeMap<String, String> = hosts
             .iter()
-            .filter_map(|host| {
-                host.options
-                    .env
-                    .clone()
-                    .map(|env| (host.ns.to_string(), env))
-            })
+            .filter_map(|host| host.env().map(|env| (host.ns().to_owned(), env)))
             .collect();
-        let instances = self.hosts.instances();
+        let instances: std::collections::BTreeMap<String, Vec<String>> = hosts
+            .iter()
+            .map(|host| (host.ns().to_owned(), host.ids()))
+            .filter(|(_, ids)| !ids.is_empty())
+            .collect();
         let prev = self
             .session()
             .map(|s| s.to_string())
@@ -192,7 +219,7 @@ impl Registrar {
         RegisterRequest {
             client_id: self.client_id.clone(),
             secret: self.secret.to_string(),
-            namespaces: hosts.iter().map(|host| host.ns.to_string()).collect(),
+            namespaces: hosts.iter().map(|host| host.ns().to_owned()).collect(),
             advertise_url: self.advertise_url().to_owned(),
             headroom: (self.config.headroom)(),
             draining: self.draining(),
@@ -339,7 +366,7 @@ impl Registrar {
             let (ns, id) = (ns.as_str(), id.as_str());
             self.metrics.duplicate_quits.inc();
             tracing::warn!(namespace = ns, id, "duplicate placement; quitting instance");
-            if let Some(host) = self.hosts.find(ns) {
+            if let Some(host) = self.find(ns) {
                 host.abort_id(id);
             }
         }
@@ -458,7 +485,9 @@ impl Registrar {
         self.set_superseded();
         self.metrics.control_failed("heartbeat", "superseded");
         tracing::error!(error = ?nack.error, "pinboard superseded this worker; stopping registration");
-        self.hosts.abort_all();
+        for host in self.hosts.iter() {
+            host.abort_all();
+        }
     }
 
     /// The `draining` echo of an ack, applied only on a change.
@@ -496,7 +525,9 @@ impl Registrar {
         } else {
             tracing::info!("control plane drain revoked: accepting new activations");
         }
-        self.hosts.server_drain(draining, deadline);
+        for host in self.hosts.iter() {
+            host.server_drain(draining, deadline);
+        }
     }
 
     fn malformed_deadline(&self, other: &dyn std::fmt::Debug) {
@@ -576,7 +607,6 @@ impl Registrar {
                 }
             }
             Field::Valid(ns) => self
-                .hosts
                 .find(ns)
                 .cloned()
                 .ok_or_else(|| format!("wind_down for an unknown namespace: {message}"))?,
@@ -586,14 +616,14 @@ impl Registrar {
         };
         match deadline {
             None => {
-                tracing::info!(namespace = %host.ns, id, "resumed instance");
+                tracing::info!(namespace = host.ns(), id, "resumed instance");
                 host.wind_down_id(id, None);
             }
             Some(seconds) if !seconds.is_finite() => {
                 return Err("wind_down deadline must be finite (None revokes)".to_owned())
             }
             Some(seconds) => {
-                tracing::info!(namespace = %host.ns, id, seconds, "winding down instance");
+                tracing::info!(namespace = host.ns(), id, seconds, "winding down instance");
                 host.wind_down_id(id, Some(bounded_secs(seconds)));
             }
         }
@@ -627,7 +657,7 @@ impl Plane {
     }
 
     /// Starts the loop (a no-op once superseded or already running).
-    pub(crate) fn start(self: &Arc<Self>, hosts: Hosts) {
+    pub(crate) fn start(self: &Arc<Self>, hosts: Namespaces) {
         if self.superseded() {
             return;
         }

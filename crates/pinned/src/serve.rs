@@ -17,7 +17,8 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::net::TcpListener;
 
-use crate::config::{ConfigErrors, Options};
+use crate::config::Options;
+use crate::config_error::ConfigErrors;
 use crate::worker::Worker;
 
 /// How long a signalled worker lets its instances finish before aborting

@@ -16,24 +16,10 @@ use std::ops::Deref;
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
-use http::{Extensions, StatusCode};
+use http::StatusCode;
 
 use crate::call::Scope;
 use crate::response::detail;
-
-/// The application states of one worker, by type.
-#[derive(Clone, Default)]
-pub(crate) struct States(Extensions);
-
-impl States {
-    pub(crate) fn insert<S: Clone + Send + Sync + 'static>(&mut self, state: S) {
-        self.0.insert(state);
-    }
-
-    pub(crate) fn get<S: Clone + Send + Sync + 'static>(&self) -> Option<S> {
-        self.0.get::<S>().cloned()
-    }
-}
 
 /// Extracts application state `S` (given with
 /// [`Options::state`](crate::Options::state)) in a handler of an object's

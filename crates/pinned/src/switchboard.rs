@@ -4,7 +4,8 @@
 //! The hosts never point at each other or at the worker. Each host is
 //! created holding a [`Switchboard`], the sending half of a bounded
 //! channel; the worker owns the receiving half and the namespace table,
-//! and serves calls in one task ([`serve`]) that it starts with itself and
+//! and serves calls in one task (`crate::exchange::serve`, above this
+//! layer) that it starts with itself and
 //! that ends when the worker is dropped (its stop token) or every sender
 //! is gone. A call the switchboard does not serve here (a namespace hosted
 //! elsewhere, an id not resident behind pinboard) is handed back untouched,
@@ -15,13 +16,8 @@
 
 use axum::body::Body;
 use axum::response::Response;
-use http::{HeaderValue, Request};
-use pinned_wire::{attestation, headers};
+use http::Request;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::sync::CancellationToken;
-
-use crate::dispatch::dispatch;
-use crate::hosts::Hosts;
 
 /// Calls waiting for the switchboard task; a burst beyond this many waits
 /// (the sender's `send` applies backpressure) rather than growing a queue.
@@ -63,6 +59,21 @@ pub(crate) struct Exchange {
     calls: mpsc::Receiver<Call>,
 }
 
+impl Exchange {
+    /// The next call; `None` once every sender is gone.
+    pub(crate) async fn next(&mut self) -> Option<Call> {
+        self.calls.recv().await
+    }
+}
+
+impl Call {
+    /// Answers the caller: the target's response, or the request handed
+    /// back for the caller to send through pinboard.
+    pub(crate) fn answer(self, answer: Result<Response, Request<Body>>) {
+        let _ = self.reply.send(answer);
+    }
+}
+
 /// A connected pair.
 pub(crate) fn switchboard() -> (Switchboard, Exchange) {
     let (calls, receiver) = mpsc::channel(CAPACITY);
@@ -97,61 +108,4 @@ impl Switchboard {
             Err(_) => Routed::Gone,
         }
     }
-}
-
-/// Serves in-process calls for `hosts` until `stop` is cancelled or every
-/// sender is dropped.
-pub(crate) async fn serve(hosts: Hosts, exchange: Exchange, stop: CancellationToken) {
-    let mut calls = exchange.calls;
-    loop {
-        let call = tokio::select! {
-            () = stop.cancelled() => return,
-            call = calls.recv() => match call {
-                Some(call) => call,
-                None => return,
-            },
-        };
-        route(&hosts, call);
-    }
-}
-
-/// Serves `call` in its own task, or hands it back.
-fn route(hosts: &Hosts, call: Call) {
-    let Call {
-        ns,
-        id,
-        request,
-        caller,
-        depth,
-        reply,
-    } = call;
-    let Some(target) = hosts.find(&ns) else {
-        let _ = reply.send(Err(request));
-        return;
-    };
-    if !(target.control.calls_every_id_in_process() || target.is_resident(&id)) {
-        let _ = reply.send(Err(request));
-        return;
-    }
-    let (mut parts, body) = request.into_parts();
-    // A fresh attestation for the target's local audience: the target sees
-    // the calling instance as its attested caller.
-    let token = attestation::mint(
-        &target.secret,
-        &target.local_aud,
-        target.domain.unix_secs(),
-        Some(&caller),
-        Some(depth),
-    );
-    if let Ok(value) = HeaderValue::from_str(&token) {
-        parts.headers.insert(headers::ATTESTATION, value);
-    }
-    let request = Request::from_parts(parts, body);
-    let hosts = hosts.clone();
-    // Its own task: nested calls would otherwise poll each other on one
-    // ever-deeper stack, and the switchboard keeps taking calls.
-    target.domain.spawn(async move {
-        let response = dispatch(&hosts, request).await;
-        let _ = reply.send(Ok(response));
-    });
 }

@@ -23,7 +23,6 @@ use rand::{Rng, RngCore, SeedableRng};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
-
 /// Where a worker's instances get their time, timers, tasks and randomness.
 /// [`Domain::system`] by default; set another with
 /// [`Options::domain`](crate::Options::domain), and reach it from an
@@ -56,10 +55,7 @@ enum Wall {
     #[default]
     System,
     /// `wall` at `start`, advanced by tokio's clock since.
-    Tokio {
-        wall: SystemTime,
-        start: Instant,
-    },
+    Tokio { wall: SystemTime, start: Instant },
 }
 
 #[derive(Clone, Default)]

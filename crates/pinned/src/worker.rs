@@ -24,10 +24,12 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::config::{ConfigErrors, Options};
+use crate::config::Options;
+use crate::config_error::ConfigErrors;
 use crate::control::ControlPlane;
-use crate::directory::{DrainKind, HostParts, HostShared};
+use crate::directory::{DrainKind, Durability, HostParts, HostShared};
 use crate::dispatch::dispatch;
+use crate::durable::Durable;
 use crate::hosts::Hosts;
 use crate::metrics::Metrics;
 use crate::plane::{Plane, RegistrationState};
@@ -139,6 +141,10 @@ impl Options {
                     ns: Arc::from(spec.ns.as_str()),
                     options: spec.options,
                     lifecycle: spec.lifecycle,
+                    router: (spec.routes)(),
+                    durable: store.clone().map(|store| {
+                        Arc::new(Durable::new(store, spec.trays)) as Arc<dyn Durability>
+                    }),
                     metrics: metrics.clone(),
                     local_aud: domain.random_hex(16),
                     secret: secret.clone(),
@@ -298,14 +304,14 @@ impl Worker {
             host.start();
         }
         if let Some(exchange) = self.inner.exchange.lock().take() {
-            self.inner.domain.spawn(crate::switchboard::serve(
+            self.inner.domain.spawn(crate::exchange::serve(
                 self.inner.hosts.clone(),
                 exchange,
                 self.inner.stop.token().clone(),
             ));
         }
         if let Some(plane) = self.inner.control.pinboard() {
-            plane.start(self.inner.hosts.clone());
+            plane.start(self.inner.hosts.commanded());
         } else {
             self.arm_stored_alarms();
         }
@@ -323,7 +329,7 @@ impl Worker {
                 Ok(alarms) => {
                     for alarm in alarms {
                         if let Some(host) = worker.inner.hosts.find(&alarm.ns) {
-                            host.arm(&alarm.id, alarm.at);
+                            crate::durable::alarm::arm(host, &alarm.id, alarm.at);
                         }
                     }
                 }

@@ -41,8 +41,8 @@ use parking_lot::Mutex;
 
 pub use axum::extract::ws::{CloseFrame, Message, Utf8Bytes};
 
+use crate::call::NotAnInstanceRoute;
 use crate::call::Scope;
-use crate::object::NotAnInstanceRoute;
 use crate::directory::Record;
 
 /// Close code sent to sockets still open when their instance is aborted.

@@ -17,11 +17,9 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::Busy;
-use super::{panic_message, HostShared, Keyed};
-use crate::context::Context;
-use crate::instance::{Activation, Instance, Phase};
 use super::Record;
-use crate::tray::InstanceTrays;
+use super::{panic_message, HostShared, Keyed};
+use crate::instance::{Activation, Instance, Phase};
 
 /// How many idle instances an eviction at capacity compares.
 const EVICTION_SAMPLE: usize = 64;
@@ -330,23 +328,16 @@ impl HostShared {
         let handle = self.domain.spawn(async move {
             let slot = task_slot;
             let _entry = entry;
-            if host.holds_trays() {
-                if let Some(store) = host.store.clone() {
-                    slot.set_trays(Arc::new(InstanceTrays::new(
-                        &slot,
-                        host.lifecycle.trays.clone(),
-                        store,
-                    )));
-                }
+            if let Some(durable) = &host.durable {
+                durable.opening(&slot);
             }
-            let ctx = Context::new(slot.clone());
             let activate = AssertUnwindSafe(async {
-                let instance = (host.lifecycle.activate)(ctx).await?;
+                let instance = (host.lifecycle.activate)(slot.clone()).await?;
                 // The trays resume once the object exists (their handlers
                 // need it) and before the instance serves.
                 slot.set_instance(instance.clone());
-                if let Some(trays) = InstanceTrays::of(&slot) {
-                    trays.hydrate().await?;
+                if let Some(durable) = &host.durable {
+                    durable.resume(&slot).await?;
                 }
                 Ok::<_, crate::BoxError>(instance)
             })
@@ -365,7 +356,9 @@ impl HostShared {
                     host.activations.fetch_add(1, Ordering::Relaxed);
                     host.metrics.activations.inc();
                     host.metrics.active_instances.inc();
-                    host.rearm_from_store(&slot);
+                    if let Some(durable) = &host.durable {
+                        durable.activated(&host, &slot);
+                    }
                     tracing::info!(namespace = %host.ns, id = %slot.id, "activated instance");
                     return Activation::Ready(instance);
                 }

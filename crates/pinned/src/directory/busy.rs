@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use super::HostShared;
-use crate::instance::{Phase, Vacated};
 use super::Record;
+use crate::instance::{Phase, Vacated};
 
 /// One in-flight entry of an instance (a request, a background task, an open
 /// stream). Dropping it leaves; the directory acts on the last one out.

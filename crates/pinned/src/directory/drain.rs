@@ -59,7 +59,7 @@ impl HostShared {
         }
         tracing::info!(namespace = %self.ns, ?kind, ?deadline, "draining");
         for slot in self.live() {
-            crate::hooks::wind_down(&slot, slot.effective_deadline());
+            crate::directory::hooks::wind_down(&slot, slot.effective_deadline());
         }
         self.sweep();
     }

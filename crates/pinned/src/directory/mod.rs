@@ -35,22 +35,31 @@ use tokio_util::sync::CancellationToken;
 use crate::control::ControlPlane;
 use crate::fence::FenceTable;
 use crate::host::HostOptions;
-use crate::metrics::Metrics;
-use crate::object::Lifecycle;
 use crate::instance::{Id, Phase};
+use crate::metrics::Metrics;
+use crate::registration::Commanded;
 
 mod admission;
-mod record;
 mod busy;
+pub(crate) mod context;
 mod drain;
+mod durability;
+pub(crate) mod hooks;
+mod lifecycle;
+mod record;
+mod states;
 mod teardown;
 mod wind_down;
 
 pub(crate) use self::admission::{Admission, Attempt, Entered};
 pub(crate) use self::busy::Busy;
-pub(crate) use self::record::Record;
 pub(crate) use self::drain::DrainKind;
 use self::drain::DrainState;
+pub(crate) use self::durability::Durability;
+pub use self::lifecycle::Idle;
+pub(crate) use self::lifecycle::Lifecycle;
+pub(crate) use self::record::Record;
+pub(crate) use self::states::States;
 pub(crate) use self::wind_down::wind_down;
 pub(crate) use crate::task::{panic_message, spawn_detached};
 
@@ -115,8 +124,11 @@ pub(crate) struct HostShared {
     pub(crate) options: HostOptions,
     /// The object type's activation and lifecycle hooks.
     pub(crate) lifecycle: Lifecycle,
-    /// The object's routes, built once for the namespace.
+    /// The object's routes behind the request stack, built once for the
+    /// namespace.
     pub(crate) router: Router,
+    /// The durable layer's side of the namespace (`None` without a store).
+    pub(crate) durable: Option<Arc<dyn Durability>>,
     /// The records, found by id: each is its own key ([`Keyed`]), so a
     /// bucket is one pointer and the id is stored once.
     slots: DashMap<Keyed, ()>,
@@ -164,11 +176,9 @@ pub(crate) struct HostShared {
     /// The worker's state store, if any.
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     /// The application states ([`Options::state`](crate::Options::state)).
-    pub(crate) states: Arc<crate::state::States>,
+    pub(crate) states: Arc<crate::directory::States>,
     /// The worker's clock, tasks and randomness.
     pub(crate) domain: crate::time::Domain,
-    /// Armed alarm timers by id.
-    pub(crate) timers: DashMap<Arc<str>, crate::alarm::Timer>,
 }
 
 /// What a host is built from, besides its options.
@@ -176,12 +186,14 @@ pub(crate) struct HostParts {
     pub(crate) ns: Arc<str>,
     pub(crate) options: HostOptions,
     pub(crate) lifecycle: Lifecycle,
+    pub(crate) router: Router,
+    pub(crate) durable: Option<Arc<dyn Durability>>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) local_aud: String,
     pub(crate) secret: Arc<str>,
     pub(crate) control: ControlPlane,
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
-    pub(crate) states: Arc<crate::state::States>,
+    pub(crate) states: Arc<crate::directory::States>,
     pub(crate) domain: crate::time::Domain,
     pub(crate) switchboard: crate::switchboard::Switchboard,
     pub(crate) stop: CancellationToken,
@@ -193,6 +205,8 @@ impl HostShared {
             ns,
             options,
             lifecycle,
+            router,
+            durable,
             metrics,
             local_aud,
             secret,
@@ -203,13 +217,13 @@ impl HostShared {
             switchboard,
             stop,
         } = parts;
-        let router = (lifecycle.routes)();
         let duration = metrics.duration_for(&ns);
         Self {
             ns,
             options,
             lifecycle,
             router,
+            durable,
             slots: DashMap::new(),
             count: AtomicUsize::new(0),
             closing: AtomicUsize::new(0),
@@ -237,7 +251,6 @@ impl HostShared {
             store,
             states,
             domain,
-            timers: DashMap::new(),
         }
     }
 
@@ -255,12 +268,6 @@ impl HostShared {
     /// The host was shut down: every request is refused.
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shut_down.load(Ordering::SeqCst)
-    }
-
-    /// Whether this namespace's instances hold trays: declared, and a
-    /// store to keep them in.
-    pub(crate) fn holds_trays(&self) -> bool {
-        self.store.is_some() && !self.lifecycle.trays.is_empty()
     }
 
     pub(crate) fn draining(&self) -> bool {
@@ -365,7 +372,7 @@ impl HostShared {
                     wind_down(&slot, Some(Duration::ZERO));
                 }
                 Sweep::Close => Self::close_if_idle(&slot),
-                Sweep::Idle => crate::hooks::idle(&slot),
+                Sweep::Idle => crate::directory::hooks::idle(&slot),
             }
         }
         self.fences.sweep(self.control.lease_ttl());
@@ -406,15 +413,14 @@ impl HostShared {
             }
         });
         *sweeper = Some(task.abort_handle());
-        // No pinboard sweeper wakes instances whose rows claim work: the
-        // worker does, once at start.
-        if self.control.fires_evicted_alarms() && self.holds_trays() {
-            spawn_detached(&self.domain, crate::tray::wake::wake_marked(self.clone()));
+        if let Some(durable) = &self.durable {
+            durable.started(self);
         }
         if let Some(lease) = self.control.lease() {
-            let watcher = self
-                .domain
-                .spawn(crate::hooks::watch_lease(self.clone(), lease.health()));
+            let watcher = self.domain.spawn(crate::directory::hooks::watch_lease(
+                self.clone(),
+                lease.health(),
+            ));
             *self.lease_watch.lock() = Some(watcher.abort_handle());
         }
     }
@@ -444,12 +450,16 @@ impl HostShared {
         if let Some(timer) = self.drain.lock().timer.take() {
             timer.abort();
         }
-        self.timers.retain(|_, timer| {
-            timer.abort();
-            false
-        });
+        if let Some(durable) = &self.durable {
+            durable.shut_down();
+        }
         self.abort_all();
         self.wait_empty().await;
+    }
+
+    /// This namespace as the control plane commands it.
+    pub(crate) fn commanded(self: &Arc<Self>) -> Arc<dyn Commanded> {
+        Arc::new(Commands(self.clone()))
     }
 
     pub(crate) fn rows(&self) -> Vec<InstanceRow> {
@@ -471,5 +481,42 @@ impl HostShared {
             .collect();
         rows.sort_unstable_by_key(|row| row.seq);
         rows
+    }
+}
+
+/// A namespace as the control plane commands it.
+struct Commands(Arc<HostShared>);
+
+impl Commanded for Commands {
+    fn ns(&self) -> &str {
+        &self.0.ns
+    }
+
+    fn env(&self) -> Option<String> {
+        self.0.options.env.clone()
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.0.ids()
+    }
+
+    fn abort_id(&self, id: &str) {
+        self.0.abort_id(id);
+    }
+
+    fn abort_all(&self) {
+        self.0.abort_all();
+    }
+
+    fn wind_down_id(&self, id: &str, deadline: Option<Duration>) {
+        self.0.wind_down_id(id, deadline);
+    }
+
+    fn server_drain(&self, draining: bool, deadline: Option<Duration>) {
+        if draining {
+            self.0.start_drain(DrainKind::Server, deadline);
+        } else {
+            self.0.stop_drain(DrainKind::Server);
+        }
     }
 }

@@ -17,11 +17,9 @@ use std::time::Duration;
 use futures_util::future::FutureExt;
 use tracing::Instrument;
 
-use super::{panic_message, spawn_detached, HostShared};
-use crate::context::Context;
-use crate::instance::Phase;
 use super::Record;
-use crate::tray::InstanceTrays;
+use super::{panic_message, spawn_detached, HostShared};
+use crate::instance::Phase;
 
 /// How long a closing instance waits for its placement release before the
 /// release continues in the background (about one registry call).
@@ -138,11 +136,11 @@ async fn teardown(slot: Arc<Record>, close: Close) {
         }
         settled.await;
     }
-    if let Some(trays) = InstanceTrays::of(&slot) {
-        trays.close_all().await;
+    if let Some(durable) = &host.durable {
+        durable.closing(&slot).await;
     }
     if let Some(instance) = slot.instance() {
-        let stop = (host.lifecycle.on_stop)(instance, Context::new(slot.clone()));
+        let stop = (host.lifecycle.on_stop)(instance, slot.clone());
         if let Err(error) = settle(stop).await {
             tracing::error!(namespace = %host.ns, id = %slot.id, %error, "Object::on_stop failed");
             host.metrics.shutdown_failed("directory");
@@ -160,23 +158,14 @@ async fn teardown(slot: Arc<Record>, close: Close) {
     }
     // Everything the trays (and the hooks above) enlisted lands before the
     // placement is released.
-    let trays = InstanceTrays::take(&slot);
-    let pending = match &trays {
-        Some(trays) => {
-            trays.settle().await;
-            trays.pending()
-        }
+    let pending = match &host.durable {
+        Some(durable) => durable.settle(&host, &slot).await,
         None => false,
     };
-    drop(trays);
     // The record may outlive the teardown (a task or the state itself can
     // hold a `Context`); the state must not. Dropping it here breaks any
     // cycle user code built through a `Context`.
     drop(slot.take_instance());
-    if !host.control.fires_evicted_alarms() {
-        // Behind pinboard an evicted instance's alarm is the sweeper's.
-        host.disarm(&slot.id);
-    }
     if slot.releasing.load(Ordering::SeqCst) {
         release(&host, &slot).await;
     }
@@ -198,17 +187,8 @@ async fn teardown(slot: Arc<Record>, close: Close) {
         }
     }
     host.remove(&slot);
-    // Locally nobody else wakes an instance that left with tray work
-    // pending (an abort mid-dispatch): wake it after a sweep interval.
-    if pending && host.control.fires_evicted_alarms() && !host.is_shut_down() && !host.leaving() {
-        let period = host.options.sweep_interval;
-        let id = slot.id.to_string();
-        spawn_detached(&host.domain.clone(), async move {
-            tokio::time::sleep(period).await;
-            if !host.is_shut_down() && !host.is_resident(&id) {
-                crate::tray::wake::wake(&host, &id).await;
-            }
-        });
+    if let Some(durable) = &host.durable {
+        durable.closed(&host, &slot.id, pending);
     }
 }
 

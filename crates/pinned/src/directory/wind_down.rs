@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::HostShared;
-use crate::instance::{Phase, WindDown};
 use super::Record;
+use crate::instance::{Phase, WindDown};
 
 impl HostShared {
     /// A `wind_down` control message: a deadline in seconds from now, or
@@ -52,7 +52,7 @@ pub(crate) fn wind_down(slot: &Arc<Record>, after: Option<Duration>) {
         slot.winding.store(true, Ordering::SeqCst);
     }
     slot.host.winding.notify_waiters();
-    crate::hooks::wind_down(slot, slot.effective_deadline());
+    crate::directory::hooks::wind_down(slot, slot.effective_deadline());
     HostShared::close_if_idle(slot);
 }
 

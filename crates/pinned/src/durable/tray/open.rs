@@ -19,7 +19,7 @@ use super::declare::{Declared, Spec};
 use super::frontier::Frontier;
 use super::machine::{OpenTray, Opened};
 use super::{Tray, TrayError, SINGLETON_ID};
-use crate::context::Context;
+use crate::directory::context::Context;
 use crate::directory::Record;
 
 type Key = (&'static str, String);
@@ -73,7 +73,7 @@ impl InstanceTrays {
         answer: Result<R, pinned_store::StoreError>,
     ) -> Result<R, TrayError> {
         answer.map_err(|error| {
-            crate::store::abort_on_fence_lost(slot, &error);
+            crate::durable::abort_on_fence_lost(slot, &error);
             TrayError::Store(error)
         })
     }

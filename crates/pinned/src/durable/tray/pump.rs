@@ -24,7 +24,7 @@ use super::frontier::Urgency;
 use super::handle::TrayCtx;
 use super::machine::{delete_command, Active, OpenTray, Opened, Retired};
 use super::{Tray, MAX_CONCURRENT_DISPATCHES};
-use crate::context::Context;
+use crate::directory::context::Context;
 use crate::directory::panic_message;
 use crate::directory::Record;
 

@@ -21,11 +21,10 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::context::Context;
-use crate::directory::{panic_message, spawn_detached, HostShared};
-use crate::object::Idle;
-use crate::instance::Phase;
+use crate::directory::Idle;
 use crate::directory::Record;
+use crate::directory::{panic_message, spawn_detached, HostShared};
+use crate::instance::Phase;
 use crate::BoxError;
 
 /// Runs `hook` and hands its outcome to `then`, in place when it is ready
@@ -92,7 +91,7 @@ pub(crate) fn idle(slot: &Arc<Record>) {
     if !slot.mark_idle_asked(activity) {
         return;
     }
-    let hook = (slot.host.lifecycle.on_idle)(instance, Context::new(slot.clone()));
+    let hook = (slot.host.lifecycle.on_idle)(instance, slot.clone());
     run(slot, "on_idle", hook, |slot, decision| match decision {
         Some(Idle::Keep) => {}
         // Evict, or the hook failed: the reference closes the instance.
@@ -108,7 +107,7 @@ pub(crate) fn wind_down(slot: &Arc<Record>, deadline: Option<Instant>) {
     let Some(instance) = slot.instance() else {
         return;
     };
-    let hook = (slot.host.lifecycle.on_wind_down)(instance, Context::new(slot.clone()), deadline);
+    let hook = (slot.host.lifecycle.on_wind_down)(instance, slot.clone(), deadline);
     run(slot, "on_wind_down", hook, |_, _| {});
 }
 
@@ -123,7 +122,7 @@ pub(crate) fn lease_health(host: &HostShared, healthy: bool) {
         let Some(instance) = slot.instance() else {
             continue;
         };
-        let call = hook(instance, Context::new(slot.clone()));
+        let call = hook(instance, slot.clone());
         run(&slot, name, call, |_, _| {});
     }
 }

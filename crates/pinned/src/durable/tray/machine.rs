@@ -28,9 +28,9 @@ use super::handle::{TrayCtx, TrayHandle};
 use super::open::InstanceTrays;
 use super::row::Entries;
 use super::{Tray, TrayError, TrayHandler};
-use crate::context::Context;
-use crate::instance::Instance;
+use crate::directory::context::Context;
 use crate::directory::Record;
+use crate::instance::Instance;
 use crate::BoxError;
 
 pub(crate) const VERSION_KEY: &str = "~v";

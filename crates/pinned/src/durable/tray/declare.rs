@@ -14,7 +14,7 @@ use pinned_store::Doc;
 use super::machine::{self, Opened};
 use super::open::InstanceTrays;
 use super::{Tray, TrayError, TrayHandler};
-use crate::store::RESERVED_TRAY_NS;
+use crate::durable::store::RESERVED_TRAY_NS;
 
 /// Builds the typed tray of one declaration from its row (`None`: a fresh
 /// row).

@@ -12,13 +12,11 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use crate::alarm::Alarm;
+use super::HostShared;
+use super::Record;
 use crate::cluster::Cluster;
-use crate::directory::{self, HostShared};
-use crate::instance_lease::{EvictionRequested, InstanceLease};
 use crate::instance::Phase;
-use crate::directory::Record;
-use crate::store::InstanceStore;
+use crate::instance_lease::{EvictionRequested, InstanceLease};
 use crate::BoxError;
 
 /// Why [`Context::tag`] failed.
@@ -180,7 +178,7 @@ impl Context {
                 let error = match outcome {
                     Ok(Ok(())) => return,
                     Ok(Err(error)) => error.to_string(),
-                    Err(panic) => directory::panic_message(panic.as_ref()),
+                    Err(panic) => super::panic_message(panic.as_ref()),
                 };
                 tracing::error!(namespace = %slot.host.ns, id = %slot.id, %error, "background task failed");
             },
@@ -193,16 +191,7 @@ impl Context {
     /// aborted). Requests keep being served until the deadline; afterwards
     /// they answer 503 `instance past its wind-down deadline; retry`.
     pub fn wind_down(&self, deadline: Option<Duration>) {
-        directory::wind_down(&self.slot, deadline);
-    }
-
-    /// The instance's durable rows, `None` when the worker has no store.
-    pub fn store(&self) -> Option<InstanceStore> {
-        self.slot
-            .host
-            .store
-            .clone()
-            .map(|store| InstanceStore::new(store, self.slot.clone()))
+        super::wind_down(&self.slot, deadline);
     }
 
     /// Application state `S`, given to the worker with
@@ -212,82 +201,17 @@ impl Context {
         self.slot.host.states.get::<S>()
     }
 
-    /// The singleton tray `T` (declared with
-    /// [`Trays::singleton`](crate::tray::Trays::singleton)). Open from the
-    /// activation on; usable in [`Object::activate`](crate::Object::activate)
-    /// too (it opens there).
-    ///
-    /// # Errors
-    ///
-    /// [`TrayError::NoStore`](crate::tray::TrayError::NoStore),
-    /// [`TrayError::NotDeclared`](crate::tray::TrayError::NotDeclared), a row
-    /// that does not restore, a store failure.
-    pub async fn tray<T: crate::tray::Tray>(
-        &self,
-    ) -> Result<crate::tray::TrayHandle<T>, crate::tray::TrayError> {
-        let trays = self.trays()?;
-        trays
-            .obtain::<T>(crate::tray::SINGLETON_ID, false, true)
-            .await
-            .map(crate::tray::TrayHandle::new)
-    }
-
-    /// The keyed trays of type `T` (declared with
-    /// [`Trays::keyed`](crate::tray::Trays::keyed)).
-    ///
-    /// # Errors
-    ///
-    /// [`TrayError::NoStore`](crate::tray::TrayError::NoStore),
-    /// [`TrayError::NotDeclared`](crate::tray::TrayError::NotDeclared).
-    pub fn keyed<T: crate::tray::Tray>(
-        &self,
-    ) -> Result<crate::tray::KeyedTrays<T>, crate::tray::TrayError> {
-        let trays = self.trays()?;
-        self.slot.host.lifecycle.trays.of::<T>(true)?;
-        Ok(crate::tray::KeyedTrays::new(trays))
-    }
-
-    fn trays(&self) -> Result<Arc<crate::tray::InstanceTrays>, crate::tray::TrayError> {
-        if self.slot.host.store.is_none() {
-            return Err(crate::tray::TrayError::NoStore);
-        }
-        crate::tray::InstanceTrays::of(&self.slot).ok_or_else(|| {
-            if self.slot.host.lifecycle.trays.is_empty() {
-                crate::tray::TrayError::NotDeclared("(none declared)")
-            } else {
-                crate::tray::TrayError::Closed
-            }
-        })
-    }
-
-    /// The instance's alarm (`set`, `get`).
-    pub fn alarm(&self) -> Alarm {
-        Alarm::new(self.slot.clone())
-    }
-
-    /// The named schedule `name`: one of many durable timers of the
-    /// instance (`at`, `after`, `cancel`, `get`), each firing
-    /// [`Object::scheduled`](crate::Object::scheduled) at least once.
-    pub fn schedule(&self, name: &str) -> crate::alarm::Schedule {
-        crate::alarm::Schedule::new(self.slot.clone(), name)
-    }
-
-    /// Every named schedule of the instance with its time, earliest first.
-    ///
-    /// # Errors
-    ///
-    /// No store, a store failure.
-    pub async fn schedules(
-        &self,
-    ) -> Result<Vec<(String, std::time::SystemTime)>, crate::alarm::AlarmError> {
-        crate::alarm::schedules(&self.slot).await
-    }
-
     /// A cluster client for calls to other instances (depth 1; inside a
     /// handler prefer [`Call::cluster`](crate::Call::cluster), which
     /// carries the request's depth).
     pub fn cluster(&self) -> Cluster {
-        Cluster::new(self.slot.host.clone(), self.id(), 1)
+        Cluster::new(
+            &self.slot.host.switchboard,
+            &self.slot.host.control,
+            &self.slot.host.ns,
+            self.id(),
+            1,
+        )
     }
 
     /// Stamps an owner `tag` on the instance's placement (`POST

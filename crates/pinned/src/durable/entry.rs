@@ -19,8 +19,8 @@ use pinned_wire::{epoch, headers, ids};
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
-use crate::alarm::{self, Run, RunError};
 use crate::directory::{Admission, HostShared};
+use crate::durable::alarm::{self, Run, RunError};
 use crate::response;
 
 /// How long a wake waits for a quick activation before answering 202.

@@ -26,14 +26,15 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use dashmap::DashMap;
 use futures_util::FutureExt;
 use pinned_store::{Doc, InstanceKey, StateStore, StoreError, TrayKey};
 use serde_json::Value;
 use tokio::task::AbortHandle;
 
-use crate::context::Context;
-use crate::directory::{panic_message, spawn_detached, Admission, HostShared};
+use super::Durable;
 use crate::directory::Record;
+use crate::directory::{panic_message, spawn_detached, Admission, HostShared};
 
 /// Tray namespace of the alarm row.
 pub const ALARM_TRAY_NS: &str = "pinned";
@@ -217,7 +218,7 @@ impl Alarm {
     pub async fn set(&self, at: Option<SystemTime>) -> Result<(), AlarmError> {
         self.write(at).await.inspect_err(|error| {
             if let AlarmError::Store(error) = error {
-                crate::store::abort_on_fence_lost(&self.slot, error);
+                crate::durable::abort_on_fence_lost(&self.slot, error);
             }
         })
     }
@@ -258,7 +259,7 @@ impl Alarm {
                 epoch,
             )
             .await
-            .inspect_err(|error| crate::store::abort_on_fence_lost(&self.slot, error))?;
+            .inspect_err(|error| crate::durable::abort_on_fence_lost(&self.slot, error))?;
         let Some(row) = row.as_ref().and_then(|tray| AlarmRow::decode(&tray.doc)) else {
             return Ok(None);
         };
@@ -298,7 +299,7 @@ async fn modify(
             store
                 .set_tray(InstanceKey::new(ns, id), ALARM_TRAY, false, doc, epoch)
                 .await?;
-            slot.host.arm(&slot.id, at);
+            arm(&slot.host, &slot.id, at);
         }
         _ => {
             if stored.is_some() {
@@ -306,7 +307,7 @@ async fn modify(
                     .delete_tray(InstanceKey::new(ns, id), ALARM_TRAY, epoch)
                     .await?;
             }
-            slot.host.disarm(id);
+            disarm(&slot.host, id);
         }
     }
     Ok(())
@@ -315,7 +316,7 @@ async fn modify(
 /// A lost fence aborts the instance (a newer activation owns its rows).
 fn fenced<T>(slot: &Arc<Record>, answer: Result<T, AlarmError>) -> Result<T, AlarmError> {
     if let Err(AlarmError::Store(error)) = &answer {
-        crate::store::abort_on_fence_lost(slot, error);
+        crate::durable::abort_on_fence_lost(slot, error);
     }
     answer
 }
@@ -468,7 +469,7 @@ impl Schedule {
 pub(crate) async fn run(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
     run_once(slot, wait).await.inspect_err(|error| {
         if let RunError::Store(error) = error {
-            crate::store::abort_on_fence_lost(slot, error);
+            crate::durable::abort_on_fence_lost(slot, error);
         }
     })
 }
@@ -511,7 +512,7 @@ async fn run_once(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
     if !alarm_due && due.is_empty() {
         // Not due yet (a sweep raced a newer `set`): keep the timer.
         if let Some(at) = row.at() {
-            slot.host.arm(&slot.id, at);
+            arm(&slot.host, &slot.id, at);
         }
         return Ok(Run::Fired(false));
     }
@@ -529,7 +530,7 @@ async fn run_once(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
     let mut alarm_ran = false;
     if alarm_due {
         *state.running.lock() = row.nonce.clone();
-        let handler = (slot.host.lifecycle.alarm)(instance.clone(), Context::new(slot.clone()));
+        let handler = (slot.host.lifecycle.alarm)(instance.clone(), slot.clone());
         let outcome = AssertUnwindSafe(handler).catch_unwind().await;
         *state.running.lock() = None;
         match outcome {
@@ -540,11 +541,7 @@ async fn run_once(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
     }
     let mut fired: Vec<(String, i64)> = Vec::new();
     for (name, at) in due {
-        let handler = (slot.host.lifecycle.scheduled)(
-            instance.clone(),
-            Context::new(slot.clone()),
-            name.clone(),
-        );
+        let handler = (slot.host.lifecycle.scheduled)(instance.clone(), slot.clone(), name.clone());
         match AssertUnwindSafe(handler).catch_unwind().await {
             Ok(Ok(())) => fired.push((name, at)),
             Ok(Err(error)) => failure = Some(format!("schedule {name:?}: {error}")),
@@ -587,107 +584,109 @@ async fn run_once(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
     }
 }
 
-impl HostShared {
-    /// Arms (or re-arms) the timer of `id` for wall time `at` (ms).
-    pub(crate) fn arm(self: &Arc<Self>, id: &str, at: i64) {
-        let delay = Duration::from_millis(u64::try_from(at - wall_ms(self)).unwrap_or(0));
-        let host = self.clone();
-        let id: Arc<str> = Arc::from(id);
-        let target = id.clone();
-        // The timer holds the host: it is aborted when disarmed or re-armed,
-        // at shut-down, and ends when the worker is dropped.
-        let Some(handle) = self.domain.try_spawn(async move {
-            tokio::select! {
-                () = host.stop.cancelled() => {}
-                () = tokio::time::sleep(delay) => host.fire(target, at).await,
-            }
-        }) else {
+/// The timers of `host`'s namespace, when it has a durable layer.
+fn timers(host: &HostShared) -> Option<&DashMap<Arc<str>, Timer>> {
+    Durable::of(host).map(|durable| &durable.timers)
+}
+
+/// Arms (or re-arms) the timer of `id` for wall time `at` (ms).
+pub(crate) fn arm(host: &Arc<HostShared>, id: &str, at: i64) {
+    let Some(timers) = timers(host) else {
+        return;
+    };
+    let delay = Duration::from_millis(u64::try_from(at - wall_ms(host)).unwrap_or(0));
+    let task_host = host.clone();
+    let id: Arc<str> = Arc::from(id);
+    let target = id.clone();
+    // The timer holds the namespace: it is aborted when disarmed or
+    // re-armed, at shut-down, and ends when the worker is dropped.
+    let Some(handle) = host.domain.try_spawn(async move {
+        tokio::select! {
+            () = task_host.stop.cancelled() => {}
+            () = tokio::time::sleep(delay) => fire(task_host, target, at).await,
+        }
+    }) else {
+        return;
+    };
+    if let Some(previous) = timers.insert(
+        id,
+        Timer {
+            at,
+            handle: handle.abort_handle(),
+        },
+    ) {
+        previous.handle.abort();
+    }
+}
+
+/// Drops the timer of `id`.
+pub(crate) fn disarm(host: &HostShared, id: &str) {
+    if let Some((_, timer)) = timers(host).and_then(|timers| timers.remove(id)) {
+        timer.handle.abort();
+    }
+}
+
+/// A timer came due.
+async fn fire(host: Arc<HostShared>, id: Arc<str>, at: i64) {
+    // This timer is done; a newer one (re-armed meanwhile) stays.
+    if let Some(timers) = timers(&host) {
+        timers.remove_if(&*id, |_, timer| timer.at == at);
+    }
+    let outcome = if !host.control.fires_evicted_alarms() {
+        // Behind pinboard only a resident instance inside the lease
+        // fires here; the sweeper delivers the rest.
+        let Some(slot) = host.resident_slot(&id) else {
             return;
         };
-        if let Some(previous) = self.timers.insert(
-            id,
-            Timer {
-                at,
-                handle: handle.abort_handle(),
-            },
-        ) {
-            previous.handle.abort();
+        if !host.control.lease_healthy() {
+            return;
+        }
+        run(&slot, true).await
+    } else {
+        match host.enter(&id, None).await {
+            Ok((entry, _)) => {
+                let slot = entry.slot().clone();
+                drop(entry);
+                run(&slot, true).await
+            }
+            Err(Admission::Refused(refusal)) => Err(RunError::Handler(refusal.detail().to_owned())),
+            Err(_) => Err(RunError::Handler("activation failed".to_owned())),
+        }
+    };
+    if let Err(error) = outcome {
+        tracing::error!(namespace = %host.ns, id = %id, error = %pinned_edge::logging::Chain(&error), "alarm run failed; it fires again");
+        if host.control.fires_evicted_alarms() {
+            let retry = wall_ms(&host)
+                + i64::try_from(host.options.sweep_interval.as_millis()).unwrap_or(i64::MAX);
+            if !timers(&host).is_some_and(|timers| timers.contains_key(&*id)) {
+                arm(&host, &id, retry);
+            }
         }
     }
+}
 
-    /// Drops the timer of `id`.
-    pub(crate) fn disarm(&self, id: &str) {
-        if let Some((_, timer)) = self.timers.remove(id) {
-            timer.handle.abort();
-        }
-    }
-
-    /// A timer came due.
-    async fn fire(self: Arc<Self>, id: Arc<str>, at: i64) {
-        // This timer is done; a newer one (re-armed meanwhile) stays.
-        self.timers.remove_if(&*id, |_, timer| timer.at == at);
-        let outcome = if !self.control.fires_evicted_alarms() {
-            // Behind pinboard only a resident instance inside the lease
-            // fires here; the sweeper delivers the rest.
-            let Some(slot) = self.resident_slot(&id) else {
-                return;
-            };
-            if !self.control.lease_healthy() {
-                return;
-            }
-            run(&slot, true).await
-        } else {
-            match self.enter(&id, None).await {
-                Ok((entry, _)) => {
-                    let slot = entry.slot().clone();
-                    drop(entry);
-                    run(&slot, true).await
+/// Re-arms an activated instance's stored alarm.
+pub(crate) fn rearm_from_store(host: &Arc<HostShared>, slot: &Arc<Record>) {
+    let Some(store) = host.store.clone() else {
+        return;
+    };
+    let host = host.clone();
+    let slot = slot.clone();
+    spawn_detached(&host.domain.clone(), async move {
+        let epoch = slot.epoch().unwrap_or(0);
+        match store
+            .get_tray(InstanceKey::new(&host.ns, &slot.id), ALARM_TRAY, epoch)
+            .await
+        {
+            Ok(Some(tray)) => {
+                if let Some((at, _)) = parse(&tray.doc) {
+                    arm(&host, &slot.id, at);
                 }
-                Err(Admission::Refused(refusal)) => {
-                    Err(RunError::Handler(refusal.detail().to_owned()))
-                }
-                Err(_) => Err(RunError::Handler("activation failed".to_owned())),
             }
-        };
-        match outcome {
-            Ok(_) => {}
+            Ok(None) => {}
             Err(error) => {
-                tracing::error!(namespace = %self.ns, id = %id, error = %pinned_edge::logging::Chain(&error), "alarm run failed; it fires again");
-                if self.control.fires_evicted_alarms() {
-                    let retry = wall_ms(&self)
-                        + i64::try_from(self.options.sweep_interval.as_millis())
-                            .unwrap_or(i64::MAX);
-                    if !self.timers.contains_key(&*id) {
-                        self.arm(&id, retry);
-                    }
-                }
+                tracing::warn!(namespace = %host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&error), "cannot read the alarm row");
             }
         }
-    }
-
-    /// Re-arms an activated instance's stored alarm.
-    pub(crate) fn rearm_from_store(self: &Arc<Self>, slot: &Arc<Record>) {
-        let Some(store) = self.store.clone() else {
-            return;
-        };
-        let host = self.clone();
-        let slot = slot.clone();
-        spawn_detached(&self.domain, async move {
-            let epoch = slot.epoch().unwrap_or(0);
-            match store
-                .get_tray(InstanceKey::new(&host.ns, &slot.id), ALARM_TRAY, epoch)
-                .await
-            {
-                Ok(Some(tray)) => {
-                    if let Some((at, _)) = parse(&tray.doc) {
-                        host.arm(&slot.id, at);
-                    }
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    tracing::warn!(namespace = %host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&error), "cannot read the alarm row");
-                }
-            }
-        });
-    }
+    });
 }

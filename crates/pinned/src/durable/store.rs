@@ -85,15 +85,6 @@ impl std::fmt::Debug for InstanceStore {
     }
 }
 
-/// Aborts the instance of `slot` when `error` is a lost fence: a newer
-/// activation owns its rows.
-pub(crate) fn abort_on_fence_lost(slot: &Arc<Record>, error: &StoreError) {
-    if error.is_fence_lost() {
-        tracing::warn!(namespace = %slot.host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&error), "store fence lost; aborting the instance");
-        crate::directory::HostShared::abort(slot);
-    }
-}
-
 fn writable(tray_ns: &str) -> Result<(), InstanceStoreError> {
     if tray_ns == RESERVED_TRAY_NS {
         return Err(InstanceStoreError::Reserved(tray_ns.to_owned()));
@@ -172,7 +163,7 @@ impl InstanceStore {
     /// rows).
     fn fenced<T>(&self, answer: Result<T, StoreError>) -> Result<T, InstanceStoreError> {
         answer.map_err(|error| {
-            abort_on_fence_lost(&self.slot, &error);
+            crate::durable::abort_on_fence_lost(&self.slot, &error);
             InstanceStoreError::Store(error)
         })
     }
@@ -372,7 +363,7 @@ impl InstanceStore {
             .delete_instance(self.instance(), self.epoch())
             .await;
         self.fenced(deleted)?;
-        self.slot.host.disarm(&self.slot.id);
+        crate::durable::alarm::disarm(&self.slot.host, &self.slot.id);
         Ok(())
     }
 
