@@ -33,8 +33,8 @@ use serde_json::Value;
 use tokio::task::AbortHandle;
 
 use super::Durable;
-use crate::directory::Record;
-use crate::directory::{panic_message, spawn_detached, Admission, HostShared};
+use crate::namespace::Record;
+use crate::namespace::{panic_message, spawn_detached, Admission, Namespace};
 
 /// Tray namespace of the alarm row.
 pub const ALARM_TRAY_NS: &str = "pinned";
@@ -164,7 +164,7 @@ impl Timer {
 }
 
 /// The host's wall clock in epoch ms, as alarm rows store it.
-fn wall_ms(host: &HostShared) -> i64 {
+fn wall_ms(host: &Namespace) -> i64 {
     i64::try_from(host.domain.unix_ms()).unwrap_or(i64::MAX)
 }
 
@@ -585,12 +585,12 @@ async fn run_once(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
 }
 
 /// The timers of `host`'s namespace, when it has a durable layer.
-fn timers(host: &HostShared) -> Option<&DashMap<Arc<str>, Timer>> {
+fn timers(host: &Namespace) -> Option<&DashMap<Arc<str>, Timer>> {
     Durable::of(host).map(|durable| &durable.timers)
 }
 
 /// Arms (or re-arms) the timer of `id` for wall time `at` (ms).
-pub(crate) fn arm(host: &Arc<HostShared>, id: &str, at: i64) {
+pub(crate) fn arm(host: &Arc<Namespace>, id: &str, at: i64) {
     let Some(timers) = timers(host) else {
         return;
     };
@@ -620,14 +620,14 @@ pub(crate) fn arm(host: &Arc<HostShared>, id: &str, at: i64) {
 }
 
 /// Drops the timer of `id`.
-pub(crate) fn disarm(host: &HostShared, id: &str) {
+pub(crate) fn disarm(host: &Namespace, id: &str) {
     if let Some((_, timer)) = timers(host).and_then(|timers| timers.remove(id)) {
         timer.handle.abort();
     }
 }
 
 /// A timer came due.
-async fn fire(host: Arc<HostShared>, id: Arc<str>, at: i64) {
+async fn fire(host: Arc<Namespace>, id: Arc<str>, at: i64) {
     // This timer is done; a newer one (re-armed meanwhile) stays.
     if let Some(timers) = timers(&host) {
         timers.remove_if(&*id, |_, timer| timer.at == at);
@@ -666,7 +666,7 @@ async fn fire(host: Arc<HostShared>, id: Arc<str>, at: i64) {
 }
 
 /// Re-arms an activated instance's stored alarm.
-pub(crate) fn rearm_from_store(host: &Arc<HostShared>, slot: &Arc<Record>) {
+pub(crate) fn rearm_from_store(host: &Arc<Namespace>, slot: &Arc<Record>) {
     let Some(store) = host.store.clone() else {
         return;
     };

@@ -19,8 +19,8 @@ use pinned_wire::{epoch, headers, ids};
 use serde_json::json;
 use subtle::ConstantTimeEq;
 
-use crate::directory::{Admission, HostShared};
 use crate::durable::alarm::{self, Run, RunError};
+use crate::namespace::{Admission, Namespace};
 use crate::response;
 
 /// How long a wake waits for a quick activation before answering 202.
@@ -39,7 +39,7 @@ fn admission(refused: Admission) -> Response {
 
 /// `POST /<ns>/<id>/_wake`.
 pub(crate) async fn wake(
-    host: &Arc<HostShared>,
+    host: &Arc<Namespace>,
     method: &Method,
     id: String,
     epoch: Option<u64>,
@@ -65,7 +65,7 @@ pub(crate) async fn wake(
 }
 
 /// `POST /<ns>/<id>/_alarm`.
-pub(crate) async fn alarm(host: &Arc<HostShared>, parts: &Parts, raw_id: &str) -> Response {
+pub(crate) async fn alarm(host: &Arc<Namespace>, parts: &Parts, raw_id: &str) -> Response {
     if parts.method != Method::POST {
         return not_allowed();
     }

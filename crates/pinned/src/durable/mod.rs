@@ -19,8 +19,8 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use pinned_store::{StateStore, StoreError};
 
-use crate::directory::context::Context;
-use crate::directory::{spawn_detached, Durability, HostShared, Record};
+use crate::namespace::context::Context;
+use crate::namespace::{spawn_detached, Durability, Namespace, Record};
 use crate::BoxError;
 
 pub(crate) mod alarm;
@@ -54,7 +54,7 @@ impl Durable {
     }
 
     /// The durable side of `host`, if it has one.
-    pub(crate) fn of(host: &HostShared) -> Option<&Durable> {
+    pub(crate) fn of(host: &Namespace) -> Option<&Durable> {
         host.durable.as_deref()?.as_any().downcast_ref()
     }
 }
@@ -80,7 +80,7 @@ impl Durability for Durable {
         .boxed()
     }
 
-    fn activated(&self, host: &Arc<HostShared>, record: &Arc<Record>) {
+    fn activated(&self, host: &Arc<Namespace>, record: &Arc<Record>) {
         alarm::rearm_from_store(host, record);
     }
 
@@ -93,7 +93,7 @@ impl Durability for Durable {
         .boxed()
     }
 
-    fn settle<'a>(&'a self, host: &'a HostShared, record: &'a Arc<Record>) -> BoxFuture<'a, bool> {
+    fn settle<'a>(&'a self, host: &'a Namespace, record: &'a Arc<Record>) -> BoxFuture<'a, bool> {
         async move {
             let pending = match InstanceTrays::take(record) {
                 Some(trays) => {
@@ -111,7 +111,7 @@ impl Durability for Durable {
         .boxed()
     }
 
-    fn closed(&self, host: &Arc<HostShared>, id: &str, pending: bool) {
+    fn closed(&self, host: &Arc<Namespace>, id: &str, pending: bool) {
         if !host.control.fires_evicted_alarms() {
             return;
         }
@@ -129,7 +129,7 @@ impl Durability for Durable {
         }
     }
 
-    fn started(&self, host: &Arc<HostShared>) {
+    fn started(&self, host: &Arc<Namespace>) {
         // No pinboard sweeper wakes instances whose rows claim work: the
         // worker does, once at start.
         if host.control.fires_evicted_alarms() && !self.declared.is_empty() {
@@ -154,7 +154,7 @@ impl Durability for Durable {
 pub(crate) fn abort_on_fence_lost(slot: &Arc<Record>, error: &StoreError) {
     if error.is_fence_lost() {
         tracing::warn!(namespace = %slot.host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&error), "store fence lost; aborting the instance");
-        HostShared::abort(slot);
+        Namespace::abort(slot);
     }
 }
 

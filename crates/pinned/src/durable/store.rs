@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::directory::Record;
+use crate::namespace::Record;
 
 /// The tray namespace reserved for the worker's own rows (alarms).
 pub const RESERVED_TRAY_NS: &str = "pinned";

@@ -28,8 +28,8 @@ use pinned_store::{BatchOp, DocText, InstanceKey, StateStore};
 use tokio::sync::{watch, Notify};
 
 use super::TrayError;
-use crate::directory::Busy;
-use crate::directory::Record;
+use crate::namespace::Busy;
+use crate::namespace::Record;
 use crate::BoxError;
 
 /// How long one flush (a batch, or an opaque effect) may take before the
@@ -254,7 +254,7 @@ impl Frontier {
                 log.flushing = false;
             }
             self.progress.send_modify(|progress| progress.failed = true);
-            crate::directory::HostShared::abort(&slot);
+            crate::namespace::Namespace::abort(&slot);
             return;
         }
     }

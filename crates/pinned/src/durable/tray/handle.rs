@@ -20,7 +20,7 @@ use super::frontier::{Effect, Receipt};
 use super::machine::{delete_command, AckEdit, OpenTray, Opened};
 use super::open::InstanceTrays;
 use super::{Tray, TrayError};
-use crate::directory::context::Context;
+use crate::namespace::context::Context;
 use crate::BoxError;
 
 /// One open tray of type `T`. Cheap to clone.

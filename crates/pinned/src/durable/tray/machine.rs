@@ -28,9 +28,9 @@ use super::handle::{TrayCtx, TrayHandle};
 use super::open::InstanceTrays;
 use super::row::Entries;
 use super::{Tray, TrayError, TrayHandler};
-use crate::directory::context::Context;
-use crate::directory::Record;
 use crate::instance::Instance;
+use crate::namespace::context::Context;
+use crate::namespace::Record;
 use crate::BoxError;
 
 pub(crate) const VERSION_KEY: &str = "~v";
@@ -188,7 +188,7 @@ impl<T: Tray> Opened for OpenTray<T> {
             let failure = match std::panic::AssertUnwindSafe(hook).catch_unwind().await {
                 Ok(Ok(())) => None,
                 Ok(Err(error)) => Some(error.to_string()),
-                Err(panic) => Some(crate::directory::panic_message(panic.as_ref())),
+                Err(panic) => Some(crate::namespace::panic_message(panic.as_ref())),
             };
             if let Some(reason) = failure {
                 self.opened.store(CLOSED, Ordering::SeqCst);
@@ -386,7 +386,7 @@ impl<T: Tray> OpenTray<T> {
         let failure = match std::panic::AssertUnwindSafe(hook).catch_unwind().await {
             Ok(Ok(())) => return,
             Ok(Err(error)) => error.to_string(),
-            Err(panic) => crate::directory::panic_message(panic.as_ref()),
+            Err(panic) => crate::namespace::panic_message(panic.as_ref()),
         };
         tracing::error!(tray = %label, error = %failure, "TrayHandler::on_close failed");
     }
@@ -481,7 +481,7 @@ impl<T: Tray> OpenTray<T> {
         if let Some(failure) = failure {
             if let Some(slot) = self.slot.upgrade() {
                 tracing::error!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), error = %failure, "a tray value does not serialize; aborting the instance");
-                crate::directory::HostShared::abort(&slot);
+                crate::namespace::Namespace::abort(&slot);
             }
             return Err(TrayError::Encode(failure));
         }
@@ -541,7 +541,7 @@ impl<T: Tray> OpenTray<T> {
             Err(_) => {
                 if let Some(slot) = self.slot.upgrade() {
                     tracing::error!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), "a tray write segment panicked; aborting the instance");
-                    crate::directory::HostShared::abort(&slot);
+                    crate::namespace::Namespace::abort(&slot);
                 }
                 Err(TrayError::Panicked)
             }

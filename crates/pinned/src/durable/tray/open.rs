@@ -19,8 +19,8 @@ use super::declare::{Declared, Spec};
 use super::frontier::Frontier;
 use super::machine::{OpenTray, Opened};
 use super::{Tray, TrayError, SINGLETON_ID};
-use crate::directory::context::Context;
-use crate::directory::Record;
+use crate::namespace::context::Context;
+use crate::namespace::Record;
 
 type Key = (&'static str, String);
 

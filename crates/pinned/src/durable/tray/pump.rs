@@ -24,9 +24,9 @@ use super::frontier::Urgency;
 use super::handle::TrayCtx;
 use super::machine::{delete_command, Active, OpenTray, Opened, Retired};
 use super::{Tray, MAX_CONCURRENT_DISPATCHES};
-use crate::directory::context::Context;
-use crate::directory::panic_message;
-use crate::directory::Record;
+use crate::namespace::context::Context;
+use crate::namespace::panic_message;
+use crate::namespace::Record;
 
 /// Handler runs across the process.
 static DISPATCH_SLOTS: Semaphore = Semaphore::const_new(MAX_CONCURRENT_DISPATCHES);

@@ -8,13 +8,13 @@
 
 use std::sync::Arc;
 
-use crate::directory::HostShared;
+use crate::namespace::Namespace;
 
 /// Rows scanned per store page.
 const PAGE: usize = 256;
 
 /// Activates every id of `host`'s namespace with a marked row.
-pub(crate) async fn wake_marked(host: Arc<HostShared>) {
+pub(crate) async fn wake_marked(host: Arc<Namespace>) {
     let Some(store) = host.store.clone() else {
         return;
     };
@@ -61,13 +61,13 @@ pub(crate) async fn wake_marked(host: Arc<HostShared>) {
 
 /// Activates `id` (its trays resume as part of the activation); false when
 /// the worker refuses new activations (closed, full), so the caller stops.
-pub(crate) async fn wake(host: &Arc<HostShared>, id: &str) -> bool {
+pub(crate) async fn wake(host: &Arc<Namespace>, id: &str) -> bool {
     match host.enter(id, None).await {
         Ok((entry, _)) => {
             drop(entry);
             true
         }
-        Err(crate::directory::Admission::Refused(refusal)) => {
+        Err(crate::namespace::Admission::Refused(refusal)) => {
             tracing::warn!(namespace = %host.ns, %id, ?refusal, "could not wake an instance with pending tray work");
             false
         }

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http_body::{Frame, SizeHint};
 
-use crate::directory::Busy;
+use crate::namespace::Busy;
 
 /// Why a tracked body failed: its instance was aborted mid-stream.
 #[derive(Debug, thiserror::Error)]

@@ -9,7 +9,7 @@
 //! `axum::serve` paid (the `ConnectInfo` extension and the body box) plus
 //! a few atomic operations for the phase: nothing allocates per request.
 //! Each connection keeps the paths its namespace requests were last
-//! rewritten to ([`Rewrites`](crate::dispatch::Rewrites)), so a repeated
+//! rewritten to ([`Rewrites`](crate::serve::dispatch::Rewrites)), so a repeated
 //! route is not parsed again.
 //!
 //! With [`Options::tls`](crate::Options::tls) the handshake runs in the
@@ -55,8 +55,8 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::config_error::ConfigError;
-use crate::dispatch;
-use crate::hosts::Hosts;
+use crate::serve::dispatch;
+use crate::serve::namespaces::Namespaces;
 
 /// The edge's deadlines and bounds (see the [`Options`](crate::Options)
 /// setters for each).
@@ -138,7 +138,7 @@ fn request_extensions(peer: std::net::SocketAddr) -> Extensions {
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
-    hosts: Hosts,
+    hosts: Namespaces,
     settings: EdgeSettings,
     tls: Option<TlsAcceptor>,
     reclaimed: Counter,

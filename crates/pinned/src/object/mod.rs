@@ -1,5 +1,10 @@
-//! The [`Object`] trait, the router state that ties routes to their object
-//! ([`RouteState`], [`Routes`]), and the [`This`] extractor.
+//! The object layer: what an application writes against. The [`Object`]
+//! trait, the router state that ties routes to their object
+//! ([`RouteState`], [`Routes`]), the [`This`] extractor, the per-request
+//! [`Call`](call::Call), application [`State`](state::State) and
+//! WebSockets ([`ws`]). It turns an object type into the namespace's
+//! type-erased [`Lifecycle`] and reads what the request stack above
+//! admitted; it never admits, routes or serves.
 //!
 //! An object's routes are built once per namespace; activation builds only
 //! the instance's state. That is what lets one worker hold a million idle
@@ -11,6 +16,10 @@
 //! that captured the instance's `Context` would hold the instance record
 //! alive from inside it, and an evicted instance would never be freed.
 
+pub(crate) mod call;
+pub(crate) mod state;
+pub mod ws;
+
 use std::future::Future;
 use std::marker::PhantomData;
 use std::ops::Deref;
@@ -21,10 +30,10 @@ use axum::Router;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
 
-use crate::call::{NotAnInstanceRoute, Scope};
-use crate::directory::context::Context;
-use crate::directory::{Idle, Lifecycle, Record};
 use crate::instance::Instance;
+use crate::namespace::context::Context;
+use crate::namespace::{Idle, Lifecycle, Record};
+use crate::object::call::{NotAnInstanceRoute, Scope};
 use crate::BoxError;
 
 /// A durable object: state built per id on first request, routes built once

@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::HostShared;
+use super::Namespace;
 use super::Record;
 use crate::instance::{Phase, WindDown};
 
-impl HostShared {
+impl Namespace {
     /// A `wind_down` control message: a deadline in seconds from now, or
     /// `None` to revoke. A no-op for an id that is not resident.
     pub(crate) fn wind_down_id(&self, id: &str, deadline: Option<Duration>) {
@@ -45,15 +45,15 @@ pub(crate) fn wind_down(slot: &Arc<Record>, after: Option<Duration>) {
             let target = slot.clone();
             let timer = slot.host.domain.spawn(async move {
                 tokio::time::sleep_until(at).await;
-                HostShared::abort(&target);
+                Namespace::abort(&target);
             });
             state.timer = Some(timer.abort_handle());
         }
         slot.winding.store(true, Ordering::SeqCst);
     }
     slot.host.winding.notify_waiters();
-    crate::directory::hooks::wind_down(slot, slot.effective_deadline());
-    HostShared::close_if_idle(slot);
+    crate::namespace::hooks::wind_down(slot, slot.effective_deadline());
+    Namespace::close_if_idle(slot);
 }
 
 /// Revokes an instance's wind-down (a `wind_down` message with a null

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::HostShared;
+use super::Namespace;
 
 /// Which drain a host is in. The worker's own drain and the control
 /// plane's (the `draining` echo of acks) are kept apart: revoking one never
@@ -43,7 +43,7 @@ impl DrainState {
     }
 }
 
-impl HostShared {
+impl Namespace {
     /// Drains (`kind`): refuse new activations, evict idle instances now,
     /// abort the rest at `deadline` from now (never, for `None`).
     pub(crate) fn start_drain(self: &Arc<Self>, kind: DrainKind, deadline: Option<Duration>) {
@@ -59,7 +59,7 @@ impl HostShared {
         }
         tracing::info!(namespace = %self.ns, ?kind, ?deadline, "draining");
         for slot in self.live() {
-            crate::directory::hooks::wind_down(&slot, slot.effective_deadline());
+            crate::namespace::hooks::wind_down(&slot, slot.effective_deadline());
         }
         self.sweep();
     }

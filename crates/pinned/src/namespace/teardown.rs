@@ -18,7 +18,7 @@ use futures_util::future::FutureExt;
 use tracing::Instrument;
 
 use super::Record;
-use super::{panic_message, spawn_detached, HostShared};
+use super::{panic_message, spawn_detached, Namespace};
 use crate::instance::Phase;
 
 /// How long a closing instance waits for its placement release before the
@@ -39,7 +39,7 @@ enum Close {
     Discard,
 }
 
-impl HostShared {
+impl Namespace {
     pub(super) fn remove(&self, slot: &Arc<Record>) {
         if slot.phase() == Phase::Closing {
             self.closing.fetch_sub(1, Ordering::SeqCst);
@@ -206,7 +206,7 @@ async fn settle(
 /// Releases the placement of a closing instance: the fence first (so a
 /// late request at that epoch bounces), then `/registry/release`, waited up
 /// to [`RELEASE_WAIT`] and finished in the background after that.
-async fn release(host: &Arc<HostShared>, slot: &Arc<Record>) {
+async fn release(host: &Arc<Namespace>, slot: &Arc<Record>) {
     let epoch = slot.epoch();
     if let Some(epoch) = epoch {
         host.fences.release(&slot.id, epoch);

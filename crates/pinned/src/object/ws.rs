@@ -41,9 +41,9 @@ use parking_lot::Mutex;
 
 pub use axum::extract::ws::{CloseFrame, Message, Utf8Bytes};
 
-use crate::call::NotAnInstanceRoute;
-use crate::call::Scope;
-use crate::directory::Record;
+use crate::namespace::Record;
+use crate::object::call::NotAnInstanceRoute;
+use crate::object::call::Scope;
 
 /// Close code sent to sockets still open when their instance is aborted.
 pub const CLOSE_GOING_AWAY: u16 = 1001;

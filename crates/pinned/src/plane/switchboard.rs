@@ -4,7 +4,7 @@
 //! The hosts never point at each other or at the worker. Each host is
 //! created holding a [`Switchboard`], the sending half of a bounded
 //! channel; the worker owns the receiving half and the namespace table,
-//! and serves calls in one task (`crate::exchange::serve`, above this
+//! and serves calls in one task (`crate::serve::exchange::serve`, above this
 //! layer) that it starts with itself and
 //! that ends when the worker is dropped (its stop token) or every sender
 //! is gone. A call the switchboard does not serve here (a namespace hosted

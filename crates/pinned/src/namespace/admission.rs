@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use super::Busy;
 use super::Record;
-use super::{panic_message, HostShared, Keyed};
+use super::{panic_message, Keyed, Namespace};
 use crate::instance::{Activation, Instance, Phase};
 
 /// How many idle instances an eviction at capacity compares.
@@ -46,7 +46,7 @@ pub(crate) enum Attempt {
     /// Entered.
     Entered(Entered),
     /// The id's record is closing: wait until it has left the map
-    /// ([`HostShared::enter_after`] waits it out and tries again).
+    /// ([`Namespace::enter_after`] waits it out and tries again).
     Closing(Arc<Record>),
 }
 
@@ -67,7 +67,7 @@ impl From<Refusal> for Admission {
     }
 }
 
-impl HostShared {
+impl Namespace {
     /// Enters instance `id`, activating it first when it is not resident.
     ///
     /// # Cancel safety
@@ -128,7 +128,7 @@ impl HostShared {
     }
 
     /// [`admit`](Self::admit) without waiting, for a request that arrived
-    /// at `now_ms` (on the host's clock, [`HostShared::ms_at`]; its entry
+    /// at `now_ms` (on the host's clock, [`Namespace::ms_at`]; its entry
     /// counts as the instance's activity then): the
     /// admission checks, then one attempt to enter. A record of `id` that
     /// is closing comes back as [`Attempt::Closing`], to be waited out

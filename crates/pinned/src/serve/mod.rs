@@ -1,3 +1,9 @@
+//! The serving layer, the top of the worker: the options and the factory
+//! that builds every layer below from them ([`config`], [`worker`]), the
+//! sockets ([`edge`]), the request path ([`dispatch`], then the [`stack`]
+//! around each of an object's routes), in-process cluster calls
+//! ([`exchange`]) and the table of hosted namespaces ([`namespaces`]).
+//!
 //! [`serve`]: one builder that binds, starts the worker, serves it beside
 //! the application's own routes, and on a shutdown signal drains under a
 //! deadline and closes before returning.
@@ -6,6 +12,15 @@
 //! application that adds routes keeps it: its instances' `on_stop` hooks
 //! run on SIGTERM instead of being cut off. The sockets are `edge`'s
 //! (deadlines, the connection cap, accept back-off).
+
+pub(crate) mod body;
+pub(crate) mod config;
+pub(crate) mod dispatch;
+pub(crate) mod edge;
+pub(crate) mod exchange;
+pub(crate) mod namespaces;
+pub(crate) mod stack;
+pub(crate) mod worker;
 
 use std::future::{Future, IntoFuture};
 use std::io;
@@ -17,9 +32,9 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::net::TcpListener;
 
-use crate::config::Options;
 use crate::config_error::ConfigErrors;
-use crate::worker::Worker;
+use crate::serve::config::Options;
+use crate::serve::worker::Worker;
 
 /// How long a signalled worker lets its instances finish before aborting
 /// them, unless [`Serve::drain_deadline`] says otherwise.
@@ -205,7 +220,7 @@ impl Serve {
         // still open after it get the edge's shutdown deadline.
         let (settings, tls) = (worker.edge_settings(), worker.tls_acceptor());
         let reclaimed = worker.connections_reclaimed();
-        crate::edge::serve(
+        crate::serve::edge::serve(
             listener,
             app,
             worker.hosts(),
@@ -231,7 +246,7 @@ impl Serve {
 fn merge(worker: &Worker, routes: Router) -> Result<Router, ServeError> {
     let ours = worker.build_router().merge(worker.metrics_router());
     std::panic::catch_unwind(AssertUnwindSafe(|| ours.merge(routes)))
-        .map_err(|panic| ServeError::Routes(crate::directory::panic_message(panic.as_ref())))
+        .map_err(|panic| ServeError::Routes(crate::namespace::panic_message(panic.as_ref())))
 }
 
 impl IntoFuture for Serve {

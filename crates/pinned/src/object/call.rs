@@ -10,10 +10,10 @@ use http::StatusCode;
 use pinned_wire::attestation::Caller;
 use tokio::time::Instant;
 
-use crate::cluster::Cluster;
-use crate::directory::context::Context;
-use crate::directory::HostShared;
 use crate::instance::Instance;
+use crate::namespace::context::Context;
+use crate::namespace::Namespace;
+use crate::plane::cluster::Cluster;
 use crate::response::detail;
 
 /// What admission attaches to every request it hands to an instance's
@@ -38,7 +38,7 @@ impl Scope {
 /// namespace and which (still unchecked) id segment it is for.
 #[derive(Clone)]
 pub(crate) struct Pending {
-    pub(crate) host: Arc<HostShared>,
+    pub(crate) host: Arc<Namespace>,
     /// Where the raw id segment lies in the path of the request's
     /// [`OriginalUri`] (set by dispatch, which axum's router leaves as it
     /// is), so no id is copied before the gate decodes it.
@@ -134,7 +134,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
 }
 
 /// The rejection of [`This`], [`Call`](crate::Call) and
-/// [`WebSocketUpgrade`](crate::ws::WebSocketUpgrade) outside an instance
+/// [`WebSocketUpgrade`](crate::object::ws::WebSocketUpgrade) outside an instance
 /// route (a router served on its own): a programming error, answered 500.
 #[derive(Debug, thiserror::Error)]
 #[error("{0} used outside a pinned instance route of that object")]

@@ -1,6 +1,15 @@
-//! The directory of one hosted namespace: which ids are resident, how a new
-//! id is admitted and activated, and how instances leave (idle eviction,
-//! wind-down, drain, abort).
+//! The namespace layer: one hosted namespace ([`Namespace`]) with its
+//! instance table (which ids are resident), admission and capacity (how a
+//! new id is admitted and activated), and how instances leave (idle
+//! eviction, wind-down, drain, abort, teardown). The handle an object gets
+//! on one of its instances, [`Context`](context::Context), is this layer's
+//! too.
+//!
+//! It sits on the instance layer (each [`Record`] holds a
+//! [`Slot`](crate::instance::Slot)) and the control-plane layer (leases,
+//! fences, the switchboard), and never reaches above: the durable layer is
+//! handed to it as a [`Durability`] and the object's hooks as a
+//! [`Lifecycle`], both built by the worker's factory.
 //!
 //! Invariants:
 //! - at most one record per id; a burst of first requests shares one
@@ -9,7 +18,7 @@
 //!   in-flight count reached zero and its `on_stop` handlers ran;
 //! - refusals for ids that are not resident never touch resident ones.
 //!
-//! The directory never parses HTTP; [`dispatch`](crate::dispatch) turns its
+//! The namespace never parses HTTP; [`dispatch`](crate::serve::dispatch) turns its
 //! answers into responses.
 //!
 //! This module owns the record map and the sweep; the phases of a record's
@@ -32,12 +41,12 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::control::ControlPlane;
-use crate::fence::FenceTable;
-use crate::host::HostOptions;
 use crate::instance::{Id, Phase};
 use crate::metrics::Metrics;
-use crate::registration::Commanded;
+use crate::namespace::options::HostOptions;
+use crate::plane::control::ControlPlane;
+use crate::plane::fence::FenceTable;
+use crate::plane::registration::Commanded;
 
 mod admission;
 mod busy;
@@ -46,6 +55,7 @@ mod drain;
 mod durability;
 pub(crate) mod hooks;
 mod lifecycle;
+pub(crate) mod options;
 mod record;
 mod states;
 mod teardown;
@@ -119,7 +129,7 @@ impl PartialEq for Keyed {
 impl Eq for Keyed {}
 
 /// Everything one hosted namespace shares among its instances.
-pub(crate) struct HostShared {
+pub(crate) struct Namespace {
     pub(crate) ns: Arc<str>,
     pub(crate) options: HostOptions,
     /// The object type's activation and lifecycle hooks.
@@ -169,20 +179,20 @@ pub(crate) struct HostShared {
     pub(crate) fences: FenceTable,
     /// Where in-process cluster calls go (the worker's namespace table is
     /// behind it; the host holds only the sending half).
-    pub(crate) switchboard: crate::switchboard::Switchboard,
+    pub(crate) switchboard: crate::plane::switchboard::Switchboard,
     /// Cancelled when the worker is dropped: ends this host's background
     /// tasks (sweep, lease watch, drain timer), which hold it strongly.
     pub(crate) stop: CancellationToken,
     /// The worker's state store, if any.
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
     /// The application states ([`Options::state`](crate::Options::state)).
-    pub(crate) states: Arc<crate::directory::States>,
+    pub(crate) states: Arc<crate::namespace::States>,
     /// The worker's clock, tasks and randomness.
     pub(crate) domain: crate::time::Domain,
 }
 
 /// What a host is built from, besides its options.
-pub(crate) struct HostParts {
+pub(crate) struct NamespaceParts {
     pub(crate) ns: Arc<str>,
     pub(crate) options: HostOptions,
     pub(crate) lifecycle: Lifecycle,
@@ -193,15 +203,15 @@ pub(crate) struct HostParts {
     pub(crate) secret: Arc<str>,
     pub(crate) control: ControlPlane,
     pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
-    pub(crate) states: Arc<crate::directory::States>,
+    pub(crate) states: Arc<crate::namespace::States>,
     pub(crate) domain: crate::time::Domain,
-    pub(crate) switchboard: crate::switchboard::Switchboard,
+    pub(crate) switchboard: crate::plane::switchboard::Switchboard,
     pub(crate) stop: CancellationToken,
 }
 
-impl HostShared {
-    pub(crate) fn new(parts: HostParts) -> Self {
-        let HostParts {
+impl Namespace {
+    pub(crate) fn new(parts: NamespaceParts) -> Self {
+        let NamespaceParts {
             ns,
             options,
             lifecycle,
@@ -372,7 +382,7 @@ impl HostShared {
                     wind_down(&slot, Some(Duration::ZERO));
                 }
                 Sweep::Close => Self::close_if_idle(&slot),
-                Sweep::Idle => crate::directory::hooks::idle(&slot),
+                Sweep::Idle => crate::namespace::hooks::idle(&slot),
             }
         }
         self.fences.sweep(self.control.lease_ttl());
@@ -417,7 +427,7 @@ impl HostShared {
             durable.started(self);
         }
         if let Some(lease) = self.control.lease() {
-            let watcher = self.domain.spawn(crate::directory::hooks::watch_lease(
+            let watcher = self.domain.spawn(crate::namespace::hooks::watch_lease(
                 self.clone(),
                 lease.health(),
             ));
@@ -485,7 +495,7 @@ impl HostShared {
 }
 
 /// A namespace as the control plane commands it.
-struct Commands(Arc<HostShared>);
+struct Commands(Arc<Namespace>);
 
 impl Commanded for Commands {
     fn ns(&self) -> &str {

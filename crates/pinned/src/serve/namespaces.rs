@@ -10,39 +10,39 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use crate::directory::HostShared;
+use crate::namespace::Namespace;
 
 /// Every hosted namespace of one worker (cheap to clone).
 #[derive(Clone)]
-pub(crate) struct Hosts(Arc<[Arc<HostShared>]>);
+pub(crate) struct Namespaces(Arc<[Arc<Namespace>]>);
 
-impl Hosts {
-    pub(crate) fn new(hosts: Vec<Arc<HostShared>>) -> Self {
+impl Namespaces {
+    pub(crate) fn new(hosts: Vec<Arc<Namespace>>) -> Self {
         Self(hosts.into())
     }
 
     /// The host of namespace `ns` (with its leading slash).
-    pub(crate) fn find(&self, ns: &str) -> Option<&Arc<HostShared>> {
+    pub(crate) fn find(&self, ns: &str) -> Option<&Arc<Namespace>> {
         self.0.iter().find(|host| &*host.ns == ns)
     }
 
     /// Every namespace as the control plane commands it.
-    pub(crate) fn commanded(&self) -> crate::registration::Namespaces {
+    pub(crate) fn commanded(&self) -> crate::plane::registration::Commands {
         self.0.iter().map(|host| host.commanded()).collect()
     }
 }
 
-impl Deref for Hosts {
-    type Target = [Arc<HostShared>];
+impl Deref for Namespaces {
+    type Target = [Arc<Namespace>];
 
     fn deref(&self) -> &Self::Target {
         &self.0
     }
 }
 
-impl<'a> IntoIterator for &'a Hosts {
-    type Item = &'a Arc<HostShared>;
-    type IntoIter = std::slice::Iter<'a, Arc<HostShared>>;
+impl<'a> IntoIterator for &'a Namespaces {
+    type Item = &'a Arc<Namespace>;
+    type IntoIter = std::slice::Iter<'a, Arc<Namespace>>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.iter()

@@ -4,7 +4,7 @@
 //!
 //! One `Plane` per worker, shared by its hosts. It owns *state* and never
 //! points at the hosts: the loop that talks to pinboard lives in
-//! [`registration`](crate::registration) and is handed the namespace table
+//! [`registration`](crate::plane::registration) and is handed the namespace table
 //! when it starts; what a message does to instances lives in the directory.
 
 use std::collections::BTreeSet;
@@ -19,8 +19,8 @@ use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::config_error::ConfigError;
-use crate::lease::Lease;
 use crate::metrics::Metrics;
+use crate::plane::lease::Lease;
 use crate::time::Domain;
 
 /// Default heartbeat interval (also the register retry base).
@@ -187,13 +187,13 @@ impl Plane {
     /// Whether the advertise URL still has port 0 (nothing bound yet).
     pub(crate) fn awaiting_port(&self) -> bool {
         self.bound_advertise_url.get().is_none()
-            && crate::advertise::zero_port(&self.config.advertise_url).is_some()
+            && crate::plane::advertise::zero_port(&self.config.advertise_url).is_some()
     }
 
     /// The listener bound `port`: an advertise URL with port 0 takes it.
     /// Only the first call counts (the worker is served on one listener).
     pub(crate) fn listening_on(&self, port: u16) {
-        if let Some(url) = crate::advertise::with_port(&self.config.advertise_url, port) {
+        if let Some(url) = crate::plane::advertise::with_port(&self.config.advertise_url, port) {
             tracing::info!(advertise_url = %url, "advertising the bound port");
             let _ = self.bound_advertise_url.set(url);
         }

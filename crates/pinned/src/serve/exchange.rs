@@ -1,5 +1,5 @@
 //! Serving the worker's in-process cluster calls: the receiving half of
-//! the [`switchboard`](crate::switchboard), run by the worker over its
+//! the [`switchboard`](crate::plane::switchboard), run by the worker over its
 //! namespace table. A call goes through the target's own dispatch and
 //! admission, exactly as a request from the network.
 
@@ -7,13 +7,13 @@ use http::{HeaderValue, Request};
 use pinned_wire::{attestation, headers};
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch::dispatch;
-use crate::hosts::Hosts;
-use crate::switchboard::{Call, Exchange};
+use crate::plane::switchboard::{Call, Exchange};
+use crate::serve::dispatch::dispatch;
+use crate::serve::namespaces::Namespaces;
 
 /// Serves in-process calls for `hosts` until `stop` is cancelled or every
 /// sender is dropped.
-pub(crate) async fn serve(hosts: Hosts, mut exchange: Exchange, stop: CancellationToken) {
+pub(crate) async fn serve(hosts: Namespaces, mut exchange: Exchange, stop: CancellationToken) {
     loop {
         let call = tokio::select! {
             () = stop.cancelled() => return,
@@ -27,7 +27,7 @@ pub(crate) async fn serve(hosts: Hosts, mut exchange: Exchange, stop: Cancellati
 }
 
 /// Serves `call` in its own task, or hands it back.
-fn route(hosts: &Hosts, mut call: Call) {
+fn route(hosts: &Namespaces, mut call: Call) {
     let Some(target) = hosts.find(&call.ns) else {
         let request = std::mem::take(&mut call.request);
         call.answer(Err(request));

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::StatusCode;
 
-use crate::call::Scope;
+use crate::object::call::Scope;
 use crate::response::detail;
 
 /// Extracts application state `S` (given with

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-use super::HostShared;
+use super::Namespace;
 use crate::instance::{ActivationFuture, Id, Instance, Slot};
 
 /// One instance record. Shared as `Arc<Record>`.
@@ -23,7 +23,7 @@ use crate::instance::{ActivationFuture, Id, Instance, Slot};
 pub(crate) struct Record {
     /// The instance id; the namespace's map finds the record by it.
     pub(crate) id: Id,
-    pub(crate) host: Arc<HostShared>,
+    pub(crate) host: Arc<Namespace>,
     /// Insertion order, for `/_pinned/stats`.
     pub(crate) seq: u64,
     /// The instance's life.
@@ -48,7 +48,7 @@ impl Deref for Record {
 impl Record {
     /// A record in `Activating` holding `initial` in-flight entries (the
     /// requester's and the activation task's).
-    pub(crate) fn new(id: &str, host: Arc<HostShared>, seq: u64, initial: u64) -> Self {
+    pub(crate) fn new(id: &str, host: Arc<Namespace>, seq: u64, initial: u64) -> Self {
         let slot = Slot::new(host.elapsed_ms(), host.options.exclusive, initial);
         Self {
             id: Id::new(id),

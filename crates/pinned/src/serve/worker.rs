@@ -24,18 +24,18 @@ use subtle::ConstantTimeEq;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::config::Options;
 use crate::config_error::ConfigErrors;
-use crate::control::ControlPlane;
-use crate::directory::{DrainKind, Durability, HostParts, HostShared};
-use crate::dispatch::dispatch;
 use crate::durable::Durable;
-use crate::hosts::Hosts;
 use crate::metrics::Metrics;
-use crate::plane::{Plane, RegistrationState};
+use crate::namespace::{DrainKind, Durability, Namespace, NamespaceParts};
+use crate::plane::control::ControlPlane;
+use crate::plane::pinboard::{Plane, RegistrationState};
+use crate::plane::switchboard::{switchboard, Exchange};
 use crate::process::CpuProbe;
 use crate::response;
-use crate::switchboard::{switchboard, Exchange};
+use crate::serve::config::Options;
+use crate::serve::dispatch::dispatch;
+use crate::serve::namespaces::Namespaces;
 
 /// A process hosting pinned objects.
 ///
@@ -46,7 +46,7 @@ pub struct Worker {
 }
 
 pub(crate) struct Inner {
-    hosts: Hosts,
+    hosts: Namespaces,
     /// Authenticates `/_pinned/*` (the proxy secret) and signs the tokens
     /// of in-process cluster calls. In local mode only in-process callers
     /// know it.
@@ -66,7 +66,7 @@ pub(crate) struct Inner {
     /// `HOST` and `PORT` as configured, for [`serve`](crate::serve).
     bind: (String, u16),
     /// The deadlines and bounds [`serve`](crate::serve) holds clients to.
-    edge: crate::edge::EdgeSettings,
+    edge: crate::serve::edge::EdgeSettings,
     /// HTTPS for [`serve`](crate::serve) (`None`: plain HTTP).
     tls: Option<pinned_edge::tls::tokio_rustls::TlsAcceptor>,
     domain: crate::time::Domain,
@@ -133,11 +133,11 @@ impl Options {
         // token) when created; nothing is attached afterwards.
         let (switchboard, exchange) = switchboard();
         let stop = CancellationToken::new();
-        let hosts: Vec<Arc<HostShared>> = self
+        let hosts: Vec<Arc<Namespace>> = self
             .into_hosts()
             .into_iter()
             .map(|spec| {
-                Arc::new(HostShared::new(HostParts {
+                Arc::new(Namespace::new(NamespaceParts {
                     ns: Arc::from(spec.ns.as_str()),
                     options: spec.options,
                     lifecycle: spec.lifecycle,
@@ -159,7 +159,7 @@ impl Options {
             .collect();
         Ok(Worker {
             inner: Arc::new(Inner {
-                hosts: Hosts::new(hosts),
+                hosts: Namespaces::new(hosts),
                 secret,
                 control,
                 metrics,
@@ -247,12 +247,12 @@ impl Worker {
 
     /// The namespace table, for [`serve`](crate::serve)'s direct path to
     /// dispatch.
-    pub(crate) fn hosts(&self) -> Hosts {
+    pub(crate) fn hosts(&self) -> Namespaces {
         self.inner.hosts.clone()
     }
 
     /// The deadlines and bounds [`serve`](crate::serve) holds clients to.
-    pub(crate) fn edge_settings(&self) -> crate::edge::EdgeSettings {
+    pub(crate) fn edge_settings(&self) -> crate::serve::edge::EdgeSettings {
         self.inner.edge
     }
 
@@ -304,7 +304,7 @@ impl Worker {
             host.start();
         }
         if let Some(exchange) = self.inner.exchange.lock().take() {
-            self.inner.domain.spawn(crate::exchange::serve(
+            self.inner.domain.spawn(crate::serve::exchange::serve(
                 self.inner.hosts.clone(),
                 exchange,
                 self.inner.stop.token().clone(),

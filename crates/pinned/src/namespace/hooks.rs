@@ -21,10 +21,10 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::directory::Idle;
-use crate::directory::Record;
-use crate::directory::{panic_message, spawn_detached, HostShared};
 use crate::instance::Phase;
+use crate::namespace::Idle;
+use crate::namespace::Record;
+use crate::namespace::{panic_message, spawn_detached, Namespace};
 use crate::BoxError;
 
 /// Runs `hook` and hands its outcome to `then`, in place when it is ready
@@ -84,7 +84,7 @@ fn failed(slot: &Record, name: &'static str, error: &str) {
 /// whether to evict it. Asked once per idle period.
 pub(crate) fn idle(slot: &Arc<Record>) {
     let Some(instance) = slot.instance() else {
-        HostShared::close_if_idle(slot);
+        Namespace::close_if_idle(slot);
         return;
     };
     let activity = slot.activity_mark();
@@ -95,7 +95,7 @@ pub(crate) fn idle(slot: &Arc<Record>) {
     run(slot, "on_idle", hook, |slot, decision| match decision {
         Some(Idle::Keep) => {}
         // Evict, or the hook failed: the reference closes the instance.
-        Some(Idle::Evict) | None => HostShared::close_if_idle(slot),
+        Some(Idle::Evict) | None => Namespace::close_if_idle(slot),
     });
 }
 
@@ -112,7 +112,7 @@ pub(crate) fn wind_down(slot: &Arc<Record>, deadline: Option<Instant>) {
 }
 
 /// The worker's lease health changed: tell every live instance.
-pub(crate) fn lease_health(host: &HostShared, healthy: bool) {
+pub(crate) fn lease_health(host: &Namespace, healthy: bool) {
     let (hook, name) = if healthy {
         (host.lifecycle.on_restored, "on_restored")
     } else {
@@ -130,7 +130,7 @@ pub(crate) fn lease_health(host: &HostShared, healthy: bool) {
 /// Follows the lease's health for `host` until the lease is gone or the
 /// worker stops.
 pub(crate) async fn watch_lease(
-    host: Arc<HostShared>,
+    host: Arc<Namespace>,
     mut health: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {

@@ -15,9 +15,9 @@ use axum::response::Response;
 use http::{HeaderMap, HeaderValue, Request};
 use pinned_wire::headers;
 
-use crate::control::ControlPlane;
-use crate::plane::ClusterHost;
-use crate::switchboard::{Routed, Switchboard};
+use crate::plane::control::ControlPlane;
+use crate::plane::pinboard::ClusterHost;
+use crate::plane::switchboard::{Routed, Switchboard};
 
 /// Why a cluster call could not be made.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@
 //! 404/405 without creating, activating or placing anything. Then come the
 //! reference's checks in its order ([`gate`]: attestation 403, id 400,
 //! `Pinboard-Epoch` 400), then the directory's admission.
-//! [`dispatch`](crate::dispatch) only split the path and left a [`Pending`]
+//! [`dispatch`](crate::serve::dispatch) only split the path and left a [`Pending`]
 //! (as [`Routed::Pending`])
 //! in the request's extensions.
 
@@ -37,20 +37,20 @@ use tower::{Layer, Service};
 use tracing::Instrument;
 
 use crate::auth::AuthError;
-use crate::body::TrackedBody;
-use crate::call::NotAnInstanceRoute;
-use crate::call::{Call, Pending, Routed, Scope};
-use crate::directory::context::Context;
-use crate::directory::Record;
-use crate::directory::{panic_message, Admission, Attempt, Entered, HostShared};
+use crate::namespace::context::Context;
+use crate::namespace::Record;
+use crate::namespace::{panic_message, Admission, Attempt, Entered, Namespace};
+use crate::object::call::NotAnInstanceRoute;
+use crate::object::call::{Call, Pending, Routed, Scope};
 use crate::object::{Object, RouteState};
 use crate::response;
+use crate::serve::body::TrackedBody;
 
 /// A newer epoch was adopted: the owner tag goes with the placement.
-fn retag(slot: &Arc<crate::directory::Record>) {
+fn retag(slot: &Arc<crate::namespace::Record>) {
     let Some(tag) = slot.tag() else { return };
     let ctx = Context::new(slot.clone());
-    crate::directory::spawn_detached(&slot.host.domain, async move {
+    crate::namespace::spawn_detached(&slot.host.domain, async move {
         if let Err(error) = ctx.tag(&tag).await {
             tracing::warn!(namespace = %ctx.ns(), id = %ctx.id(), error = %pinned_edge::logging::Chain(&error), "cannot stamp the owner tag at the new epoch");
         }
@@ -100,7 +100,7 @@ impl IntoResponse for Refused {
 /// (required behind pinboard, read but optional in local mode), id,
 /// `Pinboard-Epoch`.
 pub(crate) fn gate<'a>(
-    host: &HostShared,
+    host: &Namespace,
     headers: &HeaderMap,
     raw_id: &'a str,
 ) -> Result<Passed<'a>, Refused> {
@@ -193,7 +193,7 @@ where
 
 /// The answer to a request whose handler panicked, logged in its span.
 fn panicked(
-    host: &HostShared,
+    host: &Namespace,
     slot: &Record,
     span: Option<&tracing::Span>,
     panic: &(dyn std::any::Any + Send),
@@ -315,7 +315,7 @@ pub(crate) fn admit<T: Object>(
             let ctx = Context::new(slot.clone());
             if let Err(refusal) = T::authorize(&ctx, &parts).await {
                 if let Entered::Activating(busy) = entered {
-                    HostShared::discard(busy);
+                    Namespace::discard(busy);
                 }
                 return Ok(match refusal {
                     AuthError::Denied(denial) => {
@@ -341,7 +341,7 @@ pub(crate) fn admit<T: Object>(
                 Entered::Live(busy, instance) => (busy, instance),
                 Entered::Activating(busy) => {
                     let in_span = span.clone().unwrap_or_else(tracing::Span::none);
-                    match HostShared::activation(busy).instrument(in_span).await {
+                    match Namespace::activation(busy).instrument(in_span).await {
                         Ok(activated) => activated,
                         Err(refused) => return Ok(admission_refused(refused)),
                     }

@@ -9,16 +9,16 @@
 //! sweeper owns the alarms of evicted ids.
 //!
 //! This module only answers policy questions and forwards calls; the
-//! registration loop itself lives in [`registration`](crate::registration)
-//! and the lease in [`lease`](crate::lease).
+//! registration loop itself lives in [`registration`](crate::plane::registration)
+//! and the lease in [`lease`](crate::plane::lease).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::lease::Lease;
-use crate::plane::Plane;
+use crate::plane::lease::Lease;
+use crate::plane::pinboard::Plane;
 
 /// The worker's placement mode (see the module docs).
 #[derive(Clone)]

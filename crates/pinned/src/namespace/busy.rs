@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::HostShared;
+use super::Namespace;
 use super::Record;
 use crate::instance::{Phase, Vacated};
 
@@ -29,7 +29,7 @@ impl Busy {
         &self.slot
     }
 
-    /// Leaves at `now_ms` (on the host's clock, [`HostShared::ms_at`]), a
+    /// Leaves at `now_ms` (on the host's clock, [`Namespace::ms_at`]), a
     /// time the caller has just worked out (a request's end, also observed
     /// by its duration histogram): the instance's activity is stamped with
     /// it instead of a clock read of its own.
@@ -43,7 +43,7 @@ impl Drop for Busy {
     fn drop(&mut self) {
         let now = (!self.stamped).then(|| self.slot.host.elapsed_ms());
         if let Some(vacated) = self.slot.leave(self.stream, now) {
-            HostShared::vacated(&self.slot, vacated);
+            Namespace::vacated(&self.slot, vacated);
         }
     }
 }
@@ -53,7 +53,7 @@ impl Drop for Busy {
 impl Record {
     /// Enters the instance: counts one in-flight entry unless it is closing.
     /// Returns the phase seen on entry (`Activating` or `Live`). `now_ms`
-    /// (on the host's clock, [`HostShared::ms_at`]) is when the request
+    /// (on the host's clock, [`Namespace::ms_at`]) is when the request
     /// arrived.
     pub(crate) fn enter(self: &Arc<Self>, now_ms: u64) -> Result<(Busy, Phase), Phase> {
         // Built before the phase is judged: on a refusal, dropping it undoes
@@ -99,9 +99,9 @@ impl Record {
     }
 }
 
-// === impl HostShared: acting on the last entry out ===
+// === impl Namespace: acting on the last entry out ===
 
-impl HostShared {
+impl Namespace {
     /// The last in-flight entry left `slot`.
     pub(super) fn vacated(slot: &Arc<Record>, vacated: Vacated) {
         match vacated {

@@ -14,12 +14,12 @@ use pinned_wire::ids;
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 
 use crate::config_error::{ConfigError, ConfigErrors};
-use crate::directory::Lifecycle;
-use crate::edge::EdgeSettings;
-use crate::host::HostOptions;
-use crate::lease::DEFAULT_LEASE_BUFFER;
+use crate::namespace::options::HostOptions;
+use crate::namespace::Lifecycle;
 use crate::object::Object;
-use crate::plane::{ClusterHost, Headroom, PlaneConfig, DEFAULT_HEARTBEAT_INTERVAL};
+use crate::plane::lease::DEFAULT_LEASE_BUFFER;
+use crate::plane::pinboard::{ClusterHost, Headroom, PlaneConfig, DEFAULT_HEARTBEAT_INTERVAL};
+use crate::serve::edge::EdgeSettings;
 use pinned_wire::registry::Takeover;
 
 /// Environment variable: the port [`serve`](crate::serve) binds (default 0,
@@ -114,7 +114,7 @@ pub struct Options {
     pub(crate) tls_key: Option<PathBuf>,
     /// Edge variables that did not parse, reported by `validate`.
     edge_variables: Vec<ConfigError>,
-    pub(crate) states: crate::directory::States,
+    pub(crate) states: crate::namespace::States,
     pub(crate) domain: crate::time::Domain,
 }
 
@@ -162,7 +162,7 @@ impl Options {
             tls_cert: None,
             tls_key: None,
             edge_variables: Vec::new(),
-            states: crate::directory::States::default(),
+            states: crate::namespace::States::default(),
             domain: crate::time::Domain::system(),
         }
     }
@@ -414,18 +414,18 @@ impl Options {
         self
     }
 
-    /// Hosts object `T` under namespace `ns` with default options.
+    /// Namespaces object `T` under namespace `ns` with default options.
     pub fn host<T: Object>(self, ns: &str) -> Self {
         self.host_with::<T>(ns, HostOptions::default())
     }
 
-    /// Hosts object `T` under namespace `ns`.
+    /// Namespaces object `T` under namespace `ns`.
     pub fn host_with<T: Object>(mut self, ns: &str, options: HostOptions) -> Self {
         self.hosts.push(HostSpec {
             ns: ns.to_owned(),
             options,
             lifecycle: crate::object::lifecycle::<T>(),
-            routes: crate::admit::routes::<T>,
+            routes: crate::serve::stack::routes::<T>,
             trays: std::sync::Arc::new(T::trays().into_declared()),
         });
         self
@@ -489,7 +489,7 @@ impl Options {
                 }
                 match self.advertise_url.as_deref() {
                     None | Some("") => errors.push(ConfigError::MissingAdvertiseUrl),
-                    Some(url) if !served && crate::advertise::zero_port(url).is_some() => {
+                    Some(url) if !served && crate::plane::advertise::zero_port(url).is_some() => {
                         errors.push(ConfigError::UnboundAdvertisePort(url.to_owned()));
                     }
                     Some(_) => {}
@@ -557,7 +557,7 @@ impl Options {
             headroom: self
                 .headroom
                 .clone()
-                .unwrap_or_else(|| std::sync::Arc::new(crate::headroom::default_headroom)),
+                .unwrap_or_else(|| std::sync::Arc::new(crate::plane::headroom::default_headroom)),
             pinboard_ca: self.pinboard_ca.clone(),
         })
     }

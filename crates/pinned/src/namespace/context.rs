@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
-use super::HostShared;
+use super::Namespace;
 use super::Record;
-use crate::cluster::Cluster;
 use crate::instance::Phase;
-use crate::instance_lease::{EvictionRequested, InstanceLease};
+use crate::plane::cluster::Cluster;
+use crate::plane::instance_lease::{EvictionRequested, InstanceLease};
 use crate::BoxError;
 
 /// Why [`Context::tag`] failed.
@@ -111,7 +111,7 @@ impl Context {
     /// `instance aborted`, background work is cancelled, then the `on_stop`
     /// handlers run.
     pub fn abort(&self) {
-        HostShared::abort(&self.slot);
+        Namespace::abort(&self.slot);
     }
 
     /// Runs `handler` when the instance closes, after its open work settled

@@ -5,14 +5,14 @@
 //! re-arm and stop timers, wake instances with pending work).
 //!
 //! Built once per namespace by the factory that builds the namespace (see
-//! [`HostParts`](super::HostParts)); a worker without a store hands none.
+//! [`NamespaceParts`](super::NamespaceParts)); a worker without a store hands none.
 
 use std::any::Any;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use super::{HostShared, Record};
+use super::{Namespace, Record};
 use crate::BoxError;
 
 /// The durable layer's side of one namespace.
@@ -26,7 +26,7 @@ pub(crate) trait Durability: Any + Send + Sync {
     fn resume<'a>(&'a self, record: &'a Arc<Record>) -> BoxFuture<'a, Result<(), BoxError>>;
 
     /// The instance went live: re-arm its stored timers.
-    fn activated(&self, host: &Arc<HostShared>, record: &Arc<Record>);
+    fn activated(&self, host: &Arc<Namespace>, record: &Arc<Record>);
 
     /// Teardown, once open work settled: close the trays (their close
     /// hooks run before the object's `on_stop`).
@@ -35,14 +35,14 @@ pub(crate) trait Durability: Any + Send + Sync {
     /// Teardown, after `on_stop`: land what the trays enlisted and take
     /// them off the record, and drop the id's timer unless this worker
     /// fires evicted alarms itself; true when tray work is still pending.
-    fn settle<'a>(&'a self, host: &'a HostShared, record: &'a Arc<Record>) -> BoxFuture<'a, bool>;
+    fn settle<'a>(&'a self, host: &'a Namespace, record: &'a Arc<Record>) -> BoxFuture<'a, bool>;
 
     /// Teardown, the record gone from the map: locally, wake the id again
     /// later when it left with work `pending`.
-    fn closed(&self, host: &Arc<HostShared>, id: &str, pending: bool);
+    fn closed(&self, host: &Arc<Namespace>, id: &str, pending: bool);
 
     /// The namespace started: wake the instances whose rows claim work.
-    fn started(&self, host: &Arc<HostShared>);
+    fn started(&self, host: &Arc<Namespace>);
 
     /// The namespace shut down: stop every timer.
     fn shut_down(&self);

@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 
-use crate::plane::{PendingRelease, Plane};
+use crate::plane::pinboard::{PendingRelease, Plane};
 use crate::time::Domain;
 
 /// The longest duration the worker takes from pinboard (a lease, a drain or
@@ -143,14 +143,14 @@ pub(crate) trait Commanded: Send + Sync {
 }
 
 /// The namespaces one registration loop commands, in declaration order.
-pub(crate) type Namespaces = Arc<[Arc<dyn Commanded>]>;
+pub(crate) type Commands = Arc<[Arc<dyn Commanded>]>;
 
 /// The registration loop: the plane's state plus the namespaces it acts
 /// on, handed over when the loop starts (the plane itself never points at
 /// the hosts).
 struct Registrar {
     plane: Arc<Plane>,
-    hosts: Namespaces,
+    hosts: Commands,
 }
 
 impl Registrar {
@@ -657,7 +657,7 @@ impl Plane {
     }
 
     /// Starts the loop (a no-op once superseded or already running).
-    pub(crate) fn start(self: &Arc<Self>, hosts: Namespaces) {
+    pub(crate) fn start(self: &Arc<Self>, hosts: Commands) {
         if self.superseded() {
             return;
         }

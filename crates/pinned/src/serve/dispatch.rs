@@ -5,7 +5,7 @@
 //! request id, tracing span or `Extension` reaches the handlers).
 //!
 //! Dispatch never decides lifecycle and never activates: the admission
-//! layer around the object's matched routes ([`admit`](crate::admit)) does,
+//! layer around the object's matched routes ([`admit`](crate::serve::stack)) does,
 //! so an unknown path or method is answered before any instance exists.
 
 use std::cell::{Cell, RefCell};
@@ -24,11 +24,11 @@ use http::{HeaderValue, StatusCode, Uri};
 use tokio::time::Instant;
 use tower::Service;
 
-use crate::admit::gate;
-use crate::call::{Pending, Routed};
-use crate::directory::HostShared;
 use crate::durable::entry;
+use crate::namespace::Namespace;
+use crate::object::call::{Pending, Routed};
 use crate::response;
+use crate::serve::stack::gate;
 
 /// The id segment and the path the object's routes see.
 pub(crate) struct Target<'a> {
@@ -71,7 +71,7 @@ const RECENT_REWRITES: usize = 4;
 /// connection's requests mostly repeat a handful of paths; a path with a
 /// query is rewritten afresh every time.
 ///
-/// One per connection ([`edge`](crate::edge)), never shared: no lock.
+/// One per connection ([`edge`](crate::serve::edge)), never shared: no lock.
 #[derive(Default)]
 pub(crate) struct Rewrites {
     recent: RefCell<[Option<PathAndQuery>; RECENT_REWRITES]>,
@@ -105,7 +105,7 @@ impl Rewrites {
 /// could race a request pinboard is sending on it. Closing after each
 /// answer leaves no idle connection to race. (A control-plane drain keeps
 /// connections: that process stays.)
-pub(crate) async fn dispatch(hosts: &[Arc<HostShared>], request: Request) -> Response {
+pub(crate) async fn dispatch(hosts: &[Arc<Namespace>], request: Request) -> Response {
     let Some(host) = host_of(hosts, request.uri().path()) else {
         return response::not_found();
     };
@@ -113,7 +113,7 @@ pub(crate) async fn dispatch(hosts: &[Arc<HostShared>], request: Request) -> Res
 }
 
 /// The hosted namespace `path` is under, if any.
-pub(crate) fn host_of<'h>(hosts: &'h [Arc<HostShared>], path: &str) -> Option<&'h Arc<HostShared>> {
+pub(crate) fn host_of<'h>(hosts: &'h [Arc<Namespace>], path: &str) -> Option<&'h Arc<Namespace>> {
     hosts.iter().find(|host| {
         path.strip_prefix(&*host.ns)
             .is_some_and(|after| after.starts_with('/'))
@@ -134,12 +134,12 @@ pin_project_lite::pin_project! {
         Routed {
             #[pin]
             future: RouteFuture<Infallible>,
-            host: Arc<HostShared>,
+            host: Arc<Namespace>,
         },
         /// pinboard's entry points (`_alarm`, `_wake`): rare, boxed.
         Durable {
             future: BoxFuture<'static, Response>,
-            host: Arc<HostShared>,
+            host: Arc<Namespace>,
         },
         /// Answered at once (taken when polled).
         Ready { response: Option<Response> },
@@ -168,7 +168,7 @@ impl Future for Routing {
 
 /// `response`, with `Connection: close` during the worker's own drain (see
 /// [`dispatch`]).
-fn closing(host: &HostShared, mut response: Response) -> Response {
+fn closing(host: &Namespace, mut response: Response) -> Response {
     if host.leaving() {
         response
             .headers_mut()
@@ -184,7 +184,7 @@ fn closing(host: &HostShared, mut response: Response) -> Response {
 /// called here, synchronously; the returned future only runs what that
 /// router started.
 pub(crate) fn route(
-    host: &Arc<HostShared>,
+    host: &Arc<Namespace>,
     request: Request,
     started: Instant,
     rewrites: Option<&Rewrites>,
@@ -238,7 +238,7 @@ pub(crate) fn route(
 }
 
 /// pinboard's `_alarm` and `_wake` for the request whose head is `parts`.
-async fn durable_entry(host: Arc<HostShared>, parts: http::request::Parts) -> Response {
+async fn durable_entry(host: Arc<Namespace>, parts: http::request::Parts) -> Response {
     let target = target(&host.ns, parts.uri.path());
     if target.rest == "/_alarm" {
         return entry::alarm(&host, &parts, target.raw_id).await;
