@@ -1,63 +1,32 @@
 //! The per-request [`Call`]: which instance serves it, who called, and at
 //! which placement epoch it was admitted.
 
-use std::sync::Arc;
-
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::StatusCode;
 use pinned_wire::attestation::Caller;
-use tokio::time::Instant;
 
 use crate::instance::Instance;
 use crate::namespace::context::Context;
-use crate::namespace::Namespace;
 use crate::plane::cluster::Cluster;
 use crate::response::detail;
 
-/// What admission attaches to every request it hands to an instance's
-/// handler.
+/// What the request stack hands a request it admitted: the request's
+/// [`Call`] and the object's state, the one value an instance route's
+/// extractors ([`Call`], [`Context`], [`This`](crate::This),
+/// [`State`](crate::State), the WebSocket upgrade) read.
 #[derive(Clone)]
-pub(crate) struct Scope {
+pub(crate) struct Admitted {
     pub(crate) call: Call,
     pub(crate) instance: Instance,
 }
 
-impl Scope {
-    /// The scope a request was admitted with.
-    pub(crate) fn of(extensions: &http::Extensions) -> Option<&Scope> {
-        match extensions.get::<Routed>()? {
-            Routed::Admitted(scope) => Some(scope),
-            Routed::Pending(_) | Routed::Taken => None,
-        }
+impl Admitted {
+    /// What the request was admitted with, if it was.
+    pub(crate) fn of(extensions: &http::Extensions) -> Option<&Admitted> {
+        extensions.get::<Admitted>()
     }
-}
-
-/// What dispatch established about a request before routing it: which
-/// namespace and which (still unchecked) id segment it is for.
-#[derive(Clone)]
-pub(crate) struct Pending {
-    pub(crate) host: Arc<Namespace>,
-    /// Where the raw id segment lies in the path of the request's
-    /// [`OriginalUri`] (set by dispatch, which axum's router leaves as it
-    /// is), so no id is copied before the gate decodes it.
-    pub(crate) id_at: std::ops::Range<usize>,
-    pub(crate) started: Instant,
-}
-
-/// The one extension a request under a namespace carries into the
-/// instance's routes: what dispatch found until admission takes it, then
-/// the admitted [`Scope`]. One entry, changed in place: each extension
-/// inserted on the hot path is an allocation and a hash insert.
-#[derive(Clone)]
-pub(crate) enum Routed {
-    /// Split by dispatch, not yet admitted.
-    Pending(Pending),
-    /// Taken by admission, which is deciding.
-    Taken,
-    /// Admitted.
-    Admitted(Scope),
 }
 
 /// The request's view of its instance, extracted in handlers:
@@ -117,8 +86,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Call {
     type Rejection = NotAnInstanceRoute;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Scope::of(&parts.extensions)
-            .map(|scope| scope.call.clone())
+        Admitted::of(&parts.extensions)
+            .map(|admitted| admitted.call.clone())
             .ok_or(NotAnInstanceRoute("pinned::Call"))
     }
 }
@@ -127,8 +96,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
     type Rejection = NotAnInstanceRoute;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Scope::of(&parts.extensions)
-            .map(|scope| scope.call.ctx.clone())
+        Admitted::of(&parts.extensions)
+            .map(|admitted| admitted.call.ctx.clone())
             .ok_or(NotAnInstanceRoute("pinned::Context"))
     }
 }

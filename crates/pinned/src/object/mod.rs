@@ -33,7 +33,7 @@ use http::request::Parts;
 use crate::instance::Instance;
 use crate::namespace::context::Context;
 use crate::namespace::{Idle, Lifecycle, Record};
-use crate::object::call::{NotAnInstanceRoute, Scope};
+use crate::object::call::{Admitted, NotAnInstanceRoute};
 use crate::BoxError;
 
 /// A durable object: state built per id on first request, routes built once
@@ -305,8 +305,8 @@ impl<T: Object> FromRequestParts<RouteState<T>> for This<T> {
         parts: &mut Parts,
         _state: &RouteState<T>,
     ) -> Result<Self, Self::Rejection> {
-        Scope::of(&parts.extensions)
-            .and_then(|scope| scope.instance.clone().downcast::<T>().ok())
+        Admitted::of(&parts.extensions)
+            .and_then(|admitted| admitted.instance.clone().downcast::<T>().ok())
             .map(This)
             .ok_or(NotAnInstanceRoute(std::any::type_name::<Self>()))
     }

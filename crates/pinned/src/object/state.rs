@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::StatusCode;
 
-use crate::object::call::Scope;
+use crate::object::call::Admitted;
 use crate::response::detail;
 
 /// Extracts application state `S` (given with
@@ -87,8 +87,8 @@ where
     type Rejection = MissingState;
 
     async fn from_request_parts(parts: &mut Parts, _state: &R) -> Result<Self, Self::Rejection> {
-        Scope::of(&parts.extensions)
-            .and_then(|scope| scope.call.ctx.state::<S>())
+        Admitted::of(&parts.extensions)
+            .and_then(|admitted| admitted.call.ctx.state::<S>())
             .map(State)
             .ok_or(MissingState(std::any::type_name::<S>()))
     }

@@ -42,8 +42,8 @@ use parking_lot::Mutex;
 pub use axum::extract::ws::{CloseFrame, Message, Utf8Bytes};
 
 use crate::namespace::Record;
+use crate::object::call::Admitted;
 use crate::object::call::NotAnInstanceRoute;
-use crate::object::call::Scope;
 
 /// Close code sent to sockets still open when their instance is aborted.
 pub const CLOSE_GOING_AWAY: u16 = 1001;
@@ -70,8 +70,8 @@ impl<S: Send + Sync> FromRequestParts<S> for WebSocketUpgrade {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let slot = Scope::of(&parts.extensions)
-            .map(|scope| scope.call.ctx.slot().clone())
+        let slot = Admitted::of(&parts.extensions)
+            .map(|admitted| admitted.call.ctx.slot().clone())
             .ok_or_else(|| NotAnInstanceRoute("pinned::ws::WebSocketUpgrade").into_response())?;
         let inner = axum_ws::WebSocketUpgrade::from_request_parts(parts, state)
             .await

@@ -21,38 +21,12 @@ use axum::routing::future::RouteFuture;
 use futures_util::future::BoxFuture;
 use http::uri::PathAndQuery;
 use http::{HeaderValue, StatusCode, Uri};
-use tokio::time::Instant;
 use tower::Service;
 
 use crate::durable::entry;
 use crate::namespace::Namespace;
-use crate::object::call::{Pending, Routed};
 use crate::response;
-use crate::serve::stack::gate;
-
-/// The id segment and the path the object's routes see.
-pub(crate) struct Target<'a> {
-    pub(crate) raw_id: &'a str,
-    pub(crate) rest: &'a str,
-}
-
-/// Splits `/<ns>/<id><rest>`; the route guarantees the `/<ns>/` prefix.
-pub(crate) fn target<'a>(ns: &str, path: &'a str) -> Target<'a> {
-    let after = path
-        .strip_prefix(ns)
-        .and_then(|after| after.strip_prefix('/'))
-        .unwrap_or("");
-    match after.find('/') {
-        Some(slash) => Target {
-            raw_id: &after[..slash],
-            rest: &after[slash..],
-        },
-        None => Target {
-            raw_id: after,
-            rest: "/",
-        },
-    }
-}
+use crate::serve::stack::{gate, target};
 
 fn rewrite(rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri> {
     match query {
@@ -109,7 +83,7 @@ pub(crate) async fn dispatch(hosts: &[Arc<Namespace>], request: Request) -> Resp
     let Some(host) = host_of(hosts, request.uri().path()) else {
         return response::not_found();
     };
-    route(host, request, Instant::now(), None).await
+    route(host, request, None).await
 }
 
 /// The hosted namespace `path` is under, if any.
@@ -177,16 +151,14 @@ fn closing(host: &Namespace, mut response: Response) -> Response {
     response
 }
 
-/// [`dispatch`] for a request already known to be under `host`'s namespace,
-/// which arrived at `started` (its duration is measured from there, and
-/// the instance's activity stamped with it): the path split and rewritten
+/// [`dispatch`] for a request already known to be under `host`'s namespace:
+/// the path split and rewritten
 /// (with the connection's `rewrites`, if any) and the object's router
 /// called here, synchronously; the returned future only runs what that
 /// router started.
 pub(crate) fn route(
     host: &Arc<Namespace>,
     request: Request,
-    started: Instant,
     rewrites: Option<&Rewrites>,
 ) -> Routing {
     let (mut parts, body) = request.into_parts();
@@ -213,22 +185,14 @@ pub(crate) fn route(
             };
         }
     };
-    // `target` split `/<ns>/<id><rest>`: the id starts after `/<ns>/`.
-    let id_start = host.ns.len() + 1;
-    let id_at = id_start..id_start + target.raw_id.len();
     let original = std::mem::replace(&mut parts.uri, uri);
     // axum's `OriginalUri` is the URI the client sent, `/<ns>/<id>…`, as
     // through `Worker::router()`. Set here, it is a refcount on the bytes
-    // hyper parsed; left to axum, a copy of the rewritten one. Admission
+    // hyper parsed; left to axum, a copy of the rewritten one. The stack
     // reads the id from it.
     parts
         .extensions
         .insert(axum::extract::OriginalUri(original));
-    parts.extensions.insert(Routed::Pending(Pending {
-        host: host.clone(),
-        id_at,
-        started,
-    }));
     // The router is always ready (axum's `poll_ready` answers at once).
     let future = host.router.clone().call(Request::from_parts(parts, body));
     Routing::Routed {

@@ -50,7 +50,6 @@ use pinned_edge::{cap, defaults};
 use prometheus_client::metrics::counter::Counter;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -196,9 +195,7 @@ pub(crate) async fn serve(
         let extensions = request_extensions(peer);
         let rewrites = dispatch::Rewrites::default();
         let service = service_fn(move |mut request: hyper::Request<Incoming>| {
-            // The head's mark is the request's start: dispatch times the
-            // request and stamps the instance with it, no clock read of its own.
-            let (busy, head) = requests.begin_request_at();
+            let busy = requests.begin_request();
             let mut first = extensions.clone();
             // Whatever hyper put there itself (the `OnUpgrade` of an
             // upgrade request) is kept.
@@ -211,12 +208,7 @@ pub(crate) async fn serve(
             // object's routes started (no copy of the request held beside).
             let request = request.map(Body::new);
             let response = match dispatch::host_of(&hosts, request.uri().path()) {
-                Some(host) => Either::Left(dispatch::route(
-                    host,
-                    request,
-                    head.unwrap_or_else(Instant::now),
-                    Some(&rewrites),
-                )),
+                Some(host) => Either::Left(dispatch::route(host, request, Some(&rewrites))),
                 None => {
                     Either::Right(app.clone().oneshot(request).map(|answered| match answered {
                         Ok(response) => response,

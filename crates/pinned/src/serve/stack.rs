@@ -1,23 +1,40 @@
-//! Admission: the layer around every matched route of an object. It enters
-//! the instance (activating it on a cold id), takes the exclusive turn,
-//! runs the handler raced against the instance's abort and shielded from
-//! panics, and keeps a streaming answer's instance in flight.
+//! The request stack: what stands between a matched route of an object and
+//! its handler, assembled in one place ([`routes`]) and run as one
+//! coroutine ([`serve`]), in this order, each step for one reason:
 //!
-//! It is applied with `Router::route_layer`, so it only ever runs for a
-//! path and method the object has a route for: an unknown route answers
-//! 404/405 without creating, activating or placing anything. Then come the
-//! reference's checks in its order ([`gate`]: attestation 403, id 400,
-//! `Pinboard-Epoch` 400), then the directory's admission.
-//! [`dispatch`](crate::serve::dispatch) only split the path and left a [`Pending`]
-//! (as [`Routed::Pending`])
-//! in the request's extensions.
+//! 1. **gate**: the reference's checks in its order (attestation 403, id
+//!    400, `Pinboard-Epoch` 400), before any instance exists for a request
+//!    that would be refused anyway;
+//! 2. **admission guard**: the namespace enters (or creates) the instance's
+//!    record, and the entry keeps it in flight until the answer leaves,
+//!    so nothing evicts an instance under a request;
+//! 3. **authorization**: the object's `authorize` on every request, before
+//!    a cold instance activates (a denied cold request leaves nothing
+//!    behind); then the activation, once per id, awaited by every request
+//!    that needs it;
+//! 4. **turn**: an exclusive object serves one request at a time;
+//! 5. **shield**: the handler raced against the instance's abort (an
+//!    evicted instance answers 503, never a handler that runs on) and its
+//!    panics caught (500, the worker lives on);
+//! 6. the **handler**, with the typed [`Admitted`] value its extractors read.
+//!
+//! The stack runs only around a route the object has (`route_layer`): an
+//! unknown path or method answers 404/405 without creating, activating or
+//! placing anything. [`dispatch`](crate::serve::dispatch) only split the
+//! path.
+//!
+//! Two fusions keep a warm request as cheap as a bare axum one: the gate
+//! and the admission guard are one synchronous step (a separate future per
+//! step cost about 500 instructions a warm request), and the rare waits (a
+//! record that is closing, a cold activation) are boxed, so the state kept
+//! for a warm request is the request once plus the handler's future.
 
 use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context as TaskContext, Poll};
 
 use axum::body::Body;
@@ -40,8 +57,7 @@ use crate::auth::AuthError;
 use crate::namespace::context::Context;
 use crate::namespace::Record;
 use crate::namespace::{panic_message, Admission, Attempt, Entered, Namespace};
-use crate::object::call::NotAnInstanceRoute;
-use crate::object::call::{Call, Pending, Routed, Scope};
+use crate::object::call::{Admitted, Call};
 use crate::object::{Object, RouteState};
 use crate::response;
 use crate::serve::body::TrackedBody;
@@ -61,6 +77,30 @@ fn admission_refused(refused: Admission) -> Response {
     match refused {
         Admission::Refused(refusal) => response::refusal(refusal),
         Admission::ActivationFailed | Admission::ShutDown => response::internal_error(),
+    }
+}
+
+/// The id segment and the path the object's routes see.
+pub(crate) struct Target<'a> {
+    pub(crate) raw_id: &'a str,
+    pub(crate) rest: &'a str,
+}
+
+/// Splits `/<ns>/<id><rest>`; the route guarantees the `/<ns>/` prefix.
+pub(crate) fn target<'a>(ns: &str, path: &'a str) -> Target<'a> {
+    let after = path
+        .strip_prefix(ns)
+        .and_then(|after| after.strip_prefix('/'))
+        .unwrap_or("");
+    match after.find('/') {
+        Some(slash) => Target {
+            raw_id: &after[..slash],
+            rest: &after[slash..],
+        },
+        None => Target {
+            raw_id: after,
+            rest: "/",
+        },
     }
 }
 
@@ -142,39 +182,44 @@ pub(crate) fn gate<'a>(
     })
 }
 
-/// The admission layer of an object's routes (see the module docs), made
-/// from its admission function: `AdmitLayer(admit::<T>)` for object `T`.
+/// The stack as a tower layer over each of an object's routes, made from
+/// the namespace it serves (held weakly: the namespace holds its router)
+/// and the stack's coroutine: `StackLayer { ns, serve: serve::<T> }`.
 ///
 /// It carries that function (a zero-sized fn item) rather than naming `T`:
 /// the service's future is then the function's own return type, named
-/// through `F`, so axum's route puts the admission coroutine in the one box
-/// it allocates for every route future, not a second box of its own (an
-/// allocation, a free and an indirect poll per request).
-#[derive(Clone, Copy)]
-pub(crate) struct AdmitLayer<F>(pub(crate) F);
+/// through `F`, so axum's route puts the coroutine in the one box it
+/// allocates for every route future, not a second box of its own.
+#[derive(Clone)]
+pub(crate) struct StackLayer<F> {
+    ns: Weak<Namespace>,
+    serve: F,
+}
 
-impl<S, F: Clone> Layer<S> for AdmitLayer<F> {
-    type Service = Admit<S, F>;
+impl<S, F: Clone> Layer<S> for StackLayer<F> {
+    type Service = Stack<S, F>;
 
-    fn layer(&self, inner: S) -> Admit<S, F> {
-        Admit {
+    fn layer(&self, inner: S) -> Stack<S, F> {
+        Stack {
             inner,
-            admit: self.0.clone(),
+            ns: self.ns.clone(),
+            serve: self.serve.clone(),
         }
     }
 }
 
-/// One matched route of an object, wrapped by [`AdmitLayer`].
+/// One matched route of an object behind the stack.
 #[derive(Clone)]
-pub(crate) struct Admit<S, F> {
+pub(crate) struct Stack<S, F> {
     inner: S,
-    admit: F,
+    ns: Weak<Namespace>,
+    serve: F,
 }
 
-impl<S, F, Fut> Service<Request> for Admit<S, F>
+impl<S, F, Fut> Service<Request> for Stack<S, F>
 where
     S: Clone,
-    F: Fn(S, Parts, Body) -> Fut,
+    F: Fn(Option<Arc<Namespace>>, S, Parts, Body) -> Fut,
     Fut: Future<Output = Result<Response, Infallible>>,
 {
     type Response = Response;
@@ -187,8 +232,45 @@ where
 
     fn call(&mut self, request: Request) -> Fut {
         let (parts, body) = request.into_parts();
-        (self.admit)(self.inner.clone(), parts, body)
+        (self.serve)(self.ns.upgrade(), self.inner.clone(), parts, body)
     }
+}
+
+/// What the fused gate and admission guard let through: the instance
+/// entered, and what the gate learnt.
+struct Entry<'a> {
+    entered: Attempt,
+    id: Cow<'a, str>,
+    epoch: Option<u64>,
+    caller: Option<Caller>,
+    depth: i64,
+}
+
+/// Steps 1 and 2, fused (one synchronous step, see the module docs): the
+/// gate on the request's head, then one attempt to enter instance `id` at
+/// `arrived` (the namespace's milliseconds).
+fn gate_and_enter<'a>(
+    ns: &Arc<Namespace>,
+    headers: &HeaderMap,
+    raw_id: &'a str,
+    arrived: u64,
+) -> Result<Entry<'a>, Response> {
+    let Passed {
+        id,
+        epoch,
+        caller,
+        depth,
+    } = gate(ns, headers, raw_id).map_err(IntoResponse::into_response)?;
+    let entered = ns
+        .try_admit(&id, epoch, arrived)
+        .map_err(admission_refused)?;
+    Ok(Entry {
+        entered,
+        id,
+        epoch,
+        caller,
+        depth,
+    })
 }
 
 /// The answer to a request whose handler panicked, logged in its span.
@@ -213,17 +295,7 @@ fn panicked(
     response::internal_error()
 }
 
-/// What dispatch left in the request's extensions, taken (the entry stays,
-/// as [`Routed::Taken`], for the admitted scope to replace).
-fn take_pending(parts: &mut Parts) -> Option<Pending> {
-    let routed = parts.extensions.get_mut::<Routed>()?;
-    match std::mem::replace(routed, Routed::Taken) {
-        Routed::Pending(pending) => Some(pending),
-        Routed::Taken | Routed::Admitted(_) => None,
-    }
-}
-
-/// The request span (see [`admit`]): at debug, as tower-http's, so at the
+/// The request span (see [`serve`]): at debug, as tower-http's, so at the
 /// usual `info` a handler's lines carry the instance span alone. With
 /// nothing listening at `info` there is none, not even a disabled one: no
 /// span is cloned, entered on every poll, or dropped.
@@ -240,69 +312,62 @@ fn request_span(slot: &Record, parts: &Parts) -> Option<tracing::Span> {
     }
 }
 
-/// One request through admission: the checks in the reference's order,
-/// the directory's admission, the object's authorization, then (in the
-/// request's span) the activation when needed, the exclusive turn, and the
-/// handler raced against the instance's abort and shielded from panics.
+/// One request through the stack (see the module docs for its steps).
 ///
 /// One coroutine with the request's parts captured in place, no future
 /// nested in another: the state (in the box axum's route allocates, see
-/// [`AdmitLayer`]) is the request once plus the handler's future, `inner`'s
-/// own (a nested future would carry a second copy of the
-/// request, every byte of it copied as it is moved in, and push the box
-/// past the allocator's per-thread cache). The request's parts are lent
-/// to authorization where they lie and moved out only into the handler.
+/// [`StackLayer`]) is the request once plus the handler's future, `inner`'s
+/// own (a nested future would carry a second copy of the request, every
+/// byte of it copied as it is moved in). The request's parts are lent to
+/// authorization where they lie and moved out only into the handler.
 #[allow(clippy::manual_async_fn)] // an `async fn` would copy its arguments into the coroutine again
-pub(crate) fn admit<T: Object>(
+pub(crate) fn serve<T: Object>(
+    ns: Option<Arc<Namespace>>,
     mut inner: Route,
     mut parts: Parts,
     body: Body,
 ) -> impl Future<Output = Result<Response, Infallible>> + Send {
-    // The phases are blocks: a local's storage stays reserved until its
-    // scope ends, also once moved from, so what a phase needs is scoped to
+    // The steps are blocks: a local's storage stays reserved until its
+    // scope ends, also once moved from, so what a step needs is scoped to
     // it and only its results are kept beside the handler's future.
     async move {
-        let (host, started, slot, span, entry) = {
-            let (host, started, entered, epoch, caller, depth) = {
-                let Some(Pending {
-                    host,
-                    id_at,
-                    started,
-                }) = take_pending(&mut parts)
-                else {
-                    return Ok(NotAnInstanceRoute("an object's routes").into_response());
-                };
-                // The arrival on the host's clock: the entry's activity
-                // stamp.
-                let arrived = host.ms_at(started);
+        // The request's start: its duration and the instance's activity.
+        let started = Instant::now();
+        let Some(host) = ns else {
+            // The worker was dropped while a connection still routed here.
+            return Ok(response::internal_error());
+        };
+        let (slot, span, entry) = {
+            // 1 and 2: the gate, then the admission guard.
+            let (entered, epoch, caller, depth) = {
                 let raw_id = parts
                     .extensions
                     .get::<OriginalUri>()
-                    .and_then(|OriginalUri(original)| original.path().get(id_at))
-                    .unwrap_or_default();
-                let Passed {
+                    .map_or("", |OriginalUri(original)| {
+                        target(&host.ns, original.path()).raw_id
+                    });
+                let Entry {
+                    entered,
                     id,
                     epoch,
                     caller,
                     depth,
-                } = match gate(&host, &parts.headers, raw_id) {
-                    Ok(passed) => passed,
-                    Err(refused) => return Ok(refused.into_response()),
+                } = match gate_and_enter(&host, &parts.headers, raw_id, host.ms_at(started)) {
+                    Ok(entry) => entry,
+                    Err(refused) => return Ok(refused),
                 };
-                // A resident or new id is entered without waiting; only a
-                // record that is closing is waited out (boxed: that rare
-                // wait would otherwise size every request's state).
-                let entered = match host.try_admit(&id, epoch, arrived) {
-                    Ok(Attempt::Entered(entered)) => entered,
-                    Ok(Attempt::Closing(slot)) => {
+                // Only a record that is closing is waited out (boxed: that
+                // rare wait would otherwise size every request's state).
+                let entered = match entered {
+                    Attempt::Entered(entered) => entered,
+                    Attempt::Closing(slot) => {
                         match Box::pin(host.enter_after(slot, &id, epoch)).await {
                             Ok(entered) => entered,
                             Err(refused) => return Ok(admission_refused(refused)),
                         }
                     }
-                    Err(refused) => return Ok(admission_refused(refused)),
                 };
-                (host, started, entered, epoch, caller, depth)
+                (entered, epoch, caller, depth)
             };
             let slot = entered.slot().clone();
             if let Some(epoch) = epoch {
@@ -310,7 +375,7 @@ pub(crate) fn admit<T: Object>(
                     retag(&slot);
                 }
             }
-            // App authorization: on the constructed record, before a cold
+            // 3: authorization, on the constructed record, before a cold
             // instance activates, on every request.
             let ctx = Context::new(slot.clone());
             if let Err(refusal) = T::authorize(&ctx, &parts).await {
@@ -337,24 +402,23 @@ pub(crate) fn admit<T: Object>(
             };
             let span = request_span(&slot, &parts);
             // From here on in the request's span.
+            // Then the activation, boxed: only a cold request waits for it.
             let (entry, instance) = match entered {
                 Entered::Live(busy, instance) => (busy, instance),
                 Entered::Activating(busy) => {
                     let in_span = span.clone().unwrap_or_else(tracing::Span::none);
-                    match Namespace::activation(busy).instrument(in_span).await {
+                    match Box::pin(Namespace::activation(busy).instrument(in_span)).await {
                         Ok(activated) => activated,
                         Err(refused) => return Ok(admission_refused(refused)),
                     }
                 }
             };
-            // The entry was found above and left `Taken`; nothing between
-            // could remove it (authorization sees the parts by reference).
-            if let Some(routed) = parts.extensions.get_mut::<Routed>() {
-                *routed = Routed::Admitted(Scope { call, instance });
-            }
-            (host, started, slot, span, entry)
+            // What the handler's extractors read: one typed value.
+            parts.extensions.insert(Admitted { call, instance });
+            (slot, span, entry)
         };
 
+        // 4: the turn of an exclusive object, raced against the abort.
         let mut cancelled = pin!(slot.cancelled());
         let _turn = match &slot.turn {
             None => None,
@@ -374,7 +438,7 @@ pub(crate) fn admit<T: Object>(
                 }
             }
         };
-        // The handler is polled first: one that answers at once never
+        // 5: the shield. The handler is polled first: one that answers at once never
         // registers with the abort's notifier (a lock and a list insert per
         // request). An abort signalled before it starts is caught here.
         if slot.is_cancelled() {
@@ -424,16 +488,22 @@ pub(crate) fn admit<T: Object>(
     }
 }
 
-/// `T`'s routes as the worker serves them: every matched route behind the
-/// admission layer; an unknown path or method answered by the reference's
-/// 404/405 without reaching it (so nothing is activated for it).
-pub(crate) fn routes<T: Object>() -> Router {
+/// `T`'s routes as the worker serves them, for namespace `ns`: the one
+/// place the request stack is assembled.
+pub(crate) fn routes<T: Object>(ns: Weak<Namespace>) -> Router {
     let routes = T::routes();
     let routes = if routes.has_routes() {
-        routes.route_layer(AdmitLayer(admit::<T>))
+        // Around each matched route only (see the module docs): the
+        // stack's steps run in `serve`, in order.
+        routes.route_layer(StackLayer {
+            ns,
+            serve: serve::<T>,
+        })
     } else {
         routes
     };
+    // An unknown method or path: the reference framework's 405 and 404,
+    // before any instance exists.
     routes
         .method_not_allowed_fallback(|| async { crate::response::method_not_allowed() })
         .fallback(|| async { crate::response::not_found() })

@@ -137,24 +137,28 @@ impl Options {
             .into_hosts()
             .into_iter()
             .map(|spec| {
-                Arc::new(Namespace::new(NamespaceParts {
-                    ns: Arc::from(spec.ns.as_str()),
-                    options: spec.options,
-                    lifecycle: spec.lifecycle,
-                    router: (spec.routes)(),
-                    durable: store.clone().map(|store| {
-                        Arc::new(Durable::new(store, spec.trays)) as Arc<dyn Durability>
-                    }),
-                    metrics: metrics.clone(),
-                    local_aud: domain.random_hex(16),
-                    secret: secret.clone(),
-                    control: control.clone(),
-                    store: store.clone(),
-                    states: states.clone(),
-                    domain: domain.clone(),
-                    switchboard: switchboard.clone(),
-                    stop: stop.clone(),
-                }))
+                // The namespace's router holds it weakly (its stack serves
+                // that namespace), so it is built with the namespace.
+                Arc::new_cyclic(|ns| {
+                    Namespace::new(NamespaceParts {
+                        ns: Arc::from(spec.ns.as_str()),
+                        options: spec.options,
+                        lifecycle: spec.lifecycle,
+                        router: (spec.routes)(ns.clone()),
+                        durable: store.clone().map(|store| {
+                            Arc::new(Durable::new(store, spec.trays)) as Arc<dyn Durability>
+                        }),
+                        metrics: metrics.clone(),
+                        local_aud: domain.random_hex(16),
+                        secret: secret.clone(),
+                        control: control.clone(),
+                        store: store.clone(),
+                        states: states.clone(),
+                        domain: domain.clone(),
+                        switchboard: switchboard.clone(),
+                        stop: stop.clone(),
+                    })
+                })
             })
             .collect();
         Ok(Worker {
