@@ -1,7 +1,7 @@
-//! The instance's life as a state machine: its phase, what keeps it in
+//! The instance's life as a state machine: its stage, what keeps it in
 //! flight, its abort signal, its activity stamps and its turns.
 //!
-//! The phase and the in-flight count share one atomic word, so "is it idle?"
+//! The stage and the in-flight count share one atomic word, so "is it idle?"
 //! and "may a request still enter?" are decided by a single compare-and-swap:
 //! the idle sweeper moves `(Live, 0)` to `(Closing, 0)` and a request that
 //! raced it sees `Closing` on entry and backs out.
@@ -55,10 +55,10 @@ pub(crate) type ActivationFuture = Shared<BoxFuture<'static, Activation>>;
 /// A registered `on_stop` handler.
 pub(crate) type StopHook = Box<dyn FnOnce() -> BoxFuture<'static, Result<(), BoxError>> + Send>;
 
-/// The lifecycle phase, stored in the high half of [`Slot::state`].
+/// The lifecycle stage, stored in the high half of [`Slot::state`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u64)]
-pub(crate) enum Phase {
+pub(crate) enum Stage {
     /// Constructed; the object's `activate` is running.
     Activating = 0,
     /// Serving requests.
@@ -73,12 +73,12 @@ const PHASE_SHIFT: u32 = 32;
 const COUNT_MASK: u64 = u32::MAX as u64;
 const NO_EPOCH: u64 = u64::MAX;
 
-fn phase_of(word: u64) -> Phase {
+fn stage_of(word: u64) -> Stage {
     match word >> PHASE_SHIFT {
-        0 => Phase::Activating,
-        1 => Phase::Live,
-        2 => Phase::Closing,
-        _ => Phase::Closed,
+        0 => Stage::Activating,
+        1 => Stage::Live,
+        2 => Stage::Closing,
+        _ => Stage::Closed,
     }
 }
 
@@ -86,7 +86,7 @@ fn count_of(word: u64) -> u64 {
     word & COUNT_MASK
 }
 
-fn word(phase: Phase, count: u64) -> u64 {
+fn word(phase: Stage, count: u64) -> u64 {
     ((phase as u64) << PHASE_SHIFT) | count
 }
 
@@ -96,12 +96,12 @@ fn vacated(old: u64) -> Option<Vacated> {
     if count_of(old) != 1 {
         return None;
     }
-    match phase_of(old) {
-        Phase::Closing | Phase::Closed => Some(Vacated::Settled),
-        Phase::Live => Some(Vacated::Idle),
+    match stage_of(old) {
+        Stage::Closing | Stage::Closed => Some(Vacated::Settled),
+        Stage::Live => Some(Vacated::Idle),
         // The activation task holds an entry until it ends; its own exit
         // decides what comes next.
-        Phase::Activating => None,
+        Stage::Activating => None,
     }
 }
 
@@ -210,7 +210,7 @@ impl Slot {
     /// `exclusive` gives it a turn.
     pub(crate) fn new(now_ms: u64, exclusive: bool, initial: u64) -> Self {
         Self {
-            state: AtomicU64::new(word(Phase::Activating, initial)),
+            state: AtomicU64::new(word(Stage::Activating, initial)),
             streams: AtomicU32::new(0),
             winding: AtomicBool::new(false),
             releasing: AtomicBool::new(false),
@@ -242,8 +242,8 @@ impl Slot {
         self.extra().timers.get_or_init(TimerTurns::default)
     }
 
-    pub(crate) fn phase(&self) -> Phase {
-        phase_of(self.state.load(Ordering::SeqCst))
+    pub(crate) fn stage(&self) -> Stage {
+        stage_of(self.state.load(Ordering::SeqCst))
     }
 
     pub(crate) fn in_flight(&self) -> u64 {
@@ -289,16 +289,16 @@ impl Slot {
     /// counted), `Err` with `Closing` or `Closed` (the entry is counted too,
     /// and the caller must [`leave`](Self::leave) again at once). `now` is
     /// when the request arrived, in the holder's milliseconds.
-    pub(crate) fn count_entry(&self, now: u64) -> Result<Phase, Phase> {
+    pub(crate) fn count_entry(&self, now: u64) -> Result<Stage, Stage> {
         let old = self.state.fetch_add(1, Ordering::SeqCst);
-        match phase_of(old) {
-            phase @ (Phase::Activating | Phase::Live) => {
+        match stage_of(old) {
+            phase @ (Stage::Activating | Stage::Live) => {
                 // A request is both activity and a connected client.
                 self.last_activity.store(now, Ordering::Relaxed);
                 self.last_connected.store(now, Ordering::Relaxed);
                 Ok(phase)
             }
-            phase @ (Phase::Closing | Phase::Closed) => Err(phase),
+            phase @ (Stage::Closing | Stage::Closed) => Err(phase),
         }
     }
 
@@ -330,7 +330,7 @@ impl Slot {
     /// `Activating` → `Live`; false when the slot was aborted meanwhile.
     pub(crate) fn go_live(&self, wall_ms: u64) -> bool {
         self.activated_at.store(wall_ms.max(1), Ordering::Relaxed);
-        self.transition(|phase| (phase == Phase::Activating).then_some(Phase::Live))
+        self.transition(|phase| (phase == Stage::Activating).then_some(Stage::Live))
     }
 
     /// `(Live, 0)` → `(Closing, 0)`: the only way an idle instance closes.
@@ -340,8 +340,8 @@ impl Slot {
         let closing = self
             .state
             .compare_exchange(
-                word(Phase::Live, 0),
-                word(Phase::Closing, 0),
+                word(Stage::Live, 0),
+                word(Stage::Closing, 0),
                 Ordering::SeqCst,
                 Ordering::SeqCst,
             )
@@ -357,19 +357,19 @@ impl Slot {
         // An abort always releases, also one that upgrades a kept close.
         self.releasing.store(true, Ordering::SeqCst);
         self.transition(|phase| {
-            matches!(phase, Phase::Activating | Phase::Live).then_some(Phase::Closing)
+            matches!(phase, Stage::Activating | Stage::Live).then_some(Stage::Closing)
         })
     }
 
     /// Marks the record gone.
     pub(crate) fn finish(&self) {
-        self.transition(|_| Some(Phase::Closed));
+        self.transition(|_| Some(Stage::Closed));
     }
 
-    fn transition(&self, next: impl Fn(Phase) -> Option<Phase>) -> bool {
+    fn transition(&self, next: impl Fn(Stage) -> Option<Stage>) -> bool {
         self.state
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |old| {
-                next(phase_of(old)).map(|phase| word(phase, count_of(old)))
+                next(stage_of(old)).map(|phase| word(phase, count_of(old)))
             })
             .is_ok()
     }
@@ -466,19 +466,19 @@ mod tests {
 
     #[test]
     fn only_the_last_entry_out_reports() {
-        assert_eq!(vacated(word(Phase::Live, 2)), None, "another entry is in");
-        assert_eq!(vacated(word(Phase::Live, 1)), Some(Vacated::Idle));
-        assert_eq!(vacated(word(Phase::Closing, 1)), Some(Vacated::Settled));
-        assert_eq!(vacated(word(Phase::Closed, 1)), Some(Vacated::Settled));
-        assert_eq!(vacated(word(Phase::Activating, 1)), None);
-        assert_eq!(vacated(word(Phase::Closing, 3)), None);
+        assert_eq!(vacated(word(Stage::Live, 2)), None, "another entry is in");
+        assert_eq!(vacated(word(Stage::Live, 1)), Some(Vacated::Idle));
+        assert_eq!(vacated(word(Stage::Closing, 1)), Some(Vacated::Settled));
+        assert_eq!(vacated(word(Stage::Closed, 1)), Some(Vacated::Settled));
+        assert_eq!(vacated(word(Stage::Activating, 1)), None);
+        assert_eq!(vacated(word(Stage::Closing, 3)), None);
     }
 
     #[test]
     fn word_packs_phase_and_count() {
-        let w = word(Phase::Closing, 7);
-        assert_eq!(phase_of(w), Phase::Closing);
+        let w = word(Stage::Closing, 7);
+        assert_eq!(stage_of(w), Stage::Closing);
         assert_eq!(count_of(w), 7);
-        assert_eq!(phase_of(word(Phase::Live, 0)), Phase::Live);
+        assert_eq!(stage_of(word(Stage::Live, 0)), Stage::Live);
     }
 }

@@ -19,7 +19,7 @@ use tracing::Instrument;
 use super::Busy;
 use super::Record;
 use super::{panic_message, Keyed, Namespace};
-use crate::instance::{Activation, Instance, Phase};
+use crate::instance::{Activation, Instance, Stage};
 
 /// How many idle instances an eviction at capacity compares.
 const EVICTION_SAMPLE: usize = 64;
@@ -181,7 +181,7 @@ impl Namespace {
                         }
                     }
                     match phase {
-                        Phase::Live => match slot.instance() {
+                        Stage::Live => match slot.instance() {
                             Some(instance) => Ok(Attempt::Entered(Entered::Live(busy, instance))),
                             None => Err(Admission::ActivationFailed),
                         },
@@ -274,7 +274,7 @@ impl Namespace {
         let mut oldest: Option<(u64, Arc<Record>)> = None;
         let idle = self.slots.iter().filter(|entry| {
             let slot = &entry.key().0;
-            slot.phase() == Phase::Live && slot.in_flight() == 0 && !slot.winding_down()
+            slot.stage() == Stage::Live && slot.in_flight() == 0 && !slot.winding_down()
         });
         for entry in idle.take(EVICTION_SAMPLE) {
             let idle_ms = entry.key().0.idle_ms();
@@ -299,7 +299,7 @@ impl Namespace {
     /// "denied cold request discards the constructed instance").
     pub(crate) fn discard(busy: Busy) {
         let slot = busy.slot().clone();
-        let untouched = slot.phase() == Phase::Activating
+        let untouched = slot.stage() == Stage::Activating
             && slot.activation.lock().is_none()
             && slot.in_flight() == 1;
         drop(busy);
@@ -319,7 +319,7 @@ impl Namespace {
     fn start_activation(self: &Arc<Self>, slot: &Arc<Record>) {
         let host = self.clone();
         let mut pending = slot.activation.lock();
-        if pending.is_some() || slot.phase() != Phase::Activating || slot.activated_at().is_some() {
+        if pending.is_some() || slot.stage() != Stage::Activating || slot.activated_at().is_some() {
             return;
         }
         let task_slot = slot.clone();
@@ -384,10 +384,10 @@ impl Namespace {
         let pending = busy.slot().activation.lock().as_deref().cloned();
         let outcome = match pending {
             Some(activation) => activation.await,
-            None => match (busy.slot().phase(), busy.slot().instance()) {
-                (Phase::Live, Some(instance)) => Activation::Ready(instance),
+            None => match (busy.slot().stage(), busy.slot().instance()) {
+                (Stage::Live, Some(instance)) => Activation::Ready(instance),
                 // Aborted and torn down before this request looked.
-                (Phase::Closing | Phase::Closed, _) => Activation::Aborted,
+                (Stage::Closing | Stage::Closed, _) => Activation::Aborted,
                 _ => Activation::Failed,
             },
         };

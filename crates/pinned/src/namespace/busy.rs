@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::Namespace;
 use super::Record;
-use crate::instance::{Phase, Vacated};
+use crate::instance::{Stage, Vacated};
 
 /// One in-flight entry of an instance (a request, a background task, an open
 /// stream). Dropping it leaves; the directory acts on the last one out.
@@ -55,7 +55,7 @@ impl Record {
     /// Returns the phase seen on entry (`Activating` or `Live`). `now_ms`
     /// (on the host's clock, [`Namespace::ms_at`]) is when the request
     /// arrived.
-    pub(crate) fn enter(self: &Arc<Self>, now_ms: u64) -> Result<(Busy, Phase), Phase> {
+    pub(crate) fn enter(self: &Arc<Self>, now_ms: u64) -> Result<(Busy, Stage), Stage> {
         // Built before the phase is judged: on a refusal, dropping it undoes
         // the count (and wakes a teardown waiting for it to reach zero).
         let entered = self.count_entry(now_ms);

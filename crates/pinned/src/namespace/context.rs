@@ -14,7 +14,7 @@ use futures_util::FutureExt;
 
 use super::Namespace;
 use super::Record;
-use crate::instance::Phase;
+use crate::instance::Stage;
 use crate::plane::cluster::Cluster;
 use crate::plane::instance_lease::{EvictionRequested, InstanceLease};
 use crate::BoxError;
@@ -156,7 +156,7 @@ impl Context {
     where
         F: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
-        if matches!(self.slot.phase(), Phase::Closed) {
+        if matches!(self.slot.stage(), Stage::Closed) {
             tracing::warn!(namespace = %self.ns(), id = %self.id(), "work spawned on a closed instance was dropped");
             return;
         }

@@ -21,7 +21,7 @@ use futures_util::FutureExt;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::instance::Phase;
+use crate::instance::Stage;
 use crate::namespace::Idle;
 use crate::namespace::Record;
 use crate::namespace::{panic_message, spawn_detached, Namespace};
@@ -101,7 +101,7 @@ pub(crate) fn idle(slot: &Arc<Record>) {
 
 /// `slot` started winding down or its deadline changed.
 pub(crate) fn wind_down(slot: &Arc<Record>, deadline: Option<Instant>) {
-    if slot.phase() != Phase::Live {
+    if slot.stage() != Stage::Live {
         return;
     }
     let Some(instance) = slot.instance() else {

@@ -41,7 +41,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::instance::{Id, Phase};
+use crate::instance::{Id, Stage};
 use crate::metrics::Metrics;
 use crate::namespace::options::HostOptions;
 use crate::plane::control::ControlPlane;
@@ -305,12 +305,12 @@ impl Namespace {
     /// Whether `id` has a record that is not closing.
     pub(crate) fn is_resident(&self, id: &str) -> bool {
         self.slot(id)
-            .is_some_and(|slot| matches!(slot.phase(), Phase::Activating | Phase::Live))
+            .is_some_and(|slot| matches!(slot.stage(), Stage::Activating | Stage::Live))
     }
 
     /// The record of `id` when it is live.
     pub(crate) fn resident_slot(&self, id: &str) -> Option<Arc<Record>> {
-        self.slot(id).filter(|slot| slot.phase() == Phase::Live)
+        self.slot(id).filter(|slot| slot.stage() == Stage::Live)
     }
 
     fn slot(&self, id: &str) -> Option<Arc<Record>> {
@@ -347,7 +347,7 @@ impl Namespace {
         let mut due = Vec::new();
         for entry in self.slots.iter() {
             let slot = &entry.key().0;
-            if slot.phase() != Phase::Live {
+            if slot.stage() != Stage::Live {
                 continue;
             }
             let action = if slot.streams() > 0 {
@@ -392,7 +392,7 @@ impl Namespace {
     pub(crate) fn live(&self) -> Vec<Arc<Record>> {
         self.slots
             .iter()
-            .filter(|entry| entry.key().0.phase() == Phase::Live)
+            .filter(|entry| entry.key().0.stage() == Stage::Live)
             .map(|entry| entry.key().0.clone())
             .collect()
     }

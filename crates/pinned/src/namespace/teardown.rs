@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use super::Record;
 use super::{panic_message, spawn_detached, Namespace};
-use crate::instance::Phase;
+use crate::instance::Stage;
 
 /// How long a closing instance waits for its placement release before the
 /// release continues in the background (about one registry call).
@@ -41,7 +41,7 @@ enum Close {
 
 impl Namespace {
     pub(super) fn remove(&self, slot: &Arc<Record>) {
-        if slot.phase() == Phase::Closing {
+        if slot.stage() == Stage::Closing {
             self.closing.fetch_sub(1, Ordering::SeqCst);
         }
         slot.finish();

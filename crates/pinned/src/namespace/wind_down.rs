@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::Namespace;
 use super::Record;
-use crate::instance::{Phase, WindDown};
+use crate::instance::{Stage, WindDown};
 
 impl Namespace {
     /// A `wind_down` control message: a deadline in seconds from now, or
@@ -20,7 +20,7 @@ impl Namespace {
         match deadline {
             None => unwind(&slot),
             Some(after) => {
-                if matches!(slot.phase(), Phase::Closing | Phase::Closed) {
+                if matches!(slot.stage(), Stage::Closing | Stage::Closed) {
                     slot.releasing.store(true, Ordering::SeqCst);
                     return;
                 }
