@@ -241,6 +241,6 @@ impl Context {
     pub async fn schedules(
         &self,
     ) -> Result<Vec<(String, std::time::SystemTime)>, crate::durable::alarm::AlarmError> {
-        crate::durable::alarm::schedules(&self.slot()).await
+        crate::durable::alarm::schedules(self.slot()).await
     }
 }

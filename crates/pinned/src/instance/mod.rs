@@ -12,5 +12,5 @@ pub(crate) mod abort;
 mod slot;
 
 pub(crate) use self::slot::{
-    Activation, ActivationFuture, Id, Instance, Stage, Slot, Vacated, WindDown,
+    Activation, ActivationFuture, Id, Instance, Slot, Stage, Vacated, WindDown,
 };

@@ -246,6 +246,23 @@ struct Entry<'a> {
     depth: i64,
 }
 
+/// Why steps 1 and 2 turned a request away.
+enum TurnedAway {
+    /// The gate's 403 or 400.
+    Gate(Refused),
+    /// The namespace's refusal (503s, or 500 for a closed worker).
+    Admission(Admission),
+}
+
+impl IntoResponse for TurnedAway {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Gate(refused) => refused.into_response(),
+            Self::Admission(refused) => admission_refused(refused),
+        }
+    }
+}
+
 /// Steps 1 and 2, fused (one synchronous step, see the module docs): the
 /// gate on the request's head, then one attempt to enter instance `id` at
 /// `arrived` (the namespace's milliseconds).
@@ -254,16 +271,16 @@ fn gate_and_enter<'a>(
     headers: &HeaderMap,
     raw_id: &'a str,
     arrived: u64,
-) -> Result<Entry<'a>, Response> {
+) -> Result<Entry<'a>, TurnedAway> {
     let Passed {
         id,
         epoch,
         caller,
         depth,
-    } = gate(ns, headers, raw_id).map_err(IntoResponse::into_response)?;
+    } = gate(ns, headers, raw_id).map_err(TurnedAway::Gate)?;
     let entered = ns
         .try_admit(&id, epoch, arrived)
-        .map_err(admission_refused)?;
+        .map_err(TurnedAway::Admission)?;
     Ok(Entry {
         entered,
         id,
@@ -354,7 +371,7 @@ pub(crate) fn serve<T: Object>(
                     depth,
                 } = match gate_and_enter(&host, &parts.headers, raw_id, host.ms_at(started)) {
                     Ok(entry) => entry,
-                    Err(refused) => return Ok(refused),
+                    Err(refused) => return Ok(refused.into_response()),
                 };
                 // Only a record that is closing is waited out (boxed: that
                 // rare wait would otherwise size every request's state).

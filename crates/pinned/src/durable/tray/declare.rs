@@ -82,13 +82,13 @@ impl<O> std::fmt::Debug for Trays<O> {
     }
 }
 
-impl<O: crate::Object> Default for Trays<O> {
+impl<O: Send + Sync + 'static> Default for Trays<O> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<O: crate::Object> Trays<O> {
+impl<O: Send + Sync + 'static> Trays<O> {
     /// No trays.
     pub fn new() -> Self {
         Self {

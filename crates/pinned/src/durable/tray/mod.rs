@@ -140,7 +140,7 @@ pub trait Tray: Default + Send + Sync + 'static {
 /// [`TrayCtx::attempts`] one higher); after [`Tray::MAX_ATTEMPTS`]
 /// deliveries the tray parks until [`TrayHandle::unpark`]. To keep one
 /// item's failure from parking the tray, catch it and return `Ok`.
-pub trait TrayHandler<T: Tray>: crate::Object {
+pub trait TrayHandler<T: Tray>: Send + Sync + Sized + 'static {
     /// Handles one item.
     fn handle(
         &self,
