@@ -102,7 +102,7 @@ pub enum ConfigError {
     SmallHeaderLimit,
 }
 
-/// Every problem found in one [`Options`].
+/// Every problem found in one [`Options`](crate::Options).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigErrors(pub Vec<ConfigError>);
 

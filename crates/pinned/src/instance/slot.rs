@@ -37,7 +37,7 @@ use crate::BoxError;
 /// allocation of their own), longer ones on the heap.
 pub(crate) type Id = compact_str::CompactString;
 
-/// A live instance's state, type-erased so one directory serves any object.
+/// A live instance's state, type-erased so one namespace layer serves any object.
 pub(crate) type Instance = Arc<dyn Any + Send + Sync>;
 
 /// How an activation ended, as seen by every request that waited on it.
@@ -65,7 +65,7 @@ pub(crate) enum Stage {
     Live = 1,
     /// Teardown started: no new request enters.
     Closing = 2,
-    /// Gone from the directory.
+    /// Gone from its namespace.
     Closed = 3,
 }
 

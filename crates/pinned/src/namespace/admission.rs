@@ -1,4 +1,4 @@
-//! Admission: how a request enters an instance record of the directory,
+//! Admission: how a request enters an instance record of the namespace,
 //! creating it for a new id (one record per id, also under a burst), and
 //! how the record's activation is started once and awaited by everyone.
 //!

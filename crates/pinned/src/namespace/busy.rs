@@ -3,7 +3,7 @@
 //!
 //! The record's state machine ([`Slot`](crate::instance::Slot)) only counts entries and reports
 //! the last one out ([`Vacated`]); this guard is where that report reaches
-//! the directory, which acts on it: a teardown waiting for the record to
+//! the namespace, which acts on it: a teardown waiting for the record to
 //! settle is woken, a winding-down instance that became idle closes. The
 //! guard never does more than that: the actions themselves live in
 //! [`teardown`](super::teardown).
@@ -15,7 +15,7 @@ use super::Record;
 use crate::instance::{Stage, Vacated};
 
 /// One in-flight entry of an instance (a request, a background task, an open
-/// stream). Dropping it leaves; the directory acts on the last one out.
+/// stream). Dropping it leaves; the namespace acts on the last one out.
 pub(crate) struct Busy {
     slot: Arc<Record>,
     stream: bool,

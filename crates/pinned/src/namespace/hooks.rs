@@ -1,6 +1,6 @@
 //! Calling an object's lifecycle hooks ([`Object::on_idle`],
 //! [`Object::on_wind_down`], [`Object::on_unhealthy`],
-//! [`Object::on_restored`]) for the directory, without ever blocking it: a
+//! [`Object::on_restored`]) for the namespace, without ever blocking it: a
 //! hook is polled once in place (the defaults finish there, costing no
 //! task), and only one that is still pending continues in a task of its
 //! own, inside the instance's span.

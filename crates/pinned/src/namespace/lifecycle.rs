@@ -23,7 +23,7 @@ pub enum Idle {
     Keep,
 }
 
-/// A lifecycle hook of one object type, erased so the directory can hold it.
+/// A lifecycle hook of one object type, erased so the namespace can hold it.
 pub(crate) type Hook = fn(Instance, Arc<Record>) -> BoxFuture<'static, Result<(), BoxError>>;
 
 /// [`Object::scheduled`](crate::Object::scheduled), type-erased.

@@ -102,7 +102,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Context {
     }
 }
 
-/// The rejection of [`This`], [`Call`](crate::Call) and
+/// The rejection of [`This`](crate::This), [`Call`](crate::Call) and
 /// [`WebSocketUpgrade`](crate::object::ws::WebSocketUpgrade) outside an instance
 /// route (a router served on its own): a programming error, answered 500.
 #[derive(Debug, thiserror::Error)]

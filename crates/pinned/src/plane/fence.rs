@@ -5,7 +5,7 @@
 //!
 //! Entries expire after twice the lease TTL (60 s before the first ack):
 //! by then pinboard has re-placed anything that moved. The table never
-//! touches instances; the directory consults it before residency.
+//! touches instances; the namespace consults it before residency.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,7 +11,7 @@
 //!
 //! Reads are lock-free (one atomic load), since the request path checks the
 //! lease on every request. This module never aborts instances: the
-//! directory refuses requests by these answers and nothing else.
+//! namespace refuses requests by these answers and nothing else.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

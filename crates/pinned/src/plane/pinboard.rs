@@ -5,7 +5,7 @@
 //! One `Plane` per worker, shared by its hosts. It owns *state* and never
 //! points at the hosts: the loop that talks to pinboard lives in
 //! [`registration`](crate::plane::registration) and is handed the namespace table
-//! when it starts; what a message does to instances lives in the directory.
+//! when it starts; what a message does to instances lives in the namespace layer.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;

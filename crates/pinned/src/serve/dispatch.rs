@@ -5,7 +5,7 @@
 //! request id, tracing span or `Extension` reaches the handlers).
 //!
 //! Dispatch never decides lifecycle and never activates: the admission
-//! layer around the object's matched routes ([`admit`](crate::serve::stack)) does,
+//! layer around the object's matched routes ([`stack`](crate::serve::stack)) does,
 //! so an unknown path or method is answered before any instance exists.
 
 use std::cell::{Cell, RefCell};

@@ -1,4 +1,4 @@
-//! The worker's namespace table: every hosted namespace's directory, in the
+//! The worker's namespace table: every hosted namespace, in the
 //! order they were declared.
 //!
 //! Built once by [`Options::build`](crate::Options::build) and handed, by
