@@ -39,3 +39,13 @@ pub(crate) fn refusal(refusal: Refusal) -> Response {
 pub(crate) fn internal_error() -> Response {
     detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
 }
+
+/// 404 `{"detail":"Not Found"}`, the reference framework's answer.
+pub(crate) fn not_found() -> Response {
+    detail(StatusCode::NOT_FOUND, "Not Found")
+}
+
+/// 405 `{"detail":"Method Not Allowed"}`, the reference framework's answer.
+pub(crate) fn method_not_allowed() -> Response {
+    detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
+}

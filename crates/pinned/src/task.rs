@@ -4,7 +4,7 @@
 /// Spawns `work` in `domain`; a no-op once the runtime is gone (a guard
 /// dropped during runtime shutdown has nothing left to close).
 pub(crate) fn spawn_detached(
-    domain: &crate::domain::Domain,
+    domain: &crate::time::Domain,
     work: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let _ = domain.try_spawn(work);

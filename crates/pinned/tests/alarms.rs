@@ -1,6 +1,6 @@
 //! Alarms in local mode: firing on time, surviving eviction and restarts,
 //! at-least-once retries, and the API's refusals. Timing tests run on
-//! tokio's paused clock (the worker's `Clock::tokio`); the restart test,
+//! tokio's paused clock (the worker's `Domain::with_tokio_clock`); the restart test,
 //! whose SQLite store works on blocking threads, runs on real time.
 
 mod support;

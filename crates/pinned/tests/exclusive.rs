@@ -112,7 +112,7 @@ async fn an_alarm_waits_for_the_turn_of_the_request_that_set_it() {
         Options::new()
             .host_with::<Turns>("/turns", options)
             .store(MemoryStore::new())
-            .clock(pinned::Clock::tokio()),
+            .domain(pinned::Domain::system().with_tokio_clock()),
     )
     .await;
     let (status, body) = json(w.post("/turns/a/alarm-then-work").await).await;

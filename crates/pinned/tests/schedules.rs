@@ -127,7 +127,7 @@ async fn planner() -> (support::TestWorker, Arc<MemoryStore>) {
         Options::new()
             .host::<Planner>("/p")
             .store(store.clone())
-            .clock(pinned::Clock::tokio()),
+            .domain(pinned::Domain::system().with_tokio_clock()),
     )
     .await;
     (w, store)

@@ -165,7 +165,7 @@ async fn evicted_instances_are_freed_whatever_holds_their_context() {
             .host_with::<StopCaptures>("/stop", quick())
             .host_with::<TaskCaptures>("/task", quick())
             .store(MemoryStore::new())
-            .clock(pinned::Clock::tokio()),
+            .domain(pinned::Domain::system().with_tokio_clock()),
     )
     .await;
     const IDS: u64 = 3;

@@ -1,0 +1,438 @@
+//! What user code holds: [`TrayHandle`] (one open tray: admit, read,
+//! update, unpark, delete, ad-hoc storage), [`KeyedTrays`] (a keyed tray
+//! type's trays by key) and [`TrayCtx`] (one handler run).
+//!
+//! Every write is one synchronous segment under the tray's lock and returns
+//! a [`Receipt`]; nothing here awaits while holding the lock.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value as Json;
+use tokio_util::sync::CancellationToken;
+
+use super::field::Entry;
+use super::frontier::{Effect, Receipt};
+use super::machine::{delete_command, AckEdit, OpenTray, Opened};
+use super::open::InstanceTrays;
+use super::{Tray, TrayError};
+use crate::namespace::context::Context;
+use crate::BoxError;
+
+/// One open tray of type `T`. Cheap to clone.
+pub struct TrayHandle<T: Tray> {
+    tray: Arc<OpenTray<T>>,
+}
+
+impl<T: Tray> Clone for TrayHandle<T> {
+    fn clone(&self) -> Self {
+        Self {
+            tray: self.tray.clone(),
+        }
+    }
+}
+
+impl<T: Tray> std::fmt::Debug for TrayHandle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrayHandle")
+            .field("tray", &T::NAME)
+            .field("key", &self.tray.key)
+            .finish()
+    }
+}
+
+impl<T: Tray> Drop for TrayHandle<T> {
+    fn drop(&mut self) {
+        // The last handle of a keyed tray that went dry while it was held
+        // passivates it: the open map's reference and this one are left.
+        if Arc::strong_count(&self.tray) <= 2 {
+            let mut state = self.tray.state.lock();
+            if !state.pumping && self.tray.passivate_if_dry(&mut state, 2) {
+                self.tray.close_later();
+            }
+        }
+    }
+}
+
+fn check_name<T: Tray>(fields: &[&'static str], name: &str) -> Result<(), TrayError> {
+    if name.is_empty() || name.starts_with('~') || fields.contains(&name) {
+        return Err(TrayError::InvalidName(name.to_owned()));
+    }
+    let _ = T::NAME;
+    Ok(())
+}
+
+impl<T: Tray> TrayHandle<T> {
+    pub(crate) fn new(tray: Arc<OpenTray<T>>) -> Self {
+        Self { tray }
+    }
+
+    /// The tray's key (`~` for a singleton).
+    pub fn key(&self) -> &str {
+        &self.tray.key
+    }
+
+    /// Reads the tray's current state.
+    pub fn read<R>(&self, read: impl FnOnce(&T) -> R) -> R {
+        read(&self.tray.state.lock().tray)
+    }
+
+    /// Admits work: marks the row as holding work, runs `edit` (typically a
+    /// push onto a queue), and writes mark and payload in one row write; the
+    /// pump then starts if it is not running. Await the receipt for a
+    /// durable answer.
+    ///
+    /// # Errors
+    ///
+    /// A deleted tray; a write that cannot land (poisoned effects, a closed
+    /// instance); a value that does not serialize or a panic in `edit`
+    /// (both abort the instance).
+    pub fn admit(&self, edit: impl FnOnce(&mut T)) -> Result<Receipt, TrayError> {
+        let receipt = {
+            let mut state = self.tray.state.lock();
+            self.tray.writable(&state)?;
+            OpenTray::<T>::set_marked(&mut state, true);
+            self.tray.segment(&mut state, edit)?;
+            self.tray.commit(&mut state)?
+        };
+        self.tray.start_pump();
+        Ok(receipt)
+    }
+
+    /// Changes the tray's fields without admitting work (no mark, no pump).
+    ///
+    /// # Errors
+    ///
+    /// As [`admit`](Self::admit).
+    pub fn update<R>(&self, edit: impl FnOnce(&mut T) -> R) -> Result<(R, Receipt), TrayError> {
+        let mut state = self.tray.state.lock();
+        self.tray.writable(&state)?;
+        let answer = self.tray.segment(&mut state, edit)?;
+        let receipt = self.tray.commit(&mut state)?;
+        Ok((answer, receipt))
+    }
+
+    /// Whether the head item hit [`Tray::MAX_ATTEMPTS`]: the pump stopped
+    /// and the row stays marked until [`unpark`](Self::unpark).
+    pub fn parked(&self) -> bool {
+        self.tray.state.lock().parked
+    }
+
+    /// Deliveries of the head item so far (durable; 0 when none is under
+    /// way).
+    pub fn attempts(&self) -> u64 {
+        self.tray.state.lock().attempts
+    }
+
+    /// Clears the park and the delivery count: the head item is delivered
+    /// afresh.
+    ///
+    /// # Errors
+    ///
+    /// [`TrayError::NotParked`], and as [`admit`](Self::admit).
+    pub fn unpark(&self) -> Result<Receipt, TrayError> {
+        let receipt = {
+            let mut state = self.tray.state.lock();
+            self.tray.writable(&state)?;
+            if !state.parked {
+                return Err(TrayError::NotParked(self.tray.label()));
+            }
+            state.parked = false;
+            state.attempts = 0;
+            state.changed = true;
+            OpenTray::<T>::set_marked(&mut state, true);
+            self.tray.commit(&mut state)?
+        };
+        self.tray.start_pump();
+        Ok(receipt)
+    }
+
+    /// Cancels the handler run under way, if any: its future is dropped and
+    /// its item consumed (acked without its `on_ack` edits), never
+    /// redelivered. True when a run was cancelled.
+    pub fn cancel_dispatch(&self) -> bool {
+        let state = self.tray.state.lock();
+        match &state.active {
+            Some(active) => {
+                active.cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Deletes the tray: admits the built-in delete command (durably, so a
+    /// crash re-runs it at the next activation), lets a handler run under
+    /// way finish, then deletes the row in one write and frees the key.
+    /// Resolves once the key is free.
+    ///
+    /// # Errors
+    ///
+    /// As [`admit`](Self::admit) when the command cannot be admitted.
+    pub async fn delete(&self) -> Result<(), TrayError> {
+        {
+            let mut state = self.tray.state.lock();
+            if state.retired != Some(super::machine::Retired::Deleted) {
+                self.tray.writable(&state)?;
+                OpenTray::<T>::set_marked(&mut state, true);
+                let command = delete_command();
+                if !state.inbox.contains(&command) {
+                    state.inbox.push(command);
+                    state.changed = true;
+                }
+                let _receipt = self.tray.commit(&mut state)?;
+            }
+        }
+        self.tray.start_pump();
+        Opened::freed(&*self.tray).await;
+        Ok(())
+    }
+
+    /// Reads ad-hoc storage entry `name` (outside the declared fields).
+    ///
+    /// # Errors
+    ///
+    /// [`TrayError::InvalidName`]; a stored entry that does not decode as
+    /// `V` ([`TrayError::Malformed`]).
+    pub fn storage_get<V: DeserializeOwned>(&self, name: &str) -> Result<Option<V>, TrayError> {
+        let state = self.tray.state.lock();
+        check_name::<T>(&state.fields, name)?;
+        state
+            .doc
+            .get(name)
+            .map(|entry| serde_json::from_str(entry.json()))
+            .transpose()
+            .map_err(|error| TrayError::Malformed {
+                tray: T::NAME.to_owned(),
+                key: self.tray.key.clone(),
+                reason: format!("storage entry {name:?}: {error}"),
+            })
+    }
+
+    /// Writes ad-hoc storage entry `name`.
+    ///
+    /// # Errors
+    ///
+    /// [`TrayError::InvalidName`], [`TrayError::Encode`], and as
+    /// [`admit`](Self::admit).
+    pub fn storage_set<V: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        value: &V,
+    ) -> Result<Receipt, TrayError> {
+        let entry = Entry::of(value).map_err(|error| TrayError::Encode(error.to_string()))?;
+        self.storage_put(name, Some(entry))
+    }
+
+    /// Deletes ad-hoc storage entry `name`.
+    ///
+    /// # Errors
+    ///
+    /// As [`storage_set`](Self::storage_set).
+    pub fn storage_delete(&self, name: &str) -> Result<Receipt, TrayError> {
+        self.storage_put(name, None)
+    }
+
+    fn storage_put(&self, name: &str, entry: Option<Entry>) -> Result<Receipt, TrayError> {
+        let mut state = self.tray.state.lock();
+        self.tray.writable(&state)?;
+        check_name::<T>(&state.fields, name)?;
+        state.changed |= state.doc.put(name, entry);
+        self.tray.commit(&mut state)
+    }
+}
+
+/// The trays of keyed tray type `T` on one instance, by key. Get it from
+/// [`Context::keyed`](crate::Context::keyed).
+pub struct KeyedTrays<T: Tray> {
+    trays: Arc<InstanceTrays>,
+    tray: PhantomData<fn() -> T>,
+}
+
+impl<T: Tray> std::fmt::Debug for KeyedTrays<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedTrays")
+            .field("tray", &T::NAME)
+            .finish()
+    }
+}
+
+impl<T: Tray> KeyedTrays<T> {
+    pub(crate) fn new(trays: Arc<InstanceTrays>) -> Self {
+        Self {
+            trays,
+            tray: PhantomData,
+        }
+    }
+
+    /// The tray under `key`, created (with its row) on first use.
+    ///
+    /// # Errors
+    ///
+    /// An empty key; a row that does not restore; a store failure.
+    pub async fn get_or_create(&self, key: &str) -> Result<TrayHandle<T>, TrayError> {
+        self.trays
+            .obtain::<T>(key, true, true)
+            .await
+            .map(TrayHandle::new)
+    }
+
+    /// The tray under `key`.
+    ///
+    /// # Errors
+    ///
+    /// [`TrayError::NotFound`] for a key never created (or deleted), and as
+    /// [`get_or_create`](Self::get_or_create).
+    pub async fn get(&self, key: &str) -> Result<TrayHandle<T>, TrayError> {
+        self.trays
+            .obtain::<T>(key, true, false)
+            .await
+            .map(TrayHandle::new)
+    }
+
+    /// Deletes the tray under `key`, opening it first if it is passivated;
+    /// resolves once the key is free.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get) and [`TrayHandle::delete`].
+    pub async fn delete(&self, key: &str) -> Result<(), TrayError> {
+        self.get(key).await?.delete().await
+    }
+
+    /// The keys of the trays open now (passivated ones are not listed).
+    pub fn open_keys(&self) -> Vec<String> {
+        self.trays.keys::<T>()
+    }
+}
+
+/// One handler run of tray `T`.
+pub struct TrayCtx<T: Tray> {
+    tray: Arc<OpenTray<T>>,
+    ctx: Context,
+    attempts: u64,
+    state: Option<Json>,
+    edits: Arc<Mutex<Vec<AckEdit<T>>>>,
+    cancel: CancellationToken,
+}
+
+impl<T: Tray> std::fmt::Debug for TrayCtx<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrayCtx")
+            .field("tray", &T::NAME)
+            .field("key", &self.tray.key)
+            .field("attempts", &self.attempts)
+            .finish()
+    }
+}
+
+impl<T: Tray> TrayCtx<T> {
+    pub(crate) fn new(
+        tray: Arc<OpenTray<T>>,
+        ctx: Context,
+        attempts: u64,
+        state: Option<Json>,
+        edits: Arc<Mutex<Vec<AckEdit<T>>>>,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            tray,
+            ctx,
+            attempts,
+            state,
+            edits,
+            cancel,
+        }
+    }
+
+    /// This delivery's number: 1 on the first, higher after a crash, an
+    /// error or a timeout (durable, counted before the handler ran).
+    pub fn attempts(&self) -> u64 {
+        self.attempts
+    }
+
+    /// The tray's key (`~` for a singleton).
+    pub fn key(&self) -> &str {
+        &self.tray.key
+    }
+
+    /// The tray itself (to read it, or admit more work).
+    pub fn tray(&self) -> TrayHandle<T> {
+        TrayHandle::new(self.tray.clone())
+    }
+
+    /// The instance's context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Stages an edit of the tray's fields that lands together with this
+    /// item's ack, in the same row write: it happens exactly once, although
+    /// the handler may run more than once. Edits apply in the order staged,
+    /// only if the handler returns `Ok`.
+    pub fn on_ack(&self, edit: impl FnOnce(&mut T) + Send + 'static) {
+        self.edits.lock().push(Box::new(edit));
+    }
+
+    /// This item's dispatch state: what an earlier delivery recorded with
+    /// [`set_state`](Self::set_state) (progress through a long item).
+    ///
+    /// # Errors
+    ///
+    /// The stored state does not decode as `V`.
+    pub fn state<V: DeserializeOwned>(&self) -> Result<Option<V>, TrayError> {
+        self.state
+            .clone()
+            .map(serde_json::from_value)
+            .transpose()
+            .map_err(|error| TrayError::Malformed {
+                tray: T::NAME.to_owned(),
+                key: self.tray.key.clone(),
+                reason: format!("dispatch state: {error}"),
+            })
+    }
+
+    /// Durably records this item's dispatch state now; a redelivery reads
+    /// it back with [`state`](Self::state); the ack clears it.
+    ///
+    /// # Errors
+    ///
+    /// [`TrayError::Encode`], and as [`TrayHandle::admit`].
+    pub fn set_state<V: Serialize + ?Sized>(&mut self, value: &V) -> Result<Receipt, TrayError> {
+        let value =
+            serde_json::to_value(value).map_err(|error| TrayError::Encode(error.to_string()))?;
+        let mut state = self.tray.state.lock();
+        self.tray.writable(&state)?;
+        state.dispatch_state = Some(value.clone());
+        state.changed = true;
+        self.state = Some(value);
+        self.tray.commit(&mut state)
+    }
+
+    /// Enlists an effect of the application's own (a write elsewhere) on
+    /// the instance's durable log: it runs after everything enlisted before
+    /// it landed, and later writes wait for it. A failure aborts the
+    /// instance like a failed row write.
+    ///
+    /// # Errors
+    ///
+    /// As [`TrayHandle::admit`].
+    pub fn enlist<F>(&self, effect: F) -> Result<Receipt, TrayError>
+    where
+        F: Future<Output = Result<(), BoxError>> + Send + 'static,
+    {
+        self.tray
+            .frontier
+            .enlist(Effect::Opaque(Box::pin(effect)))?;
+        Ok(self.tray.frontier.receipt())
+    }
+
+    /// Completes when [`TrayHandle::cancel_dispatch`] cancelled this run.
+    pub async fn cancelled(&self) {
+        self.cancel.cancelled().await;
+    }
+}

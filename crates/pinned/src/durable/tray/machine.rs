@@ -1,0 +1,550 @@
+//! One open tray: its typed fields, its reserved bookkeeping (attempts,
+//! park, built-in commands, dispatch state) and the one write path that
+//! turns a mutation segment into a row image on the frontier.
+//!
+//! Every mutation happens under the tray's lock, in a synchronous segment,
+//! and ends in [`OpenTray::commit`]: the fields that changed are
+//! re-serialized into the cached doc and, if anything differs from what was
+//! last enlisted, the whole row goes on the frontier. The lock is never held
+//! across an await. Row layout (wire.md §12.4): one entry per field, and the
+//! reserved `~v`, `~inbox`, `~attempts`, `~parked`, `~state`; other `~`
+//! entries a Python worker wrote are kept as they are.
+
+use std::any::Any;
+use std::collections::HashSet;
+use std::sync::{Arc, Weak};
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use parking_lot::Mutex;
+use pinned_store::Doc;
+use serde_json::Value as Json;
+use tokio::sync::watch;
+
+use super::declare::Spec;
+use super::field::{Entry, Fields};
+use super::frontier::{Effect, Frontier, Receipt, Urgency};
+use super::handle::{TrayCtx, TrayHandle};
+use super::open::InstanceTrays;
+use super::row::Entries;
+use super::{Tray, TrayError, TrayHandler};
+use crate::instance::Instance;
+use crate::namespace::context::Context;
+use crate::namespace::Record;
+use crate::BoxError;
+
+pub(crate) const VERSION_KEY: &str = "~v";
+pub(crate) const INBOX_KEY: &str = "~inbox";
+pub(crate) const ATTEMPTS_KEY: &str = "~attempts";
+pub(crate) const PARKED_KEY: &str = "~parked";
+pub(crate) const STATE_KEY: &str = "~state";
+
+/// An open tray's `on_open` has not run (or `on_close` ran).
+pub(crate) const CLOSED: u8 = 0;
+/// Its `on_open` runs.
+pub(crate) const OPENING: u8 = 1;
+/// Open: it may pump.
+pub(crate) const OPEN: u8 = 2;
+
+/// The built-in command a delete admits into `~inbox`.
+pub(crate) fn delete_command() -> Json {
+    serde_json::json!({ "command": "delete" })
+}
+
+/// A handler of tray `T`, erased over its object type.
+pub(crate) type HandlerFn<T> =
+    fn(Instance, TrayCtx<T>, <T as Tray>::Item) -> BoxFuture<'static, Result<(), BoxError>>;
+
+/// [`TrayHandler::on_open`] or [`TrayHandler::on_close`], erased over the
+/// object type.
+pub(crate) type HookFn<T> =
+    fn(Instance, Context, TrayHandle<T>) -> BoxFuture<'static, Result<(), BoxError>>;
+
+/// An `on_ack` edit staged by a handler.
+pub(crate) type AckEdit<T> = Box<dyn FnOnce(&mut T) + Send>;
+
+/// How a tray stopped taking writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retired {
+    /// Passivated (drained dry): the row stays; the next access reopens it.
+    Closed,
+    /// Deleted (or being deleted): the row goes, the key is freed.
+    Deleted,
+}
+
+/// What the pump knows of one handler run under way.
+pub(crate) struct Active {
+    pub(crate) cancel: tokio_util::sync::CancellationToken,
+}
+
+/// The mutable half of an open tray.
+pub(crate) struct TrayState<T: Tray> {
+    pub(crate) tray: T,
+    pub(crate) fields: Vec<&'static str>,
+    pub(crate) marked: bool,
+    pub(crate) doc: Entries,
+    /// The row differs from what was last enlisted.
+    pub(crate) changed: bool,
+    pub(crate) inbox: Vec<Json>,
+    pub(crate) attempts: u64,
+    pub(crate) parked: bool,
+    pub(crate) dispatch_state: Option<Json>,
+    pub(crate) retired: Option<Retired>,
+    pub(crate) pumping: bool,
+    pub(crate) active: Option<Active>,
+}
+
+/// An open tray of type `T`.
+pub(crate) struct OpenTray<T: Tray> {
+    pub(crate) key: String,
+    pub(crate) keyed: bool,
+    pub(crate) always_open: bool,
+    /// Weak, like the slot below: the instance's trays (and through them
+    /// the slot) own this tray, so strong pointers back would be cycles.
+    pub(crate) owner: Weak<InstanceTrays>,
+    pub(crate) slot: Weak<Record>,
+    pub(crate) frontier: Arc<Frontier>,
+    pub(crate) handler: HandlerFn<T>,
+    pub(crate) on_open: HookFn<T>,
+    pub(crate) on_close: HookFn<T>,
+    /// [`CLOSED`], [`OPENING`] (its `on_open` runs) or [`OPEN`] (it may
+    /// pump).
+    pub(crate) opened: std::sync::atomic::AtomicU8,
+    pub(crate) state: Mutex<TrayState<T>>,
+    /// Turns true once a delete finished (the key is free).
+    pub(crate) freed: watch::Sender<bool>,
+}
+
+/// An open tray, erased so an instance can hold trays of many types.
+pub(crate) trait Opened: Send + Sync {
+    fn any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+    /// Starts the pump when the row claims work or the tray is always open.
+    fn resume(self: Arc<Self>);
+    /// Marked with work a pump could do (not parked, not retired).
+    fn pending(&self) -> bool;
+    /// Deleted or being deleted.
+    fn deleted(&self) -> bool;
+    /// Waits until a delete under way finished.
+    fn freed(&self) -> BoxFuture<'static, ()>;
+    /// Runs `on_open` once (when the object exists), then resumes the pump.
+    fn open(
+        self: Arc<Self>,
+        instance: Instance,
+        ctx: Context,
+    ) -> BoxFuture<'static, Result<(), TrayError>>;
+    /// Runs `on_close` (after `open`), logging a failure.
+    fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()>;
+}
+
+impl<T: Tray> Opened for OpenTray<T> {
+    fn any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+
+    fn resume(self: Arc<Self>) {
+        if self.opened.load(std::sync::atomic::Ordering::SeqCst) != OPEN {
+            return;
+        }
+        let start = {
+            let state = self.state.lock();
+            state.marked || self.always_open
+        };
+        if start {
+            self.start_pump();
+        }
+    }
+
+    fn pending(&self) -> bool {
+        let state = self.state.lock();
+        state.marked && !state.parked && state.retired.is_none()
+    }
+
+    fn deleted(&self) -> bool {
+        self.state.lock().retired == Some(Retired::Deleted)
+    }
+
+    fn freed(&self) -> BoxFuture<'static, ()> {
+        let mut freed = self.freed.subscribe();
+        Box::pin(async move {
+            let _ = freed.wait_for(|freed| *freed).await;
+        })
+    }
+
+    fn open(
+        self: Arc<Self>,
+        instance: Instance,
+        ctx: Context,
+    ) -> BoxFuture<'static, Result<(), TrayError>> {
+        Box::pin(async move {
+            use std::sync::atomic::Ordering;
+            if self
+                .opened
+                .compare_exchange(CLOSED, OPENING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                return Ok(());
+            }
+            let hook = (self.on_open)(instance, ctx, TrayHandle::new(self.clone()));
+            let failure = match std::panic::AssertUnwindSafe(hook).catch_unwind().await {
+                Ok(Ok(())) => None,
+                Ok(Err(error)) => Some(error.to_string()),
+                Err(panic) => Some(crate::namespace::panic_message(panic.as_ref())),
+            };
+            if let Some(reason) = failure {
+                self.opened.store(CLOSED, Ordering::SeqCst);
+                return Err(TrayError::Hook {
+                    tray: self.label(),
+                    reason,
+                });
+            }
+            self.opened.store(OPEN, Ordering::SeqCst);
+            self.resume();
+            Ok(())
+        })
+    }
+
+    fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()> {
+        Box::pin(async move { self.run_close(instance, ctx).await })
+    }
+}
+
+fn malformed(spec: &Spec, key: &str, reason: impl Into<String>) -> TrayError {
+    TrayError::Malformed {
+        tray: spec.name.to_owned(),
+        key: key.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// The instance's object as an `O`.
+fn object<O: Send + Sync + 'static>(instance: Instance) -> Result<Arc<O>, BoxError> {
+    instance
+        .downcast::<O>()
+        .map_err(|_| BoxError::from("a tray reached an instance of another object type"))
+}
+
+fn handler<O: TrayHandler<T>, T: Tray>(
+    instance: Instance,
+    ctx: TrayCtx<T>,
+    item: T::Item,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move { object::<O>(instance)?.handle(ctx, item).await })
+}
+
+fn on_open<O: TrayHandler<T>, T: Tray>(
+    instance: Instance,
+    ctx: Context,
+    tray: TrayHandle<T>,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move { object::<O>(instance)?.on_open(&ctx, &tray).await })
+}
+
+fn on_close<O: TrayHandler<T>, T: Tray>(
+    instance: Instance,
+    ctx: Context,
+    tray: TrayHandle<T>,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move { object::<O>(instance)?.on_close(&ctx, &tray).await })
+}
+
+/// Opens tray `T` of object `O` from its row (`None`: a fresh row, written
+/// at once so a created tray lives until deleted).
+pub(crate) fn open<O: TrayHandler<T>, T: Tray>(
+    owner: &Arc<InstanceTrays>,
+    spec: &Spec,
+    key: String,
+    row: Option<(bool, Doc)>,
+) -> Result<Arc<dyn Opened>, TrayError> {
+    let fresh = || {
+        let mut doc = Doc::new();
+        if T::VERSION != 0 {
+            doc.insert(VERSION_KEY.to_owned(), Json::from(T::VERSION));
+        }
+        doc
+    };
+    let stored = row.is_some();
+    let (mut marked, mut doc) = row.unwrap_or_else(|| (false, fresh()));
+    let version = match doc.get(VERSION_KEY) {
+        None => 0,
+        Some(version) => version
+            .as_i64()
+            .ok_or_else(|| malformed(spec, &key, format!("malformed version {version}")))?,
+    };
+    // A row of another schema version activates blank; a stale mark (a
+    // dead work claim every restart would resurrect) is dropped durably.
+    let mut changed = !stored;
+    if version != T::VERSION {
+        changed = true;
+        marked = false;
+        doc = fresh();
+    }
+    let mut tray = T::default();
+    let mut fields: Vec<&'static str> = Vec::new();
+    let mut problem: Option<String> = None;
+    {
+        let mut seen = HashSet::new();
+        let mut visit = |name: &'static str, field: &mut dyn super::Field| {
+            if problem.is_some() {
+                return;
+            }
+            if name.is_empty() || name.starts_with('~') || !seen.insert(name) {
+                problem = Some(format!(
+                    "field name {name:?} is empty, reserved or declared twice"
+                ));
+                return;
+            }
+            fields.push(name);
+            if let Err(reason) = field.restore(doc.get(name).cloned()) {
+                problem = Some(
+                    super::FieldError {
+                        kind: field.kind(),
+                        name: name.to_owned(),
+                        reason,
+                    }
+                    .to_string(),
+                );
+            }
+        };
+        tray.fields(&mut Fields::new(&mut visit));
+    }
+    if let Some(problem) = problem {
+        return Err(malformed(spec, &key, problem));
+    }
+    let inbox = match doc.get(INBOX_KEY) {
+        None => Vec::new(),
+        Some(Json::Array(commands)) => commands.clone(),
+        Some(Json::Object(entry)) => {
+            // A queue entry with pending takes: takes first.
+            let list = |name: &str| match entry.get(name) {
+                Some(Json::Array(list)) => list.clone(),
+                _ => Vec::new(),
+            };
+            list("taken").into_iter().chain(list("items")).collect()
+        }
+        Some(other) => return Err(malformed(spec, &key, format!("malformed inbox {other}"))),
+    };
+    let attempts = match doc.get(ATTEMPTS_KEY) {
+        None => 0,
+        Some(attempts) => attempts
+            .as_u64()
+            .filter(|attempts| *attempts > 0)
+            .ok_or_else(|| malformed(spec, &key, format!("malformed attempts {attempts}")))?,
+    };
+    let parked = match doc.get(PARKED_KEY) {
+        None => false,
+        Some(Json::Bool(true)) => true,
+        Some(other) => return Err(malformed(spec, &key, format!("malformed parked {other}"))),
+    };
+    let dispatch_state = doc.get(STATE_KEY).cloned();
+    let doc = Entries::of(&doc).map_err(|error| malformed(spec, &key, error.to_string()))?;
+    let tray = Arc::new(OpenTray {
+        key,
+        keyed: spec.keyed,
+        always_open: spec.always_open,
+        owner: Arc::downgrade(owner),
+        slot: owner.slot.clone(),
+        frontier: owner.frontier.clone(),
+        handler: handler::<O, T>,
+        on_open: on_open::<O, T>,
+        on_close: on_close::<O, T>,
+        opened: std::sync::atomic::AtomicU8::new(CLOSED),
+        state: Mutex::new(TrayState {
+            tray,
+            fields,
+            marked,
+            doc,
+            changed,
+            inbox,
+            attempts,
+            parked,
+            dispatch_state,
+            retired: None,
+            pumping: false,
+            active: None,
+        }),
+        freed: watch::Sender::new(false),
+    });
+    {
+        let mut state = tray.state.lock();
+        let _written = tray.commit(&mut state)?;
+    }
+    Ok(tray)
+}
+
+impl<T: Tray> OpenTray<T> {
+    /// Runs `on_close` once after an `on_open`, logging a failure.
+    pub(crate) async fn run_close(self: Arc<Self>, instance: Instance, ctx: Context) {
+        if self
+            .opened
+            .swap(CLOSED, std::sync::atomic::Ordering::SeqCst)
+            != OPEN
+        {
+            return;
+        }
+        let label = self.label();
+        let hook = (self.on_close)(instance, ctx, TrayHandle::new(self));
+        let failure = match std::panic::AssertUnwindSafe(hook).catch_unwind().await {
+            Ok(Ok(())) => return,
+            Ok(Err(error)) => error.to_string(),
+            Err(panic) => crate::namespace::panic_message(panic.as_ref()),
+        };
+        tracing::error!(tray = %label, error = %failure, "TrayHandler::on_close failed");
+    }
+
+    /// Runs `on_close` in the background after a passivation.
+    pub(crate) fn close_later(self: &Arc<Self>) {
+        let Some(slot) = self.slot.upgrade() else {
+            return;
+        };
+        let Some(instance) = slot.instance() else {
+            return;
+        };
+        let tray = self.clone();
+        let ctx = Context::new(slot.clone());
+        ctx.clone().wait_until(async move {
+            tray.run_close(instance, ctx).await;
+            Ok(())
+        });
+    }
+
+    /// Passivates a keyed tray (not always open) that rests dry, when
+    /// `holders` references are all that is left of it: the open map's and
+    /// the caller's. Called by the pump going dry and by the last handle
+    /// going away, whichever comes last. Takes the state lock, then the
+    /// open map's.
+    pub(crate) fn passivate_if_dry(&self, state: &mut TrayState<T>, holders: usize) -> bool {
+        if !self.keyed || self.always_open || state.retired.is_some() {
+            return false;
+        }
+        if state.marked || !state.inbox.is_empty() {
+            return false;
+        }
+        if let Some(owner) = self.owner.upgrade() {
+            let me = (self as *const Self).cast::<()>();
+            if owner.passivate(T::NAME, &self.key, me, holders) {
+                state.retired = Some(Retired::Closed);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// `tray_ns/tray_id`, for errors and logs.
+    pub(crate) fn label(&self) -> String {
+        format!("{}/{}", T::NAME, self.key)
+    }
+
+    /// Refuses writes to a retired tray.
+    pub(crate) fn writable(&self, state: &TrayState<T>) -> Result<(), TrayError> {
+        match state.retired {
+            None => Ok(()),
+            Some(Retired::Deleted) => Err(TrayError::Deleted(self.label())),
+            // A passivated tray left the open map with no handle left, so
+            // nothing reaches one; refuse rather than write behind a reopen.
+            Some(Retired::Closed) => Err(TrayError::Closed),
+        }
+    }
+
+    /// Ends a write segment: re-serializes the fields that changed, syncs
+    /// the reserved entries and, when the row differs from what was last
+    /// enlisted, enlists it. Returns a receipt covering the segment.
+    ///
+    /// A value that does not serialize aborts the instance: its memory
+    /// already holds the change, which must never outlive the store.
+    pub(crate) fn commit(&self, state: &mut TrayState<T>) -> Result<Receipt, TrayError> {
+        self.commit_with(state, Urgency::Now)
+    }
+
+    /// As [`commit`](Self::commit), the row leaving when `urgency` says:
+    /// [`Urgency::Soon`] for a write nobody waits for.
+    pub(crate) fn commit_with(
+        &self,
+        state: &mut TrayState<T>,
+        urgency: Urgency,
+    ) -> Result<Receipt, TrayError> {
+        let TrayState {
+            tray, doc, changed, ..
+        } = state;
+        let mut failure: Option<String> = None;
+        {
+            let mut visit = |name: &'static str, field: &mut dyn super::Field| {
+                if !field.take_dirty() {
+                    return;
+                }
+                match field.entry() {
+                    Ok(entry) => *changed |= doc.put(name, entry),
+                    Err(error) => failure = Some(format!("{name}: {error}")),
+                }
+            };
+            tray.fields(&mut Fields::new(&mut visit));
+        }
+        if let Some(failure) = failure {
+            if let Some(slot) = self.slot.upgrade() {
+                tracing::error!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), error = %failure, "a tray value does not serialize; aborting the instance");
+                crate::namespace::Namespace::abort(&slot);
+            }
+            return Err(TrayError::Encode(failure));
+        }
+        let reserved = [
+            (
+                VERSION_KEY,
+                (T::VERSION != 0).then(|| Entry::of(&T::VERSION)),
+            ),
+            (
+                INBOX_KEY,
+                (!state.inbox.is_empty()).then(|| Entry::of(&state.inbox)),
+            ),
+            (
+                ATTEMPTS_KEY,
+                (state.attempts > 0).then(|| Entry::of(&state.attempts)),
+            ),
+            (PARKED_KEY, state.parked.then(|| Entry::of(&true))),
+            (STATE_KEY, state.dispatch_state.as_ref().map(Entry::of)),
+        ];
+        for (name, entry) in reserved {
+            // Plain JSON values and numbers always encode.
+            let entry = entry
+                .transpose()
+                .map_err(|error| TrayError::Encode(format!("{name}: {error}")))?;
+            state.changed |= state.doc.put(name, entry);
+        }
+        if std::mem::take(&mut state.changed) {
+            self.frontier.enlist_with(
+                Effect::Row {
+                    tray_ns: T::NAME,
+                    tray_id: self.key.clone(),
+                    image: Some((state.marked, state.doc.text())),
+                },
+                urgency,
+            )?;
+        }
+        Ok(self.frontier.receipt())
+    }
+
+    /// Moves the mark.
+    pub(crate) fn set_marked(state: &mut TrayState<T>, marked: bool) {
+        if state.marked != marked {
+            state.marked = marked;
+            state.changed = true;
+        }
+    }
+
+    /// Runs `edit` on the tray as one write segment: a panic inside it
+    /// aborts the instance (its memory may be half-changed).
+    pub(crate) fn segment<R>(
+        &self,
+        state: &mut TrayState<T>,
+        edit: impl FnOnce(&mut T) -> R,
+    ) -> Result<R, TrayError> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| edit(&mut state.tray))) {
+            Ok(answer) => Ok(answer),
+            Err(_) => {
+                if let Some(slot) = self.slot.upgrade() {
+                    tracing::error!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), "a tray write segment panicked; aborting the instance");
+                    crate::namespace::Namespace::abort(&slot);
+                }
+                Err(TrayError::Panicked)
+            }
+        }
+    }
+}

@@ -1,0 +1,532 @@
+//! The namespace layer: one hosted namespace ([`Namespace`]) with its
+//! instance table (which ids are resident), admission and capacity (how a
+//! new id is admitted and activated), and how instances leave (idle
+//! eviction, wind-down, drain, abort, teardown). The handle an object gets
+//! on one of its instances, [`Context`](context::Context), is this layer's
+//! too.
+//!
+//! It sits on the instance layer (each [`Record`] holds a
+//! [`Slot`](crate::instance::Slot)) and the control-plane layer (leases,
+//! fences, the switchboard), and never reaches above: the durable layer is
+//! handed to it as a [`Durability`] and the object's hooks as a
+//! [`Lifecycle`], both built by the worker's factory.
+//!
+//! Invariants:
+//! - at most one record per id; a burst of first requests shares one
+//!   activation (the map's entry lock decides who creates the record);
+//! - a record leaves the map only at the end of its teardown, after its
+//!   in-flight count reached zero and its `on_stop` handlers ran;
+//! - refusals for ids that are not resident never touch resident ones.
+//!
+//! The namespace never parses HTTP; [`dispatch`](crate::serve::dispatch) turns its
+//! answers into responses.
+//!
+//! This module owns the record map and the sweep; the phases of a record's
+//! life have a module each: [`admission`] (entering, creating, activating),
+//! [`drain`], [`wind_down`] and [`teardown`]; [`busy`] is the in-flight
+//! guard through which a record reports its last entry out.
+
+use std::borrow::Borrow;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::instance::{Id, Stage};
+use crate::metrics::Metrics;
+use crate::namespace::options::HostOptions;
+use crate::plane::control::ControlPlane;
+use crate::plane::fence::FenceTable;
+use crate::plane::registration::Commanded;
+
+mod admission;
+mod busy;
+pub(crate) mod context;
+mod drain;
+mod durability;
+pub(crate) mod hooks;
+mod lifecycle;
+pub(crate) mod options;
+mod record;
+mod states;
+mod teardown;
+mod wind_down;
+
+pub(crate) use self::admission::{Admission, Attempt, Entered};
+pub(crate) use self::busy::Busy;
+pub(crate) use self::drain::DrainKind;
+use self::drain::DrainState;
+pub(crate) use self::durability::Durability;
+pub use self::lifecycle::Idle;
+pub(crate) use self::lifecycle::Lifecycle;
+pub(crate) use self::record::Record;
+pub(crate) use self::states::States;
+pub(crate) use self::wind_down::wind_down;
+pub(crate) use crate::task::{panic_message, spawn_detached};
+
+/// What one sweep pass does to a record.
+#[derive(Clone, Copy)]
+enum Sweep {
+    /// No client for the detached timeout: wind down now.
+    Detached,
+    /// Winding down (or draining) and idle: close.
+    Close,
+    /// Idle for the idle timeout: ask `on_idle`.
+    Idle,
+}
+
+/// One row of `/_pinned/stats` `instances`.
+pub(crate) struct InstanceRow {
+    pub(crate) seq: u64,
+    pub(crate) id: Id,
+    pub(crate) connections: u32,
+    pub(crate) tasks: u64,
+    pub(crate) idle_ms: u64,
+    pub(crate) activated_at: Option<u64>,
+}
+
+/// A record as the key of its own map entry, found by its id: hashed and
+/// compared as the id string, so the map looks it up by `&str` while the
+/// id is stored once, in the record.
+#[derive(Clone)]
+pub(crate) struct Keyed(pub(crate) Arc<Record>);
+
+impl Keyed {
+    /// Whether this entry is `slot` itself (not a newer record of the id).
+    pub(crate) fn is(&self, slot: &Arc<Record>) -> bool {
+        Arc::ptr_eq(&self.0, slot)
+    }
+}
+
+impl Borrow<str> for Keyed {
+    fn borrow(&self) -> &str {
+        &self.0.id
+    }
+}
+
+impl Hash for Keyed {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As the `str` it borrows as: lookups by `&str` hash that.
+        <str as Hash>::hash(self.0.id.as_str(), state);
+    }
+}
+
+impl PartialEq for Keyed {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Eq for Keyed {}
+
+/// Everything one hosted namespace shares among its instances.
+pub(crate) struct Namespace {
+    pub(crate) ns: Arc<str>,
+    pub(crate) options: HostOptions,
+    /// The object type's activation and lifecycle hooks.
+    pub(crate) lifecycle: Lifecycle,
+    /// The object's routes behind the request stack, built once for the
+    /// namespace.
+    pub(crate) router: Router,
+    /// The durable layer's side of the namespace (`None` without a store).
+    pub(crate) durable: Option<Arc<dyn Durability>>,
+    /// The records, found by id: each is its own key ([`Keyed`]), so a
+    /// bucket is one pointer and the id is stored once.
+    slots: DashMap<Keyed, ()>,
+    /// Records in `slots`, kept apart so capacity checks never walk the map.
+    count: AtomicUsize,
+    /// Of those, the records whose teardown began (they leave soon and no
+    /// longer count against `max_instances`, up to as many again).
+    closing: AtomicUsize,
+    seq: AtomicU64,
+    base: Instant,
+    /// Signalled when a closing instance's in-flight count reaches zero.
+    pub(crate) settled: Notify,
+    /// Signalled when a record leaves the map.
+    changed: Notify,
+    /// Signalled when the host or one of its instances starts winding down
+    /// (waiters re-check their own instance: one `Notify` per host keeps
+    /// idle instances small).
+    pub(crate) winding: Notify,
+    draining: AtomicBool,
+    /// The worker's own drain (SIGTERM, `close`) is in force: the process
+    /// is on its way out.
+    leaving: AtomicBool,
+    drain: Mutex<DrainState>,
+    shut_down: AtomicBool,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) duration: Histogram,
+    activations: AtomicU64,
+    evictions: AtomicU64,
+    sweeper: Mutex<Option<AbortHandle>>,
+    /// Calls `on_unhealthy`/`on_restored` as the lease's health changes.
+    lease_watch: Mutex<Option<AbortHandle>>,
+    /// Audience of tokens the worker mints for its own in-process calls.
+    pub(crate) local_aud: String,
+    /// The worker secret: verifies attestations.
+    pub(crate) secret: Arc<str>,
+    /// Local mode or behind pinboard.
+    pub(crate) control: ControlPlane,
+    pub(crate) fences: FenceTable,
+    /// Where in-process cluster calls go (the worker's namespace table is
+    /// behind it; the host holds only the sending half).
+    pub(crate) switchboard: crate::plane::switchboard::Switchboard,
+    /// Cancelled when the worker is dropped: ends this host's background
+    /// tasks (sweep, lease watch, drain timer), which hold it strongly.
+    pub(crate) stop: CancellationToken,
+    /// The worker's state store, if any.
+    pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
+    /// The application states ([`Options::state`](crate::Options::state)).
+    pub(crate) states: Arc<crate::namespace::States>,
+    /// The worker's clock, tasks and randomness.
+    pub(crate) domain: crate::time::Domain,
+}
+
+/// What a host is built from, besides its options.
+pub(crate) struct NamespaceParts {
+    pub(crate) ns: Arc<str>,
+    pub(crate) options: HostOptions,
+    pub(crate) lifecycle: Lifecycle,
+    pub(crate) router: Router,
+    pub(crate) durable: Option<Arc<dyn Durability>>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) local_aud: String,
+    pub(crate) secret: Arc<str>,
+    pub(crate) control: ControlPlane,
+    pub(crate) store: Option<Arc<dyn pinned_store::StateStore>>,
+    pub(crate) states: Arc<crate::namespace::States>,
+    pub(crate) domain: crate::time::Domain,
+    pub(crate) switchboard: crate::plane::switchboard::Switchboard,
+    pub(crate) stop: CancellationToken,
+}
+
+impl Namespace {
+    pub(crate) fn new(parts: NamespaceParts) -> Self {
+        let NamespaceParts {
+            ns,
+            options,
+            lifecycle,
+            router,
+            durable,
+            metrics,
+            local_aud,
+            secret,
+            control,
+            store,
+            states,
+            domain,
+            switchboard,
+            stop,
+        } = parts;
+        let duration = metrics.duration_for(&ns);
+        Self {
+            ns,
+            options,
+            lifecycle,
+            router,
+            durable,
+            slots: DashMap::new(),
+            count: AtomicUsize::new(0),
+            closing: AtomicUsize::new(0),
+            seq: AtomicU64::new(0),
+            base: Instant::now(),
+            settled: Notify::new(),
+            changed: Notify::new(),
+            winding: Notify::new(),
+            draining: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
+            drain: Mutex::new(DrainState::default()),
+            shut_down: AtomicBool::new(false),
+            metrics,
+            duration,
+            activations: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+            sweeper: Mutex::new(None),
+            lease_watch: Mutex::new(None),
+            local_aud,
+            secret,
+            control,
+            fences: FenceTable::default(),
+            switchboard,
+            stop,
+            store,
+            states,
+            domain,
+        }
+    }
+
+    pub(crate) fn elapsed_ms(&self) -> u64 {
+        self.ms_at(Instant::now())
+    }
+
+    /// `at` as the records' activity stamps count it: milliseconds since
+    /// the host's clock base (no clock read: the request path stamps with
+    /// instants it has already read).
+    pub(crate) fn ms_at(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The host was shut down: every request is refused.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The worker's own drain is in force (a control-plane drain alone
+    /// does not count: that process keeps running).
+    pub(crate) fn leaving(&self) -> bool {
+        self.leaving.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn drain_deadline(&self) -> Option<Instant> {
+        self.drain.lock().deadline()
+    }
+
+    /// The ids of every record (resident, activating or closing).
+    pub(crate) fn ids(&self) -> Vec<String> {
+        self.slots
+            .iter()
+            .map(|entry| entry.key().0.id.to_string())
+            .collect()
+    }
+
+    /// Whether `id` has a record that is not closing.
+    pub(crate) fn is_resident(&self, id: &str) -> bool {
+        self.slot(id)
+            .is_some_and(|slot| matches!(slot.stage(), Stage::Activating | Stage::Live))
+    }
+
+    /// The record of `id` when it is live.
+    pub(crate) fn resident_slot(&self, id: &str) -> Option<Arc<Record>> {
+        self.slot(id).filter(|slot| slot.stage() == Stage::Live)
+    }
+
+    fn slot(&self, id: &str) -> Option<Arc<Record>> {
+        self.slots.get(id).map(|entry| entry.key().0.clone())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn counters(&self) -> (u64, u64) {
+        (
+            self.activations.load(Ordering::Relaxed),
+            self.evictions.load(Ordering::Relaxed),
+        )
+    }
+
+    /// One pass of the idle sweep: detached instances wind down, idle ones
+    /// are offered to `on_idle` (winding-down ones close when idle).
+    ///
+    /// The pass reads every live record in place and keeps only those with
+    /// something to do, so with millions resident it allocates nothing and
+    /// writes to no record it leaves alone; the actions run after the map
+    /// is released.
+    pub(crate) fn sweep(&self) {
+        let idle_ms = u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        let detached_ms =
+            u64::try_from(self.options.detached_timeout.as_millis()).unwrap_or(u64::MAX);
+        let draining = self.draining();
+        // One clock read for the pass: with millions resident, a read per
+        // record made each pass seconds long, holding the map's shards
+        // against activations all that time.
+        let now = self.elapsed_ms();
+        let mut due = Vec::new();
+        for entry in self.slots.iter() {
+            let slot = &entry.key().0;
+            if slot.stage() != Stage::Live {
+                continue;
+            }
+            let action = if slot.streams() > 0 {
+                slot.connected_at(now);
+                None
+            } else if !slot.winding.load(Ordering::SeqCst)
+                && slot.detached_ms_at(now) >= detached_ms
+            {
+                Some(Sweep::Detached)
+            } else {
+                None
+            };
+            let action = action.or_else(|| {
+                if slot.in_flight() != 0 {
+                    None
+                } else if draining || slot.winding_down() {
+                    Some(Sweep::Close)
+                } else if slot.idle_ms_at(now) >= idle_ms {
+                    Some(Sweep::Idle)
+                } else {
+                    None
+                }
+            });
+            if let Some(action) = action {
+                due.push((slot.clone(), action));
+            }
+        }
+        for (slot, action) in due {
+            match action {
+                Sweep::Detached => {
+                    tracing::warn!(namespace = %self.ns, id = %slot.id, "no client for the detached timeout; winding the instance down");
+                    wind_down(&slot, Some(Duration::ZERO));
+                }
+                Sweep::Close => Self::close_if_idle(&slot),
+                Sweep::Idle => crate::namespace::hooks::idle(&slot),
+            }
+        }
+        self.fences.sweep(self.control.lease_ttl());
+    }
+
+    /// The live records.
+    pub(crate) fn live(&self) -> Vec<Arc<Record>> {
+        self.slots
+            .iter()
+            .filter(|entry| entry.key().0.stage() == Stage::Live)
+            .map(|entry| entry.key().0.clone())
+            .collect()
+    }
+
+    fn all(&self) -> Vec<Arc<Record>> {
+        self.slots
+            .iter()
+            .map(|entry| entry.key().0.clone())
+            .collect()
+    }
+
+    /// Starts the idle sweep (idempotent).
+    pub(crate) fn start(self: &Arc<Self>) {
+        let mut sweeper = self.sweeper.lock();
+        if sweeper.is_some() {
+            return;
+        }
+        let host = self.clone();
+        let period = self.options.sweep_interval;
+        let task = self.domain.spawn(async move {
+            let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = host.stop.cancelled() => return,
+                    _ = ticks.tick() => host.sweep(),
+                }
+            }
+        });
+        *sweeper = Some(task.abort_handle());
+        if let Some(durable) = &self.durable {
+            durable.started(self);
+        }
+        if let Some(lease) = self.control.lease() {
+            let watcher = self.domain.spawn(crate::namespace::hooks::watch_lease(
+                self.clone(),
+                lease.health(),
+            ));
+            *self.lease_watch.lock() = Some(watcher.abort_handle());
+        }
+    }
+
+    /// Resolves once no record is left.
+    pub(crate) async fn wait_empty(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.len() == 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Closes everything and refuses all further requests.
+    pub(crate) async fn shut_down(&self) {
+        self.shut_down.store(true, Ordering::SeqCst);
+        if let Some(sweeper) = self.sweeper.lock().take() {
+            sweeper.abort();
+        }
+        if let Some(watch) = self.lease_watch.lock().take() {
+            watch.abort();
+        }
+        if let Some(timer) = self.drain.lock().timer.take() {
+            timer.abort();
+        }
+        if let Some(durable) = &self.durable {
+            durable.shut_down();
+        }
+        self.abort_all();
+        self.wait_empty().await;
+    }
+
+    /// This namespace as the control plane commands it.
+    pub(crate) fn commanded(self: &Arc<Self>) -> Arc<dyn Commanded> {
+        Arc::new(Commands(self.clone()))
+    }
+
+    pub(crate) fn rows(&self) -> Vec<InstanceRow> {
+        let mut rows: Vec<InstanceRow> = self
+            .slots
+            .iter()
+            .map(|entry| {
+                let slot = &entry.key().0;
+                let streams = slot.streams();
+                InstanceRow {
+                    seq: slot.seq,
+                    id: slot.id.clone(),
+                    connections: streams,
+                    tasks: slot.in_flight().saturating_sub(u64::from(streams)),
+                    idle_ms: slot.idle_ms(),
+                    activated_at: slot.activated_at(),
+                }
+            })
+            .collect();
+        rows.sort_unstable_by_key(|row| row.seq);
+        rows
+    }
+}
+
+/// A namespace as the control plane commands it.
+struct Commands(Arc<Namespace>);
+
+impl Commanded for Commands {
+    fn ns(&self) -> &str {
+        &self.0.ns
+    }
+
+    fn env(&self) -> Option<String> {
+        self.0.options.env.clone()
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.0.ids()
+    }
+
+    fn abort_id(&self, id: &str) {
+        self.0.abort_id(id);
+    }
+
+    fn abort_all(&self) {
+        self.0.abort_all();
+    }
+
+    fn wind_down_id(&self, id: &str, deadline: Option<Duration>) {
+        self.0.wind_down_id(id, deadline);
+    }
+
+    fn server_drain(&self, draining: bool, deadline: Option<Duration>) {
+        if draining {
+            self.0.start_drain(DrainKind::Server, deadline);
+        } else {
+            self.0.stop_drain(DrainKind::Server);
+        }
+    }
+}
