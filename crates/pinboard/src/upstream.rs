@@ -200,6 +200,9 @@ pub struct Pool {
     tls: Option<(TlsConnector, ServerName<'static>)>,
     idle: Box<[parking_lot::Mutex<Vec<SendRequest<UpstreamBody>>>]>,
     /// Idle connections of [`h1`]'s, per thread slot as `idle`.
+    // Boxed for the connection's life, not for the list: taken out and put
+    // back as a pointer, and held so by each response's body.
+    #[allow(clippy::vec_box)]
     idle_raw: Box<[parking_lot::Mutex<Vec<Box<h1::Conn>>>]>,
 }
 
