@@ -117,7 +117,9 @@ pub struct Conn {
 impl Conn {
     /// A connection over `io` (connected, `TCP_NODELAY` set by the
     /// caller), boxed once for its life: the response body holds it, and
-    /// is moved several times a request.
+    /// is moved several times a request. Held inline, it made pinboard's
+    /// proxied request about 800 instructions dearer (`proxy-bench`:
+    /// 21 868 inline, 21 043 boxed, nginx 20 735).
     pub fn new(io: TcpStream) -> Box<Self> {
         Box::new(Self {
             io,
