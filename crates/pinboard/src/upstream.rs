@@ -200,7 +200,10 @@ pub struct Pool {
     tls: Option<(TlsConnector, ServerName<'static>)>,
     idle: Box<[parking_lot::Mutex<Vec<SendRequest<UpstreamBody>>>]>,
     /// Idle connections of [`h1`]'s, per thread slot as `idle`.
-    idle_raw: Box<[parking_lot::Mutex<Vec<h1::Conn>>]>,
+    // Boxed for the connection's life, not for the list: taken out and put
+    // back as a pointer, and held so by each response's body.
+    #[allow(clippy::vec_box)]
+    idle_raw: Box<[parking_lot::Mutex<Vec<Box<h1::Conn>>>]>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -395,7 +398,7 @@ impl Pool {
         }
     }
 
-    fn take_raw(&self) -> Option<h1::Conn> {
+    fn take_raw(&self) -> Option<Box<h1::Conn>> {
         let mut idle = self.idle_raw[thread_slot()].lock();
         while let Some(conn) = idle.pop() {
             if conn.is_reusable() {
@@ -406,7 +409,7 @@ impl Pool {
     }
 
     /// A connection of [`h1`]'s whose response ended cleanly.
-    fn put_raw(&self, conn: h1::Conn) {
+    fn put_raw(&self, conn: Box<h1::Conn>) {
         let mut idle = self.idle_raw[thread_slot()].lock();
         if idle.len() < POOL_MAX_IDLE {
             idle.push(conn);

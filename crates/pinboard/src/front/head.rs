@@ -55,7 +55,8 @@ pub fn sort(head: &Bytes, line: &RequestLine, fields: &Fields, body_limit: usize
     if line.method(head) == b"CONNECT" {
         return None;
     }
-    let head::RequestHead { parts, notes } = head::request_head(head, line, fields).ok()?;
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    let notes = head::request_head_into(head, line, fields, &mut parts).ok()?;
     if notes.transfer_encoding || notes.upgrade || notes.expect || notes.length_lines > 1 {
         return None;
     }

@@ -426,22 +426,36 @@ pub fn request_head(
     line: &RequestLine,
     fields: &Fields,
 ) -> Result<RequestHead, HeadError> {
-    let method =
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    let notes = request_head_into(head, line, fields, &mut parts)?;
+    Ok(RequestHead { parts, notes })
+}
+
+/// [`request_head`] into the caller's `parts` (a head is a few hundred
+/// bytes: built where it stays, not moved out of a result), answering the
+/// notes.
+///
+/// # Errors
+///
+/// As [`request_head`].
+pub fn request_head_into(
+    head: &Bytes,
+    line: &RequestLine,
+    fields: &Fields,
+    parts: &mut http::request::Parts,
+) -> Result<Notes, HeadError> {
+    parts.method =
         Method::from_bytes(line.method(head)).map_err(|_| HeadError::Malformed("method"))?;
-    let uri = Uri::from_maybe_shared(line.share_target(head))
+    parts.uri = Uri::from_maybe_shared(line.share_target(head))
         .map_err(|_| HeadError::Malformed("request target"))?;
     let mut notes = Notes::default();
-    let headers = fields.to_map(head, &mut notes)?;
-    let (mut parts, ()) = http::Request::new(()).into_parts();
-    parts.method = method;
-    parts.uri = uri;
+    parts.headers = fields.to_map(head, &mut notes)?;
     parts.version = if line.minor == 0 {
         Version::HTTP_10
     } else {
         Version::HTTP_11
     };
-    parts.headers = headers;
-    Ok(RequestHead { parts, notes })
+    Ok(notes)
 }
 
 /// A final response head (the client's role).
