@@ -1,8 +1,11 @@
 //! Placement on a real Redis Cluster (3 masters, one replica each, started
-//! here): two stores (two pinboard nodes) agree on one owner per id in
-//! every virtual shard, a flushed master quarantines only its shards, a
-//! killed master fails over without losing an acknowledged claim, and
-//! vacated rows expire.
+//! here): two pinboard processes with Python reference workers behave as
+//! one; two stores (two nodes) agree on one owner per id in every virtual
+//! shard, a flushed master quarantines only its shards, a killed master
+//! fails over without losing an acknowledged claim, and vacated rows
+//! expire.
+
+mod support;
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -99,6 +102,56 @@ fn one_id_per_shard() -> Vec<String> {
         i += 1;
     }
     ids.into_iter().flatten().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pinboards_on_a_cluster_keep_one_instance_per_id() {
+    let cluster = RedisCluster::start(3, 1).await;
+    let args = ["--redis-cluster-url", cluster.url.as_str()];
+    let n1 = support::pinboard().args(&args).start();
+    let n2 = support::pinboard().args(&args).start();
+    let _a = support::python_worker(&n1.url).start();
+    let _b = support::python_worker(&n2.url).start();
+    let c = support::client();
+    support::wait_workers(&c, &n1.url, 2).await;
+    support::wait_workers(&c, &n2.url, 2).await;
+    // 16 ids (over many shards), each hit alternately through both nodes:
+    // one instance per id, its count going on.
+    let mut seen: HashMap<String, serde_json::Value> = HashMap::new();
+    for round in 1..=10u64 {
+        for i in 0..16 {
+            let id = format!("e2e-{i}");
+            let node = if (round + i) % 2 == 0 {
+                &n1.url
+            } else {
+                &n2.url
+            };
+            let v = support::get_json(
+                &c,
+                &format!("{node}/counter/{id}/hit"),
+                Duration::from_secs(10),
+            )
+            .await;
+            let instance = seen
+                .entry(id.clone())
+                .or_insert_with(|| v["instance"].clone());
+            assert_eq!(&v["instance"], instance, "{id} via {node}: {v}");
+            assert_eq!(v["count"], round, "{id}: {v}");
+        }
+    }
+    // New ids raced from both nodes get one owner each.
+    for i in 0..10 {
+        let id = format!("race-{i}");
+        let (u1, u2) = (
+            format!("{}/counter/{id}/hit", n1.url),
+            format!("{}/counter/{id}/hit", n2.url),
+        );
+        let (x, y) = tokio::join!(
+            support::get_json(&c, &u1, Duration::from_secs(10)),
+            support::get_json(&c, &u2, Duration::from_secs(10)),
+        );
+        assert_eq!(x["instance"], y["instance"], "{id}: {x} vs {y}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

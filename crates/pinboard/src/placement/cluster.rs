@@ -206,7 +206,7 @@ impl ClusterStore {
         // read the topology again), not only as a call given up on.
         let client = ClusterClientBuilder::new(urls.to_vec())
             .connection_timeout(deadline / 2)
-            .response_timeout(deadline / 2)
+            .response_timeout(deadline * 3 / 4)
             .retries(2)
             .build()?;
         let conn = tokio::time::timeout(deadline, client.get_async_connection())
@@ -252,11 +252,12 @@ impl ClusterStore {
         }
     }
 
-    /// `WAIT`'s own timeout: a quarter of the deadline, so the call that
-    /// waits still answers within its deadline (and within the client's
-    /// response timeout) when the replica is slow.
+    /// `WAIT`'s own timeout: half the deadline, so the call that waits
+    /// answers within its deadline (and within the client's response
+    /// timeout, three quarters of it) when the replica is slow; a busy
+    /// machine's replica took more than a quarter (750 ms) at times.
     fn wait_timeout_ms(&self) -> u64 {
-        (self.settings.batching.deadline.as_millis() as u64 / 4).max(1)
+        (self.settings.batching.deadline.as_millis() as u64 / 2).max(1)
     }
 
     /// Wait until `wait_replicas` replicas of the master holding shard
