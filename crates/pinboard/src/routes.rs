@@ -192,6 +192,11 @@ pub struct Routes<S> {
     /// A caller is re-reading the worker list ([`workers`]).
     refreshing: AtomicBool,
     refresh_ms: u64,
+    /// After a failed regular re-read, the next waits until then
+    /// (monotonic ms).
+    refresh_retry_mono_ms: AtomicU64,
+    /// Oldest worker view served while the store fails: one lease TTL.
+    stale_limit_ms: u64,
     /// Where this node stands with the store's generation ([`generation`]).
     standing: RwLock<Standing>,
     quarantine_ms: u64,
@@ -245,6 +250,8 @@ impl<S: PlacementStore> Routes<S> {
             snapshot: RwLock::new(Arc::new(Snapshot::default())),
             refreshing: AtomicBool::new(false),
             refresh_ms,
+            refresh_retry_mono_ms: AtomicU64::new(0),
+            stale_limit_ms: lease_ttl_ms.max(refresh_ms),
             standing: RwLock::new(Standing::Unopened),
             quarantine_ms,
             loss_quarantine_ms: quarantine_ms.max(lease_ttl_ms),

@@ -1,9 +1,11 @@
 //! A test double: a placement store that holds one caller between a read
 //! and whatever it does with what it read, so a test can let another
 //! caller act in between. The interleaving that makes a read-then-act
-//! race is then a plain sequence of awaits, not a matter of luck.
+//! race is then a plain sequence of awaits, not a matter of luck. It can
+//! also make the worker list fail, as a store that stopped answering.
 //!
-//! Owns nothing but the gate; every call goes to the wrapped store.
+//! Owns nothing but the gate and the switch; every other call goes to the
+//! wrapped store.
 //! Test-only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +30,8 @@ pub(crate) struct Gated<S> {
     armed: AtomicBool,
     paused: Notify,
     release: Notify,
+    /// `list_workers` times out while set.
+    listing_fails: AtomicBool,
 }
 
 impl<S> Gated<S> {
@@ -37,6 +41,7 @@ impl<S> Gated<S> {
             armed: AtomicBool::new(false),
             paused: Notify::new(),
             release: Notify::new(),
+            listing_fails: AtomicBool::new(false),
         }
     }
 
@@ -53,6 +58,11 @@ impl<S> Gated<S> {
     /// Let the held caller go on with what it read.
     pub(crate) fn release(&self) {
         self.release.notify_one();
+    }
+
+    /// Make `list_workers` answer a timeout (`true`) or read again.
+    pub(crate) fn fail_listing(&self, fail: bool) {
+        self.listing_fails.store(fail, Ordering::Release);
     }
 }
 
@@ -117,6 +127,9 @@ impl<S: PlacementStore> PlacementStore for Gated<S> {
     }
 
     async fn list_workers(&self, now: Now) -> Result<Vec<LiveWorker>, StoreError> {
+        if self.listing_fails.load(Ordering::Acquire) {
+            return Err(StoreError::Timeout(std::time::Duration::from_secs(1)));
+        }
         let listed = self.inner.list_workers(now).await;
         if self.armed.swap(false, Ordering::AcqRel) {
             // Read, then held: the caller acts on what it read only after

@@ -622,3 +622,79 @@ async fn a_sweeper_re_placement_says_so() {
         )]
     );
 }
+
+#[tokio::test]
+async fn a_failing_store_leaves_the_last_worker_view_serving_for_one_lease() {
+    use crate::placement::gated::Gated;
+
+    let clock = Arc::new(FakeClock(Mutex::new(Now {
+        wall_ms: 5_000,
+        mono_ms: 0,
+    })));
+    let store = Arc::new(Gated::new(MemoryStore::new()));
+    store
+        .put_worker(&rec("a", 10), 60_000, clock.now())
+        .await
+        .expect("put");
+    let dir = Routes::new(
+        store.clone(),
+        clock.clone(),
+        Arc::new(SeededEntropy::seeded(3)),
+        Arc::new(EpochFloor::default()),
+        RoutesSettings {
+            refresh_ms: 500,
+            quarantine_ms: 0,
+            lease_ttl_ms: 10_000,
+            route_capacity: 1000,
+            unknown_session_ttl_ms: 1000,
+            forced_refresh_interval_ms: 100,
+            upstream_tls: None,
+        },
+        RoutesCounters::default(),
+    );
+    dir.open_generation().await.expect("generation");
+    let placed = dir
+        .resolve("/c/x", "/c", "x", HOSTLESS, Avoid::default())
+        .await
+        .expect("placed");
+    let at = |ms: u64| clock.0.lock().mono_ms = ms;
+
+    // The store stops answering; a warm id keeps resolving from the cache
+    // through the view read before, well past the refresh interval.
+    store.fail_listing(true);
+    let reads = dir.counters.worker_reads.get();
+    for ms in [600, 2_500, 9_900] {
+        at(ms);
+        let warm = dir
+            .resolve("/c/x", "/c", "x", HOSTLESS, Avoid::default())
+            .await
+            .unwrap_or_else(|e| panic!("at {ms} ms: {e}"));
+        assert!(Arc::ptr_eq(&warm, &placed), "the cached route");
+    }
+    assert!(
+        dir.counters.worker_reads.get() > reads,
+        "the view was re-read (and failed) meanwhile"
+    );
+    // A registration here marks the view changed: still served while the
+    // store fails, as long as it is younger than a lease.
+    dir.workers_changed();
+    assert!(dir.view().await.is_ok(), "a marked view serves on");
+    // Older than one lease TTL: no longer trusted.
+    at(10_100);
+    assert!(
+        matches!(
+            dir.resolve("/c/x", "/c", "x", HOSTLESS, Avoid::default())
+                .await,
+            Err(ResolveError::Store(_))
+        ),
+        "a view older than a lease is not served"
+    );
+    // The store answers again: so does everything.
+    store.fail_listing(false);
+    at(10_200);
+    let again = dir
+        .resolve("/c/x", "/c", "x", HOSTLESS, Avoid::default())
+        .await
+        .expect("resolves again");
+    assert!(Arc::ptr_eq(&again, &placed));
+}

@@ -23,6 +23,21 @@
 //!
 //! So a flood of forged sessions costs at most one store read per interval,
 //! however many requests and distinct sessions it carries.
+//!
+//! # A store that does not answer
+//!
+//! A regular re-read that fails (the store timed out, a cluster master
+//! died and its replica is not promoted yet) leaves the view it would have
+//! replaced in place, and that view keeps serving for up to one lease TTL
+//! after it was read: a warm request needs no store call, so an outage of
+//! the store must not fail it through the view. This is safe because the
+//! view only says which owners to trust: an owner that lapsed meanwhile is
+//! fenced by its own lease and epoch (it refuses, and the request resolves
+//! again, which needs the store), and nothing can be placed anew while the
+//! store is out. While one caller re-reads, the others go on with the old
+//! view; after a failed re-read the next waits one refresh interval. A view
+//! older than a lease TTL is not served: every caller waits for a fresh
+//! read and fails with the store.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -32,10 +47,6 @@ use super::Routes;
 use crate::operator::moves::MoveReason;
 use crate::placement::{PlacementStore, StoreError};
 use crate::upstream::WorkerConn;
-
-/// A worker view up to this many refresh intervals old is still served
-/// while one caller refreshes it; older, every caller waits for a fresh one.
-const STALE_GRACE_FACTOR: u64 = 4;
 
 /// Most sessions remembered as unknown at once (see the module doc).
 pub const UNKNOWN_SESSION_CAPACITY: usize = 10_000;
@@ -59,7 +70,12 @@ pub(super) struct Snapshot {
     /// Bound hostnames, lowercase: the store's record and every live
     /// worker's (see [`View::binds`]).
     bound: Arc<foldhash::HashSet<Box<str>>>,
+    /// When this view was read (monotonic ms); `None` once a registration
+    /// here marked it changed (the next caller reads it again).
     fetched_mono_ms: Option<u64>,
+    /// When its content was read, kept when marked changed: how old a view
+    /// served through a store outage is (see the module doc).
+    read_mono_ms: Option<u64>,
 }
 
 impl Snapshot {
@@ -114,6 +130,7 @@ impl<S: PlacementStore> Routes<S> {
                 by_session: snap.by_session.clone(),
                 bound: snap.bound.clone(),
                 fetched_mono_ms: None,
+                read_mono_ms: snap.read_mono_ms,
             });
         }
     }
@@ -130,25 +147,44 @@ impl<S: PlacementStore> Routes<S> {
         if force {
             return self.forced_workers().await;
         }
-        {
+        let old = {
             let snap = self.snapshot.read();
             if let Some(at) = snap.fetched_mono_ms {
                 let age = now_mono_ms.saturating_sub(at);
                 if age < self.refresh_ms {
                     return Ok(snap.clone());
                 }
-                // Stale but recent: one caller refreshes, the others keep
-                // going on the old view instead of all waiting on the
-                // store at once.
-                if age < self.refresh_ms.saturating_mul(STALE_GRACE_FACTOR)
-                    && self.refreshing.swap(true, Ordering::AcqRel)
-                {
-                    return Ok(snap.clone());
-                }
             }
+            snap.clone()
+        };
+        let usable = old
+            .read_mono_ms
+            .is_some_and(|at| now_mono_ms.saturating_sub(at) < self.stale_limit_ms);
+        let marked_changed = old.fetched_mono_ms.is_none();
+        // Stale: one caller re-reads, the others go on with the old view
+        // (unless a registration here changed it: then each waits, so a
+        // request right after a registration sees the new worker).
+        if usable && !marked_changed {
+            let retry_at = self.refresh_retry_mono_ms.load(Ordering::Acquire);
+            if now_mono_ms < retry_at || self.refreshing.swap(true, Ordering::AcqRel) {
+                return Ok(old);
+            }
+        } else {
+            self.refreshing.store(true, Ordering::Release);
         }
         let _refreshing = RefreshGuard(&self.refreshing);
-        self.fetch_workers().await
+        match self.fetch_workers().await {
+            Ok(snap) => Ok(snap),
+            Err(error) if usable => {
+                self.refresh_retry_mono_ms.store(
+                    self.clock.mono_ms().saturating_add(self.refresh_ms),
+                    Ordering::Release,
+                );
+                tracing::debug!(target: "pinboard::placement", error = %pinned_edge::logging::Chain(&error), "worker list re-read failed; the view read before serves on");
+                Ok(old)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// A worker view read from the store no earlier than this call:
@@ -236,6 +272,7 @@ impl<S: PlacementStore> Routes<S> {
             by_session,
             bound,
             fetched_mono_ms: Some(now.mono_ms),
+            read_mono_ms: Some(now.mono_ms),
         });
         *self.snapshot.write() = snap.clone();
         Ok(snap)
