@@ -58,6 +58,7 @@
 
 mod cluster;
 mod connection;
+mod forward;
 #[cfg(test)]
 pub(crate) mod gated;
 mod memory;

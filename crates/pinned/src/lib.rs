@@ -84,11 +84,16 @@ mod time;
 mod guide_links;
 pub mod guide;
 
-mod durable;
 mod instance;
-mod namespace;
-mod object;
+
 mod plane;
+
+mod namespace;
+
+mod durable;
+
+mod object;
+
 mod serve;
 
 pub use auth::{AuthError, Denial};

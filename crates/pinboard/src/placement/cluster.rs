@@ -84,15 +84,15 @@ use std::sync::Arc;
 use futures_util::future::try_join_all;
 use parking_lot::Mutex;
 use pinned_store::InstanceKey;
-use pinned_wire::registry::ControlMessage;
 use redis::cluster::ClusterClientBuilder;
 use redis::{FromRedisValue, Script};
 
 use self::standing::ShardStanding;
 use super::connection::{ClusterLink, RedisConn};
+use super::forward::forward_calls;
 use super::{
-    Admission, BatchStats, Batching, ClaimOutcome, DrainDeadline, Generation, LiveWorker,
-    PlacementEntry, PlacementStore, ReclaimOutcome, RedisStore, StoreError, WorkerRecord,
+    Admission, BatchStats, Batching, ClaimOutcome, Generation, PlacementEntry, PlacementStore,
+    ReclaimOutcome, RedisStore, StoreError, WorkerRecord,
 };
 use crate::clock::{Clock, Entropy, Now, SeededEntropy, SystemClock};
 
@@ -382,6 +382,11 @@ impl ClusterStore {
         Ok(left_ms)
     }
 
+    /// The shard store `instance` lives in.
+    fn shard(&self, instance: InstanceKey<'_>) -> &RedisStore {
+        &self.shards[shard_of(instance)]
+    }
+
     /// Whether shard `n` places new ids now, and the quarantine left.
     fn shard_open(&self, n: usize) -> (Option<Generation>, u64) {
         let now = self.clock.now();
@@ -421,9 +426,14 @@ impl ClusterStore {
 }
 
 impl PlacementStore for ClusterStore {
-    async fn deployment_version(&self) -> Result<u64, StoreError> {
-        self.global.deployment_version().await
-    }
+    // What lives under the `{g}` tag alone, and the calls on one id that
+    // its shard answers as one Redis would.
+    forward_calls!(global:
+        deployment_version, set_server_drain, get_worker, list_workers, bind_hostname,
+        bound_hostnames, mark_superseded, superseded, push_message, pending_messages,
+        release_sweeper_lease,
+    );
+    forward_calls!(shard(instance): release, tag, settle, placement);
 
     async fn admit_worker(&self, admission: &Admission<'_>, now: Now) -> Result<bool, StoreError> {
         if !self.global.admit_worker(admission, now).await? {
@@ -479,71 +489,10 @@ impl PlacementStore for ClusterStore {
         Ok(Some(record))
     }
 
-    async fn set_server_drain(
-        &self,
-        session_id: &str,
-        drain: Option<DrainDeadline>,
-        now: Now,
-    ) -> Result<bool, StoreError> {
-        self.global.set_server_drain(session_id, drain, now).await
-    }
-
-    async fn get_worker(
-        &self,
-        session_id: &str,
-        now: Now,
-    ) -> Result<Option<LiveWorker>, StoreError> {
-        self.global.get_worker(session_id, now).await
-    }
-
     async fn remove_worker(&self, session_id: &str) -> Result<bool, StoreError> {
         let removed = self.global.remove_worker(session_id).await?;
         self.remove_live(session_id).await?;
         Ok(removed)
-    }
-
-    async fn list_workers(&self, now: Now) -> Result<Vec<LiveWorker>, StoreError> {
-        self.global.list_workers(now).await
-    }
-
-    async fn bind_hostname(&self, hostname: &str, now: Now) -> Result<(), StoreError> {
-        self.global.bind_hostname(hostname, now).await
-    }
-
-    async fn bound_hostnames(&self) -> Result<Vec<String>, StoreError> {
-        self.global.bound_hostnames().await
-    }
-
-    async fn mark_superseded(
-        &self,
-        session_id: &str,
-        error: &str,
-        ttl_ms: u64,
-        now: Now,
-    ) -> Result<(), StoreError> {
-        self.global
-            .mark_superseded(session_id, error, ttl_ms, now)
-            .await
-    }
-
-    async fn superseded(&self, session_id: &str, now: Now) -> Result<Option<String>, StoreError> {
-        self.global.superseded(session_id, now).await
-    }
-
-    async fn push_message(
-        &self,
-        session_id: &str,
-        message: ControlMessage,
-    ) -> Result<String, StoreError> {
-        self.global.push_message(session_id, message).await
-    }
-
-    async fn pending_messages(
-        &self,
-        session_id: &str,
-        acks: &[String],
-    ) -> Result<Vec<ControlMessage>, StoreError> {
-        self.global.pending_messages(session_id, acks).await
     }
 
     async fn resolve_or_claim(
@@ -670,40 +619,6 @@ impl PlacementStore for ClusterStore {
         Ok(outcome)
     }
 
-    async fn release(
-        &self,
-        instance: InstanceKey<'_>,
-        session_id: &str,
-        epoch: Option<u64>,
-    ) -> Result<bool, StoreError> {
-        self.shards[shard_of(instance)]
-            .release(instance, session_id, epoch)
-            .await
-    }
-
-    async fn tag(
-        &self,
-        instance: InstanceKey<'_>,
-        session_id: &str,
-        epoch: Option<u64>,
-        tag: &str,
-    ) -> Result<bool, StoreError> {
-        self.shards[shard_of(instance)]
-            .tag(instance, session_id, epoch, tag)
-            .await
-    }
-
-    async fn settle(
-        &self,
-        instance: InstanceKey<'_>,
-        session_id: &str,
-        epoch: u64,
-    ) -> Result<bool, StoreError> {
-        self.shards[shard_of(instance)]
-            .settle(instance, session_id, epoch)
-            .await
-    }
-
     async fn wake_candidates(
         &self,
         limit: usize,
@@ -714,16 +629,6 @@ impl PlacementStore for ClusterStore {
         out.sort();
         out.truncate(limit);
         Ok(out)
-    }
-
-    async fn placement(
-        &self,
-        instance: InstanceKey<'_>,
-        now: Now,
-    ) -> Result<Option<PlacementEntry>, StoreError> {
-        self.shards[shard_of(instance)]
-            .placement(instance, now)
-            .await
     }
 
     async fn list_placements(&self, now: Now) -> Result<Vec<PlacementEntry>, StoreError> {
@@ -760,10 +665,6 @@ impl PlacementStore for ClusterStore {
             self.replicated_in(None).await?;
         }
         Ok(renewed)
-    }
-
-    async fn release_sweeper_lease(&self, token: &str) -> Result<bool, StoreError> {
-        self.global.release_sweeper_lease(token).await
     }
 }
 

@@ -62,11 +62,11 @@ impl Durable {
 impl Durability for Durable {
     fn opening(&self, record: &Arc<Record>) {
         if !self.declared.is_empty() {
-            record.set_trays(Arc::new(InstanceTrays::new(
+            record.set_trays(InstanceTrays::new(
                 record,
                 self.declared.clone(),
                 self.store.clone(),
-            )));
+            ));
         }
     }
 

@@ -3,36 +3,29 @@
 //!
 //! A declaration is a name, a kind (singleton, keyed, keyed and always
 //! open) and a monomorphized opener that builds the typed tray from a row.
+//! This is the one place that knows both the object's type and the tray's,
+//! so it sits above every other tray module: its opener binds the object's
+//! [`TrayHandler`] into the tray as plain function pointers, wrapping what
+//! the tray hands them into the user-facing [`TrayCtx`] and [`TrayHandle`].
 //! Nothing here touches a store or an instance.
 
 use std::any::TypeId;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
 use pinned_store::Doc;
 
-use super::machine::{self, Opened};
-use super::open::InstanceTrays;
+use super::env::TrayEnv;
+use super::handle::{TrayCtx, TrayHandle};
+use super::machine::{self, Delivery, Hooks, OpenTray};
+use super::opened::Opened;
+use super::spec::{Declared, Spec};
 use super::{Tray, TrayError, TrayHandler};
 use crate::durable::store::RESERVED_TRAY_NS;
-
-/// Builds the typed tray of one declaration from its row (`None`: a fresh
-/// row).
-pub(crate) type OpenFn = fn(
-    &Arc<InstanceTrays>,
-    &Spec,
-    String,
-    Option<(bool, Doc)>,
-) -> Result<Arc<dyn Opened>, TrayError>;
-
-/// One declared tray type.
-pub(crate) struct Spec {
-    pub(crate) name: &'static str,
-    pub(crate) type_id: TypeId,
-    pub(crate) keyed: bool,
-    pub(crate) always_open: bool,
-    pub(crate) open: OpenFn,
-}
+use crate::instance::Instance;
+use crate::namespace::context::Context;
+use crate::BoxError;
 
 /// The tray types an object declares, returned from
 /// [`Object::trays`](crate::Object::trays).
@@ -157,7 +150,7 @@ impl<O: Send + Sync + 'static> Trays<O> {
             type_id: TypeId::of::<T>(),
             keyed,
             always_open,
-            open: machine::open::<O, T>,
+            open: open::<O, T>,
         });
         self
     }
@@ -167,25 +160,52 @@ impl<O: Send + Sync + 'static> Trays<O> {
     }
 }
 
-/// A namespace's declared trays.
-#[derive(Default)]
-pub(crate) struct Declared {
-    pub(crate) specs: Vec<Spec>,
+/// The instance's object as an `O`.
+fn object<O: Send + Sync + 'static>(instance: Instance) -> Result<Arc<O>, BoxError> {
+    instance
+        .downcast::<O>()
+        .map_err(|_| BoxError::from("a tray reached an instance of another object type"))
 }
 
-impl Declared {
-    pub(crate) fn is_empty(&self) -> bool {
-        self.specs.is_empty()
-    }
+fn handler<O: TrayHandler<T>, T: Tray>(
+    instance: Instance,
+    delivery: Delivery<T>,
+    item: T::Item,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    let ctx = TrayCtx::new(delivery);
+    Box::pin(async move { object::<O>(instance)?.handle(ctx, item).await })
+}
 
-    pub(crate) fn by_name(&self, name: &str) -> Option<&Spec> {
-        self.specs.iter().find(|spec| spec.name == name)
-    }
+fn on_open<O: TrayHandler<T>, T: Tray>(
+    instance: Instance,
+    ctx: Context,
+    tray: Arc<OpenTray<T>>,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    let tray = TrayHandle::new(tray);
+    Box::pin(async move { object::<O>(instance)?.on_open(&ctx, &tray).await })
+}
 
-    /// The declaration of tray type `T` as `keyed` (or not).
-    pub(crate) fn of<T: Tray>(&self, keyed: bool) -> Result<&Spec, TrayError> {
-        self.by_name(T::NAME)
-            .filter(|spec| spec.type_id == TypeId::of::<T>() && spec.keyed == keyed)
-            .ok_or(TrayError::NotDeclared(T::NAME))
-    }
+fn on_close<O: TrayHandler<T>, T: Tray>(
+    instance: Instance,
+    ctx: Context,
+    tray: Arc<OpenTray<T>>,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    let tray = TrayHandle::new(tray);
+    Box::pin(async move { object::<O>(instance)?.on_close(&ctx, &tray).await })
+}
+
+/// Opens tray `T` of object `O` from its row (`None`: a fresh row, written
+/// at once so a created tray lives until deleted).
+fn open<O: TrayHandler<T>, T: Tray>(
+    env: &TrayEnv,
+    spec: &Spec,
+    key: String,
+    row: Option<(bool, Doc)>,
+) -> Result<Arc<dyn Opened>, TrayError> {
+    let hooks = Hooks {
+        handler: handler::<O, T>,
+        on_open: on_open::<O, T>,
+        on_close: on_close::<O, T>,
+    };
+    Ok(machine::restore(env, spec, key, row, hooks)?)
 }

@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::field::Entry;
 use super::frontier::{Effect, Receipt};
-use super::machine::{delete_command, AckEdit, OpenTray, Opened};
+use super::machine::{delete_command, AckEdit, Delivery, OpenTray, Retired};
 use super::open::InstanceTrays;
+use super::opened::Opened;
 use super::{Tray, TrayError};
 use crate::namespace::context::Context;
 use crate::BoxError;
@@ -176,7 +177,7 @@ impl<T: Tray> TrayHandle<T> {
     pub async fn delete(&self) -> Result<(), TrayError> {
         {
             let mut state = self.tray.state.lock();
-            if state.retired != Some(super::machine::Retired::Deleted) {
+            if state.retired != Some(Retired::Deleted) {
                 self.tray.writable(&state)?;
                 OpenTray::<T>::set_marked(&mut state, true);
                 let command = delete_command();
@@ -331,21 +332,15 @@ impl<T: Tray> std::fmt::Debug for TrayCtx<T> {
 }
 
 impl<T: Tray> TrayCtx<T> {
-    pub(crate) fn new(
-        tray: Arc<OpenTray<T>>,
-        ctx: Context,
-        attempts: u64,
-        state: Option<Json>,
-        edits: Arc<Mutex<Vec<AckEdit<T>>>>,
-        cancel: CancellationToken,
-    ) -> Self {
+    /// The handle user code gets for one delivery.
+    pub(crate) fn new(delivery: Delivery<T>) -> Self {
         Self {
-            tray,
-            ctx,
-            attempts,
-            state,
-            edits,
-            cancel,
+            tray: delivery.tray,
+            ctx: delivery.ctx,
+            attempts: delivery.attempts,
+            state: delivery.state,
+            edits: delivery.edits,
+            cancel: delivery.cancel,
         }
     }
 

@@ -9,8 +9,12 @@
 //! across an await. Row layout (wire.md §12.4): one entry per field, and the
 //! reserved `~v`, `~inbox`, `~attempts`, `~parked`, `~state`; other `~`
 //! entries a Python worker wrote are kept as they are.
+//!
+//! The tray never names what holds it or what user code holds of it: the
+//! open map reaches it as [`TrayEnv`] (built by the map), and its handler
+//! and hooks as plain function pointers ([`Hooks`], built by `declare`,
+//! which wraps a [`Delivery`] or the tray into the user-facing handles).
 
-use std::any::Any;
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 
@@ -21,13 +25,12 @@ use pinned_store::Doc;
 use serde_json::Value as Json;
 use tokio::sync::watch;
 
-use super::declare::Spec;
+use super::env::{OpenMap, TrayEnv};
 use super::field::{Entry, Fields};
 use super::frontier::{Effect, Frontier, Receipt, Urgency};
-use super::handle::{TrayCtx, TrayHandle};
-use super::open::InstanceTrays;
 use super::row::Entries;
-use super::{Tray, TrayError, TrayHandler};
+use super::spec::Spec;
+use super::{Tray, TrayError};
 use crate::instance::Instance;
 use crate::namespace::context::Context;
 use crate::namespace::Record;
@@ -51,17 +54,41 @@ pub(crate) fn delete_command() -> Json {
     serde_json::json!({ "command": "delete" })
 }
 
-/// A handler of tray `T`, erased over its object type.
+/// A handler of tray `T`, erased over its object type: it gets the
+/// instance's object and one delivery of an item.
 pub(crate) type HandlerFn<T> =
-    fn(Instance, TrayCtx<T>, <T as Tray>::Item) -> BoxFuture<'static, Result<(), BoxError>>;
+    fn(Instance, Delivery<T>, <T as Tray>::Item) -> BoxFuture<'static, Result<(), BoxError>>;
 
-/// [`TrayHandler::on_open`] or [`TrayHandler::on_close`], erased over the
+/// [`TrayHandler::on_open`](super::TrayHandler::on_open) or
+/// [`TrayHandler::on_close`](super::TrayHandler::on_close), erased over the
 /// object type.
 pub(crate) type HookFn<T> =
-    fn(Instance, Context, TrayHandle<T>) -> BoxFuture<'static, Result<(), BoxError>>;
+    fn(Instance, Context, Arc<OpenTray<T>>) -> BoxFuture<'static, Result<(), BoxError>>;
 
 /// An `on_ack` edit staged by a handler.
 pub(crate) type AckEdit<T> = Box<dyn FnOnce(&mut T) + Send>;
+
+/// What a tray runs of its object, built by the declaration that knows the
+/// object's type.
+pub(crate) struct Hooks<T: Tray> {
+    pub(crate) handler: HandlerFn<T>,
+    pub(crate) on_open: HookFn<T>,
+    pub(crate) on_close: HookFn<T>,
+}
+
+/// One delivery of an item to the handler, as the pump hands it over: what
+/// the user's `TrayCtx` is made of.
+pub(crate) struct Delivery<T: Tray> {
+    pub(crate) tray: Arc<OpenTray<T>>,
+    pub(crate) ctx: Context,
+    /// This delivery's number (durable, counted before the handler runs).
+    pub(crate) attempts: u64,
+    /// The dispatch state an earlier delivery recorded.
+    pub(crate) state: Option<Json>,
+    /// The `on_ack` edits the handler stages.
+    pub(crate) edits: Arc<Mutex<Vec<AckEdit<T>>>>,
+    pub(crate) cancel: tokio_util::sync::CancellationToken,
+}
 
 /// How a tray stopped taking writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +128,7 @@ pub(crate) struct OpenTray<T: Tray> {
     pub(crate) always_open: bool,
     /// Weak, like the slot below: the instance's trays (and through them
     /// the slot) own this tray, so strong pointers back would be cycles.
-    pub(crate) owner: Weak<InstanceTrays>,
+    pub(crate) owner: Weak<dyn OpenMap>,
     pub(crate) slot: Weak<Record>,
     pub(crate) frontier: Arc<Frontier>,
     pub(crate) handler: HandlerFn<T>,
@@ -115,99 +142,6 @@ pub(crate) struct OpenTray<T: Tray> {
     pub(crate) freed: watch::Sender<bool>,
 }
 
-/// An open tray, erased so an instance can hold trays of many types.
-pub(crate) trait Opened: Send + Sync {
-    fn any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
-    /// Starts the pump when the row claims work or the tray is always open.
-    fn resume(self: Arc<Self>);
-    /// Marked with work a pump could do (not parked, not retired).
-    fn pending(&self) -> bool;
-    /// Deleted or being deleted.
-    fn deleted(&self) -> bool;
-    /// Waits until a delete under way finished.
-    fn freed(&self) -> BoxFuture<'static, ()>;
-    /// Runs `on_open` once (when the object exists), then resumes the pump.
-    fn open(
-        self: Arc<Self>,
-        instance: Instance,
-        ctx: Context,
-    ) -> BoxFuture<'static, Result<(), TrayError>>;
-    /// Runs `on_close` (after `open`), logging a failure.
-    fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()>;
-}
-
-impl<T: Tray> Opened for OpenTray<T> {
-    fn any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
-        self
-    }
-
-    fn resume(self: Arc<Self>) {
-        if self.opened.load(std::sync::atomic::Ordering::SeqCst) != OPEN {
-            return;
-        }
-        let start = {
-            let state = self.state.lock();
-            state.marked || self.always_open
-        };
-        if start {
-            self.start_pump();
-        }
-    }
-
-    fn pending(&self) -> bool {
-        let state = self.state.lock();
-        state.marked && !state.parked && state.retired.is_none()
-    }
-
-    fn deleted(&self) -> bool {
-        self.state.lock().retired == Some(Retired::Deleted)
-    }
-
-    fn freed(&self) -> BoxFuture<'static, ()> {
-        let mut freed = self.freed.subscribe();
-        Box::pin(async move {
-            let _ = freed.wait_for(|freed| *freed).await;
-        })
-    }
-
-    fn open(
-        self: Arc<Self>,
-        instance: Instance,
-        ctx: Context,
-    ) -> BoxFuture<'static, Result<(), TrayError>> {
-        Box::pin(async move {
-            use std::sync::atomic::Ordering;
-            if self
-                .opened
-                .compare_exchange(CLOSED, OPENING, Ordering::SeqCst, Ordering::SeqCst)
-                .is_err()
-            {
-                return Ok(());
-            }
-            let hook = (self.on_open)(instance, ctx, TrayHandle::new(self.clone()));
-            let failure = match std::panic::AssertUnwindSafe(hook).catch_unwind().await {
-                Ok(Ok(())) => None,
-                Ok(Err(error)) => Some(error.to_string()),
-                Err(panic) => Some(crate::namespace::panic_message(panic.as_ref())),
-            };
-            if let Some(reason) = failure {
-                self.opened.store(CLOSED, Ordering::SeqCst);
-                return Err(TrayError::Hook {
-                    tray: self.label(),
-                    reason,
-                });
-            }
-            self.opened.store(OPEN, Ordering::SeqCst);
-            self.resume();
-            Ok(())
-        })
-    }
-
-    fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()> {
-        Box::pin(async move { self.run_close(instance, ctx).await })
-    }
-}
-
 fn malformed(spec: &Spec, key: &str, reason: impl Into<String>) -> TrayError {
     TrayError::Malformed {
         tray: spec.name.to_owned(),
@@ -216,45 +150,15 @@ fn malformed(spec: &Spec, key: &str, reason: impl Into<String>) -> TrayError {
     }
 }
 
-/// The instance's object as an `O`.
-fn object<O: Send + Sync + 'static>(instance: Instance) -> Result<Arc<O>, BoxError> {
-    instance
-        .downcast::<O>()
-        .map_err(|_| BoxError::from("a tray reached an instance of another object type"))
-}
-
-fn handler<O: TrayHandler<T>, T: Tray>(
-    instance: Instance,
-    ctx: TrayCtx<T>,
-    item: T::Item,
-) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move { object::<O>(instance)?.handle(ctx, item).await })
-}
-
-fn on_open<O: TrayHandler<T>, T: Tray>(
-    instance: Instance,
-    ctx: Context,
-    tray: TrayHandle<T>,
-) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move { object::<O>(instance)?.on_open(&ctx, &tray).await })
-}
-
-fn on_close<O: TrayHandler<T>, T: Tray>(
-    instance: Instance,
-    ctx: Context,
-    tray: TrayHandle<T>,
-) -> BoxFuture<'static, Result<(), BoxError>> {
-    Box::pin(async move { object::<O>(instance)?.on_close(&ctx, &tray).await })
-}
-
-/// Opens tray `T` of object `O` from its row (`None`: a fresh row, written
-/// at once so a created tray lives until deleted).
-pub(crate) fn open<O: TrayHandler<T>, T: Tray>(
-    owner: &Arc<InstanceTrays>,
+/// Restores tray `T` from its row (`None`: a fresh row, written at once so
+/// a created tray lives until deleted), running `hooks`.
+pub(crate) fn restore<T: Tray>(
+    env: &TrayEnv,
     spec: &Spec,
     key: String,
     row: Option<(bool, Doc)>,
-) -> Result<Arc<dyn Opened>, TrayError> {
+    hooks: Hooks<T>,
+) -> Result<Arc<OpenTray<T>>, TrayError> {
     let fresh = || {
         let mut doc = Doc::new();
         if T::VERSION != 0 {
@@ -341,12 +245,12 @@ pub(crate) fn open<O: TrayHandler<T>, T: Tray>(
         key,
         keyed: spec.keyed,
         always_open: spec.always_open,
-        owner: Arc::downgrade(owner),
-        slot: owner.slot.clone(),
-        frontier: owner.frontier.clone(),
-        handler: handler::<O, T>,
-        on_open: on_open::<O, T>,
-        on_close: on_close::<O, T>,
+        owner: env.map.clone(),
+        slot: env.slot.clone(),
+        frontier: env.frontier.clone(),
+        handler: hooks.handler,
+        on_open: hooks.on_open,
+        on_close: hooks.on_close,
         opened: std::sync::atomic::AtomicU8::new(CLOSED),
         state: Mutex::new(TrayState {
             tray,
@@ -382,7 +286,7 @@ impl<T: Tray> OpenTray<T> {
             return;
         }
         let label = self.label();
-        let hook = (self.on_close)(instance, ctx, TrayHandle::new(self));
+        let hook = (self.on_close)(instance, ctx, self);
         let failure = match std::panic::AssertUnwindSafe(hook).catch_unwind().await {
             Ok(Ok(())) => return,
             Ok(Err(error)) => error.to_string(),

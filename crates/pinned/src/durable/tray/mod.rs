@@ -60,20 +60,60 @@
 //! handler runs at least once per item (its attempt is durable before it
 //! runs); its [`on_ack`](TrayCtx::on_ack) edits and the ack land in one row
 //! write, so effects on the tray's own state happen exactly once.
+//!
+//! # How the tray modules stack
+//!
+//! Each file imports only from the ones below it (and this one), bottom
+//! to top:
+//!
+//! 1. `field`, `row`, `frontier`: the durable field kinds, a row's encoded
+//!    entries, the instance's ordered log of effects;
+//! 2. `opened`: the erased open tray the open map holds; `env`: what an
+//!    open tray is given (its slot, the log, the map as an `OpenMap`);
+//! 3. `spec`: the declarations as plain data, their opener a function
+//!    pointer over the two above;
+//! 4. `machine`: one open tray, its state and its one write path;
+//! 5. `pump`: the dispatch loop over `machine`; `lifecycle`: opening and
+//!    closing a tray for the map, which starts the pump;
+//! 6. `open`: the open map of one instance, which builds the `env` once;
+//! 7. `handle`: what user code holds (`TrayHandle`, `KeyedTrays`,
+//!    `TrayCtx`);
+//! 8. `declare`: [`Trays`], the one place that knows the object's type; its
+//!    opener binds the object's handler into the tray, wrapping what the
+//!    tray hands over into `handle`'s types.
+//!
+//! A tray reaches up only through what it is given: the map through
+//! `env`, the handler and hooks through function pointers. `wake` stands
+//! apart: it activates instances whose rows claim work, naming none of
+//! the above. `python3 shared/tools/import_circles.py` finds any circle.
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::{BoxError, Context};
 
-mod declare;
+// Bottom to top, a group a step of the order in the module docs (rustfmt
+// sorts the files within a group by name, not by rank).
 mod field;
 mod frontier;
-mod handle;
-mod machine;
-mod open;
-mod pump;
 mod row;
+
+mod env;
+mod opened;
+
+mod spec;
+
+mod machine;
+
+mod lifecycle;
+mod pump;
+
+mod open;
+
+mod handle;
+
+mod declare;
+
 pub(crate) mod wake;
 
 pub use declare::Trays;
@@ -81,8 +121,8 @@ pub use field::{Entry, Field, FieldError, Fields, Outbox, Queue, Value};
 pub use frontier::Receipt;
 pub use handle::{KeyedTrays, TrayCtx, TrayHandle};
 
-pub(crate) use declare::Declared;
 pub(crate) use open::InstanceTrays;
+pub(crate) use spec::Declared;
 
 /// The singleton tray's id in its row (`tray_id`).
 pub const SINGLETON_ID: &str = pinned_store::SINGLETON_TRAY_ID;

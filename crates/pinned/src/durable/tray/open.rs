@@ -7,7 +7,8 @@
 //! declaration, or of the other kind, fails the activation. Openings are
 //! serialized per instance (they are rare, a store read each), so a key is
 //! never open twice. This module owns the open map and nothing else: the
-//! pump and the write path live with the tray.
+//! pump and the write path live with the tray, which reaches back to the
+//! map only as the [`OpenMap`] in the [`TrayEnv`] built here once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -15,9 +16,11 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use pinned_store::{Doc, InstanceKey, StateStore, TrayKey};
 
-use super::declare::{Declared, Spec};
+use super::env::{OpenMap, TrayEnv};
 use super::frontier::Frontier;
-use super::machine::{OpenTray, Opened};
+use super::machine::OpenTray;
+use super::opened::Opened;
+use super::spec::{Declared, Spec};
 use super::{Tray, TrayError, SINGLETON_ID};
 use crate::namespace::context::Context;
 use crate::namespace::Record;
@@ -29,10 +32,13 @@ pub(crate) struct InstanceTrays {
     /// Weak on purpose: the slot holds its trays strongly (until the end of
     /// its teardown), so a strong pointer back would make a cycle that
     /// keeps a record alive whenever a teardown is cut short.
-    pub(crate) slot: Weak<Record>,
+    slot: Weak<Record>,
     declared: Arc<Declared>,
     store: Arc<dyn StateStore>,
-    pub(crate) frontier: Arc<Frontier>,
+    frontier: Arc<Frontier>,
+    /// What every tray opened here is given: the slot, the frontier and
+    /// this map.
+    env: TrayEnv,
     open: Mutex<HashMap<Key, Arc<dyn Opened>>>,
     opening: tokio::sync::Mutex<()>,
 }
@@ -52,15 +58,23 @@ impl InstanceTrays {
         slot: &Arc<Record>,
         declared: Arc<Declared>,
         store: Arc<dyn StateStore>,
-    ) -> Self {
-        Self {
-            slot: Arc::downgrade(slot),
-            frontier: Arc::new(Frontier::new(store.clone(), Arc::downgrade(slot))),
-            declared,
-            store,
-            open: Mutex::new(HashMap::new()),
-            opening: tokio::sync::Mutex::new(()),
-        }
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|map: &Weak<InstanceTrays>| {
+            let frontier = Arc::new(Frontier::new(store.clone(), Arc::downgrade(slot)));
+            Self {
+                slot: Arc::downgrade(slot),
+                env: TrayEnv {
+                    slot: Arc::downgrade(slot),
+                    frontier: frontier.clone(),
+                    map: map.clone(),
+                },
+                frontier,
+                declared,
+                store,
+                open: Mutex::new(HashMap::new()),
+                opening: tokio::sync::Mutex::new(()),
+            }
+        })
     }
 
     fn slot(&self) -> Result<Arc<Record>, TrayError> {
@@ -145,12 +159,12 @@ impl InstanceTrays {
     /// Restores a tray into the map; [`open_hooked`](Self::open_hooked)
     /// then opens it for use.
     fn insert(
-        self: &Arc<Self>,
+        &self,
         spec: &Spec,
         key: String,
         row: Option<(bool, Doc)>,
     ) -> Result<Arc<dyn Opened>, TrayError> {
-        let opened = (spec.open)(self, spec, key.clone(), row)?;
+        let opened = (spec.open)(&self.env, spec, key.clone(), row)?;
         self.open.lock().insert((spec.name, key), opened.clone());
         Ok(opened)
     }
@@ -174,7 +188,7 @@ impl InstanceTrays {
             .open(instance, Context::new(slot.clone()))
             .await
         {
-            self.forget(name, key, tray);
+            self.forget(name, key, Arc::as_ptr(tray).cast::<()>());
             return Err(error);
         }
         Ok(())
@@ -285,46 +299,6 @@ impl InstanceTrays {
         Ok(())
     }
 
-    /// Removes a passivated or deleted tray from the open map, if `tray` is
-    /// still the one open under its key.
-    pub(crate) fn forget(&self, name: &'static str, key: &str, tray: &Arc<dyn Opened>) {
-        let mut open = self.open.lock();
-        let entry = (name, key.to_owned());
-        if open
-            .get(&entry)
-            .is_some_and(|current| Arc::ptr_eq(current, tray))
-        {
-            open.remove(&entry);
-        }
-    }
-
-    /// Passivates `tray` (by address) when nothing but the open map and
-    /// `holders - 1` others hold it: true when it left the map.
-    pub(crate) fn passivate(
-        &self,
-        name: &'static str,
-        key: &str,
-        tray: *const (),
-        holders: usize,
-    ) -> bool {
-        let mut open = self.open.lock();
-        let entry = (name, key.to_owned());
-        let Some(current) = open.get(&entry) else {
-            return false;
-        };
-        // Only the tray asking, not one reopened under its key since.
-        if Arc::as_ptr(current).cast::<()>() != tray {
-            return false;
-        }
-        // Lock order: a tray's state lock, then this map's (the pump
-        // passivates under its tray's lock).
-        if Arc::strong_count(current) > holders {
-            return false;
-        }
-        open.remove(&entry);
-        true
-    }
-
     /// The keys of the open trays of type `T`.
     pub(crate) fn keys<T: Tray>(&self) -> Vec<String> {
         let mut keys: Vec<String> = self
@@ -351,5 +325,37 @@ impl InstanceTrays {
         if let Err(error) = receipt.await {
             tracing::warn!(error = %pinned_edge::logging::Chain(&error), "tray effects did not all land before teardown");
         }
+    }
+}
+
+impl OpenMap for InstanceTrays {
+    fn forget(&self, name: &'static str, key: &str, tray: *const ()) {
+        let mut open = self.open.lock();
+        let entry = (name, key.to_owned());
+        if open
+            .get(&entry)
+            .is_some_and(|current| Arc::as_ptr(current).cast::<()>() == tray)
+        {
+            open.remove(&entry);
+        }
+    }
+
+    fn passivate(&self, name: &'static str, key: &str, tray: *const (), holders: usize) -> bool {
+        let mut open = self.open.lock();
+        let entry = (name, key.to_owned());
+        let Some(current) = open.get(&entry) else {
+            return false;
+        };
+        // Only the tray asking, not one reopened under its key since.
+        if Arc::as_ptr(current).cast::<()>() != tray {
+            return false;
+        }
+        // Lock order: a tray's state lock, then this map's (the pump
+        // passivates under its tray's lock).
+        if Arc::strong_count(current) > holders {
+            return false;
+        }
+        open.remove(&entry);
+        true
     }
 }

@@ -21,8 +21,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::frontier::Urgency;
-use super::handle::TrayCtx;
-use super::machine::{delete_command, Active, OpenTray, Opened, Retired};
+use super::machine::{delete_command, Active, Delivery, OpenTray, Retired};
 use super::{Tray, MAX_CONCURRENT_DISPATCHES};
 use crate::namespace::context::Context;
 use crate::namespace::panic_message;
@@ -292,15 +291,15 @@ impl<T: Tray> OpenTray<T> {
             None => None,
         };
         let state = self.state.lock().dispatch_state.clone();
-        let ctx = TrayCtx::new(
-            self.clone(),
-            Context::new(slot.clone()),
+        let delivery = Delivery {
+            tray: self.clone(),
+            ctx: Context::new(slot.clone()),
             attempts,
             state,
             edits,
-            cancel.clone(),
-        );
-        let handler = AssertUnwindSafe((self.handler)(instance, ctx, item)).catch_unwind();
+            cancel: cancel.clone(),
+        };
+        let handler = AssertUnwindSafe((self.handler)(instance, delivery, item)).catch_unwind();
         tokio::select! {
             ran = tokio::time::timeout(T::DISPATCH_TIMEOUT, handler) => match ran {
                 Ok(Ok(Ok(()))) => Outcome::Done,
@@ -325,8 +324,7 @@ impl<T: Tray> OpenTray<T> {
             return self.stopped();
         }
         if let Some(owner) = self.owner.upgrade() {
-            let me: Arc<dyn Opened> = self.clone();
-            owner.forget(T::NAME, &self.key, &me);
+            owner.forget(T::NAME, &self.key, Arc::as_ptr(self).cast::<()>());
         }
         if let Some(slot) = self.slot.upgrade() {
             if let Some(instance) = slot.instance() {
