@@ -1407,3 +1407,96 @@ pub async fn delete_instance_empties_one_instance(store: Arc<dyn StateStore>, ns
         "the alarm row went with the instance"
     );
 }
+
+/// [`StateStore::reclaim_fences`]: the fence rows of instances that hold no row and sit
+/// below the given epoch go, at most `limit` a call; an instance with a row keeps its
+/// fence, and so does one at or above the epoch. Not in [`conformance_tests!`]: the
+/// reclaim spans every namespace, so it needs a store no other case shares.
+pub async fn reclaim_fences_spares_written_and_recent_instances(
+    store: Arc<dyn StateStore>,
+    ns: &str,
+) {
+    let key = |id: &'static str| InstanceKey::new(ns, id);
+    // Read only (what a scanner's random ids leave): three below the cut.
+    for id in ["read-1", "read-2", "read-3"] {
+        store
+            .get_tray(key(id), TrayKey::singleton("t"), 10)
+            .await
+            .unwrap();
+    }
+    // Written, below the cut; emptied again, below the cut; read above the cut.
+    store
+        .set_tray(
+            key("written"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({"v": 1})),
+            10,
+        )
+        .await
+        .unwrap();
+    store
+        .set_tray(
+            key("emptied"),
+            TrayKey::singleton("t"),
+            false,
+            doc(json!({"v": 1})),
+            10,
+        )
+        .await
+        .unwrap();
+    store.delete_instance(key("emptied"), 10).await.unwrap();
+    store
+        .get_tray(key("recent"), TrayKey::singleton("t"), 500)
+        .await
+        .unwrap();
+
+    assert_eq!(store.reclaim_fences(100, 0).await.unwrap(), 0, "limit 0");
+    assert_eq!(
+        store.reclaim_fences(100, 2).await.unwrap(),
+        2,
+        "the limit holds"
+    );
+    assert_eq!(store.reclaim_fences(100, 10).await.unwrap(), 2, "the rest");
+    assert_eq!(
+        store.reclaim_fences(100, 10).await.unwrap(),
+        0,
+        "nothing left"
+    );
+
+    // Reclaimed: an instance never seen again (epoch 0), so any epoch acquires it.
+    for id in ["read-1", "read-2", "read-3", "emptied"] {
+        assert_eq!(
+            store
+                .get_tray(key(id), TrayKey::singleton("t"), 1)
+                .await
+                .unwrap(),
+            None,
+            "{id} acquires at epoch 1 once its fence went"
+        );
+    }
+    // Kept: the written instance and the recent one still fence older epochs out.
+    assert_fence_lost(
+        store
+            .get_tray(key("written"), TrayKey::singleton("t"), 9)
+            .await,
+        &format!("{ns}/written"),
+        9,
+    );
+    assert_eq!(
+        store
+            .get_tray(key("written"), TrayKey::singleton("t"), 10)
+            .await
+            .unwrap()
+            .map(|t| t.doc),
+        Some(doc(json!({"v": 1}))),
+        "a written instance keeps its rows"
+    );
+    assert_fence_lost(
+        store
+            .get_tray(key("recent"), TrayKey::singleton("t"), 499)
+            .await,
+        &format!("{ns}/recent"),
+        499,
+    );
+}

@@ -144,4 +144,8 @@ impl<S: StateStore> StateStore for FailingStore<S> {
     ) -> Result<Vec<MarkedInstance>, StoreError> {
         self.inner.marked_instances(after, limit).await
     }
+
+    async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {
+        self.inner.reclaim_fences(below_epoch, limit).await
+    }
 }

@@ -223,4 +223,18 @@ impl StateStore for MemoryStore {
             })
             .collect())
     }
+
+    async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {
+        let mut instances = self.instances.lock();
+        let doomed: Vec<(String, String)> = instances
+            .iter()
+            .filter(|(_, i)| i.trays.is_empty() && i.epoch < below_epoch)
+            .map(|(key, _)| key.clone())
+            .take(limit)
+            .collect();
+        for key in &doomed {
+            instances.remove(key);
+        }
+        Ok(doomed.len() as u64)
+    }
 }

@@ -96,6 +96,14 @@ WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
 const LIST_TRAYS: &str = "SELECT tray_ns, tray_id, marked, doc FROM pinned_tray_index \
 WHERE ns = $1 AND id = $2 AND ($3::text IS NULL OR tray_ns = $3) \
 AND ($4::boolean IS NULL OR marked = $4) ORDER BY tray_ns COLLATE \"C\", tray_id COLLATE \"C\"";
+/// Fence rows of instances with no row, below an epoch (`StateStore::reclaim_fences`).
+/// `SKIP LOCKED` passes over an instance whose operation holds its fence row: that
+/// operation may be writing its first row.
+const RECLAIM_FENCES: &str = "WITH doomed AS (\
+SELECT e.ns, e.id FROM pinned_epoch e WHERE e.epoch < $1 \
+AND NOT EXISTS (SELECT 1 FROM pinned_tray_index t WHERE t.ns = e.ns AND t.id = e.id) \
+LIMIT $2 FOR UPDATE OF e SKIP LOCKED) \
+DELETE FROM pinned_epoch e USING doomed d WHERE e.ns = d.ns AND e.id = d.id RETURNING e.id";
 /// Settings of a [`PostgresStore`]; every default is one of this module's constants.
 #[derive(Debug, Clone)]
 pub struct PostgresOptions {
@@ -1061,5 +1069,12 @@ impl StateStore for PostgresStore {
                 })
             })
             .collect()
+    }
+
+    async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {
+        let below = i64::try_from(below_epoch).unwrap_or(i64::MAX);
+        let limit = sql_limit(limit);
+        let gone = self.scan(RECLAIM_FENCES, &[&below, &limit]).await?;
+        Ok(gone.len() as u64)
     }
 }

@@ -43,6 +43,14 @@ CREATE INDEX IF NOT EXISTS pinned_tray_index_alarm_due
 CREATE INDEX IF NOT EXISTS pinned_tray_index_marked
   ON pinned_tray_index (ns, id, hostname = '*', hostname, env) WHERE marked;";
 
+/// Fence rows of instances with no row, below an epoch (`StateStore::reclaim_fences`).
+/// Operations run one at a time on the store's thread, so none is under way meanwhile.
+const RECLAIM_FENCES: &str = "\
+DELETE FROM pinned_epoch WHERE (ns, id) IN (
+  SELECT e.ns, e.id FROM pinned_epoch e WHERE e.epoch < ?1
+    AND NOT EXISTS (SELECT 1 FROM pinned_tray_index t WHERE t.ns = e.ns AND t.id = e.id)
+  LIMIT ?2)";
+
 /// Due alarm rows (see `StateStore::due_alarms`). `at` must be a JSON number that is an
 /// integer within `i64` (an integer too large for SQLite comes back as a REAL, caught by
 /// the range test; a REAL is integer-valued when it survives the cast). Numbers compare
@@ -653,6 +661,18 @@ impl StateStore for SqliteStore {
                     .collect::<Result<Vec<_>, _>>()?,
             };
             Ok(rows)
+        })
+        .await
+    }
+
+    async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {
+        let below = i64::try_from(below_epoch).unwrap_or(i64::MAX);
+        let limit = sql_limit(limit);
+        self.run(move |conn, _| {
+            let gone = conn
+                .prepare_cached(RECLAIM_FENCES)?
+                .execute(params![below, limit])?;
+            Ok(gone as u64)
         })
         .await
     }

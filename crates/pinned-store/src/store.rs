@@ -340,6 +340,26 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
         after: Option<(&str, &str)>,
         limit: usize,
     ) -> Result<Vec<MarkedInstance>, StoreError>;
+
+    /// Deletes the epoch (fence) rows of instances that hold no row at all and whose
+    /// stored epoch is below `below_epoch`, at most `limit` of them; answers how many
+    /// went. An instance with an operation under way is left for a later call.
+    ///
+    /// Every operation creates its instance's fence row, reads included, so ids that
+    /// are only ever read (a scanner's random ids) would each leave one for ever. Removing
+    /// one is safe once no owner with a smaller epoch can still act: the caller picks
+    /// `below_epoch` from the time the epoch was minted at (pinboard mints
+    /// `wall_ms * 1000` or above) minus more than a lease TTL and a transaction deadline,
+    /// so every owner an older epoch names has lost its lease and stopped; any later
+    /// owner gets a larger epoch (pinboard's epoch floor), and the next operation writes
+    /// the row again at its own.
+    ///
+    /// Unfenced, like [`due_alarms`](Self::due_alarms). The default reclaims nothing:
+    /// a backend that keeps no fence rows (or cannot tell) need not override it.
+    async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {
+        let _ = (below_epoch, limit);
+        Ok(0)
+    }
 }
 
 /// `Arc<S>` is a store whenever `S` is, so `Arc<dyn StateStore>` (what
@@ -413,6 +433,10 @@ impl<S: StateStore + ?Sized> StateStore for std::sync::Arc<S> {
         limit: usize,
     ) -> Result<Vec<MarkedInstance>, StoreError> {
         (**self).marked_instances(after, limit).await
+    }
+
+    async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {
+        (**self).reclaim_fences(below_epoch, limit).await
     }
 }
 

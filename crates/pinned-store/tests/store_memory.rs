@@ -12,3 +12,13 @@ async fn fixture() -> Fixture {
 }
 
 pinned_store::conformance_tests!(fixture);
+
+#[tokio::test]
+async fn reclaim_fences_spares_written_and_recent_instances() {
+    let fixture = fixture().await;
+    pinned_store::conformance::reclaim_fences_spares_written_and_recent_instances(
+        fixture.store.clone(),
+        &fixture.ns,
+    )
+    .await;
+}

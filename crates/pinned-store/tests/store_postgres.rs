@@ -1067,3 +1067,35 @@ async fn large_docs_are_stored_lz4_compressed_where_offered() -> anyhow::Result<
     assert_eq!(column, "", "the schema is untouched");
     Ok(())
 }
+
+/// The reclaim spans every namespace: its case runs in a schema of its own.
+#[tokio::test]
+async fn reclaim_fences_spares_written_and_recent_instances() -> anyhow::Result<()> {
+    let schema = format!("pst_reclaim_{}", std::process::id());
+    let client = raw().await;
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
+        .await?;
+    let store = Arc::new(
+        store_with(PostgresOptions {
+            transaction_sql: Some(format!("SET LOCAL search_path = {schema}")),
+            ..PostgresOptions::default()
+        })
+        .await,
+    );
+    pinned_store::conformance::reclaim_fences_spares_written_and_recent_instances(
+        store.clone(),
+        &unique_ns("reclaim"),
+    )
+    .await;
+    test_support::eventually("the sweeper indexes", Duration::from_secs(60), || async {
+        store.sweep_indexes().await.unwrap().ready().then_some(())
+    })
+    .await;
+    client
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await?;
+    Ok(())
+}

@@ -197,3 +197,13 @@ async fn the_scans_report_the_world_that_wrote_each_row() -> anyhow::Result<()> 
     assert_eq!(due[0].world, world);
     Ok(())
 }
+
+#[tokio::test]
+async fn reclaim_fences_spares_written_and_recent_instances() {
+    let fixture = fixture().await;
+    pinned_store::conformance::reclaim_fences_spares_written_and_recent_instances(
+        fixture.store.clone(),
+        &fixture.ns,
+    )
+    .await;
+}

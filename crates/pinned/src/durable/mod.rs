@@ -25,6 +25,7 @@ use crate::BoxError;
 
 pub(crate) mod alarm;
 pub(crate) mod entry;
+pub(crate) mod reclaim;
 pub(crate) mod store;
 pub mod tray;
 

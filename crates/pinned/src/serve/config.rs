@@ -116,6 +116,7 @@ pub struct Options {
     edge_variables: Vec<ConfigError>,
     pub(crate) states: crate::namespace::States,
     pub(crate) domain: crate::time::Domain,
+    pub(crate) fence_reclaim: crate::durable::reclaim::Schedule,
 }
 
 impl Default for Options {
@@ -164,7 +165,21 @@ impl Options {
             edge_variables: Vec::new(),
             states: crate::namespace::States::default(),
             domain: crate::time::Domain::system(),
+            fence_reclaim: crate::durable::reclaim::Schedule::default(),
         }
+    }
+
+    /// How often the worker deletes the fence (epoch) rows of ids that hold
+    /// no data in its store, and how old their epoch must be: every store
+    /// operation, reads included, leaves its id a fence row, and ids are
+    /// the clients' choice. Defaults: every 10 minutes, epochs older than an
+    /// hour; the age is raised to twice the lease TTL pinboard grants plus
+    /// the store's 30 s transaction deadline when that is more (an older
+    /// epoch's owner has surely stopped). `interval` zero: never. The first
+    /// pass runs one interval after the start.
+    pub fn fence_reclaim(mut self, interval: Duration, age: Duration) -> Self {
+        self.fence_reclaim = crate::durable::reclaim::Schedule { interval, age };
+        self
     }
 
     /// Options from the process environment: `PORT`, `HOST`, `PINBOARD_URL`,

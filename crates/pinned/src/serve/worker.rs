@@ -70,6 +70,8 @@ pub(crate) struct Inner {
     /// HTTPS for [`serve`](crate::serve) (`None`: plain HTTP).
     tls: Option<pinned_edge::tls::tokio_rustls::TlsAcceptor>,
     domain: crate::time::Domain,
+    /// When the fence rows of ids without data are reclaimed.
+    fence_reclaim: crate::durable::reclaim::Schedule,
 }
 
 /// Alarms armed from the store at start (local mode).
@@ -121,6 +123,7 @@ impl Options {
             |plane| plane.secret.clone(),
         );
         let store = self.store.clone();
+        let fence_reclaim = self.fence_reclaim;
         let states = Arc::new(std::mem::take(&mut self.states));
         let domain = self.domain.clone();
         let edge = self.edge;
@@ -176,6 +179,7 @@ impl Options {
                 edge,
                 tls,
                 domain,
+                fence_reclaim,
             }),
         })
     }
@@ -318,6 +322,16 @@ impl Worker {
             plane.start(self.inner.hosts.commanded());
         } else {
             self.arm_stored_alarms();
+        }
+        if let Some(store) = self.inner.hosts.first().and_then(|host| host.store.clone()) {
+            let control = self.inner.control.clone();
+            self.inner.domain.spawn(crate::durable::reclaim::run(
+                store,
+                self.inner.domain.clone(),
+                self.inner.fence_reclaim,
+                move || control.lease_ttl(),
+                self.inner.stop.token().clone(),
+            ));
         }
     }
 

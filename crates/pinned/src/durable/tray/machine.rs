@@ -150,8 +150,13 @@ fn malformed(spec: &Spec, key: &str, reason: impl Into<String>) -> TrayError {
     }
 }
 
-/// Restores tray `T` from its row (`None`: a fresh row, written at once so
-/// a created tray lives until deleted), running `hooks`.
+/// Restores tray `T` from its row, running `hooks`. `None` is a fresh
+/// row: a keyed tray's is written at once, so a created tray lives until
+/// deleted (the reference's rule); a singleton's only with its first
+/// write, since every activation opens the singletons and an id that
+/// writes nothing must leave no data row (a scanner's random ids, a bare
+/// read). Unwritten, a singleton reads as fresh on every activation, which
+/// is what the written `{}` row would have given.
 pub(crate) fn restore<T: Tray>(
     env: &TrayEnv,
     spec: &Spec,
@@ -176,7 +181,7 @@ pub(crate) fn restore<T: Tray>(
     };
     // A row of another schema version activates blank; a stale mark (a
     // dead work claim every restart would resurrect) is dropped durably.
-    let mut changed = !stored;
+    let mut changed = !stored && spec.keyed;
     if version != T::VERSION {
         changed = true;
         marked = false;
