@@ -1006,7 +1006,7 @@ async fn winding_down_pauses_execution_trays_after_the_item_in_hand_but_intake_t
 #[tokio::test]
 async fn a_write_that_changes_nothing_goes_nowhere() {
     let inner = Arc::new(MemoryStore::new());
-    let counting = Arc::new(FailingStore::new(inner, usize::MAX, false));
+    let counting = Arc::new(FailingStore::passing(inner));
     let lab = Lab::default();
     let w = start(
         Options::new()
