@@ -9,13 +9,9 @@
 
 mod support;
 
-use std::time::Duration;
-
 use serde_json::Value;
 use support::{example_binary, pinboard_binary};
-use test_support::{eventually, wait_workers, Pinboard, Proc, RustWorker, TOKEN};
-
-const PATIENCE: Duration = Duration::from_secs(20);
+use test_support::{eventually, wait_workers, Pinboard, Proc, RustWorker, PATIENCE, TOKEN};
 
 /// pinboard and the counter example registered with it, both logging in
 /// `format`; one id activated. Answers both once the activation is logged.

@@ -37,7 +37,9 @@ use anyhow::{ensure, Context as _};
 use serde_json::{json, Value};
 use support::jobs::done;
 use support::{example_binary, overview, pinboard_binary};
-use test_support::{eventually, until_explained, Pinboard, Proc, PythonWorker, RustWorker, TOKEN};
+use test_support::{
+    eventually, until_explained, Pinboard, Proc, PythonWorker, RustWorker, PATIENCE, TOKEN,
+};
 
 /// Counter ids the load increments.
 const COUNTERS: usize = 40;
@@ -60,8 +62,6 @@ const NEW_WORK_MS: &str = "20";
 const ANSWERS: u64 = 300;
 /// Re-sends of one request the client makes when told to (503 + Retry-After).
 const RETRIES: u32 = 10;
-/// The longest wait of each step of the deploy.
-const PATIENCE: Duration = Duration::from_secs(30);
 
 fn database_url() -> String {
     std::env::var("PINNED_TEST_DATABASE_URL")

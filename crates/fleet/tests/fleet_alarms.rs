@@ -52,35 +52,24 @@ async fn more_laps(c: &reqwest::Client, urls: &[&str], n: u64) {
 }
 
 async fn post_ok(c: &reqwest::Client, url: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let response = c.post(url).send().await.expect("post");
-        if response.status().is_success() {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "POST {url}: {} {}",
-            response.status(),
-            response.text().await.unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        &format!("POST {url} to succeed"),
+        Duration::from_secs(10),
+        || async {
+            let response = c.post(url).send().await.expect("post");
+            response.status().is_success().then_some(())
+        },
+    )
+    .await;
 }
 
 async fn wait_count(c: &reqwest::Client, base: &str, ns: &str, id: &str, count: u64) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    loop {
+    let what = format!("{ns}/{id} to fire {count} times");
+    eventually(&what, Duration::from_secs(15), || async {
         let body = fired(c, base, ns, id).await;
-        if body["count"].as_u64() >= Some(count) {
-            return body;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{ns}/{id} never fired: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (body["count"].as_u64() >= Some(count)).then_some(body)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,8 +217,7 @@ async fn a_stale_epoch_write_is_refused_and_the_new_owners_state_survives() {
     .await;
     a.resume();
     // A's late write, at its old epoch, is fenced out.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let outcome = loop {
+    let outcome = eventually("A's late write", Duration::from_secs(10), || async {
         let writes: Vec<String> = c
             .get(format!("{}/fleet/writes", a.url))
             .send()
@@ -238,15 +226,9 @@ async fn a_stale_epoch_write_is_refused_and_the_new_owners_state_survives() {
             .json()
             .await
             .expect("json");
-        if let Some(last) = writes.iter().filter(|w| w.starts_with("x ")).nth(1) {
-            break last.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no late write on A: {writes:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        writes.into_iter().filter(|w| w.starts_with("x ")).nth(1)
+    })
+    .await;
     assert!(outcome.contains("fence lost"), "A's stale write: {outcome}");
     let state = get_json(
         &c,

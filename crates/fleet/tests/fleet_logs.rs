@@ -12,13 +12,9 @@
 
 mod support;
 
-use std::time::Duration;
-
 use serde_json::Value;
 use support::{client, eventually, get_json, pinboard, rust_worker, wait_workers, Proc, TOKEN};
-use test_support::SelfSigned;
-
-const PATIENCE: Duration = Duration::from_secs(20);
+use test_support::{SelfSigned, PATIENCE};
 
 /// What a process prints on stdout (its address, a worker's secret): the
 /// only lines of its log that are not log lines.

@@ -39,13 +39,8 @@ const FAILOVER: Duration = Duration::from_secs(20);
 /// The fleet worker's namespace unless `FLEET_NS` names another.
 const COUNTER: &str = "/counter";
 
-/// `GET <pb>/counter/<id>/hit`: the answering process on 200.
-async fn hit(c: &reqwest::Client, pb: &str, id: &str) -> Option<String> {
-    hit_in(c, pb, COUNTER, id).await
-}
-
 /// `GET <pb><ns>/<id>/hit`: the answering process on 200.
-async fn hit_in(c: &reqwest::Client, pb: &str, ns: &str, id: &str) -> Option<String> {
+async fn hit(c: &reqwest::Client, pb: &str, ns: &str, id: &str) -> Option<String> {
     let res = c.get(format!("{pb}{ns}/{id}/hit")).send().await.ok()?;
     if !res.status().is_success() {
         return None;
@@ -79,25 +74,15 @@ async fn sessions(c: &reqwest::Client, pb: &str) -> HashMap<String, String> {
         .collect()
 }
 
-/// Asks for `ids` until each was answered at least once by each worker
-/// process in `want` (a new id goes to either worker, weighted by
+/// Asks for ids in `ns` until each was answered at least once by each
+/// worker process in `want` (a new id goes to either worker, weighted by
 /// headroom); returns each id's process.
-async fn spread(c: &reqwest::Client, pb: &str, want: &[&str]) -> HashMap<String, String> {
-    spread_in(c, pb, COUNTER, want).await
-}
-
-/// As [`spread`], in namespace `ns`.
-async fn spread_in(
-    c: &reqwest::Client,
-    pb: &str,
-    ns: &str,
-    want: &[&str],
-) -> HashMap<String, String> {
+async fn spread(c: &reqwest::Client, pb: &str, ns: &str, want: &[&str]) -> HashMap<String, String> {
     eventually("ids on both workers", Duration::from_secs(20), || async {
         let mut owners = HashMap::new();
         for i in 0..24 {
             let id = format!("m-{i}");
-            let process = hit_in(c, pb, ns, &id).await?;
+            let process = hit(c, pb, ns, &id).await?;
             owners.insert(id, process);
         }
         want.iter()
@@ -125,37 +110,6 @@ fn moves_command(pb: &str) -> Vec<Value> {
     answer["moves"].as_array().cloned().unwrap_or_default()
 }
 
-/// What a test expects of each move of its ids.
-struct Expected<'a> {
-    ns: &'a str,
-    from: &'a str,
-    to: &'a str,
-    reason: &'a str,
-    by: &'a str,
-}
-
-/// Checks that each of `ids` is listed once, as `want` says.
-fn assert_moved(moves: &[Value], ids: &[String], want: &Expected<'_>) {
-    for id in ids {
-        let listed: Vec<&Value> = moves
-            .iter()
-            .filter(|m| m["ns"] == want.ns && m["id"] == id.as_str())
-            .collect();
-        assert_eq!(listed.len(), 1, "{id}: {listed:?} in {moves:#?}");
-        let m = listed[0];
-        assert_eq!(
-            (&m["from"], &m["to"], &m["reason"], &m["by"]),
-            (
-                &json!(want.from),
-                &json!(want.to),
-                &json!(want.reason),
-                &json!(want.by)
-            ),
-            "{id}: {m}"
-        );
-    }
-}
-
 /// The ids of `owners` answered by `process`.
 fn held_by(owners: &HashMap<String, String>, process: &str) -> Vec<String> {
     owners
@@ -165,200 +119,183 @@ fn held_by(owners: &HashMap<String, String>, process: &str) -> Vec<String> {
         .collect()
 }
 
+/// What every test starts from: one pinboard, two workers, ids in `ns`
+/// spread over both. Each test then applies its cause to `from`, and its
+/// ids are expected to move to `to`.
+struct Scene {
+    c: reqwest::Client,
+    pb: Proc,
+    ns: String,
+    /// The worker the cause strikes.
+    from: Proc,
+    /// The worker left standing.
+    to: Proc,
+    from_session: String,
+    /// `to`'s session as the moves name it (a test whose cause makes it
+    /// re-register sets the new one).
+    to_session: String,
+    to_process: String,
+    /// The ids `from` answered for.
+    held: Vec<String>,
+    /// The ids `to` answered for.
+    kept: Vec<String>,
+}
+
+impl Scene {
+    /// Starts `from`, then `to`, with `worker` behind `pb` and spreads ids
+    /// in `ns` over both.
+    async fn start(pb: Proc, ns: &str, worker: impl Fn(&str) -> Proc) -> Self {
+        let c = client();
+        let from = worker(&pb.url);
+        let to = worker(&pb.url);
+        let by_url = sessions(&c, &pb.url).await;
+        let from_process = process_of(&c, &from).await;
+        let to_process = process_of(&c, &to).await;
+        let owners = spread(&c, &pb.url, ns, &[&from_process, &to_process]).await;
+        Self {
+            from_session: by_url[&from.url].clone(),
+            to_session: by_url[&to.url].clone(),
+            held: held_by(&owners, &from_process),
+            kept: held_by(&owners, &to_process),
+            ns: ns.to_owned(),
+            c,
+            pb,
+            from,
+            to,
+            to_process,
+        }
+    }
+
+    /// `ids` asked for until each answers from `to`.
+    async fn answered_by_to(&self, ids: &[String]) {
+        for id in ids {
+            eventually(
+                "the id answering from the other worker",
+                FAILOVER,
+                || async {
+                    hit(&self.c, &self.pb.url, &self.ns, id)
+                        .await
+                        .filter(|p| *p == self.to_process)
+                },
+            )
+            .await;
+        }
+    }
+
+    /// `POST /registry/push` with `body`, answered 200.
+    async fn push(&self, body: Value) {
+        let answer = self
+            .c
+            .post(format!("{}/registry/push", self.pb.url))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .expect("push");
+        assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
+    }
+
+    /// The moves `pinboard moves --json` lists now.
+    fn moves(&self) -> Vec<Value> {
+        moves_command(&self.pb.url)
+    }
+
+    /// Checks that each of `ids` is listed once in `moves`, from `from` to
+    /// `to`, with `reason`, made `by`.
+    fn assert_listed(&self, moves: &[Value], ids: &[String], reason: &str, by: &str) {
+        for id in ids {
+            let listed: Vec<&Value> = moves
+                .iter()
+                .filter(|m| m["ns"] == self.ns.as_str() && m["id"] == id.as_str())
+                .collect();
+            assert_eq!(listed.len(), 1, "{id}: {listed:?} in {moves:#?}");
+            let m = listed[0];
+            assert_eq!(
+                (&m["from"], &m["to"], &m["reason"], &m["by"]),
+                (
+                    &json!(self.from_session),
+                    &json!(self.to_session),
+                    &json!(reason),
+                    &json!(by)
+                ),
+                "{id}: {m}"
+            );
+        }
+    }
+}
+
+/// A fleet worker behind `pb`, hosting [`COUNTER`].
+fn counter_worker(pb: &str) -> Proc {
+    rust_worker(pb).start()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_workers_ids_are_listed_as_lease_lapses() {
-    let pb = pinboard().start();
-    let c = client();
-    let mut killed = rust_worker(&pb.url).start();
-    let survivor = rust_worker(&pb.url).start();
-    let by_url = sessions(&c, &pb.url).await;
-    let (killed_session, survivor_session) = (&by_url[&killed.url], &by_url[&survivor.url]);
-    let killed_process = process_of(&c, &killed).await;
-    let survivor_process = process_of(&c, &survivor).await;
-    let owners = spread(&c, &pb.url, &[&killed_process, &survivor_process]).await;
-    let held = held_by(&owners, &killed_process);
-    assert!(
-        moves_command(&pb.url).is_empty(),
-        "first placements are no moves"
-    );
+    let mut s = Scene::start(pinboard().start(), COUNTER, counter_worker).await;
+    assert!(s.moves().is_empty(), "first placements are no moves");
 
-    killed.kill();
-    for id in &held {
-        eventually("the id answering from the survivor", FAILOVER, || async {
-            hit(&c, &pb.url, id)
-                .await
-                .filter(|p| *p == survivor_process)
-        })
-        .await;
-    }
-    assert_moved(
-        &moves_command(&pb.url),
-        &held,
-        &Expected {
-            ns: COUNTER,
-            from: killed_session,
-            to: survivor_session,
-            reason: "lease_lapsed",
-            by: "request",
-        },
-    );
+    s.from.kill();
+    s.answered_by_to(&s.held).await;
+    s.assert_listed(&s.moves(), &s.held, "lease_lapsed", "request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_workers_released_ids_are_listed_as_drains() {
-    let pb = pinboard().start();
-    let c = client();
-    let drained = rust_worker(&pb.url).start();
-    let other = rust_worker(&pb.url).start();
-    let by_url = sessions(&c, &pb.url).await;
-    let (drained_session, other_session) = (&by_url[&drained.url], &by_url[&other.url]);
-    let drained_process = process_of(&c, &drained).await;
-    let other_process = process_of(&c, &other).await;
-    let owners = spread(&c, &pb.url, &[&drained_process, &other_process]).await;
-    let held = held_by(&owners, &drained_process);
+    let s = Scene::start(pinboard().start(), COUNTER, counter_worker).await;
 
     // Drained with a short deadline: at it, the worker closes what it
     // holds and releases each id to pinboard.
-    let answer = c
-        .post(format!("{}/registry/push", pb.url))
-        .bearer_auth(TOKEN)
-        .json(&json!({"type": "drain", "sessionId": drained_session, "deadline": 0.5}))
-        .send()
-        .await
-        .expect("push");
-    assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
-    for id in &held {
-        eventually(
-            "the id answering from the other worker",
-            FAILOVER,
-            || async { hit(&c, &pb.url, id).await.filter(|p| *p == other_process) },
-        )
+    s.push(json!({"type": "drain", "sessionId": s.from_session, "deadline": 0.5}))
         .await;
-    }
-    assert_moved(
-        &moves_command(&pb.url),
-        &held,
-        &Expected {
-            ns: COUNTER,
-            from: drained_session,
-            to: other_session,
-            reason: "drain",
-            by: "request",
-        },
-    );
-}
-
-/// `POST /registry/push` with `body`, answered 200.
-async fn push(c: &reqwest::Client, pb: &str, body: Value) {
-    let answer = c
-        .post(format!("{pb}/registry/push"))
-        .bearer_auth(TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .expect("push");
-    assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
+    s.answered_by_to(&s.held).await;
+    s.assert_listed(&s.moves(), &s.held, "drain", "request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_wound_down_is_listed_as_a_wind_down() {
-    let pb = pinboard().start();
-    let c = client();
-    let wound = rust_worker(&pb.url).start();
-    let other = rust_worker(&pb.url).start();
-    let by_url = sessions(&c, &pb.url).await;
-    let (wound_session, other_session) = (&by_url[&wound.url], &by_url[&other.url]);
-    let wound_process = process_of(&c, &wound).await;
-    let other_process = process_of(&c, &other).await;
-    let owners = spread(&c, &pb.url, &[&wound_process, &other_process]).await;
-    let held = held_by(&owners, &wound_process);
-    let id = &held[0];
+    let s = Scene::start(pinboard().start(), COUNTER, counter_worker).await;
+    let id = std::slice::from_ref(&s.held[0]);
 
     // It takes no new ids (so the id cannot come back to it) but keeps
     // serving the ones it has, then is asked to wind this one down now.
-    push(
-        &c,
-        &pb.url,
-        json!({"type": "drain", "sessionId": wound_session, "deadline": null}),
-    )
-    .await;
-    push(
-        &c,
-        &pb.url,
-        json!({"type": "wind_down", "sessionId": wound_session, "ns": COUNTER, "id": id, "deadline": 0}),
-    )
-    .await;
-    eventually(
-        "the id answering from the other worker",
-        FAILOVER,
-        || async { hit(&c, &pb.url, id).await.filter(|p| *p == other_process) },
-    )
-    .await;
-    assert_moved(
-        &moves_command(&pb.url),
-        std::slice::from_ref(id),
-        &Expected {
-            ns: COUNTER,
-            from: wound_session,
-            to: other_session,
-            reason: "wind_down",
-            by: "request",
-        },
-    );
+    s.push(json!({"type": "drain", "sessionId": s.from_session, "deadline": null}))
+        .await;
+    s.push(json!({"type": "wind_down", "sessionId": s.from_session, "ns": COUNTER, "id": id[0], "deadline": 0}))
+        .await;
+    s.answered_by_to(id).await;
+    s.assert_listed(&s.moves(), id, "wind_down", "request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_the_store_lost_with_their_owner_are_listed_as_store_losses() {
     let redis = RedisServer::start();
     let pb = pinboard().redis(&redis.url).start();
-    let c = client();
-    let mut lost = rust_worker(&pb.url).start();
-    let kept = rust_worker(&pb.url).start();
-    let by_url = sessions(&c, &pb.url).await;
-    let lost_session = by_url[&lost.url].clone();
-    let kept_before = by_url[&kept.url].clone();
-    let lost_process = process_of(&c, &lost).await;
-    let kept_process = process_of(&c, &kept).await;
-    let owners = spread(&c, &pb.url, &[&lost_process, &kept_process]).await;
-    let held = held_by(&owners, &lost_process);
-    let reclaimed = held_by(&owners, &kept_process);
+    let mut s = Scene::start(pb, COUNTER, counter_worker).await;
 
     // The owner dies, and the store loses everything while its lease
     // still ran: nothing in the store says where its ids were.
-    lost.kill();
+    s.from.kill();
     redis.flushall().await;
-    for id in &held {
-        eventually("the id answering from the survivor", FAILOVER, || async {
-            hit(&c, &pb.url, id).await.filter(|p| *p == kept_process)
-        })
-        .await;
-    }
+    s.answered_by_to(&s.held).await;
     // The survivor re-registered (the store forgot its session too).
-    let kept_now = eventually("the survivor's new session", FAILOVER, || async {
-        support::workers(&c, &pb.url)
+    s.to_session = eventually("the survivor's new session", FAILOVER, || async {
+        support::workers(&s.c, &s.pb.url)
             .await
             .iter()
-            .find(|w| w["advertiseUrl"] == kept.url.as_str())
+            .find(|w| w["advertiseUrl"] == s.to.url.as_str())
             .and_then(|w| w["sessionId"].as_str().map(str::to_owned))
-            .filter(|s| *s != kept_before)
+            .filter(|session| *session != s.to_session)
     })
     .await;
-    for id in &reclaimed {
-        assert_eq!(hit(&c, &pb.url, id).await, Some(kept_process.clone()));
+    for id in &s.kept {
+        assert_eq!(
+            hit(&s.c, &s.pb.url, COUNTER, id).await.as_ref(),
+            Some(&s.to_process)
+        );
     }
-    let moves = moves_command(&pb.url);
-    assert_moved(
-        &moves,
-        &held,
-        &Expected {
-            ns: COUNTER,
-            from: &lost_session,
-            to: &kept_now,
-            reason: "store_loss",
-            by: "request",
-        },
-    );
-    for id in &reclaimed {
+    let moves = s.moves();
+    s.assert_listed(&moves, &s.held, "store_loss", "request");
+    for id in &s.kept {
         assert!(
             !moves.iter().any(|m| m["id"] == id.as_str()),
             "{id} was reclaimed by its own process: {moves:#?}"
@@ -374,28 +311,21 @@ async fn ids_the_sweeper_wakes_elsewhere_are_listed_as_its_moves() {
     let pb = pinboard()
         .args(&["--database-url", &db, "--sweep-interval-ms", "200"])
         .start();
-    let c = client();
-    let worker = || {
-        rust_worker(&pb.url)
+    let mut s = Scene::start(pb, &ns, |pb| {
+        rust_worker(pb)
             .env("FLEET_NS", &ns)
             .env("FLEET_DATABASE_URL", &db)
             .start()
-    };
-    let mut killed = worker();
-    let survivor = worker();
-    let by_url = sessions(&c, &pb.url).await;
-    let (killed_session, survivor_session) = (&by_url[&killed.url], &by_url[&survivor.url]);
-    let killed_process = process_of(&c, &killed).await;
-    let survivor_process = process_of(&c, &survivor).await;
-    let owners = spread_in(&c, &pb.url, &ns, &[&killed_process, &survivor_process]).await;
-    let held = held_by(&owners, &killed_process);
+    })
+    .await;
 
     // Nobody asks for them again: once the lease lapsed, the sweeper
     // wakes them (orphans) on the survivor.
-    killed.kill();
+    s.from.kill();
     let moves = eventually("the sweeper to re-place every id", FAILOVER, || async {
-        let moves = moves_command(&pb.url);
-        held.iter()
+        let moves = s.moves();
+        s.held
+            .iter()
             .all(|id| {
                 moves
                     .iter()
@@ -404,15 +334,5 @@ async fn ids_the_sweeper_wakes_elsewhere_are_listed_as_its_moves() {
             .then_some(moves)
     })
     .await;
-    assert_moved(
-        &moves,
-        &held,
-        &Expected {
-            ns: &ns,
-            from: killed_session,
-            to: survivor_session,
-            reason: "lease_lapsed",
-            by: "sweeper",
-        },
-    );
+    s.assert_listed(&moves, &s.held, "lease_lapsed", "sweeper");
 }

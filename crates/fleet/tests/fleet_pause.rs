@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{client, get_json, pinboard, rust_worker, stats, wait_workers, workers};
+use support::{client, eventually, get_json, pinboard, rust_worker, stats, wait_workers, workers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_refuses_until_reregistered_and_keeps_off_moved_ids() {
@@ -77,22 +77,19 @@ async fn a_paused_worker_refuses_until_reregistered_and_keeps_off_moved_ids() {
         "the woken worker served: {status} {text}"
     );
     // It re-registers under a new session...
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let rows = workers(&c, &pb.url).await;
-        if rows.len() == 2
-            && rows
-                .iter()
-                .all(|row| row["sessionId"] != old_session.as_str())
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no re-registration: {rows:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "a re-registration under a new session",
+        Duration::from_secs(10),
+        || async {
+            let rows = workers(&c, &pb.url).await;
+            let new = rows.len() == 2
+                && rows
+                    .iter()
+                    .all(|row| row["sessionId"] != old_session.as_str());
+            new.then_some(())
+        },
+    )
+    .await;
     // ...and the moved ids stay on B with their state.
     for i in 0..50 {
         let body = get_json(

@@ -8,12 +8,9 @@
 
 mod support;
 
-use std::time::Duration;
-
 use serde_json::Value;
 use support::{client, eventually, pinboard, rust_worker, stats, wait_workers, workers, Proc};
-
-const PATIENCE: Duration = Duration::from_secs(15);
+use test_support::PATIENCE;
 
 /// A request's world: `Pinboard-Hostname` and `Pinboard-Env` (either may be
 /// absent).

@@ -12,12 +12,9 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::Duration;
 
 use support::{client, get_json, pinboard, rust_worker, wait_workers};
-use test_support::metrics;
-
-const PATIENCE: Duration = Duration::from_secs(20);
+use test_support::{metrics, PATIENCE};
 
 /// The `pinboard_*` and `pinned_*` names in `text`, as families.
 fn metric_names(text: &str) -> BTreeSet<String> {

@@ -33,6 +33,9 @@
 //! missing from the store (while the store keeps its rows, an id's stored
 //! epoch bounds its next one). A warm route never touches it.
 
+#[cfg(test)]
+pub(crate) mod fake;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};

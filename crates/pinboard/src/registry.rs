@@ -741,18 +741,11 @@ impl<S: PlacementStore, P: ChallengeProver> Registry<S, P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::fake::FakeClock;
     use crate::clock::SeededEntropy;
     use crate::placement::MemoryStore;
-    use parking_lot::Mutex;
     use pinned_wire::registry::Takeover;
     use std::collections::BTreeMap;
-
-    struct FakeClock(Mutex<Now>);
-    impl Clock for FakeClock {
-        fn now(&self) -> Now {
-            *self.0.lock()
-        }
-    }
 
     /// Proves when the value is "ok", unreachable for "down", mismatch otherwise.
     struct FakeProver;
@@ -777,10 +770,7 @@ mod tests {
         Arc<FakeClock>,
         Arc<MemoryStore>,
     ) {
-        let clock = Arc::new(FakeClock(Mutex::new(Now {
-            wall_ms: 1_000_000,
-            mono_ms: 0,
-        })));
+        let clock = Arc::new(FakeClock::at(1_000_000));
         let store = Arc::new(MemoryStore::new());
         let reg = registry_over(store.clone(), clock.clone());
         (reg, clock, store)
@@ -1176,10 +1166,7 @@ mod tests {
     /// through whole, and only then does the first act on what it read.
     /// The newest deployment must end up alone in its slot.
     async fn racing_deployments<S: PlacementStore>(store: S) {
-        let clock = Arc::new(FakeClock(Mutex::new(Now {
-            wall_ms: 1_000_000,
-            mono_ms: 0,
-        })));
+        let clock = Arc::new(FakeClock::at(1_000_000));
         let store = Arc::new(crate::placement::gated::Gated::new(store));
         let reg = registry_over(store.clone(), clock.clone());
         let (incumbent, _) = reg

@@ -17,9 +17,9 @@ use std::time::Duration;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 use support::{client, eventually, get_json, pinboard, python_worker, Proc};
+use test_support::PATIENCE;
 
 const OPERATOR: &str = "dashboard-operator-token";
-const PATIENCE: Duration = Duration::from_secs(30);
 
 /// `chromedriver` on a port of its own choosing (`--port=0`; it reports
 /// the port it bound), killed on drop.

@@ -18,8 +18,9 @@ use support::raw::{
 use support::{eventually, pinboard, Proc};
 use test_support::metrics::{self, Scrape};
 use test_support::sockets::{
-    admitted, answer, closed_within, idle_after, mid_head, request, scrape_once, PATIENCE,
+    admitted, answer, closed_within, idle_after, mid_head, request, scrape_once,
 };
+use test_support::PATIENCE;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

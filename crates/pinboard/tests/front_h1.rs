@@ -10,13 +10,10 @@ mod support;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use support::raw::{raw_worker, Act, Answer, Client, Gate, Raw, Seen};
 use support::{pinboard, Proc};
-
-/// How long any one step may take.
-const PATIENCE: Duration = Duration::from_secs(5);
+use test_support::PATIENCE;
 
 fn target(seen: &Seen) -> &str {
     seen.request_line.split_whitespace().nth(1).unwrap_or("")

@@ -7,13 +7,12 @@
 mod support;
 
 use std::process::{Command, Output};
-use std::time::Duration;
 
 use serde_json::Value;
 use support::{client, eventually, get_json, python_worker};
+use test_support::PATIENCE;
 
 const OPERATOR: &str = "operator-secret";
-const PATIENCE: Duration = Duration::from_secs(30);
 
 /// Runs `pinboard <args>` against `url` with `token` in the environment.
 fn pinboard(url: &str, token: Option<&str>, args: &[&str]) -> Output {

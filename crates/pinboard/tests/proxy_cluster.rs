@@ -155,7 +155,7 @@ async fn forged_cluster_sessions_cost_a_bounded_number_of_store_reads() {
     let res = c
         .get(format!("{}/counter/callee/hit", node.url))
         .header("pinboard-session", &session)
-        .header("pinboard-session-secret", &w.secret)
+        .header("pinboard-session-secret", &w.identity.secret)
         .header("pinboard-from", "/counter/caller")
         .send()
         .await

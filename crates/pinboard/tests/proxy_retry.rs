@@ -9,26 +9,28 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::fake::{fake, Fake, Mode};
+use support::fake::{fake, Mode};
+use support::raw::Raw;
 use support::{bearer, client, eventually, pinboard, wait_workers};
 use test_support::metrics;
 
-fn check_headers(f: &Fake, session: &str) {
+fn check_headers(f: &Raw, session: &str) {
     for h in f.seen.lock().iter() {
         assert!(
-            h.get("pinboard-proxy-secret").is_none(),
+            h.header("pinboard-proxy-secret").is_none(),
             "raw secret on the data plane"
         );
-        let token = h["pinboard-attestation"].to_str().expect("token");
+        let token = h.header("pinboard-attestation").expect("token");
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .expect("time")
             .as_secs_f64();
-        let claims = pinned_wire::attestation::verify(token, &f.secret, |aud| aud == session, now)
-            .expect("token verifies with the owner's secret and session");
+        let claims =
+            pinned_wire::attestation::verify(token, &f.identity.secret, |aud| aud == session, now)
+                .expect("token verifies with the owner's secret and session");
         assert!(claims.caller.is_none());
-        assert!(h["pinboard-epoch"]
-            .to_str()
+        assert!(h
+            .header("pinboard-epoch")
             .expect("epoch")
             .parse::<u64>()
             .is_ok());

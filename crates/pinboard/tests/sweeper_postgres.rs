@@ -117,9 +117,9 @@ async fn a_due_alarm_is_posted_to_the_owner_with_the_proxy_secret_within_one_int
     assert_eq!(first.path, format!("{ns}/a1/_alarm"));
     assert_eq!(
         header(first, "pinboard-proxy-secret"),
-        Some(f.secret.as_str())
+        Some(f.identity.secret.as_str())
     );
-    assert_attested(first, &f.secret, &session);
+    assert_attested(first, &f.identity.secret, &session);
 
     // The fake deleted the row when it "fired": nothing more is posted.
     more_laps(&[&pb.url], 5).await;
@@ -176,7 +176,7 @@ async fn a_marked_row_is_woken_with_an_attestation_and_never_the_proxy_secret() 
     for c in &calls {
         assert_eq!(c.path, format!("{ns}/m1/_wake"));
         assert_eq!(header(c, "pinboard-proxy-secret"), None);
-        assert_attested(c, &f.secret, &session);
+        assert_attested(c, &f.identity.secret, &session);
     }
     // Unmarked: the sweeper stops waking it.
     pg.set_tray(

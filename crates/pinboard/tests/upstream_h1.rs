@@ -12,16 +12,12 @@ mod support;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::json;
 use support::raw::{raw_worker, Act, Answer, Client, Framed, Gate, Raw, Seen};
 use support::{pinboard, Proc};
 use test_support::sockets::kernel_socket;
-use test_support::until;
-
-/// How long any one step may take.
-const PATIENCE: Duration = Duration::from_secs(5);
+use test_support::{until, PATIENCE};
 
 /// pinboard with one scripted worker `name`; `script` answers by request.
 async fn setup(

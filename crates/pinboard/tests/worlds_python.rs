@@ -10,15 +10,13 @@
 
 mod support;
 
-use std::time::Duration;
-
 use serde_json::Value;
 use support::{
     client, eventually, get_json, pinboard, python_worker, redis_prefix, wait_workers, workers,
     Proc,
 };
+use test_support::PATIENCE;
 
-const PATIENCE: Duration = Duration::from_secs(15);
 const HOST: &str = "app.test";
 
 /// A request's world: hostname and env headers (either may be absent).

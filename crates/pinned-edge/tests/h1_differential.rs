@@ -13,8 +13,6 @@
 
 mod fuzz_targets;
 
-use std::time::Duration;
-
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Empty};
 use hyper::server::conn::http1 as server;
@@ -24,10 +22,8 @@ use pinned_edge::h1::body;
 use pinned_edge::h1::framing::Framing;
 use pinned_edge::h1::head::{self, Fields};
 use proptest::prelude::*;
+use test_support::PATIENCE;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// Every exchange here is in memory; this only bounds a bug.
-const PATIENCE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Outcome {

@@ -1,11 +1,13 @@
 //! [`FailingStore`]: a store wrapper that fails one chosen write, for
-//! crash tests. Behind the `test-util` feature; never in production.
+//! crash tests, and every call (or every write) while an [`Outage`] is
+//! switched on. Behind the `test-util` feature; never in production.
 //!
 //! A failed write models a crash between two writes (the write is not
-//! applied) or an indeterminate commit (applied, then reported failed).
-//! Every other call passes straight through to the wrapped store.
+//! applied) or an indeterminate commit (applied, then reported failed); an
+//! outage models an unreachable database. Every other call passes straight
+//! through to the wrapped store.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -15,9 +17,28 @@ use crate::{
     TrayRow,
 };
 
+/// The source of every error an [`Outage`] answers: it names a database
+/// address (10.0.0.9), for a test to check that the cause stays in the log
+/// and out of answers.
+const OUTAGE_CAUSE: &str = "connection refused (postgres at 10.0.0.9:5432)";
+
+/// What an outage of a [`FailingStore`] takes down; each call it covers
+/// fails as an unreachable database at 10.0.0.9 does
+/// ([`StoreError::Unavailable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Outage {
+    /// Nothing: every call reaches the wrapped store.
+    None,
+    /// The writes (see [`FailingStore`]); reads still pass.
+    Writes,
+    /// Every call.
+    All,
+}
+
 /// Wraps a store and fails its `fail_at`-th write (`set_tray`,
 /// `delete_tray`, `apply_batch` and `delete_instance` count; the first
-/// write is 1).
+/// write is 1), and what an [`Outage`] covers while it is switched on.
 #[derive(Debug)]
 pub struct FailingStore<S> {
     inner: Arc<S>,
@@ -25,6 +46,7 @@ pub struct FailingStore<S> {
     applied: bool,
     writes: AtomicUsize,
     failed: AtomicBool,
+    outage: AtomicU8,
 }
 
 impl<S: StateStore> FailingStore<S> {
@@ -38,7 +60,30 @@ impl<S: StateStore> FailingStore<S> {
             applied,
             writes: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
+            outage: AtomicU8::new(Outage::None as u8),
         }
+    }
+
+    /// Fails no chosen write: only an [`Outage`] switched on fails calls.
+    pub fn passing(inner: Arc<S>) -> Self {
+        Self::new(inner, usize::MAX, false)
+    }
+
+    /// Switches an outage on (or off, with [`Outage::None`]) from the next
+    /// call on.
+    pub fn set_outage(&self, outage: Outage) {
+        self.outage.store(outage as u8, Ordering::SeqCst);
+    }
+
+    /// `Err` when the current outage covers a call (`write` or a read).
+    fn reachable(&self, write: bool) -> Result<(), StoreError> {
+        let outage = self.outage.load(Ordering::SeqCst);
+        if outage == Outage::All as u8 || (write && outage == Outage::Writes as u8) {
+            return Err(StoreError::Unavailable {
+                source: OUTAGE_CAUSE.into(),
+            });
+        }
+        Ok(())
     }
 
     /// Writes seen so far (including the failed one).
@@ -52,11 +97,13 @@ impl<S: StateStore> FailingStore<S> {
     }
 
     /// Counts a write: `Err` for the chosen one once `apply` ran (when the
-    /// failure is after applying) or instead of it.
+    /// failure is after applying) or instead of it. A write an outage
+    /// refuses is not counted (it never reached the store).
     async fn write<F>(&self, apply: F) -> Result<(), StoreError>
     where
         F: std::future::Future<Output = Result<(), StoreError>>,
     {
+        self.reachable(true)?;
         let write = self.writes.fetch_add(1, Ordering::SeqCst) + 1;
         if write != self.fail_at {
             return apply.await;
@@ -101,6 +148,7 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<Option<Tray>, StoreError> {
+        self.reachable(false)?;
         self.inner.get_tray(instance, tray, epoch).await
     }
 
@@ -111,6 +159,7 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         tray_ns: Option<&str>,
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, StoreError> {
+        self.reachable(false)?;
         self.inner.list(instance, epoch, tray_ns, marked).await
     }
 
@@ -134,6 +183,7 @@ impl<S: StateStore> StateStore for FailingStore<S> {
     }
 
     async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
+        self.reachable(false)?;
         self.inner.due_alarms(due_by_ms, limit).await
     }
 
@@ -142,6 +192,7 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         after: Option<(&str, &str)>,
         limit: usize,
     ) -> Result<Vec<MarkedInstance>, StoreError> {
+        self.reachable(false)?;
         self.inner.marked_instances(after, limit).await
     }
 

@@ -79,7 +79,7 @@ pub mod conformance;
 mod faults;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
-pub use faults::FailingStore;
+pub use faults::{FailingStore, Outage};
 
 pub use doc_text::DocText;
 #[cfg(feature = "postgres")]

@@ -125,9 +125,11 @@ fn quick() -> HostOptions {
 }
 
 async fn wait_fired(id: &str, times: usize) {
-    support::until(&format!("{id} to fire {times} times"), || {
-        fired(id) >= times
-    })
+    support::until(
+        &format!("{id} to fire {times} times"),
+        support::PATIENCE,
+        || fired(id) >= times,
+    )
     .await;
 }
 

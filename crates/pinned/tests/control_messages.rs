@@ -19,7 +19,7 @@ use axum::{Json, Router};
 use parking_lot::Mutex;
 use pinned::Options;
 use serde_json::{json, Value};
-use support::{eventually, Counter};
+use support::{eventually, Counter, PATIENCE};
 use test_support::metrics;
 use tokio::net::TcpListener;
 
@@ -103,7 +103,10 @@ async fn only_the_contiguous_prefix_is_confirmed_on_the_next_heartbeat() {
     worker.start();
     tokio::spawn(async move { axum::serve(listener, app).await });
     let client = reqwest::Client::new();
-    eventually("registration", || async { worker.ready().then_some(()) }).await;
+    eventually("registration", PATIENCE, || async {
+        worker.ready().then_some(())
+    })
+    .await;
 
     // Three resident instances, attested as pinboard would.
     let token = || {
@@ -153,7 +156,7 @@ async fn only_the_contiguous_prefix_is_confirmed_on_the_next_heartbeat() {
         ]);
         script.armed = true;
     }
-    let heard = eventually("six heartbeats since armed", || async {
+    let heard = eventually("six heartbeats since armed", PATIENCE, || async {
         let script = script.lock();
         (script.heard.len() >= 6).then(|| script.heard.clone())
     })
@@ -199,7 +202,7 @@ async fn only_the_contiguous_prefix_is_confirmed_on_the_next_heartbeat() {
 }
 
 async fn worker_stats(client: &reqwest::Client, url: &str, worker: &pinned::Worker) -> Value {
-    eventually("the wound-down instances to close", || async {
+    eventually("the wound-down instances to close", PATIENCE, || async {
         let stats: Value = client
             .get(format!("{url}/_pinned/stats"))
             .header("pinboard-proxy-secret", worker.secret())

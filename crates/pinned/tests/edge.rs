@@ -230,7 +230,7 @@ async fn at_the_cap_the_longest_idle_makes_room_and_with_none_idle_one_too_many_
     let answered = answer(&mut halves[0], Duration::from_secs(5)).await;
     assert_eq!(answered.map(|(status, _)| status), Some(200));
     drop(halves.pop());
-    support::eventually("a place under the cap", || async {
+    support::eventually("a place under the cap", support::PATIENCE, || async {
         let mut s = TcpStream::connect(addr).await.ok()?;
         s.write_all(b"GET /counter/y/value HTTP/1.1\r\nHost: w\r\n\r\n")
             .await

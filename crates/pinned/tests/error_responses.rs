@@ -7,18 +7,15 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use async_trait::async_trait;
 use axum::extract::Path;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http::request::Parts;
 use pinned::pinned_store::{
-    BatchOp, Doc, DueAlarm, InstanceKey, MarkedInstance, MemoryStore, StateStore, StoreError,
-    Tray as StoredTray, TrayKey, TrayRow,
+    Doc, FailingStore, InstanceKey, MemoryStore, Outage, StateStore, TrayKey,
 };
 use pinned::tray::{Fields, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays};
 use pinned::{
@@ -28,117 +25,6 @@ use pinned::{
 use serde_json::{json, Value as Json_};
 
 use support::{start, TestWorker};
-
-/// A memory store that can be switched off: while `down`, every call fails
-/// as an unreachable database does (`StoreError::Unavailable`); while
-/// `writes_down`, only writes do.
-#[derive(Debug, Default)]
-struct Outage {
-    inner: MemoryStore,
-    down: AtomicBool,
-    writes_down: AtomicBool,
-}
-
-impl Outage {
-    fn check_write(&self) -> Result<(), StoreError> {
-        if self.writes_down.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable {
-                source: "connection refused (postgres at 10.0.0.9:5432)".into(),
-            });
-        }
-        self.check()
-    }
-
-    fn check(&self) -> Result<(), StoreError> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable {
-                source: "connection refused (postgres at 10.0.0.9:5432)".into(),
-            });
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl StateStore for Outage {
-    async fn set_tray(
-        &self,
-        instance: InstanceKey<'_>,
-        tray: TrayKey<'_>,
-        marked: bool,
-        doc: Doc,
-        epoch: u64,
-    ) -> Result<(), StoreError> {
-        self.check_write()?;
-        self.inner
-            .set_tray(instance, tray, marked, doc, epoch)
-            .await
-    }
-
-    async fn delete_tray(
-        &self,
-        instance: InstanceKey<'_>,
-        tray: TrayKey<'_>,
-        epoch: u64,
-    ) -> Result<(), StoreError> {
-        self.check_write()?;
-        self.inner.delete_tray(instance, tray, epoch).await
-    }
-
-    async fn get_tray(
-        &self,
-        instance: InstanceKey<'_>,
-        tray: TrayKey<'_>,
-        epoch: u64,
-    ) -> Result<Option<StoredTray>, StoreError> {
-        self.check()?;
-        self.inner.get_tray(instance, tray, epoch).await
-    }
-
-    async fn list(
-        &self,
-        instance: InstanceKey<'_>,
-        epoch: u64,
-        tray_ns: Option<&str>,
-        marked: Option<bool>,
-    ) -> Result<Vec<TrayRow>, StoreError> {
-        self.check()?;
-        self.inner.list(instance, epoch, tray_ns, marked).await
-    }
-
-    async fn apply_batch(
-        &self,
-        instance: InstanceKey<'_>,
-        ops: Vec<BatchOp>,
-        epoch: u64,
-    ) -> Result<(), StoreError> {
-        self.check_write()?;
-        self.inner.apply_batch(instance, ops, epoch).await
-    }
-
-    async fn delete_instance(
-        &self,
-        instance: InstanceKey<'_>,
-        epoch: u64,
-    ) -> Result<(), StoreError> {
-        self.check_write()?;
-        self.inner.delete_instance(instance, epoch).await
-    }
-
-    async fn due_alarms(&self, due_by_ms: i64, limit: usize) -> Result<Vec<DueAlarm>, StoreError> {
-        self.check()?;
-        self.inner.due_alarms(due_by_ms, limit).await
-    }
-
-    async fn marked_instances(
-        &self,
-        after: Option<(&str, &str)>,
-        limit: usize,
-    ) -> Result<Vec<MarkedInstance>, StoreError> {
-        self.check()?;
-        self.inner.marked_instances(after, limit).await
-    }
-}
 
 /// A keyed tray whose items are acknowledged as they come.
 #[derive(Default)]
@@ -445,11 +331,11 @@ async fn cluster_errors_from_the_app_are_the_servers_fault() {
 
 #[tokio::test]
 async fn a_store_outage_answers_503_with_retry_after_and_no_internals() {
-    let store = Arc::new(Outage::default());
+    let store = Arc::new(FailingStore::passing(Arc::new(MemoryStore::new())));
     let w = desk(store.clone()).await;
     assert_eq!(w.get("/desks/o/ping").await.status(), 200);
 
-    store.down.store(true, Ordering::SeqCst);
+    store.set_outage(Outage::All);
     for path in ["/desks/o/note", "/desks/o/inbox/fresh"] {
         let (status, retry_after, body) = answer(w.get(path).await).await;
         assert_eq!(
@@ -468,7 +354,7 @@ async fn a_store_outage_answers_503_with_retry_after_and_no_internals() {
     }
 
     // Back up: the same requests succeed; nothing was poisoned.
-    store.down.store(false, Ordering::SeqCst);
+    store.set_outage(Outage::None);
     assert_eq!(w.get("/desks/o/note").await.status(), 200);
     assert_detail(
         w.get("/desks/o/inbox/fresh").await,
@@ -481,14 +367,14 @@ async fn a_store_outage_answers_503_with_retry_after_and_no_internals() {
 
 #[tokio::test]
 async fn a_tray_write_that_fails_during_an_outage_answers_instance_aborted() {
-    let store = Arc::new(Outage::default());
+    let store = Arc::new(FailingStore::passing(Arc::new(MemoryStore::new())));
     let w = desk(store.clone()).await;
     assert_eq!(w.post("/desks/p/inbox/k").await.status(), 200);
 
     // The tray opens (its row reads), then the admission's flush fails:
     // the tray is poisoned and the instance aborted, as the reference
     // does, and the request answers its refusal.
-    store.writes_down.store(true, Ordering::SeqCst);
+    store.set_outage(Outage::Writes);
     assert_detail(
         w.post("/desks/p/inbox/k/more").await,
         503,
@@ -498,7 +384,7 @@ async fn a_tray_write_that_fails_during_an_outage_answers_instance_aborted() {
     .await;
 
     // The next request after the outage activates afresh.
-    store.writes_down.store(false, Ordering::SeqCst);
+    store.set_outage(Outage::None);
     let (status, _, body) = answer(w.post("/desks/p/inbox/k").await).await;
     assert_eq!((status, body), (200, json!({ "admitted": true })));
 }

@@ -12,7 +12,7 @@ use axum::{Json, Router};
 use pinned::pinned_store::MemoryStore;
 use pinned::{BoxError, Call, Context, HostOptions, Object, Options, This};
 use serde_json::json;
-use support::{eventually, json, start};
+use support::{eventually, json, start, PATIENCE};
 
 struct Turns {
     inside: AtomicU64,
@@ -119,7 +119,7 @@ async fn an_alarm_waits_for_the_turn_of_the_request_that_set_it() {
     assert_eq!((status, body["set"].as_bool()), (200, Some(true)));
     // The alarm came due 350 ms before the turn ended, and did not run in it.
     assert_eq!(body["alarms"], 0, "the alarm ran inside the request's turn");
-    let stats = eventually("the alarm run", || async {
+    let stats = eventually("the alarm run", PATIENCE, || async {
         let (_, stats) = json(w.post("/turns/a/stats").await).await;
         (stats["alarms"] == 1).then_some(stats)
     })

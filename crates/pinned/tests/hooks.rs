@@ -13,7 +13,7 @@ use axum::{Json, Router};
 use parking_lot::Mutex;
 use pinned::{BoxError, Call, Context, HostOptions, Idle, Object, Options};
 use serde_json::json;
-use support::{json, start, until};
+use support::{json, start, until, PATIENCE};
 
 fn quick() -> HostOptions {
     HostOptions::default()
@@ -51,7 +51,10 @@ impl Object for Keeper {
 async fn on_idle_keeps_an_instance_until_its_next_idle_period() {
     let w = start(Options::new().host_with::<Keeper>("/keep", quick())).await;
     assert_eq!(w.get("/keep/k/").await.status(), 200);
-    until("asked once", || KEEPER_ASKED.load(Ordering::SeqCst) == 1).await;
+    until("asked once", PATIENCE, || {
+        KEEPER_ASKED.load(Ordering::SeqCst) == 1
+    })
+    .await;
     // Kept: many sweeps later it is still resident and not asked again
     // until it has been busy.
     let stats = w.stats().await;
@@ -155,7 +158,7 @@ async fn the_lease_view_and_on_wind_down_follow_a_wind_down() {
     assert_eq!(body["windingDown"], true);
     assert_eq!(body["evictionDeadline"], true);
     assert_eq!(body["checkpoint"], false, "the checkpoint yields");
-    until("on_wind_down heard", || !HEARD.lock().is_empty()).await;
+    until("on_wind_down heard", PATIENCE, || !HEARD.lock().is_empty()).await;
     let heard = HEARD.lock().clone();
     assert!(
         matches!(heard.first(), Some(Some(29 | 30))),

@@ -517,7 +517,7 @@ async fn dropping_the_worker_ends_its_background_tasks() {
         "two sweeps and the switchboard run"
     );
     drop(worker);
-    support::until("the worker's tasks ended", || {
+    support::until("the worker's tasks ended", support::PATIENCE, || {
         metrics.num_alive_tasks() == before
     })
     .await;

@@ -16,7 +16,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use pinned::Options;
 use serde_json::{json, Value};
-use support::{eventually, Counter};
+use support::{eventually, Counter, PATIENCE};
 use test_support::metrics;
 
 /// What the scripted pinboard heard and how it answers.
@@ -80,7 +80,7 @@ async fn a_reregistration_aborts_the_duplicates_it_is_told_of_and_keeps_the_rest
     let router = worker.router();
     worker.start();
     tokio::spawn(async move { axum::serve(listener, router).await });
-    eventually("the first registration", || async {
+    eventually("the first registration", PATIENCE, || async {
         worker.registration()?.session_id.filter(|s| s == "s1")
     })
     .await;
@@ -109,7 +109,7 @@ async fn a_reregistration_aborts_the_duplicates_it_is_told_of_and_keeps_the_rest
     }
 
     script.forget_sessions.store(true, Ordering::SeqCst);
-    eventually("the re-registration", || async {
+    eventually("the re-registration", PATIENCE, || async {
         worker.registration()?.session_id.filter(|s| s == "s2")
     })
     .await;
@@ -147,9 +147,11 @@ async fn a_reregistration_aborts_the_duplicates_it_is_told_of_and_keeps_the_rest
             ids
         }
     };
-    eventually("the duplicate aborted, the other kept", || async {
-        (stats(&worker).await == ["kept"]).then_some(())
-    })
+    eventually(
+        "the duplicate aborted, the other kept",
+        PATIENCE,
+        || async { (stats(&worker).await == ["kept"]).then_some(()) },
+    )
     .await;
     let after = metrics::parse(&worker.metrics());
     assert_eq!(

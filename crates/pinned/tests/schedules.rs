@@ -16,7 +16,7 @@ use pinned::pinned_store::{InstanceKey, MemoryStore, StateStore, TrayKey};
 use pinned::{AlarmError, BoxError, Context, Object, Options, MAX_SCHEDULES};
 use serde::Deserialize;
 use serde_json::json;
-use support::{json, start, until};
+use support::{json, start, until, PATIENCE};
 
 /// What fired, as `"<id>:<name>"` (`alarm` for the alarm), in order.
 static FIRED: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -166,7 +166,7 @@ async fn schedules_and_the_alarm_fire_in_time_order_each_once_then_the_row_goes(
     let (_, body) = json(w.get("/p/order/schedules").await).await;
     assert_eq!(body, json!({ "names": ["a", "b", "c"] }), "earliest first");
 
-    until("all four fired", || fired("order").len() >= 4).await;
+    until("all four fired", PATIENCE, || fired("order").len() >= 4).await;
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(fired("order"), vec!["a", "alarm", "b", "c"]);
     assert_eq!(
@@ -205,7 +205,10 @@ async fn a_cancelled_schedule_never_fires_and_the_alarm_row_keeps_the_reference_
     )
     .await;
     assert_eq!(body, json!({ "removed": false }));
-    until("kept and the alarm fired", || fired("cancel").len() >= 2).await;
+    until("kept and the alarm fired", PATIENCE, || {
+        fired("cancel").len() >= 2
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert_eq!(fired("cancel"), vec!["kept", "alarm"]);
     let (_, body) = json(w.get("/p/cancel/alarm").await).await;
@@ -218,7 +221,7 @@ async fn a_failing_schedule_fires_again_while_the_others_are_cleared() {
     FLAKY.lock().push(("flaky:bad".to_owned(), 2));
     assert_eq!(w.post("/p/flaky/schedule/bad?ms=100").await.status(), 200);
     assert_eq!(w.post("/p/flaky/schedule/good?ms=100").await.status(), 200);
-    until("bad fired three times", || {
+    until("bad fired three times", PATIENCE, || {
         fired("flaky").iter().filter(|f| *f == "bad").count() >= 3
     })
     .await;

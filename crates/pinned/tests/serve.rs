@@ -60,7 +60,7 @@ async fn a_shutdown_signal_drains_then_stops_the_server() {
         tokio::spawn(async move { request.send().await.expect("slow").status() })
     };
     // The slow request is in flight before the signal.
-    support::until("the slow request in flight", || {
+    support::until("the slow request in flight", support::PATIENCE, || {
         worker.stats()["instances"][0]["tasks"] == 1
     })
     .await;

@@ -11,7 +11,7 @@ use axum::routing::get;
 use axum::Router;
 use parking_lot::Mutex;
 use pinned::{BoxError, Call, Context, Object, Options};
-use support::{eventually, start};
+use support::{eventually, start, PATIENCE};
 
 /// Collects formatted log lines.
 #[derive(Clone, Default)]
@@ -69,7 +69,7 @@ async fn log_lines_carry_the_instance_and_the_request() {
         .await
         .expect("send");
     assert_eq!(answer.status(), 200);
-    let (handler, background) = eventually("both log lines", || {
+    let (handler, background) = eventually("both log lines", PATIENCE, || {
         let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
         let line = |needle: &str| text.lines().find(|l| l.contains(needle)).map(str::to_owned);
         std::future::ready(line("from the handler").zip(line("from the background")))
@@ -107,7 +107,7 @@ async fn at_info_handler_lines_carry_the_instance_without_a_request_span() {
         .await
         .expect("send");
     assert_eq!(answer.status(), 200);
-    let handler = eventually("the handler's line", || {
+    let handler = eventually("the handler's line", PATIENCE, || {
         let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
         std::future::ready(
             text.lines()

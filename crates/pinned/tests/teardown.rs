@@ -12,7 +12,7 @@ use axum::routing::get;
 use axum::Router;
 use pinned::pinned_store::MemoryStore;
 use pinned::{BoxError, Call, Context, HostOptions, Object, Options};
-use support::{start, until};
+use support::{start, until, PATIENCE};
 
 /// Counts drops of the state of each object kind.
 struct Dropped(&'static AtomicU64);
@@ -175,7 +175,7 @@ async fn evicted_instances_are_freed_whatever_holds_their_context() {
             assert_eq!(answer.status(), 200, "/{ns}/{id}");
         }
     }
-    until("every alarm ran", || {
+    until("every alarm ran", PATIENCE, || {
         ALARMS_RUN.load(Ordering::SeqCst) == IDS
     })
     .await;
@@ -190,7 +190,7 @@ async fn evicted_instances_are_freed_whatever_holds_their_context() {
         ("an on_stop handler capturing its Context", &STOP_CAPTURES),
         ("a background task holding its Context", &TASK_CAPTURES),
     ] {
-        until(&format!("{kind} dropped after eviction"), || {
+        until(&format!("{kind} dropped after eviction"), PATIENCE, || {
             counter.load(Ordering::SeqCst) == IDS
         })
         .await;

@@ -25,7 +25,7 @@ use pinned::tray::{
 };
 use pinned::{BoxError, Context, Object, Options, State};
 use serde_json::json;
-use support::{eventually, json, start, TestWorker};
+use support::{eventually, json, start, TestWorker, PATIENCE};
 
 /// What the tests steer and observe, shared by every instance.
 #[derive(Clone)]
@@ -443,7 +443,7 @@ async fn admitted_items_run_in_order_and_the_row_rests_unmarked_with_the_results
         let (status, body) = json(w.post(&format!("/runners/r1/enqueue/{name}")).await).await;
         assert_eq!((status, body), (200, json!({ "admitted": name })));
     }
-    eventually("every job done", || async {
+    eventually("every job done", PATIENCE, || async {
         let body = done_list(&w, "r1").await;
         (body["done"] == json!(names)).then_some(())
     })
@@ -455,7 +455,7 @@ async fn admitted_items_run_in_order_and_the_row_rests_unmarked_with_the_results
     );
     // The last write is the last ack, with the tray dry: unmarked, the
     // queue gone (an empty queue occupies no entry), no delivery count.
-    eventually("the row at rest", || async {
+    eventually("the row at rest", PATIENCE, || async {
         let stored = row(&setup.store, "r1", "jobs", "~").await;
         (stored == Some((false, json!({ "done": names })))).then_some(())
     })
@@ -469,7 +469,7 @@ async fn a_failing_item_parks_after_max_attempts_and_unpark_delivers_it_afresh()
     lab.fail.store(true, Ordering::SeqCst);
     let w = worker(setup.store.clone(), &lab).await;
     assert_eq!(json(w.post("/runners/p/enqueue/poison").await).await.0, 200);
-    let body = eventually("the tray parked", || async {
+    let body = eventually("the tray parked", PATIENCE, || async {
         let body = done_list(&w, "p").await;
         (body["parked"] == json!(true)).then_some(body)
     })
@@ -485,7 +485,7 @@ async fn a_failing_item_parks_after_max_attempts_and_unpark_delivers_it_afresh()
     // Not parked any more after this: a second unpark is refused.
     lab.fail.store(false, Ordering::SeqCst);
     assert_eq!(json(w.post("/runners/p/unpark").await).await.0, 200);
-    eventually("the unparked item done", || async {
+    eventually("the unparked item done", PATIENCE, || async {
         (done_list(&w, "p").await["done"] == json!(["poison"])).then_some(())
     })
     .await;
@@ -502,13 +502,13 @@ async fn a_cancelled_dispatch_consumes_its_item_without_its_edits() {
     lab.hold.store(true, Ordering::SeqCst);
     let w = worker(setup.store.clone(), &lab).await;
     assert_eq!(json(w.post("/runners/c/enqueue/slow").await).await.0, 200);
-    eventually("the handler running", || async {
+    eventually("the handler running", PATIENCE, || async {
         (!lab.runs.lock().is_empty()).then_some(())
     })
     .await;
     let (_, body) = json(w.post("/runners/c/cancel").await).await;
     assert_eq!(body, json!({ "cancelled": true }));
-    let body = eventually("the queue empty", || async {
+    let body = eventually("the queue empty", PATIENCE, || async {
         let body = done_list(&w, "c").await;
         (body["queued"] == json!(0)).then_some(body)
     })
@@ -539,10 +539,14 @@ async fn keyed_trays_are_created_on_use_passivate_when_dry_and_delete_frees_the_
         );
     }
     assert_eq!(json(w.post("/runners/k/keyed/b/z").await).await.0, 200);
-    eventually("both keyed trays drained and passivated", || async {
-        let open = json(w.get("/runners/k/open").await).await.1;
-        (open["open"] == json!([])).then_some(())
-    })
+    eventually(
+        "both keyed trays drained and passivated",
+        PATIENCE,
+        || async {
+            let open = json(w.get("/runners/k/open").await).await.1;
+            (open["open"] == json!([])).then_some(())
+        },
+    )
     .await;
     assert_eq!(
         row(&setup.store, "k", "inbox", "a").await,
@@ -578,7 +582,7 @@ async fn keyed_trays_are_created_on_use_passivate_when_dry_and_delete_frees_the_
     );
     // Created again, it starts blank.
     assert_eq!(json(w.post("/runners/k/keyed/a/w").await).await.0, 200);
-    eventually("the new tray drained", || async {
+    eventually("the new tray drained", PATIENCE, || async {
         let body = json(w.get("/runners/k/keyed/a").await).await.1;
         (body == json!({ "seen": ["w"] })).then_some(())
     })
@@ -626,9 +630,11 @@ async fn a_new_worker_resumes_marked_work_with_no_request_and_runs_each_item_onc
             );
         }
     }
-    eventually("both handlers stuck on their first item", || async {
-        (lab.runs.lock().len() == 2).then_some(())
-    })
+    eventually(
+        "both handlers stuck on their first item",
+        PATIENCE,
+        || async { (lab.runs.lock().len() == 2).then_some(()) },
+    )
     .await;
     // The worker goes away with the handlers stuck: its rows stay marked.
     first.worker.close().await;
@@ -642,14 +648,18 @@ async fn a_new_worker_resumes_marked_work_with_no_request_and_runs_each_item_onc
             .unwrap(),
     );
     let _second = worker(store.clone(), &lab2).await;
-    eventually("every marked row drained by the new worker", || async {
-        store
-            .marked_instances(None, 10)
-            .await
-            .unwrap()
-            .is_empty()
-            .then_some(())
-    })
+    eventually(
+        "every marked row drained by the new worker",
+        PATIENCE,
+        || async {
+            store
+                .marked_instances(None, 10)
+                .await
+                .unwrap()
+                .is_empty()
+                .then_some(())
+        },
+    )
     .await;
     for id in ["a", "b"] {
         let expected: Vec<String> = (0..3).map(|n| format!("{id}{n}")).collect();
@@ -764,7 +774,7 @@ async fn a_version_bump_discards_the_stored_row_and_drops_its_stale_mark() {
     .await;
     let (status, body) = json(w.get("/runners/v/done").await).await;
     assert_eq!((status, body), (200, json!({ "done": [] })));
-    eventually("the row rewritten blank at version 2", || async {
+    eventually("the row rewritten blank at version 2", PATIENCE, || async {
         (row(&setup.store, "v", "jobs", "~").await == Some((false, json!({ "~v": 2 }))))
             .then_some(())
     })
@@ -794,7 +804,7 @@ async fn crash_run(fail_at: usize, applied: bool) -> (Vec<String>, Vec<String>, 
             acknowledged.push(name);
         }
     }
-    eventually("the first worker done or failed", || async {
+    eventually("the first worker done or failed", PATIENCE, || async {
         let failed = flaky.failed();
         let drained = inner.marked_instances(None, 1).await.unwrap().is_empty();
         (failed || drained).then_some(())
@@ -810,14 +820,18 @@ async fn crash_run(fail_at: usize, applied: bool) -> (Vec<String>, Vec<String>, 
             .store(inner.clone()),
     )
     .await;
-    eventually("the second worker drained every marked row", || async {
-        inner
-            .marked_instances(None, 1)
-            .await
-            .unwrap()
-            .is_empty()
-            .then_some(())
-    })
+    eventually(
+        "the second worker drained every marked row",
+        PATIENCE,
+        || async {
+            inner
+                .marked_instances(None, 1)
+                .await
+                .unwrap()
+                .is_empty()
+                .then_some(())
+        },
+    )
     .await;
     let done = match inner
         .get_tray(
@@ -871,7 +885,7 @@ async fn keyed_trays_bracket_each_hydration_with_on_open_and_on_close() {
     let lab = Lab::default();
     let w = worker(setup.store.clone(), &lab).await;
     assert_eq!(json(w.post("/runners/h/keyed/a/x").await).await.0, 200);
-    eventually("the tray passivated and closed", || async {
+    eventually("the tray passivated and closed", PATIENCE, || async {
         (lab.events.lock().len() == 2).then_some(())
     })
     .await;
@@ -946,7 +960,7 @@ async fn a_tray_opened_inside_activate_pumps_only_once_the_object_exists() {
             .store(setup.store.clone()),
     )
     .await;
-    eventually("the left-over job done", || async {
+    eventually("the left-over job done", PATIENCE, || async {
         (done_list(&w, "e").await["done"] == json!(["left-over"])).then_some(())
     })
     .await;
@@ -978,7 +992,7 @@ async fn winding_down_pauses_execution_trays_after_the_item_in_hand_but_intake_t
             200
         );
     }
-    eventually("both trays on their first item", || async {
+    eventually("both trays on their first item", PATIENCE, || async {
         (lab.runs.lock().len() == 2).then_some(())
     })
     .await;
@@ -1006,7 +1020,7 @@ async fn winding_down_pauses_execution_trays_after_the_item_in_hand_but_intake_t
 #[tokio::test]
 async fn a_write_that_changes_nothing_goes_nowhere() {
     let inner = Arc::new(MemoryStore::new());
-    let counting = Arc::new(FailingStore::new(inner, usize::MAX, false));
+    let counting = Arc::new(FailingStore::passing(inner));
     let lab = Lab::default();
     let w = start(
         Options::new()
@@ -1044,16 +1058,20 @@ async fn locally_an_instance_aborted_with_work_pending_is_woken_again_with_no_re
     )
     .await;
     assert_eq!(json(w.post("/runners/a/enqueue/stuck").await).await.0, 200);
-    eventually("the handler running", || async {
+    eventually("the handler running", PATIENCE, || async {
         (lab.runs.lock().len() == 1).then_some(())
     })
     .await;
     lab.hold.store(false, Ordering::SeqCst);
     let _ = w.post("/runners/a/abort").await;
-    eventually("the aborted instance woken and its item done", || async {
-        let stored = row(&setup.store, "a", "jobs", "~").await;
-        (stored == Some((false, json!({ "done": ["stuck"] })))).then_some(())
-    })
+    eventually(
+        "the aborted instance woken and its item done",
+        PATIENCE,
+        || async {
+            let stored = row(&setup.store, "a", "jobs", "~").await;
+            (stored == Some((false, json!({ "done": ["stuck"] })))).then_some(())
+        },
+    )
     .await;
     assert_eq!(lab.runs.lock().len(), 2, "redelivered once after the abort");
 }

@@ -27,7 +27,7 @@ use pinned::tray::{
 };
 use pinned::{BoxError, Context, Object, Options};
 use serde_json::json;
-use support::{eventually, json, start, TestWorker};
+use support::{eventually, json, start, TestWorker, PATIENCE};
 
 /// The dispatch timeout of [`Slow`]: short, so a cut-off run costs little.
 const SLOW_TIMEOUT: Duration = Duration::from_millis(300);
@@ -443,7 +443,7 @@ async fn a_handler_past_its_dispatch_timeout_is_cut_off_and_its_item_delivered_a
             200
         );
     }
-    eventually("both items done", || async {
+    eventually("both items done", PATIENCE, || async {
         let body = json(w.get("/runners/t/slow").await).await.1;
         (body["done"] == json!(["a", "b"])).then_some(())
     })
@@ -458,7 +458,7 @@ async fn a_handler_past_its_dispatch_timeout_is_cut_off_and_its_item_delivered_a
         "two runs cut off after {SLOW_TIMEOUT:?} each, done in {:?}",
         admitted.elapsed()
     );
-    eventually("the row at rest", || async {
+    eventually("the row at rest", PATIENCE, || async {
         (row(&setup.store, "t", "slow", SINGLETON_TRAY_ID).await
             == Some((false, json!({ "done": ["a", "b"] }))))
         .then_some(())
@@ -473,7 +473,7 @@ async fn an_outbox_carries_its_item_across_the_handlers_retries_and_a_crash() {
     lab.refuse_sends.store(true, Ordering::SeqCst);
     let w = worker(setup.store.clone(), &lab).await;
     assert_eq!(json(w.post("/runners/o/send/a").await).await.0, 200);
-    eventually("a sent on its third attempt", || async {
+    eventually("a sent on its third attempt", PATIENCE, || async {
         let body = json(w.get("/runners/o/sends").await).await.1;
         (body["sent"] == json!(["a"])).then_some(())
     })
@@ -498,7 +498,7 @@ async fn an_outbox_carries_its_item_across_the_handlers_retries_and_a_crash() {
     lab.refuse_sends.store(false, Ordering::SeqCst);
     lab.hold.store(true, Ordering::SeqCst);
     assert_eq!(json(w.post("/runners/o/send/b").await).await.0, 200);
-    eventually("b in flight", || async {
+    eventually("b in flight", PATIENCE, || async {
         (lab.sends.lock().len() == 4).then_some(())
     })
     .await;
@@ -508,7 +508,7 @@ async fn an_outbox_carries_its_item_across_the_handlers_retries_and_a_crash() {
     assert_eq!(doc["outbox"], json!({ "item": "b", "attempt": 1 }));
     assert_eq!(json(w.post("/runners/o/abort").await).await.0, 200);
     lab.hold.store(false, Ordering::SeqCst);
-    eventually("b sent after the crash", || async {
+    eventually("b sent after the crash", PATIENCE, || async {
         let body = json(w.get("/runners/o/sends").await).await.1;
         (body["sent"] == json!(["a", "b"])).then_some(())
     })
@@ -517,7 +517,7 @@ async fn an_outbox_carries_its_item_across_the_handlers_retries_and_a_crash() {
         lab.sends.lock()[3..],
         [("b".to_owned(), 1), ("b".to_owned(), 2)]
     );
-    eventually("the row at rest, the outbox empty", || async {
+    eventually("the row at rest, the outbox empty", PATIENCE, || async {
         let (marked, doc) = row(&setup.store, "o", "sends", SINGLETON_TRAY_ID).await?;
         (!marked && doc.get("outbox").is_none() && doc["sent"] == json!(["a", "b"])).then_some(())
     })
@@ -531,7 +531,7 @@ async fn a_delete_interrupted_by_a_crash_runs_again_at_the_next_activation() {
     lab.hold.store(true, Ordering::SeqCst);
     let first = worker(setup.store.clone(), &lab).await;
     assert_eq!(json(first.post("/runners/d/box/k/x").await).await.0, 200);
-    eventually("the handler in hand", || async {
+    eventually("the handler in hand", PATIENCE, || async {
         (lab.runs.lock().len() == 1).then_some(())
     })
     .await;
@@ -540,7 +540,7 @@ async fn a_delete_interrupted_by_a_crash_runs_again_at_the_next_activation() {
     let url = first.url("/runners/d/box/k");
     let client = first.client.clone();
     let waiting = tokio::spawn(async move { client.delete(url).send().await });
-    eventually("the delete command durable", || async {
+    eventually("the delete command durable", PATIENCE, || async {
         let (marked, doc) = row(&setup.store, "d", "box", "k").await?;
         (marked && doc["~inbox"] == json!([{ "command": "delete" }])).then_some(())
     })
@@ -555,12 +555,12 @@ async fn a_delete_interrupted_by_a_crash_runs_again_at_the_next_activation() {
     let second = worker(store.clone(), &lab2).await;
     // No request: the marked row wakes the instance, and its pump runs the
     // command before any item.
-    eventually("the row deleted by the new worker", || async {
+    eventually("the row deleted by the new worker", PATIENCE, || async {
         row(&store, "d", "box", "k").await.is_none().then_some(())
     })
     .await;
     // The tray closes after its row is gone.
-    eventually("the deleted tray closed", || async {
+    eventually("the deleted tray closed", PATIENCE, || async {
         (*lab2.events.lock() == ["close box/k"]).then_some(())
     })
     .await;
@@ -584,14 +584,14 @@ async fn an_always_open_keyed_tray_opens_every_stored_key_at_activation_and_stay
     }
     // And a tray of the default kind, for contrast: it passivates when dry.
     assert_eq!(json(first.post("/runners/w/box/c/z").await).await.0, 200);
-    eventually("every tray drained", || async {
+    eventually("every tray drained", PATIENCE, || async {
         let a = row(&setup.store, "w", "watch", "a").await?;
         let b = row(&setup.store, "w", "watch", "b").await?;
         let c = row(&setup.store, "w", "box", "c").await?;
         (!a.0 && !b.0 && !c.0).then_some(())
     })
     .await;
-    eventually("the box tray passivated", || async {
+    eventually("the box tray passivated", PATIENCE, || async {
         lab.events
             .lock()
             .contains(&"close box/c".to_owned())

@@ -24,7 +24,7 @@ mod tls;
 pub use self::http::{
     client, get_json, get_json_with, json, metric, metric_grows, wait_workers, workers,
 };
-pub use self::poll::{eventually, until, until_explained, POLL};
+pub use self::poll::{eventually, until, until_explained, PATIENCE, POLL};
 pub use self::process::{
     listening_line, redis_cpu_seconds, unique, unreachable_url, Exited, Pinboard, PostgresCluster,
     Proc, PythonWorker, RedisCluster, RedisServer, RustWorker, ServerTls, Signal, NODE_TIMEOUT_MS,

@@ -9,6 +9,12 @@ use std::time::Duration;
 /// The pause between two checks (tokio time).
 pub const POLL: Duration = Duration::from_millis(10);
 
+/// How long a test waits for a condition, an answer or a close it expects
+/// before it fails: room for a loaded machine, never a measure of speed (a
+/// passing test stops waiting as soon as the condition holds). Tokio time:
+/// under a paused clock it passes in no real time.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
 /// Polls `check` until it answers `Some`, and answers that; fails the test
 /// after `patience` (tokio time).
 ///

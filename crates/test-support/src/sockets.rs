@@ -16,10 +16,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::metrics::{self, Scrape};
-use crate::poll::eventually;
-
-/// How long a test waits for an answer or a close it expects.
-pub const PATIENCE: Duration = Duration::from_secs(5);
+use crate::poll::{eventually, PATIENCE};
 
 /// The server's end `(local, remote)` of a loopback connection as the
 /// kernel has it: its TCP state (`01` established, `08` close-wait: the

@@ -4,15 +4,13 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::timeout;
 
-/// Generous waits: the tests measure and print, they do not race clocks.
-pub const PATIENCE: Duration = Duration::from_secs(15);
+pub use test_support::PATIENCE;
 
 /// `target/<profile>/examples/<name>`, built by `cargo test` beside this
 /// test (built here when missing, as under `cargo test --test`).
@@ -155,23 +153,18 @@ pub mod jobs {
         Ok(serde_json::from_value(body["done"].clone())?)
     }
 
-    /// Polls `check` every 20 ms until it answers `Some`, for at most
-    /// [`PATIENCE`](super::PATIENCE).
+    /// Polls `check` until it answers `Some` (the shared harness's wait,
+    /// for at most [`PATIENCE`](super::PATIENCE)); the first error ends
+    /// the wait with it.
     pub async fn wait<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
     {
-        let deadline = tokio::time::Instant::now() + super::PATIENCE;
-        loop {
-            if let Some(value) = check().await? {
-                return Ok(value);
-            }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        test_support::eventually(what, super::PATIENCE, || {
+            let checked = check();
+            async move { checked.await.transpose() }
+        })
+        .await
     }
 }

@@ -189,10 +189,9 @@ impl ErrorKind {
 }
 
 /// What a phase returns: its output, or the request's error, boxed (as
-/// pingora's `BError`) so that the success path moves one word for it:
-/// unboxed, every phase's result carried the largest kind (a buffered
-/// answer); boxing it, and the context's rare parts, took about 450
-/// instructions per proxied request off under callgrind.
+/// pingora's `BError`) so that the success path moves one word for it, not
+/// the largest kind (`proxy-bench`: boxing it and the context's rare parts
+/// took about 450 instructions off a proxied request).
 pub type ProxyResult<T> = Result<T, Box<ProxyError>>;
 
 /// A failed proxied request (see the module doc).

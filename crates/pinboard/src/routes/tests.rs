@@ -3,21 +3,13 @@
 
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use super::*;
-use crate::clock::{Clock, Now, SeededEntropy};
+use crate::clock::fake::FakeClock;
+use crate::clock::{Clock, SeededEntropy};
 use crate::placement::{InstanceKey, MemoryStore, WorkerRecord};
 use crate::world::{Scope, World};
 
 const HOSTLESS: Scope<'static> = Scope::World(World::HOSTLESS);
-
-struct FakeClock(Mutex<Now>);
-impl Clock for FakeClock {
-    fn now(&self) -> Now {
-        *self.0.lock()
-    }
-}
 
 fn rec(sid: &str, headroom: i64) -> WorkerRecord {
     WorkerRecord {
@@ -40,10 +32,7 @@ async fn setup_leased(
     quarantine_ms: u64,
     lease_ttl_ms: u64,
 ) -> (Routes<MemoryStore>, Arc<FakeClock>, Arc<MemoryStore>) {
-    let clock = Arc::new(FakeClock(Mutex::new(Now {
-        wall_ms: 5_000,
-        mono_ms: 0,
-    })));
+    let clock = Arc::new(FakeClock::at(5_000));
     let store = Arc::new(MemoryStore::new());
     for sid in ["a", "b"] {
         store

@@ -11,7 +11,8 @@
 //!
 //! Why not hyper's client here: hyper drives each connection from a task
 //! of its own and hands requests and responses across channels, which cost
-//! about a third of pinboard's instructions per proxied request. Here the
+//! about a third of pinboard's instructions per proxied request
+//! (`proxy-bench`). Here the
 //! request's task writes and reads the socket itself, and a response whose
 //! body is already in the read buffer (most are) gives its connection back
 //! to the pool before the client has read a byte of it.

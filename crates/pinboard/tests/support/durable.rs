@@ -18,7 +18,7 @@ use pinned_store::{InstanceKey, PostgresOptions, PostgresStore, StateStore, Tray
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::{bearer, client};
+use super::registration::Identity;
 
 /// The Postgres database the suites share (tables shared with other suites:
 /// always use a unique namespace and delete its rows at the end).
@@ -38,8 +38,7 @@ pub struct Seen {
 /// The fake worker's state.
 pub struct Durable {
     pub ns: String,
-    pub secret: String,
-    pub challenge: (String, String),
+    pub identity: Identity,
     pub store: Arc<PostgresStore>,
     pub calls: Mutex<Vec<Seen>>,
 }
@@ -124,25 +123,14 @@ async fn challenge(
     headers: HeaderMap,
     Query(q): Query<Value>,
 ) -> Response {
-    let secret_ok = headers
+    let proxy_secret = headers
         .get("pinboard-proxy-secret")
-        .and_then(|h| h.to_str().ok())
-        == Some(f.secret.as_str());
-    if !secret_ok {
-        return (
-            StatusCode::FORBIDDEN,
-            axum::Json(json!({"detail": "invalid proxy secret"})),
-        )
-            .into_response();
-    }
-    if q["challenge"].as_str() != Some(f.challenge.0.as_str()) {
-        return (
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({"detail": "unknown challenge"})),
-        )
-            .into_response();
-    }
-    axum::Json(json!({ "value": f.challenge.1 })).into_response()
+        .and_then(|h| h.to_str().ok());
+    let (status, body) = f
+        .identity
+        .answer_challenge(proxy_secret, q["challenge"].as_str());
+    let status = StatusCode::from_u16(status).expect("a status");
+    (status, axum::Json(body)).into_response()
 }
 
 fn record(f: &Durable, ns: &str, id: &str, call: &str, headers: HeaderMap) {
@@ -211,8 +199,11 @@ pub async fn durable_in(
     let tag = hostname.map_or_else(String::new, |h| format!("@{h}"));
     let f = Arc::new(Durable {
         ns: ns.to_owned(),
-        secret: format!("secret-of{}{tag}", ns.replace('/', "-")),
-        challenge: ("ch-durable".into(), "val-durable".into()),
+        identity: Identity {
+            client_id: format!("durable{ns}{tag}"),
+            secret: format!("secret-of{}{tag}", ns.replace('/', "-")),
+            challenge: ("ch-durable".into(), "val-durable".into()),
+        },
         store,
         calls: Mutex::new(Vec::new()),
     });
@@ -228,22 +219,6 @@ pub async fn durable_in(
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    let mut registration = json!({
-        "clientId": format!("durable{ns}{tag}"), "secret": f.secret, "namespaces": [ns],
-        "advertiseUrl": format!("http://{addr}"), "headroom": 100, "draining": false,
-        "challenge": f.challenge.0, "challengeValue": f.challenge.1,
-    });
-    if let Some(hostname) = hostname {
-        registration["hostname"] = json!(hostname);
-    }
-    let res = client()
-        .post(format!("{pb}/registry/register"))
-        .header("authorization", bearer())
-        .json(&registration)
-        .send()
-        .await
-        .expect("register");
-    assert_eq!(res.status(), 200);
-    let ack: Value = res.json().await.expect("ack");
-    (f, ack["sessionId"].as_str().expect("session").to_owned())
+    let session = f.identity.register(pb, &[ns], addr, hostname).await;
+    (f, session)
 }

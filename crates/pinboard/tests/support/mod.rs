@@ -1,7 +1,7 @@
 //! pinboard's suites' harness: the shared starters (`test_support`) with
 //! this package's `pinboard` binary and its defaults, and what only these
-//! suites need: raw sockets, scripted fake workers, the durable fake, and
-//! Redis helpers.
+//! suites need: raw sockets, the scripted fake worker (and its fixed-answer
+//! form), the durable fake, their registration, and Redis helpers.
 //!
 //! The Python interpreter comes from `PINNED_PY` (default: the workspace's
 //! `.venv/bin/python`); a missing interpreter fails the test, it never skips.
@@ -10,6 +10,7 @@
 pub mod durable;
 pub mod fake;
 pub mod raw;
+pub mod registration;
 
 use std::time::Duration;
 

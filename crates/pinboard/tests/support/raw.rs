@@ -16,12 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
-use super::{bearer, client};
+use super::client;
+use super::registration::Identity;
 
 /// A parsed response.
 #[derive(Debug)]
@@ -422,6 +423,11 @@ pub struct Seen {
 }
 
 impl Seen {
+    /// The first value of header `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.all(name).first().copied()
+    }
+
     /// Every value of header `name` (lowercase).
     pub fn all(&self, name: &str) -> Vec<&str> {
         values(&self.headers, name)
@@ -432,8 +438,7 @@ type Script = dyn Fn(&Seen, u32) -> Answer + Send + Sync;
 
 /// A scripted worker's state.
 pub struct Raw {
-    pub secret: String,
-    challenge: (String, String),
+    pub identity: Identity,
     pub hits: AtomicU32,
     /// Connections that carried an instance request (the challenge comes
     /// on connections of its own and is not counted).
@@ -533,14 +538,15 @@ async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
             .nth(1)
             .unwrap_or_default()
             .to_owned();
-        if target.starts_with("/_pinned/challenge") {
-            let (c, v) = &raw.challenge;
-            let ok = target.ends_with(&format!("challenge={c}"));
-            let (status, body) = if ok {
-                (200, json!({ "value": v }))
-            } else {
-                (404, json!({ "detail": "unknown challenge" }))
-            };
+        if let Some(query) = target.strip_prefix("/_pinned/challenge") {
+            // pinboard percent-encodes the challenge (`-` too).
+            let challenge = query
+                .split_once("challenge=")
+                .map(|(_, c)| percent_encoding::percent_decode_str(c).decode_utf8_lossy());
+            let proxy_secret = seen.header("pinboard-proxy-secret");
+            let (status, body) = raw
+                .identity
+                .answer_challenge(proxy_secret, challenge.as_deref());
             if !respond(&mut s, status, &body).await {
                 return;
             }
@@ -635,16 +641,16 @@ async fn serve_conn(raw: Arc<Raw>, mut s: TcpStream) {
     }
 }
 
-/// Start a scripted worker hosting `/counter` and register it with `pb`;
-/// `script(request, hit)` (hits count from 1) decides each answer.
+/// Start a scripted worker hosting `/counter` and register it with `pb`
+/// as `name` (see [`Identity::named`]); `script(request, hit)` (hits count
+/// from 1) decides each answer.
 pub async fn raw_worker(
     pb: &str,
     name: &'static str,
     script: impl Fn(&Seen, u32) -> Answer + Send + Sync + 'static,
 ) -> (Arc<Raw>, String) {
     let raw = Arc::new(Raw {
-        secret: format!("secret-of-{name}"),
-        challenge: (format!("ch{name}"), format!("val{name}")),
+        identity: Identity::named(name),
         hits: AtomicU32::new(0),
         conns: AtomicU32::new(0),
         closed: Gate::new(),
@@ -663,21 +669,8 @@ pub async fn raw_worker(
             tokio::spawn(serve_conn(serving.clone(), s));
         }
     });
-    let (c, v) = raw.challenge.clone();
-    let res = client()
-        .post(format!("{pb}/registry/register"))
-        .header("authorization", bearer())
-        .json(&json!({
-            "clientId": name, "secret": raw.secret, "namespaces": ["/counter"],
-            "advertiseUrl": format!("http://{addr}"), "headroom": 100, "draining": false,
-            "challenge": c, "challengeValue": v,
-        }))
-        .send()
-        .await
-        .expect("register");
-    assert_eq!(res.status(), 200, "{:?}", res.text().await);
-    let ack: Value = res.json().await.expect("ack");
-    (raw, ack["sessionId"].as_str().expect("session").to_owned())
+    let session = raw.identity.register(pb, &["/counter"], addr, None).await;
+    (raw, session)
 }
 
 /// The value of `name` in pinboard's `/metrics` text (0 when absent).

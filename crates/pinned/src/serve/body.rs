@@ -29,7 +29,7 @@ pin_project_lite::pin_project! {
         inner: Body,
         entry: Option<Busy>,
         // Owns the record whose inline abort signal it waits on, so it is
-        // a boxed future (one allocation per stream).
+        // a boxed future.
         aborted: BoxFuture<'static, ()>,
     }
 }

@@ -39,11 +39,11 @@ fn rewrite(rest: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri
 const RECENT_REWRITES: usize = 4;
 
 /// The paths one connection's requests were last rewritten to (without a
-/// query), so a repeated one is a refcount on the bytes parsed before
-/// instead of a copy and a parse of every byte again (an allocation and
-/// some 300 instructions a request). An object has few routes, so a
-/// connection's requests mostly repeat a handful of paths; a path with a
-/// query is rewritten afresh every time.
+/// query), so a repeated one is a refcount on the bytes parsed before, not
+/// a copy and a parse (`worker-bench`: 22 258 instructions a warm request
+/// without, 21 886 with). An object has few routes, so a connection's
+/// requests mostly repeat a handful of paths; a path with a query is
+/// rewritten afresh every time.
 ///
 /// One per connection ([`edge`](crate::serve::edge)), never shared: no lock.
 #[derive(Default)]

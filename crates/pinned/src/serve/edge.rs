@@ -6,11 +6,9 @@
 //! a deadline for open connections after the drain.
 //!
 //! Owns the per-connection service and what the loop's events log; never
-//! looks at a request (the application's [`Router`] does). The per-request cost is what
-//! `axum::serve` paid (the `ConnectInfo` extension and the body box) plus
-//! a few atomic operations for the phase: nothing allocates per request.
-//! Each connection keeps the paths its namespace requests were last
-//! rewritten to ([`Rewrites`](crate::serve::dispatch::Rewrites)), so a repeated
+//! looks at a request (the application's [`Router`] does). Each
+//! connection keeps the paths its namespace requests were last rewritten
+//! to ([`Rewrites`](crate::serve::dispatch::Rewrites)), so a repeated
 //! route is not parsed again.
 //!
 //! With [`Options::tls`](crate::Options::tls) the handshake runs in the
@@ -103,11 +101,11 @@ impl EdgeSettings {
 }
 
 /// The extensions every request of the connection from `peer` starts with
-/// (each request a clone): the peer's [`ConnectInfo`], in a map with room
-/// for the entries a namespace request gathers on its way (the worker's
-/// own, then axum's `OriginalUri`, `MatchedPath` and path parameters).
-/// An empty map is created for three and would be regrown, rehashed and
-/// freed at the fourth insert of every request.
+/// (each request a clone): the peer's [`ConnectInfo`], in a map sized by
+/// placeholders for the four entries a namespace request adds on its way
+/// (the worker's own, axum's `OriginalUri`, `MatchedPath` and path
+/// parameters), which a map created for three would regrow for every
+/// request.
 fn request_extensions(peer: std::net::SocketAddr) -> Extensions {
     /// Placeholder entries that size the map, removed again.
     #[derive(Clone)]

@@ -23,11 +23,10 @@
 //! placing anything. [`dispatch`](crate::serve::dispatch) only split the
 //! path.
 //!
-//! Two fusions keep a warm request as cheap as a bare axum one: the gate
-//! and the admission guard are one synchronous step (a separate future per
-//! step cost about 500 instructions a warm request), and the rare waits (a
-//! record that is closing, a cold activation) are boxed, so the state kept
-//! for a warm request is the request once plus the handler's future.
+//! Two fusions, for speed: the gate and the admission guard are one
+//! synchronous step, and the rare waits (a closing record, a cold
+//! activation) are boxed (`worker-bench`: a separate future per step cost
+//! about 500 instructions a warm request).
 
 use std::borrow::Cow;
 use std::convert::Infallible;
@@ -331,12 +330,11 @@ fn request_span(slot: &Record, parts: &Parts) -> Option<tracing::Span> {
 
 /// One request through the stack (see the module docs for its steps).
 ///
-/// One coroutine with the request's parts captured in place, no future
-/// nested in another: the state (in the box axum's route allocates, see
-/// [`StackLayer`]) is the request once plus the handler's future, `inner`'s
-/// own (a nested future would carry a second copy of the request, every
-/// byte of it copied as it is moved in). The request's parts are lent to
-/// authorization where they lie and moved out only into the handler.
+/// One coroutine, no future nested in another (a nested one would carry a
+/// second copy of the request): its state, in the box axum's route
+/// allocates ([`StackLayer`]), is the request once plus the handler's
+/// future. The request's parts are lent to authorization where they lie
+/// and moved out only into the handler.
 #[allow(clippy::manual_async_fn)] // an `async fn` would copy its arguments into the coroutine again
 pub(crate) fn serve<T: Object>(
     ns: Option<Arc<Namespace>>,

@@ -87,9 +87,9 @@ impl TestWorker {
         .await
     }
 
-    /// Polls `/_pinned/stats` until `done` holds (at most 5 s).
+    /// Polls `/_pinned/stats` until `done` holds (at most [`PATIENCE`]).
     pub async fn wait_for(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        eventually(what, || async {
+        eventually(what, PATIENCE, || async {
             let stats = self.stats().await;
             done(&stats).then_some(stats)
         })
@@ -97,28 +97,8 @@ impl TestWorker {
     }
 }
 
-/// How long a condition may take before the test fails (tokio time: under a
-/// paused clock it passes in no real time).
-pub const PATIENCE: Duration = Duration::from_secs(10);
-
-/// Polls `check` until it answers `Some`, and answers that; fails the test
-/// after [`PATIENCE`] (the shared harness's loop, on tokio time: a paused
-/// clock skips the pauses).
-pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    test_support::eventually(what, PATIENCE, check).await
-}
-
-/// Waits until `done` holds (see [`eventually`]).
-pub async fn until(what: &str, done: impl FnMut() -> bool) {
-    test_support::until(what, PATIENCE, done).await;
-}
-
 #[allow(unused_imports)] // not every suite uses every helper
-pub use test_support::json;
+pub use test_support::{eventually, json, until, PATIENCE};
 
 /// A plain counter.
 pub struct Counter {
