@@ -616,10 +616,7 @@ async fn a_sweeper_re_placement_says_so() {
 async fn a_failing_store_leaves_the_last_worker_view_serving_for_one_lease() {
     use crate::placement::gated::Gated;
 
-    let clock = Arc::new(FakeClock(Mutex::new(Now {
-        wall_ms: 5_000,
-        mono_ms: 0,
-    })));
+    let clock = Arc::new(FakeClock::at(5_000));
     let store = Arc::new(Gated::new(MemoryStore::new()));
     store
         .put_worker(&rec("a", 10), 60_000, clock.now())
