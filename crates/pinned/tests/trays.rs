@@ -1075,3 +1075,58 @@ async fn locally_an_instance_aborted_with_work_pending_is_woken_again_with_no_re
     .await;
     assert_eq!(lab.runs.lock().len(), 2, "redelivered once after the abort");
 }
+
+/// Rows of each table of the SQLite file at `path`: (data rows, fence rows).
+fn table_rows(path: &std::path::Path) -> (i64, i64) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let count = |table: &str| -> i64 {
+        conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| {
+            row.get(0)
+        })
+        .unwrap()
+    };
+    (count("pinned_tray_index"), count("pinned_epoch"))
+}
+
+#[tokio::test]
+async fn ids_that_write_nothing_leave_no_data_row_and_their_fences_are_reclaimed() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    let w = start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(lab.clone())
+            .store(setup.store.clone())
+            .fence_reclaim(
+                std::time::Duration::from_millis(100),
+                std::time::Duration::from_secs(3600),
+            ),
+    )
+    .await;
+    // One id that writes; 300 a scanner reads (each opens its singleton
+    // trays, so each reads them from the store).
+    let (status, _) = json(w.post("/runners/writer/enqueue/a").await).await;
+    assert_eq!(status, 200);
+    eventually("the job ran", PATIENCE, || async {
+        (done_list(&w, "writer").await["done"] == json!(["a"])).then_some(())
+    })
+    .await;
+    for n in 0..300 {
+        let (status, body) = json(w.get(&format!("/runners/scan-{n}/done")).await).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["done"], json!([]));
+    }
+    let (data, _) = table_rows(&setup.path);
+    assert_eq!(data, 1, "only the writer's tray holds a row");
+    // Local mode's epoch is 0: every fence row is old enough at once, and
+    // the reclaimer takes those of ids without data on its next pass.
+    eventually(
+        "the scanned ids' fence rows reclaimed",
+        PATIENCE,
+        || async { (table_rows(&setup.path) == (1, 1)).then_some(()) },
+    )
+    .await;
+    // The writer's rows and fence stay; a scanned id reads fresh again.
+    assert_eq!(done_list(&w, "writer").await["done"], json!(["a"]));
+    assert_eq!(done_list(&w, "scan-7").await["done"], json!([]));
+}
