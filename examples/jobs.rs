@@ -9,6 +9,10 @@
 //! curl localhost:8080/runners/r1/done      # {"done":["build"]}
 //! ```
 //!
+//! A client that may retry an enqueue (a lost connection, pinboard's 502)
+//! sends an `Idempotency-Key` header: a repeat of a key among the runner's
+//! last 128 is admitted once, and answered `{"admitted": …, "repeat": true}`.
+//!
 //! Store: `DATABASE_URL` (Postgres) when set, else the SQLite file `PINNED_DB_PATH` (default `pinned.db`).
 //! Local mode by default; `PINBOARD_URL`, `PINBOARD_TOKEN` and
 //! `ADVERTISE_URL` put it behind pinboard. Its rows are the Python
@@ -18,7 +22,7 @@
 
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -105,18 +109,39 @@ fn failed(error: impl std::fmt::Display) -> Response {
         .into_response()
 }
 
-async fn enqueue(ctx: Context, Json(job): Json<Job>) -> Response {
+async fn enqueue(ctx: Context, headers: HeaderMap, Json(job): Json<Job>) -> Response {
     let jobs = match ctx.tray::<Jobs>().await {
         Ok(jobs) => jobs,
         Err(error) => return failed(error),
     };
     let name = job.name.clone();
-    let admitted = match jobs.admit(|jobs| jobs.queue.push_back(job)) {
-        Ok(receipt) => receipt.await,
-        Err(error) => Err(error),
+    let key = headers.get("idempotency-key").map(|key| key.to_str());
+    let admitted = match key {
+        // Without a key the reference's answer, word for word.
+        None => match jobs.admit(|jobs| jobs.queue.push_back(job)) {
+            Ok(receipt) => receipt.await.map(|()| json!({ "admitted": name })),
+            Err(error) => Err(error),
+        },
+        Some(Ok(key)) => match jobs.admit_once(key, |jobs| jobs.queue.push_back(job)) {
+            Ok(admission) => {
+                let repeat = admission.is_repeat();
+                admission
+                    .receipt()
+                    .await
+                    .map(|()| json!({ "admitted": name, "repeat": repeat }))
+            }
+            Err(error) => return error.into_response(),
+        },
+        Some(Err(_)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({ "detail": "the Idempotency-Key header is not visible ASCII" })),
+            )
+                .into_response()
+        }
     };
     match admitted {
-        Ok(()) => Json(json!({ "admitted": name })).into_response(),
+        Ok(answer) => Json(answer).into_response(),
         Err(error) => failed(error),
     }
 }

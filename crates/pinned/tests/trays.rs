@@ -62,6 +62,7 @@ struct Jobs {
 impl Tray for Jobs {
     const NAME: &'static str = "jobs";
     const MAX_ATTEMPTS: u64 = 3;
+    const ADMISSION_WINDOW: usize = 3;
     type Item = String;
 
     fn fields(&mut self, fields: &mut Fields<'_>) {
@@ -143,6 +144,7 @@ impl Object for Runner {
     fn routes() -> pinned::Routes<Self> {
         Router::new()
             .route("/enqueue/{name}", post(enqueue))
+            .route("/once/{key}/{name}", post(enqueue_once))
             .route("/done", get(done))
             .route("/unpark", post(unpark))
             .route("/cancel", post(cancel))
@@ -215,6 +217,18 @@ impl TrayHandler<Intake> for Runner {
         ctx.on_ack(move |intake| intake.done.push(name));
         Ok(())
     }
+}
+
+/// Admits `name` at most once per `key`: answers whether it was a repeat.
+async fn enqueue_once(
+    ctx: Context,
+    Path((key, name)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, TrayError> {
+    let jobs = ctx.tray::<Jobs>().await?;
+    let admission = jobs.admit_once(&key, |jobs| jobs.queue.push_back(name.clone()))?;
+    let repeat = admission.is_repeat();
+    admission.receipt().await?;
+    Ok(Json(json!({ "repeat": repeat })))
 }
 
 async fn intake(ctx: Context, Path(name): Path<String>) -> Response {
@@ -1129,4 +1143,50 @@ async fn ids_that_write_nothing_leave_no_data_row_and_their_fences_are_reclaimed
     // The writer's rows and fence stay; a scanned id reads fresh again.
     assert_eq!(done_list(&w, "writer").await["done"], json!(["a"]));
     assert_eq!(done_list(&w, "scan-7").await["done"], json!([]));
+}
+
+/// `POST /runners/o/once/<key>/<name>`: its status and body.
+async fn once(w: &TestWorker, key: &str, name: &str) -> (u16, serde_json::Value) {
+    let (status, body) = json(w.post(&format!("/runners/o/once/{key}/{name}")).await).await;
+    (status, body)
+}
+
+#[tokio::test]
+async fn a_keyed_admission_admits_once_across_a_restart_within_its_window() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    let w = worker(setup.store.clone(), &lab).await;
+    assert_eq!(once(&w, "k1", "a").await, (200, json!({"repeat": false})));
+    assert_eq!(once(&w, "k1", "a").await, (200, json!({"repeat": true})));
+    eventually("a ran", PATIENCE, || async {
+        (done_list(&w, "o").await["done"] == json!(["a"])).then_some(())
+    })
+    .await;
+    // The keys are in the row: a new worker on the same file knows them.
+    w.worker.close().await;
+    let w = worker(setup.store.clone(), &lab).await;
+    assert_eq!(once(&w, "k1", "a").await, (200, json!({"repeat": true})));
+    assert_eq!(
+        row(&setup.store, "o", "jobs", "~").await.unwrap().1["~admitted"],
+        json!(["k1"])
+    );
+    // The window holds the last three keys (`Jobs::ADMISSION_WINDOW`):
+    // k1 leaves it after three more, and is then admitted afresh.
+    for (key, name) in [("k2", "b"), ("k3", "c"), ("k4", "d")] {
+        assert_eq!(once(&w, key, name).await, (200, json!({"repeat": false})));
+    }
+    assert_eq!(once(&w, "k3", "c").await, (200, json!({"repeat": true})));
+    assert_eq!(once(&w, "k1", "e").await, (200, json!({"repeat": false})));
+    eventually("every admitted job ran once", PATIENCE, || async {
+        (done_list(&w, "o").await["done"] == json!(["a", "b", "c", "d", "e"])).then_some(())
+    })
+    .await;
+    assert_eq!(lab.runs.lock().iter().filter(|r| *r == "a").count(), 1);
+    // A key longer than 200 bytes is refused, and admits nothing.
+    let (status, body) = once(&w, &"k".repeat(201), "z").await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["detail"],
+        json!("an admission key must be 1 to 200 bytes long")
+    );
 }

@@ -94,7 +94,7 @@ impl IntoResponse for TrayError {
                 response::refusal(Refusal::Aborted)
             }
             TrayError::NotFound { .. } => client(StatusCode::NOT_FOUND, &self),
-            TrayError::EmptyKey | TrayError::InvalidName(_) => {
+            TrayError::EmptyKey | TrayError::InvalidName(_) | TrayError::AdmissionKey => {
                 client(StatusCode::BAD_REQUEST, &self)
             }
             TrayError::Deleted(_) | TrayError::NotParked(_) => client(StatusCode::CONFLICT, &self),

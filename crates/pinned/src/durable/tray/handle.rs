@@ -67,6 +67,30 @@ fn check_name<T: Tray>(fields: &[&'static str], name: &str) -> Result<(), TrayEr
     Ok(())
 }
 
+/// What [`TrayHandle::admit_once`] did.
+#[derive(Debug)]
+#[must_use = "await the receipt for a durable answer"]
+pub enum Admission {
+    /// The key was new: the work is admitted.
+    Admitted(Receipt),
+    /// The key was among the last admitted: nothing was admitted again.
+    Repeat(Receipt),
+}
+
+impl Admission {
+    /// The key had been admitted before.
+    pub fn is_repeat(&self) -> bool {
+        matches!(self, Self::Repeat(_))
+    }
+
+    /// Resolves once the key's (first) admission is durable.
+    pub fn receipt(self) -> Receipt {
+        match self {
+            Self::Admitted(receipt) | Self::Repeat(receipt) => receipt,
+        }
+    }
+}
+
 impl<T: Tray> TrayHandle<T> {
     pub(crate) fn new(tray: Arc<OpenTray<T>>) -> Self {
         Self { tray }
@@ -102,6 +126,49 @@ impl<T: Tray> TrayHandle<T> {
         };
         self.tray.start_pump();
         Ok(receipt)
+    }
+
+    /// Admits work at most once per `key` (a request id, a message id):
+    /// as [`admit`](Self::admit) when `key` is not among the tray's last
+    /// [`Tray::ADMISSION_WINDOW`] admission keys, and then remembered in
+    /// the same row write; else nothing is admitted and the answer says it
+    /// was a repeat. The keys live in the row, so a repeat is known after a
+    /// crash or a move to another worker, as long as the first admission
+    /// landed. Either answer's receipt resolves once the first admission
+    /// is durable (a repeat can arrive while it is still on its way).
+    ///
+    /// A client that retries a request (pinboard answers 502 for one whose
+    /// connection was lost after the send, and never re-sends it itself)
+    /// sends the same key again, for instance in an `Idempotency-Key`
+    /// header; the handler answers a repeat as it answered the first time.
+    ///
+    /// # Errors
+    ///
+    /// [`TrayError::AdmissionKey`] for an empty key or one longer than
+    /// [`MAX_ADMISSION_KEY_BYTES`](super::MAX_ADMISSION_KEY_BYTES), and as
+    /// [`admit`](Self::admit).
+    pub fn admit_once(&self, key: &str, edit: impl FnOnce(&mut T)) -> Result<Admission, TrayError> {
+        if key.is_empty() || key.len() > super::MAX_ADMISSION_KEY_BYTES {
+            return Err(TrayError::AdmissionKey);
+        }
+        let window = T::ADMISSION_WINDOW.clamp(1, super::MAX_ADMISSION_WINDOW);
+        let admission = {
+            let mut state = self.tray.state.lock();
+            self.tray.writable(&state)?;
+            if state.admitted.iter().any(|seen| seen == key) {
+                return Ok(Admission::Repeat(self.tray.frontier.receipt()));
+            }
+            OpenTray::<T>::set_marked(&mut state, true);
+            self.tray.segment(&mut state, edit)?;
+            while state.admitted.len() >= window {
+                state.admitted.pop_front();
+            }
+            state.admitted.push_back(key.to_owned());
+            state.changed = true;
+            Admission::Admitted(self.tray.commit(&mut state)?)
+        };
+        self.tray.start_pump();
+        Ok(admission)
     }
 
     /// Changes the tray's fields without admitting work (no mark, no pump).

@@ -41,6 +41,10 @@ pub(crate) const INBOX_KEY: &str = "~inbox";
 pub(crate) const ATTEMPTS_KEY: &str = "~attempts";
 pub(crate) const PARKED_KEY: &str = "~parked";
 pub(crate) const STATE_KEY: &str = "~state";
+/// The tray's last admission keys (Rust-only; the reference keeps entries
+/// it does not know when it rewrites a row, so they survive a Python
+/// owner).
+pub(crate) const ADMITTED_KEY: &str = "~admitted";
 
 /// An open tray's `on_open` has not run (or `on_close` ran).
 pub(crate) const CLOSED: u8 = 0;
@@ -116,6 +120,8 @@ pub(crate) struct TrayState<T: Tray> {
     pub(crate) attempts: u64,
     pub(crate) parked: bool,
     pub(crate) dispatch_state: Option<Json>,
+    /// The last [`Tray::ADMISSION_WINDOW`] admission keys, oldest first.
+    pub(crate) admitted: std::collections::VecDeque<String>,
     pub(crate) retired: Option<Retired>,
     pub(crate) pumping: bool,
     pub(crate) active: Option<Active>,
@@ -245,6 +251,21 @@ pub(crate) fn restore<T: Tray>(
         Some(other) => return Err(malformed(spec, &key, format!("malformed parked {other}"))),
     };
     let dispatch_state = doc.get(STATE_KEY).cloned();
+    let admitted = match doc.get(ADMITTED_KEY) {
+        None => std::collections::VecDeque::new(),
+        Some(Json::Array(keys)) => keys
+            .iter()
+            .map(|key| key.as_str().map(str::to_owned))
+            .collect::<Option<_>>()
+            .ok_or_else(|| malformed(spec, &key, "malformed admission keys"))?,
+        Some(other) => {
+            return Err(malformed(
+                spec,
+                &key,
+                format!("malformed admission keys {other}"),
+            ))
+        }
+    };
     let doc = Entries::of(&doc).map_err(|error| malformed(spec, &key, error.to_string()))?;
     let tray = Arc::new(OpenTray {
         key,
@@ -267,6 +288,7 @@ pub(crate) fn restore<T: Tray>(
             attempts,
             parked,
             dispatch_state,
+            admitted,
             retired: None,
             pumping: false,
             active: None,
@@ -409,6 +431,10 @@ impl<T: Tray> OpenTray<T> {
             ),
             (PARKED_KEY, state.parked.then(|| Entry::of(&true))),
             (STATE_KEY, state.dispatch_state.as_ref().map(Entry::of)),
+            (
+                ADMITTED_KEY,
+                (!state.admitted.is_empty()).then(|| Entry::of(&state.admitted)),
+            ),
         ];
         for (name, entry) in reserved {
             // Plain JSON values and numbers always encode.

@@ -119,7 +119,7 @@ pub(crate) mod wake;
 pub use declare::Trays;
 pub use field::{Entry, Field, FieldError, Fields, Outbox, Queue, Value};
 pub use frontier::Receipt;
-pub use handle::{KeyedTrays, TrayCtx, TrayHandle};
+pub use handle::{Admission, KeyedTrays, TrayCtx, TrayHandle};
 
 pub(crate) use open::InstanceTrays;
 pub(crate) use spec::Declared;
@@ -132,6 +132,16 @@ pub const DEFAULT_MAX_ATTEMPTS: u64 = 10;
 
 /// Default [`Tray::DISPATCH_TIMEOUT`]: 12 hours.
 pub const DEFAULT_DISPATCH_TIMEOUT: Duration = Duration::from_secs(43_200);
+
+/// Default [`Tray::ADMISSION_WINDOW`].
+pub const DEFAULT_ADMISSION_WINDOW: usize = 128;
+
+/// Largest [`Tray::ADMISSION_WINDOW`] honoured: the keys live in the
+/// tray's row, written with every change of it.
+pub const MAX_ADMISSION_WINDOW: usize = 4096;
+
+/// Longest admission key, in bytes.
+pub const MAX_ADMISSION_KEY_BYTES: usize = 200;
 
 /// How many tray handlers run at once in one process, across all instances.
 pub const MAX_CONCURRENT_DISPATCHES: usize = 256;
@@ -156,6 +166,10 @@ pub trait Tray: Default + Send + Sync + 'static {
     /// whose queued work must finish before release); by default the pump
     /// pauses and the next owner resumes it.
     const DRAIN_ON_EVICTION: bool = false;
+    /// How many admission keys of [`TrayHandle::admit_once`] the tray
+    /// remembers (the newest; at most [`MAX_ADMISSION_WINDOW`]): a repeat
+    /// of one of them admits nothing. They live in the tray's row.
+    const ADMISSION_WINDOW: usize = DEFAULT_ADMISSION_WINDOW;
 
     /// What one item is.
     type Item: Clone + Send + 'static;
@@ -282,4 +296,8 @@ pub enum TrayError {
     /// An admission closure panicked: the instance was aborted.
     #[error("a tray write segment panicked; the instance was aborted")]
     Panicked,
+    /// An admission key of [`TrayHandle::admit_once`] is empty or longer
+    /// than [`MAX_ADMISSION_KEY_BYTES`].
+    #[error("an admission key must be 1 to 200 bytes long")]
+    AdmissionKey,
 }
