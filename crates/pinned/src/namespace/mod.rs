@@ -336,6 +336,8 @@ impl Namespace {
     /// writes to no record it leaves alone; the actions run after the map
     /// is released.
     pub(crate) fn sweep(&self) {
+        let started = std::time::Instant::now();
+        let mut visited = 0_u64;
         let idle_ms = u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
         let detached_ms =
             u64::try_from(self.options.detached_timeout.as_millis()).unwrap_or(u64::MAX);
@@ -346,6 +348,7 @@ impl Namespace {
         let now = self.elapsed_ms();
         let mut due = Vec::new();
         for entry in self.slots.iter() {
+            visited += 1;
             let slot = &entry.key().0;
             if slot.stage() != Stage::Live {
                 continue;
@@ -386,6 +389,11 @@ impl Namespace {
             }
         }
         self.fences.sweep(self.control.lease_ttl());
+        self.metrics.sweep_passes.inc();
+        self.metrics.sweep_visits.inc_by(visited);
+        self.metrics
+            .sweep_seconds
+            .inc_by(started.elapsed().as_secs_f64());
     }
 
     /// The live records.
