@@ -323,6 +323,11 @@ impl Slot {
         }
         if let Some(now) = now {
             self.touch_at(now);
+            if stream {
+                // Its client was there until the stream ended: the
+                // detached timeout counts from here.
+                self.connected_at(now);
+            }
         }
         vacated(self.state.fetch_sub(1, Ordering::SeqCst))
     }
@@ -385,8 +390,14 @@ impl Slot {
         self.last_connected.store(now_ms, Ordering::Relaxed);
     }
 
-    /// Milliseconds from the last connected client to `now_ms`: a pass
-    /// over every record reads the clock once, not once per record.
+    /// When a client last had a request or an open stream on the
+    /// instance, in the holder's milliseconds.
+    pub(crate) fn connected_mark(&self) -> u64 {
+        self.last_connected.load(Ordering::Relaxed)
+    }
+
+    /// Milliseconds from the last connected client to `now_ms` (a pass
+    /// reads the clock once, not once per record).
     pub(crate) fn detached_ms_at(&self, now_ms: u64) -> u64 {
         now_ms.saturating_sub(self.last_connected.load(Ordering::Relaxed))
     }

@@ -1,31 +1,38 @@
 //! One instance record of the namespace: the instance's [`Slot`] (its
 //! life, from the instance layer) with what the namespace keeps beside it:
-//! the id it is found by, its namespace, its insertion order, the object's
-//! state and the activation under way.
+//! the id it is found by, its namespace, its insertion order, its place in
+//! the sweep's index, the object's state and the activation under way.
 //!
 //! The record is what [`Context`](crate::Context) is a handle to. It adds
 //! to the slot only what needs the namespace: its clock, its drain, its
 //! name in the instance's span.
 
 use std::ops::Deref;
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use super::deadlines::{Queued, NOT_QUEUED};
 use super::Namespace;
-use crate::instance::{ActivationFuture, Id, Instance, Slot};
+use crate::instance::{ActivationFuture, Id, Instance, Slot, Stage};
 
 /// One instance record. Shared as `Arc<Record>`.
 ///
 /// Every resident instance has one, so its size is the worker's memory per
-/// idle instance (with the object's state and a map bucket).
+/// idle instance (with the object's state, a map bucket and a pointer in
+/// the sweep's index).
 pub(crate) struct Record {
     /// The instance id; the namespace's map finds the record by it.
     pub(crate) id: Id,
     pub(crate) host: Arc<Namespace>,
-    /// Insertion order, for `/_pinned/stats`.
-    pub(crate) seq: u64,
+    /// Insertion order, for `/_pinned/stats` (wrapping).
+    pub(crate) seq: u32,
+    /// Which bucket of the sweep's index holds the record, as
+    /// [`Deadlines`](super::deadlines::Deadlines) notes it (beside `seq`,
+    /// in what was its upper half: the note costs the record no room).
+    queued: AtomicU32,
     /// The instance's life.
     slot: Slot,
     /// The object's state: set when the activation succeeds, taken at the
@@ -48,12 +55,13 @@ impl Deref for Record {
 impl Record {
     /// A record in `Activating` holding `initial` in-flight entries (the
     /// requester's and the activation task's).
-    pub(crate) fn new(id: &str, host: Arc<Namespace>, seq: u64, initial: u64) -> Self {
+    pub(crate) fn new(id: &str, host: Arc<Namespace>, seq: u32, initial: u64) -> Self {
         let slot = Slot::new(host.elapsed_ms(), host.options.exclusive, initial);
         Self {
             id: Id::new(id),
             host,
             seq,
+            queued: AtomicU32::new(NOT_QUEUED),
             slot,
             instance: Mutex::new(None),
             activation: Mutex::new(None),
@@ -101,6 +109,20 @@ impl Record {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+}
+
+impl Queued for Record {
+    fn note(&self) -> &AtomicU32 {
+        &self.queued
+    }
+
+    fn is_live(&self) -> bool {
+        self.stage() == Stage::Live
+    }
+
+    fn is_closed(&self) -> bool {
+        self.stage() == Stage::Closed
     }
 }
 
