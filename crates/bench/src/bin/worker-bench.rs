@@ -6,7 +6,7 @@
 //! cargo run --release -p pinned-bench --bin worker-bench            # everything
 //! cargo run --release -p pinned-bench --bin worker-bench -- --seconds 10 --connections 64
 //! cargo run --release -p pinned-bench --bin worker-bench -- --no-instructions   # skip callgrind
-//! cargo run --release -p pinned-bench --bin worker-bench -- memory --instances 10000000   # memory alone, 10 M resident (minutes; ~3 GiB)
+//! cargo run --release -p pinned-bench --bin worker-bench -- memory --instances 10000000   # memory and a sweep pass alone, 10 M resident (~3 GiB)
 //! cargo run --release -p pinned-bench --bin worker-bench -- instructions   # section 5 alone (callgrind)
 //! ```
 
@@ -108,7 +108,7 @@ fn rss_bytes() -> anyhow::Result<u64> {
 const MEMORY_SWEEP: Duration = Duration::from_millis(200);
 
 /// Passes of the idle sweep measured once every instance is resident.
-const MEASURED_PASSES: u64 = 25;
+const MEASURED_PASSES: u64 = 50;
 
 async fn memory(instances: u64) -> anyhow::Result<()> {
     // Every instance stays resident for the whole run: no idle close, room
@@ -153,8 +153,8 @@ async fn memory(instances: u64) -> anyhow::Result<()> {
     let pass = sweep_passes(&worker, MEASURED_PASSES).await?;
     println!(
         "sweep: {} passes with {} resident and none due: {:.0} records visited, {:.1} us per pass \
-         (pinned_idle_sweep_seconds), process CPU {:.0} us per pass (/proc ticks over the passes, \
-         the runtime's timer wake-ups included)",
+         (pinned_idle_sweep_seconds); process CPU {:.0} us per pass (/proc ticks over the passes, \
+         10 ms each: the process's whole CPU while it only sweeps)",
         pass.passes,
         instances + 1_000,
         pass.visits as f64 / pass.passes as f64,
@@ -197,13 +197,16 @@ async fn sweep_passes(worker: &pinned::Worker, count: u64) -> anyhow::Result<Swe
     }
     let (passes_before, visits_before, seconds_before) = read();
     let cpu_before = pinned_bench::child::own_cpu_time().context("/proc/self/stat")?;
-    let deadline = std::time::Instant::now() + MEMORY_SWEEP * u32::try_from(count * 4)?;
+    let passes = u32::try_from(count)?;
+    let deadline = std::time::Instant::now() + MEMORY_SWEEP * passes * 4;
+    // Asleep while they run: reading the metrics costs CPU of its own.
+    tokio::time::sleep(MEMORY_SWEEP * passes).await;
     while read().0 < passes_before + count as f64 {
         anyhow::ensure!(
             std::time::Instant::now() < deadline,
             "{count} sweep passes did not run in time"
         );
-        tokio::time::sleep(MEMORY_SWEEP / 10).await;
+        tokio::time::sleep(MEMORY_SWEEP / 2).await;
     }
     let cpu_after = pinned_bench::child::own_cpu_time().context("/proc/self/stat")?;
     let (passes, visits, seconds) = read();

@@ -285,7 +285,7 @@ impl Namespace {
                 Judged::Later(deadline_ms)
             } else {
                 Judged::Candidate {
-                    rank: slot.activity_mark(),
+                    rank: slot.activity_ms(),
                     deadline_ms,
                 }
             }
@@ -312,7 +312,7 @@ impl Namespace {
     pub(crate) fn discard(busy: Busy) {
         let slot = busy.slot().clone();
         let untouched = slot.stage() == Stage::Activating
-            && slot.activation.lock().is_none()
+            && slot.activation().is_none()
             && slot.in_flight() == 1;
         drop(busy);
         if untouched {
@@ -330,7 +330,7 @@ impl Namespace {
     /// Starts the activation of `slot` unless it started already.
     fn start_activation(self: &Arc<Self>, slot: &Arc<Record>) {
         let host = self.clone();
-        let mut pending = slot.activation.lock();
+        let mut pending = slot.activation();
         if pending.is_some() || slot.stage() != Stage::Activating || slot.activated_at().is_some() {
             return;
         }
@@ -361,7 +361,7 @@ impl Namespace {
             let failure = match outcome {
                 Ok(Ok(instance)) => {
                     let activated = slot.go_live(host.domain.unix_ms());
-                    *slot.activation.lock() = None;
+                    *slot.activation() = None;
                     if !activated {
                         return Activation::Aborted;
                     }
@@ -394,7 +394,7 @@ impl Namespace {
     }
 
     async fn await_activation(busy: Busy) -> Result<(Busy, Instance), Admission> {
-        let pending = busy.slot().activation.lock().as_deref().cloned();
+        let pending = busy.slot().activation().as_deref().cloned();
         let outcome = match pending {
             Some(activation) => activation.await,
             None => match (busy.slot().stage(), busy.slot().instance()) {

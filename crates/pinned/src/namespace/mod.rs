@@ -428,7 +428,7 @@ impl Namespace {
     /// this later, which is why the request path never tells the index.
     pub(crate) fn next_look(&self, slot: &Record, now_ms: u64) -> u64 {
         let idle_from = if slot.in_flight() == 0 {
-            slot.activity_mark()
+            slot.activity_ms()
         } else {
             now_ms
         };

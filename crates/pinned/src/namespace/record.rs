@@ -11,7 +11,7 @@ use std::ops::Deref;
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use tokio::time::Instant;
 
 use super::deadlines::{Queued, NOT_QUEUED};
@@ -35,13 +35,21 @@ pub(crate) struct Record {
     queued: AtomicU32,
     /// The instance's life.
     slot: Slot,
+    /// The object's state and the activation that makes it, under one
+    /// lock (one lock word for both keeps the record small; the activation
+    /// task that sets the state waits out a starter still holding it).
+    held: Mutex<Held>,
+}
+
+/// What a record holds of its object.
+#[derive(Default)]
+struct Held {
     /// The object's state: set when the activation succeeds, taken at the
     /// end of teardown (so nothing the state holds can keep it alive).
-    instance: Mutex<Option<Instance>>,
+    instance: Option<Instance>,
     /// The activation under way (boxed: it is there only while the
-    /// instance activates). A lock of its own: the activation task sets
-    /// the instance while its starter may still hold this one.
-    pub(crate) activation: Mutex<Option<Box<ActivationFuture>>>,
+    /// instance activates).
+    activation: Option<Box<ActivationFuture>>,
 }
 
 impl Deref for Record {
@@ -63,22 +71,27 @@ impl Record {
             seq,
             queued: AtomicU32::new(NOT_QUEUED),
             slot,
-            instance: Mutex::new(None),
-            activation: Mutex::new(None),
+            held: Mutex::new(Held::default()),
         }
     }
 
     pub(crate) fn instance(&self) -> Option<Instance> {
-        self.instance.lock().clone()
+        self.held.lock().instance.clone()
     }
 
     pub(crate) fn set_instance(&self, instance: Instance) {
-        *self.instance.lock() = Some(instance);
+        self.held.lock().instance = Some(instance);
     }
 
     /// Takes the state out of a record whose teardown finished.
     pub(crate) fn take_instance(&self) -> Option<Instance> {
-        self.instance.lock().take()
+        self.held.lock().instance.take()
+    }
+
+    /// The activation under way, locked (with the state: never call
+    /// [`instance`](Self::instance) while holding it).
+    pub(crate) fn activation(&self) -> MappedMutexGuard<'_, Option<Box<ActivationFuture>>> {
+        MutexGuard::map(self.held.lock(), |held| &mut held.activation)
     }
 
     /// Milliseconds since the last activity, floored at 0.
@@ -130,14 +143,14 @@ impl Queued for Record {
 mod tests {
     use super::*;
 
-    /// The record is most of an idle instance's memory: 184 bytes make a
-    /// 208-byte allocation with the `Arc` counts and glibc's header (the
+    /// The record is most of an idle instance's memory: 168 bytes make a
+    /// 192-byte allocation with the `Arc` counts and glibc's header (the
     /// next size up costs 16 bytes per resident instance).
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn an_idle_record_stays_small() {
         assert!(
-            std::mem::size_of::<Record>() <= 184,
+            std::mem::size_of::<Record>() <= 168,
             "Record grew to {} bytes: move rarely used parts to the slot's `Extra`",
             std::mem::size_of::<Record>()
         );
