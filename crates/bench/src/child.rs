@@ -315,6 +315,12 @@ impl Drop for Server {
 const CLOCK_TICKS: u64 = 100;
 
 /// `(pgrp, utime + stime)` of `/proc/<pid>/stat`.
+/// The CPU time (user and system) this process has used, at the kernel's
+/// clock-tick resolution (10 ms).
+pub fn own_cpu_time() -> Option<Duration> {
+    proc_stat("self").map(|(_, ticks)| Duration::from_millis(ticks * 1000 / CLOCK_TICKS))
+}
+
 fn proc_stat(pid: &str) -> Option<(u32, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command (which may hold spaces) start at field 3.

@@ -6,6 +6,8 @@
 //! resolved once when a host is built, so a request never takes the family's
 //! lock. This module never decides anything; it only counts.
 
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -62,6 +64,14 @@ pub(crate) struct Metrics {
     /// Idle connections the edge closed at its connection cap to admit a
     /// new one (not in the reference, which has no cap).
     pub(crate) connections_reclaimed: Counter,
+    /// Passes of the idle sweep, over every namespace (not in the
+    /// reference).
+    pub(crate) sweep_passes: Counter,
+    /// Instance records the idle sweep's passes looked at: with passes,
+    /// what one pass costs (not in the reference).
+    pub(crate) sweep_visits: Counter,
+    /// Seconds the idle sweep's passes took (not in the reference).
+    pub(crate) sweep_seconds: Counter<f64, AtomicU64>,
     pub(crate) control_plane_failures: Family<OperationReason, Counter>,
     pub(crate) request_failures: Family<PhaseTransport, Counter>,
     callback_failures: Family<Hook, Counter>,
@@ -82,6 +92,9 @@ impl Metrics {
         let duplicate_quits: Counter = Counter::default();
         let auth_denials: Counter = Counter::default();
         let connections_reclaimed: Counter = Counter::default();
+        let sweep_passes = Counter::default();
+        let sweep_visits = Counter::default();
+        let sweep_seconds = Counter::<f64, AtomicU64>::default();
         let request_failures = Family::default();
         let callback_failures: Family<Hook, Counter> = Family::default();
         let shutdown_failures: Family<Phase, Counter> = Family::default();
@@ -141,6 +154,21 @@ impl Metrics {
             connections_reclaimed.clone(),
         );
         registry.register(
+            "pinned_idle_sweep_passes",
+            "Passes of the idle sweep",
+            sweep_passes.clone(),
+        );
+        registry.register(
+            "pinned_idle_sweep_visits",
+            "Instance records the idle sweep looked at",
+            sweep_visits.clone(),
+        );
+        registry.register(
+            "pinned_idle_sweep_seconds",
+            "Seconds the idle sweep's passes took",
+            sweep_seconds.clone(),
+        );
+        registry.register(
             "pinned_request_failures",
             "Pinned request setup failures by phase and transport",
             request_failures.clone(),
@@ -179,6 +207,9 @@ impl Metrics {
             duplicate_quits,
             auth_denials,
             connections_reclaimed,
+            sweep_passes,
+            sweep_visits,
+            sweep_seconds,
             control_plane_failures,
             request_failures,
             callback_failures,

@@ -72,6 +72,9 @@ pub(crate) enum Stage {
 const PHASE_SHIFT: u32 = 32;
 const COUNT_MASK: u64 = u32::MAX as u64;
 const NO_EPOCH: u64 = u64::MAX;
+/// Set in `last_activity` once `on_idle` was asked about the idle period
+/// that activity began (milliseconds never reach it).
+const IDLE_ASKED: u64 = 1 << 63;
 
 fn stage_of(word: u64) -> Stage {
     match word >> PHASE_SHIFT {
@@ -185,14 +188,14 @@ pub(crate) struct Slot {
     /// The abort signal is raised (teardown began): with `abort_waiters`,
     /// what requests, streams and background work end on.
     aborted: AtomicBool,
-    /// The holder's milliseconds of the last activity.
+    /// The holder's milliseconds of the last activity, with [`IDLE_ASKED`]
+    /// set once `on_idle` was asked about the idle period it began (a new
+    /// activity, stored whole, clears it: the request path writes nothing
+    /// more for it).
     last_activity: AtomicU64,
     /// The holder's milliseconds when a client last had a request or an
     /// open stream on the instance (`detached_timeout`).
     last_connected: AtomicU64,
-    /// The `last_activity` at which `on_idle` was last asked (so it is
-    /// asked once per idle period).
-    idle_asked: AtomicU64,
     /// Wall-clock ms of the completed activation, 0 before.
     activated_at: AtomicU64,
     epoch: AtomicU64,
@@ -217,7 +220,6 @@ impl Slot {
             aborted: AtomicBool::new(false),
             last_activity: AtomicU64::new(now_ms),
             last_connected: AtomicU64::new(now_ms),
-            idle_asked: AtomicU64::new(u64::MAX),
             activated_at: AtomicU64::new(0),
             epoch: AtomicU64::new(NO_EPOCH),
             abort_waiters: Notify::new(),
@@ -323,6 +325,11 @@ impl Slot {
         }
         if let Some(now) = now {
             self.touch_at(now);
+            if stream {
+                // Its client was there until the stream ended: the
+                // detached timeout counts from here.
+                self.connected_at(now);
+            }
         }
         vacated(self.state.fetch_sub(1, Ordering::SeqCst))
     }
@@ -385,8 +392,14 @@ impl Slot {
         self.last_connected.store(now_ms, Ordering::Relaxed);
     }
 
-    /// Milliseconds from the last connected client to `now_ms`: a pass
-    /// over every record reads the clock once, not once per record.
+    /// When a client last had a request or an open stream on the
+    /// instance, in the holder's milliseconds.
+    pub(crate) fn connected_mark(&self) -> u64 {
+        self.last_connected.load(Ordering::Relaxed)
+    }
+
+    /// Milliseconds from the last connected client to `now_ms` (a pass
+    /// reads the clock once, not once per record).
     pub(crate) fn detached_ms_at(&self, now_ms: u64) -> u64 {
         now_ms.saturating_sub(self.last_connected.load(Ordering::Relaxed))
     }
@@ -396,15 +409,30 @@ impl Slot {
         self.last_activity.load(Ordering::Relaxed)
     }
 
-    /// Records that `on_idle` is asked for the idle period that began at
-    /// `activity`; false when it was asked for that period already.
-    pub(crate) fn mark_idle_asked(&self, activity: u64) -> bool {
-        self.idle_asked.swap(activity, Ordering::Relaxed) != activity
+    /// The holder's milliseconds of the last activity.
+    pub(crate) fn activity_ms(&self) -> u64 {
+        self.last_activity.load(Ordering::Relaxed) & !IDLE_ASKED
+    }
+
+    /// Records that `on_idle` is asked for the idle period that `mark`
+    /// (an [`activity_mark`](Self::activity_mark)) began; false when it was
+    /// asked for that period already, or an activity since ended it.
+    pub(crate) fn mark_idle_asked(&self, mark: u64) -> bool {
+        mark & IDLE_ASKED == 0
+            && self
+                .last_activity
+                .compare_exchange(
+                    mark,
+                    mark | IDLE_ASKED,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
     }
 
     /// Milliseconds from the last activity to `now_ms`, floored at 0.
     pub(crate) fn idle_ms_at(&self, now_ms: u64) -> u64 {
-        now_ms.saturating_sub(self.last_activity.load(Ordering::Relaxed))
+        now_ms.saturating_sub(self.activity_ms())
     }
 
     pub(crate) fn activated_at(&self) -> Option<u64> {
@@ -472,6 +500,25 @@ mod tests {
         assert_eq!(vacated(word(Stage::Closed, 1)), Some(Vacated::Settled));
         assert_eq!(vacated(word(Stage::Activating, 1)), None);
         assert_eq!(vacated(word(Stage::Closing, 3)), None);
+    }
+
+    #[test]
+    fn on_idle_is_asked_once_per_idle_period() {
+        let slot = Slot::new(1_000, false, 0);
+        let mark = slot.activity_mark();
+        assert!(slot.mark_idle_asked(mark), "first ask of the period");
+        assert!(!slot.mark_idle_asked(slot.activity_mark()), "asked already");
+        assert_eq!(slot.activity_ms(), 1_000, "the mark hides in the stamp");
+        assert_eq!(slot.idle_ms_at(1_500), 500);
+        // A new activity, even within the same millisecond, opens a period.
+        slot.touch_at(1_000);
+        assert!(slot.mark_idle_asked(slot.activity_mark()));
+        // An activity between the read and the ask: that period is over.
+        slot.touch_at(1_500);
+        let stale = slot.activity_mark();
+        slot.touch_at(2_000);
+        assert!(!slot.mark_idle_asked(stale));
+        assert!(slot.mark_idle_asked(slot.activity_mark()));
     }
 
     #[test]

@@ -16,13 +16,16 @@ use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::deadlines::Judged;
 use super::Busy;
 use super::Record;
 use super::{panic_message, Keyed, Namespace};
 use crate::instance::{Activation, Instance, Stage};
 
-/// How many idle instances an eviction at capacity compares.
-const EVICTION_SAMPLE: usize = 64;
+/// How many records an eviction at capacity looks at, at most, in the
+/// sweep's index (records found out of place move, so the next one looks
+/// further on).
+const EVICTION_LOOKS: usize = 64;
 
 /// A request inside an instance record.
 pub(crate) enum Entered {
@@ -268,27 +271,36 @@ impl Namespace {
         self.options.evict_idle_at_capacity && records < max.saturating_mul(2) && self.evict_idle()
     }
 
-    /// Begins closing the least recently used idle instance among the
-    /// first [`EVICTION_SAMPLE`] idle ones found; false when none is idle.
+    /// Begins closing the least recently used idle instance, the oldest
+    /// the sweep's index holds (at the sweep interval's granularity, by last
+    /// activity within it); false when none is idle.
     fn evict_idle(&self) -> bool {
-        let mut oldest: Option<(u64, Arc<Record>)> = None;
-        let idle = self.slots.iter().filter(|entry| {
-            let slot = &entry.key().0;
-            slot.stage() == Stage::Live && slot.in_flight() == 0 && !slot.winding_down()
-        });
-        for entry in idle.take(EVICTION_SAMPLE) {
-            let idle_ms = entry.key().0.idle_ms();
-            if oldest.as_ref().is_none_or(|(best, _)| idle_ms > *best) {
-                oldest = Some((idle_ms, entry.key().0.clone()));
+        let now = self.elapsed_ms();
+        let victim = self.deadlines.oldest(EVICTION_LOOKS, |slot| {
+            if slot.stage() != Stage::Live || slot.winding_down() {
+                return Judged::Skip;
             }
-        }
-        let Some((_, victim)) = oldest else {
+            let deadline_ms = self.next_look(slot, now);
+            if slot.in_flight() != 0 {
+                Judged::Later(deadline_ms)
+            } else {
+                Judged::Candidate {
+                    rank: slot.activity_ms(),
+                    deadline_ms,
+                }
+            }
+        });
+        let Some(victim) = victim else {
             return false;
         };
         let evicted = victim.begin_idle_close(self.options.release_placement_on_idle);
         if evicted {
             tracing::info!(namespace = %self.ns, id = %victim.id, "at capacity: evicting the least recently used idle instance");
             Self::close_begun(&victim);
+        } else {
+            // A request entered it meanwhile: it stays, and in the index.
+            let at = self.next_look(&victim, now);
+            self.deadlines.queue(victim, at);
         }
         evicted
     }
@@ -300,7 +312,7 @@ impl Namespace {
     pub(crate) fn discard(busy: Busy) {
         let slot = busy.slot().clone();
         let untouched = slot.stage() == Stage::Activating
-            && slot.activation.lock().is_none()
+            && slot.activation().is_none()
             && slot.in_flight() == 1;
         drop(busy);
         if untouched {
@@ -318,7 +330,7 @@ impl Namespace {
     /// Starts the activation of `slot` unless it started already.
     fn start_activation(self: &Arc<Self>, slot: &Arc<Record>) {
         let host = self.clone();
-        let mut pending = slot.activation.lock();
+        let mut pending = slot.activation();
         if pending.is_some() || slot.stage() != Stage::Activating || slot.activated_at().is_some() {
             return;
         }
@@ -349,10 +361,11 @@ impl Namespace {
             let failure = match outcome {
                 Ok(Ok(instance)) => {
                     let activated = slot.go_live(host.domain.unix_ms());
-                    *slot.activation.lock() = None;
+                    *slot.activation() = None;
                     if !activated {
                         return Activation::Aborted;
                     }
+                    host.went_live(&slot);
                     host.activations.fetch_add(1, Ordering::Relaxed);
                     host.metrics.activations.inc();
                     host.metrics.active_instances.inc();
@@ -381,7 +394,7 @@ impl Namespace {
     }
 
     async fn await_activation(busy: Busy) -> Result<(Busy, Instance), Admission> {
-        let pending = busy.slot().activation.lock().as_deref().cloned();
+        let pending = busy.slot().activation().as_deref().cloned();
         let outcome = match pending {
             Some(activation) => activation.await,
             None => match (busy.slot().stage(), busy.slot().instance()) {

@@ -58,10 +58,16 @@ impl Namespace {
             self.rearm(&mut drain);
         }
         tracing::info!(namespace = %self.ns, ?kind, ?deadline, "draining");
-        for slot in self.live() {
-            crate::namespace::hooks::wind_down(&slot, slot.effective_deadline());
+        let live = self.live();
+        for slot in &live {
+            crate::namespace::hooks::wind_down(slot, slot.effective_deadline());
         }
-        self.sweep();
+        // A drain makes every idle record due at once, so this is a walk of
+        // them all (once per drain; the sweep's index serves the rest): the
+        // idle ones close now, the busy ones as their last entry leaves.
+        for slot in &live {
+            Self::close_if_idle(slot);
+        }
     }
 
     /// Revokes one kind of drain; the other stays in force.

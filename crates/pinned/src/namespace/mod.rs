@@ -28,7 +28,7 @@
 
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +51,7 @@ use crate::plane::registration::Commanded;
 mod admission;
 mod busy;
 pub(crate) mod context;
+mod deadlines;
 mod drain;
 mod durability;
 pub(crate) mod hooks;
@@ -63,6 +64,7 @@ mod wind_down;
 
 pub(crate) use self::admission::{Admission, Attempt, Entered};
 pub(crate) use self::busy::Busy;
+use self::deadlines::Deadlines;
 pub(crate) use self::drain::DrainKind;
 use self::drain::DrainState;
 pub(crate) use self::durability::Durability;
@@ -86,7 +88,7 @@ enum Sweep {
 
 /// One row of `/_pinned/stats` `instances`.
 pub(crate) struct InstanceRow {
-    pub(crate) seq: u64,
+    pub(crate) seq: u32,
     pub(crate) id: Id,
     pub(crate) connections: u32,
     pub(crate) tasks: u64,
@@ -147,7 +149,10 @@ pub(crate) struct Namespace {
     /// Of those, the records whose teardown began (they leave soon and no
     /// longer count against `max_instances`, up to as many again).
     closing: AtomicUsize,
-    seq: AtomicU64,
+    /// Insertion order (wrapping: [`rows`](Self::rows) sorts by age).
+    seq: AtomicU32,
+    /// The live records by when the sweep must look at each again.
+    deadlines: Deadlines<Record>,
     base: Instant,
     /// Signalled when a closing instance's in-flight count reaches zero.
     pub(crate) settled: Notify,
@@ -228,6 +233,7 @@ impl Namespace {
             stop,
         } = parts;
         let duration = metrics.duration_for(&ns);
+        let deadlines = Deadlines::new(options.sweep_interval);
         Self {
             ns,
             options,
@@ -237,7 +243,8 @@ impl Namespace {
             slots: DashMap::new(),
             count: AtomicUsize::new(0),
             closing: AtomicUsize::new(0),
-            seq: AtomicU64::new(0),
+            seq: AtomicU32::new(0),
+            deadlines,
             base: Instant::now(),
             settled: Notify::new(),
             changed: Notify::new(),
@@ -328,54 +335,41 @@ impl Namespace {
         )
     }
 
-    /// One pass of the idle sweep: detached instances wind down, idle ones
-    /// are offered to `on_idle` (winding-down ones close when idle).
+    /// One pass of the idle sweep: the records whose deadline came, by the
+    /// index ([`Deadlines`]), are looked at: detached ones wind down, idle
+    /// ones are offered to `on_idle`, idle ones that are winding down (or
+    /// draining) close, and every other one is queued again at its
+    /// deadline as it is now (one touched since it was queued is such a
+    /// record).
     ///
-    /// The pass reads every live record in place and keeps only those with
-    /// something to do, so with millions resident it allocates nothing and
-    /// writes to no record it leaves alone; the actions run after the map
-    /// is released.
+    /// A pass costs what is due, not what is resident: the request path
+    /// only stamps a record's activity, which moves its deadlines later, and
+    /// the index finds that out when the deadline it holds comes. The
+    /// actions run after the look, and the records still live after them
+    /// are queued again in batches, so a pass never holds the map or the
+    /// index for long.
     pub(crate) fn sweep(&self) {
-        let idle_ms = u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
-        let detached_ms =
-            u64::try_from(self.options.detached_timeout.as_millis()).unwrap_or(u64::MAX);
-        let draining = self.draining();
-        // One clock read for the pass: with millions resident, a read per
-        // record made each pass seconds long, holding the map's shards
-        // against activations all that time.
+        let started = std::time::Instant::now();
+        // One clock read for the pass.
         let now = self.elapsed_ms();
-        let mut due = Vec::new();
-        for entry in self.slots.iter() {
-            let slot = &entry.key().0;
+        let due = self.deadlines.take_due(now);
+        let visited = due.len() as u64;
+        let mut later = Vec::with_capacity(due.len());
+        let mut act = Vec::new();
+        for slot in due {
+            // A closing record leaves with its teardown.
             if slot.stage() != Stage::Live {
                 continue;
             }
-            let action = if slot.streams() > 0 {
-                slot.connected_at(now);
-                None
-            } else if !slot.winding.load(Ordering::SeqCst)
-                && slot.detached_ms_at(now) >= detached_ms
-            {
-                Some(Sweep::Detached)
-            } else {
-                None
-            };
-            let action = action.or_else(|| {
-                if slot.in_flight() != 0 {
-                    None
-                } else if draining || slot.winding_down() {
-                    Some(Sweep::Close)
-                } else if slot.idle_ms_at(now) >= idle_ms {
-                    Some(Sweep::Idle)
-                } else {
-                    None
+            match self.look(&slot, now) {
+                Some(action) => act.push((slot, action)),
+                None => {
+                    let at = self.next_look(&slot, now);
+                    later.push((slot, at));
                 }
-            });
-            if let Some(action) = action {
-                due.push((slot.clone(), action));
             }
         }
-        for (slot, action) in due {
+        for (slot, action) in act {
             match action {
                 Sweep::Detached => {
                     tracing::warn!(namespace = %self.ns, id = %slot.id, "no client for the detached timeout; winding the instance down");
@@ -384,8 +378,82 @@ impl Namespace {
                 Sweep::Close => Self::close_if_idle(&slot),
                 Sweep::Idle => crate::namespace::hooks::idle(&slot),
             }
+            // Still live after its action (`on_idle` kept it, a request
+            // beat the close, a detached one's abort runs in a task): looked
+            // at again an idle timeout on, at the earliest; a record that
+            // closed is left out when queued.
+            let at = self
+                .next_look(&slot, now)
+                .max(now.saturating_add(self.idle_ms()));
+            later.push((slot, at));
         }
+        self.deadlines.queue_all(later);
         self.fences.sweep(self.control.lease_ttl());
+        self.metrics.sweep_passes.inc();
+        self.metrics.sweep_visits.inc_by(visited);
+        self.metrics
+            .sweep_seconds
+            .inc_by(started.elapsed().as_secs_f64());
+    }
+
+    /// What the sweep does to the live record `slot` at `now_ms`, if
+    /// anything is due.
+    fn look(&self, slot: &Record, now_ms: u64) -> Option<Sweep> {
+        if slot.streams() > 0 {
+            // An open stream is a connected client.
+            slot.connected_at(now_ms);
+        } else if !slot.winding.load(Ordering::SeqCst)
+            && slot.detached_ms_at(now_ms) >= self.detached_ms()
+        {
+            return Some(Sweep::Detached);
+        }
+        if slot.in_flight() != 0 {
+            None
+        } else if self.draining() || slot.winding_down() {
+            Some(Sweep::Close)
+        } else if slot.idle_ms_at(now_ms) >= self.idle_ms() {
+            Some(Sweep::Idle)
+        } else {
+            None
+        }
+    }
+
+    /// When the sweep must look at the live record `slot` again, nothing
+    /// being due at `now_ms`: at its idle deadline (an idle timeout from
+    /// now for a busy record, which cannot have been idle that long before
+    /// then) or its detached deadline (a detached timeout from now while it
+    /// winds down, which it is exempt from), whichever comes first.
+    ///
+    /// A record's own stamps (a request, a stream's end) only ever move
+    /// this later, which is why the request path never tells the index.
+    pub(crate) fn next_look(&self, slot: &Record, now_ms: u64) -> u64 {
+        let idle_from = if slot.in_flight() == 0 {
+            slot.activity_ms()
+        } else {
+            now_ms
+        };
+        let connected = if slot.winding_alone() {
+            now_ms
+        } else {
+            slot.connected_mark()
+        };
+        idle_from
+            .saturating_add(self.idle_ms())
+            .min(connected.saturating_add(self.detached_ms()))
+    }
+
+    /// Queues a record that just went live in the sweep's index.
+    pub(crate) fn went_live(&self, slot: &Arc<Record>) {
+        let at = self.next_look(slot, self.elapsed_ms());
+        self.deadlines.queue(slot.clone(), at);
+    }
+
+    fn idle_ms(&self) -> u64 {
+        u64::try_from(self.options.idle_timeout.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn detached_ms(&self) -> u64 {
+        u64::try_from(self.options.detached_timeout.as_millis()).unwrap_or(u64::MAX)
     }
 
     /// The live records.
@@ -489,7 +557,9 @@ impl Namespace {
                 }
             })
             .collect();
-        rows.sort_unstable_by_key(|row| row.seq);
+        // Oldest first: the furthest behind the next number to be given.
+        let next = self.seq.load(Ordering::Relaxed);
+        rows.sort_unstable_by_key(|row| std::cmp::Reverse(next.wrapping_sub(row.seq)));
         rows
     }
 }

@@ -77,15 +77,20 @@ impl HostOptions {
     }
 
     /// At `max_instances`, make room for a new id by evicting the
-    /// least recently used idle instance (among a sample of 64), and refuse
-    /// with 503 `instance capacity reached; retry` only when none is idle
-    /// (default true; false refuses at capacity, as the reference does).
+    /// least recently used idle instance (the oldest in the sweep's index of
+    /// idle deadlines, to within a sweep interval), and refuse with 503
+    /// `instance capacity reached; retry` only when none is idle (default
+    /// true; false refuses at capacity, as the reference does).
     pub fn evict_idle_at_capacity(mut self, evict: bool) -> Self {
         self.evict_idle_at_capacity = evict;
         self
     }
 
-    /// How often the idle sweep runs (default 5 s). Must be non-zero.
+    /// How often the idle sweep runs (default 5 s). Must be non-zero. A pass
+    /// looks only at the instances whose idle or detached deadline came in
+    /// the interval (and at those touched since, once), so its cost does not
+    /// grow with the instances resident; the interval is also the grain of
+    /// the idle deadlines.
     pub fn sweep_interval(mut self, interval: Duration) -> Self {
         self.sweep_interval = interval;
         self

@@ -1,40 +1,55 @@
 //! One instance record of the namespace: the instance's [`Slot`] (its
 //! life, from the instance layer) with what the namespace keeps beside it:
-//! the id it is found by, its namespace, its insertion order, the object's
-//! state and the activation under way.
+//! the id it is found by, its namespace, its insertion order, its place in
+//! the sweep's index, the object's state and the activation under way.
 //!
 //! The record is what [`Context`](crate::Context) is a handle to. It adds
 //! to the slot only what needs the namespace: its clock, its drain, its
 //! name in the instance's span.
 
 use std::ops::Deref;
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
 use tokio::time::Instant;
 
+use super::deadlines::{Queued, NOT_QUEUED};
 use super::Namespace;
-use crate::instance::{ActivationFuture, Id, Instance, Slot};
+use crate::instance::{ActivationFuture, Id, Instance, Slot, Stage};
 
 /// One instance record. Shared as `Arc<Record>`.
 ///
 /// Every resident instance has one, so its size is the worker's memory per
-/// idle instance (with the object's state and a map bucket).
+/// idle instance (with the object's state, a map bucket and a pointer in
+/// the sweep's index).
 pub(crate) struct Record {
     /// The instance id; the namespace's map finds the record by it.
     pub(crate) id: Id,
     pub(crate) host: Arc<Namespace>,
-    /// Insertion order, for `/_pinned/stats`.
-    pub(crate) seq: u64,
+    /// Insertion order, for `/_pinned/stats` (wrapping).
+    pub(crate) seq: u32,
+    /// Which bucket of the sweep's index holds the record, as
+    /// [`Deadlines`](super::deadlines::Deadlines) notes it (beside `seq`,
+    /// in what was its upper half: the note costs the record no room).
+    queued: AtomicU32,
     /// The instance's life.
     slot: Slot,
+    /// The object's state and the activation that makes it, under one
+    /// lock (one lock word for both keeps the record small; the activation
+    /// task that sets the state waits out a starter still holding it).
+    held: Mutex<Held>,
+}
+
+/// What a record holds of its object.
+#[derive(Default)]
+struct Held {
     /// The object's state: set when the activation succeeds, taken at the
     /// end of teardown (so nothing the state holds can keep it alive).
-    instance: Mutex<Option<Instance>>,
+    instance: Option<Instance>,
     /// The activation under way (boxed: it is there only while the
-    /// instance activates). A lock of its own: the activation task sets
-    /// the instance while its starter may still hold this one.
-    pub(crate) activation: Mutex<Option<Box<ActivationFuture>>>,
+    /// instance activates).
+    activation: Option<Box<ActivationFuture>>,
 }
 
 impl Deref for Record {
@@ -48,29 +63,35 @@ impl Deref for Record {
 impl Record {
     /// A record in `Activating` holding `initial` in-flight entries (the
     /// requester's and the activation task's).
-    pub(crate) fn new(id: &str, host: Arc<Namespace>, seq: u64, initial: u64) -> Self {
+    pub(crate) fn new(id: &str, host: Arc<Namespace>, seq: u32, initial: u64) -> Self {
         let slot = Slot::new(host.elapsed_ms(), host.options.exclusive, initial);
         Self {
             id: Id::new(id),
             host,
             seq,
+            queued: AtomicU32::new(NOT_QUEUED),
             slot,
-            instance: Mutex::new(None),
-            activation: Mutex::new(None),
+            held: Mutex::new(Held::default()),
         }
     }
 
     pub(crate) fn instance(&self) -> Option<Instance> {
-        self.instance.lock().clone()
+        self.held.lock().instance.clone()
     }
 
     pub(crate) fn set_instance(&self, instance: Instance) {
-        *self.instance.lock() = Some(instance);
+        self.held.lock().instance = Some(instance);
     }
 
     /// Takes the state out of a record whose teardown finished.
     pub(crate) fn take_instance(&self) -> Option<Instance> {
-        self.instance.lock().take()
+        self.held.lock().instance.take()
+    }
+
+    /// The activation under way, locked (with the state: never call
+    /// [`instance`](Self::instance) while holding it).
+    pub(crate) fn activation(&self) -> MappedMutexGuard<'_, Option<Box<ActivationFuture>>> {
+        MutexGuard::map(self.held.lock(), |held| &mut held.activation)
     }
 
     /// Milliseconds since the last activity, floored at 0.
@@ -104,18 +125,32 @@ impl Record {
     }
 }
 
+impl Queued for Record {
+    fn note(&self) -> &AtomicU32 {
+        &self.queued
+    }
+
+    fn is_live(&self) -> bool {
+        self.stage() == Stage::Live
+    }
+
+    fn is_closed(&self) -> bool {
+        self.stage() == Stage::Closed
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The record is most of an idle instance's memory: 184 bytes make a
-    /// 208-byte allocation with the `Arc` counts and glibc's header (the
+    /// The record is most of an idle instance's memory: 168 bytes make a
+    /// 192-byte allocation with the `Arc` counts and glibc's header (the
     /// next size up costs 16 bytes per resident instance).
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn an_idle_record_stays_small() {
         assert!(
-            std::mem::size_of::<Record>() <= 184,
+            std::mem::size_of::<Record>() <= 168,
             "Record grew to {} bytes: move rarely used parts to the slot's `Extra`",
             std::mem::size_of::<Record>()
         );

@@ -52,6 +52,7 @@ impl Namespace {
         {
             self.count.fetch_sub(1, Ordering::SeqCst);
         }
+        self.deadlines.forget(slot);
         self.changed.notify_waiters();
     }
 
