@@ -243,6 +243,15 @@ impl Server {
         })
     }
 
+    /// The process's resident memory, bytes, from `/proc` (Linux; `None`
+    /// elsewhere).
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let pid = self.child.id()?;
+        let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+        let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+        Some(pages * 4096)
+    }
+
     /// CPU time (user + system) the process has used so far, with its
     /// process group's for [`Spawn::own_group`] (nginx's worker), from
     /// `/proc` (Linux; `None` elsewhere).

@@ -12,8 +12,11 @@
 //! claim, and Redis' CPU summed over every node of the cluster (replicas
 //! included: they apply every write too).
 //!
-//! Also owns reading Redis' own CPU time (`INFO cpu`), which the proxy
-//! benchmark prints per placement for both figures.
+//! Also owns reading Redis' own CPU time (`INFO cpu`) and memory (`INFO
+//! memory`), which the proxy benchmark prints per placement for both
+//! figures, and the Redis side of a worker's heartbeat ([`run_heartbeats`]:
+//! the four store calls pinboard makes per heartbeat, whatever the worker
+//! holds).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,6 +52,9 @@ pub struct StoreReport {
     pub redis_cpu_us: Option<f64>,
     /// Store calls per script call Redis ran (the store's batching).
     pub ops_per_batch: f64,
+    /// Redis' memory per placement (`used_memory`, every node), bytes: the
+    /// rows stay, with their owner's lease.
+    pub redis_bytes: Option<f64>,
 }
 
 impl std::fmt::Display for StoreReport {
@@ -56,7 +62,7 @@ impl std::fmt::Display for StoreReport {
         let us = |v: Option<f64>| v.map_or_else(|| "  ?".to_owned(), |v| format!("{v:>5.1}"));
         write!(
             f,
-            "{:>9.0} placements/s  p50 {:>6} us  p99 {:>6} us  ({} ok, {} errors)  cpu/placement client {} us, Redis {} us; {:.1} calls/batch",
+            "{:>9.0} placements/s  p50 {:>6} us  p99 {:>6} us  ({} ok, {} errors)  cpu/placement client {} us, Redis {} us; {:.1} calls/batch; Redis memory {} B/placement",
             self.rate,
             self.p50_us,
             self.p99_us,
@@ -65,6 +71,8 @@ impl std::fmt::Display for StoreReport {
             us(self.client_cpu_us),
             us(self.redis_cpu_us),
             self.ops_per_batch,
+            self.redis_bytes
+                .map_or_else(|| "?".to_owned(), |b| format!("{b:.0}")),
         )
     }
 }
@@ -161,6 +169,14 @@ impl Bench {
         Ok(())
     }
 
+    /// One heartbeat of `session` (see [`heartbeat`]).
+    async fn heartbeat(&self, session: &str, ttl_ms: u64) -> bool {
+        match self {
+            Self::Single(s) => heartbeat(s, session, ttl_ms).await,
+            Self::Cluster(s) => heartbeat(s, session, ttl_ms).await,
+        }
+    }
+
     /// Claim `key` for `session` and settle it: whether both did.
     async fn place(&self, key: InstanceKey<'_>, session: &str, generation: &Generation) -> bool {
         match self {
@@ -191,6 +207,15 @@ async fn place<S: PlacementStore>(
         return false;
     };
     matches!(store.settle(key, &p.session_id, p.epoch).await, Ok(true))
+}
+
+/// Redis' memory over `nodes`, bytes.
+async fn nodes_memory(nodes: &mut [redis::aio::MultiplexedConnection]) -> Option<f64> {
+    let mut total = 0.0;
+    for node in nodes.iter_mut() {
+        total += redis_memory(node).await?;
+    }
+    Some(total)
 }
 
 /// Redis' CPU over `nodes`, seconds.
@@ -241,6 +266,7 @@ async fn run_on(
         own_cpu(),
         nodes_cpu(&mut nodes).await,
         shared.store.batch_stats(),
+        nodes_memory(&mut nodes).await,
     );
     let started = tokio::time::Instant::now();
     tokio::time::sleep(duration).await;
@@ -250,6 +276,7 @@ async fn run_on(
         own_cpu(),
         nodes_cpu(&mut nodes).await,
         shared.store.batch_stats(),
+        nodes_memory(&mut nodes).await,
     );
     let elapsed = started.elapsed().as_secs_f64();
     shared.measuring.store(false, Ordering::Release);
@@ -272,6 +299,10 @@ async fn run_on(
         redis_cpu_us: per(before.3, after.3),
         ops_per_batch: (after.4.ops - before.4.ops) as f64
             / (after.4.batches - before.4.batches).max(1) as f64,
+        redis_bytes: before
+            .5
+            .zip(after.5)
+            .map(|(from, to)| (to - from) / placements.max(1) as f64),
     })
 }
 
@@ -360,4 +391,184 @@ pub async fn redis_cpu(conn: &mut redis::aio::MultiplexedConnection) -> Option<f
             .and_then(|v| v.trim().parse().ok())
     };
     Some(field("used_cpu_user")? + field("used_cpu_sys")?)
+}
+
+/// Redis' memory in use (`used_memory` of `INFO memory`), bytes; `None`
+/// when it cannot be read.
+pub async fn redis_memory(conn: &mut redis::aio::MultiplexedConnection) -> Option<f64> {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// One heartbeat run's figures.
+#[derive(Debug, Clone, Copy)]
+pub struct HeartbeatReport {
+    /// Heartbeats completed in the measured window.
+    pub heartbeats: u64,
+    /// Heartbeats per second.
+    pub rate: f64,
+    /// CPU of this (the client) process per heartbeat, microseconds.
+    pub client_cpu_us: Option<f64>,
+    /// Redis' CPU per heartbeat (every node), microseconds.
+    pub redis_cpu_us: Option<f64>,
+}
+
+impl std::fmt::Display for HeartbeatReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let us = |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{v:.1}"));
+        write!(
+            f,
+            "{:>9.0} heartbeats/s ({} in all)  cpu/heartbeat client {} us, Redis {} us",
+            self.rate,
+            self.heartbeats,
+            us(self.client_cpu_us),
+            us(self.redis_cpu_us),
+        )
+    }
+}
+
+/// The Redis side of worker heartbeats on the Redis at `url` (keys under
+/// `prefix`, which the caller wipes): `workers` sessions, each renewing as
+/// pinboard's heartbeat handler does (supersession check, record read,
+/// renewal, pending control messages), back to back from a task of its
+/// own; `warmup`, then `duration` measured.
+///
+/// # Errors
+///
+/// When Redis cannot be reached or a worker record cannot be written.
+pub async fn run_heartbeats(
+    url: &str,
+    prefix: &str,
+    workers: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<HeartbeatReport> {
+    let store = RedisStore::connect(url, prefix)
+        .await
+        .context("connect the placement store")?;
+    let nodes = vec![
+        redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?,
+    ];
+    heartbeats_on(Bench::Single(store), nodes, workers, warmup, duration).await
+}
+
+/// As [`run_heartbeats`], on the Redis Cluster whose nodes are `urls`, each
+/// renewal waiting for `wait_replicas` replicas (a heartbeat also writes
+/// the session's liveness in every virtual shard).
+///
+/// # Errors
+///
+/// When the cluster cannot be reached or a worker record cannot be written.
+pub async fn run_cluster_heartbeats(
+    urls: &str,
+    prefix: &str,
+    wait_replicas: u32,
+    workers: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<HeartbeatReport> {
+    let seeds: Vec<&str> = urls.split(',').map(str::trim).collect();
+    let settings = ClusterSettings {
+        batching: Batching::default(),
+        wait_replicas,
+        ..ClusterSettings::default()
+    };
+    let store = ClusterStore::connect(&seeds, prefix, settings)
+        .await
+        .context("connect the cluster placement store")?;
+    let mut nodes = Vec::new();
+    for url in &seeds {
+        nodes.push(
+            redis::Client::open(*url)?
+                .get_multiplexed_async_connection()
+                .await?,
+        );
+    }
+    heartbeats_on(Bench::Cluster(store), nodes, workers, warmup, duration).await
+}
+
+async fn heartbeats_on(
+    store: Bench,
+    mut nodes: Vec<redis::aio::MultiplexedConnection>,
+    workers: usize,
+    warmup: Duration,
+    duration: Duration,
+) -> anyhow::Result<HeartbeatReport> {
+    store
+        .open_generation(&Generation::new("bench", 0))
+        .await
+        .context("open the generation")?;
+    let lease = warmup + duration + Duration::from_secs(60);
+    let store = Arc::new(store);
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for worker in 0..workers.max(1) {
+        let session = format!("bench-heartbeat-{worker}");
+        store
+            .put_worker(&record(&session), lease.as_millis() as u64)
+            .await
+            .context("register a heartbeating worker")?;
+        let (store, done, stop) = (store.clone(), done.clone(), stop.clone());
+        handles.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Acquire) {
+                if store.heartbeat(&session, lease.as_millis() as u64).await {
+                    done.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(warmup).await;
+    let before = (
+        done.load(Ordering::Acquire),
+        own_cpu(),
+        nodes_cpu(&mut nodes).await,
+    );
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(duration).await;
+    let after = (
+        done.load(Ordering::Acquire),
+        own_cpu(),
+        nodes_cpu(&mut nodes).await,
+    );
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Release);
+    for handle in handles {
+        let _ = handle.await;
+    }
+    let heartbeats = after.0 - before.0;
+    let per = |a: Option<f64>, b: Option<f64>| Some((b? - a?) * 1e6 / heartbeats.max(1) as f64);
+    Ok(HeartbeatReport {
+        heartbeats,
+        rate: heartbeats as f64 / elapsed,
+        client_cpu_us: per(before.1, after.1),
+        redis_cpu_us: per(before.2, after.2),
+    })
+}
+
+/// One heartbeat of `session` as pinboard's handler makes it in the store
+/// (the challenge to the worker aside): whether it renewed.
+async fn heartbeat<S: PlacementStore>(store: &S, session: &str, ttl_ms: u64) -> bool {
+    let at = now();
+    if !matches!(store.superseded(session, at).await, Ok(None)) {
+        return false;
+    }
+    if !matches!(store.get_worker(session, at).await, Ok(Some(_))) {
+        return false;
+    }
+    if !matches!(
+        store.renew_worker(session, 1, false, ttl_ms, now()).await,
+        Ok(Some(_))
+    ) {
+        return false;
+    }
+    store.pending_messages(session, &[]).await.is_ok()
 }

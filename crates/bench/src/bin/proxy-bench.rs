@@ -381,6 +381,7 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
 
     let mut placements = Series::default();
     println!("new ids through pinboard on Redis (each request a new id)");
+    let grown_from = Grown::measure(&pb_redis, &worker_redis).await;
     for round in 1..=cli.placement_rounds {
         let report = bench
             .measure(
@@ -404,6 +405,9 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
         line(&format!("round {round}"), &report);
         placements.0.push(report);
     }
+    let grown = Grown::measure(&pb_redis, &worker_redis)
+        .await
+        .per_route(&grown_from);
 
     let mut store_rounds = Vec::new();
     println!(
@@ -426,12 +430,22 @@ async fn scenarios(bench: &Bench<'_>, prefix: &str) -> anyhow::Result<()> {
     }
 
     let cluster_rounds = cluster_placements(cli, prefix).await;
+    let heartbeats = heartbeats(cli, prefix).await?;
     summary(
         [&direct, &via_mem, &via_redis, &via_nginx],
         &placements,
         &store_rounds,
     );
     cluster_summary(&store_rounds, &cluster_rounds);
+    if let Some((pinboard, worker)) = grown {
+        println!(
+            "  memory per new id, end to end: pinboard +{pinboard:.0} B per cached route \
+             (RSS / pinboard_cached_routes), the worker +{worker:.0} B per instance (RSS / new ids; mimalloc)"
+        );
+    }
+    for (what, report) in &heartbeats {
+        println!("  heartbeats, store alone on {what}: {report}");
+    }
     if let Some([a, b, c, d]) = &paced {
         println!(
             "  added p99 over (a), paced at {} req/s: (b) {:+.2} ms, (c) {:+.2} ms, (d) {:+.2} ms  (target < 1 ms); \
@@ -759,6 +773,101 @@ impl Warm<'_> {
 
 async fn stop(server: &mut Server) {
     let _ = server.kill().await;
+}
+
+/// What pinboard (routes cached) and the worker (instances) hold, and their
+/// resident memory, at one moment of the new-id rounds.
+struct Grown {
+    routes: Option<f64>,
+    instances: Option<f64>,
+    pinboard_rss: Option<u64>,
+    worker_rss: Option<u64>,
+}
+
+impl Grown {
+    async fn measure(pinboard: &Server, worker: &Server) -> Self {
+        let gauge = |server: &Server, family: &'static str| {
+            let url = format!("{}/metrics", server.url());
+            async move {
+                let text = reqwest::get(url).await.ok()?.text().await.ok()?;
+                text.lines()
+                    .find_map(|line| line.strip_prefix(family)?.strip_prefix(' '))
+                    .and_then(|value| value.trim().parse::<f64>().ok())
+            }
+        };
+        Self {
+            routes: gauge(pinboard, "pinboard_cached_routes").await,
+            instances: gauge(worker, "pinned_active_instances").await,
+            pinboard_rss: pinboard.rss_bytes(),
+            worker_rss: worker.rss_bytes(),
+        }
+    }
+
+    /// Bytes per cached route (pinboard) and per instance (the worker)
+    /// grown since `from`.
+    fn per_route(&self, from: &Self) -> Option<(f64, f64)> {
+        let routes = self.routes? - from.routes?;
+        let instances = self.instances? - from.instances?;
+        if routes <= 0.0 || instances <= 0.0 {
+            return None;
+        }
+        Some((
+            self.pinboard_rss?.saturating_sub(from.pinboard_rss?) as f64 / routes,
+            self.worker_rss?.saturating_sub(from.worker_rss?) as f64 / instances,
+        ))
+    }
+}
+
+/// The Redis side of worker heartbeats: on one Redis, then on the cluster
+/// (`WAIT 1`) when it answers.
+async fn heartbeats(
+    cli: &Cli,
+    prefix: &str,
+) -> anyhow::Result<Vec<(&'static str, placements::HeartbeatReport)>> {
+    let (warmup, seconds) = (
+        Duration::from_secs(cli.warmup),
+        Duration::from_secs(cli.seconds),
+    );
+    println!(
+        "worker heartbeats on pinboard's Redis store alone ({} sessions, each renewing back to back: \
+         supersession check, record read, renewal, pending messages; no HTTP, no challenge)",
+        cli.connections
+    );
+    let mut out = Vec::new();
+    let one = placements::run_heartbeats(
+        &cli.redis_url,
+        &format!("{prefix}heartbeat:"),
+        cli.connections,
+        warmup,
+        seconds,
+    )
+    .await?;
+    println!("  one Redis              {one}  [load {}]", load_average());
+    out.push(("one Redis", one));
+    match placements::run_cluster_heartbeats(
+        &cli.redis_cluster_url,
+        &format!("{prefix}heartbeat-cluster:"),
+        1,
+        cli.connections,
+        warmup,
+        seconds,
+    )
+    .await
+    {
+        Ok(cluster) => {
+            println!("  3-master cluster, WAIT 1 {cluster}  [load {}]", load_average());
+            out.push(("the 3-master cluster, WAIT 1", cluster));
+        }
+        Err(e) => println!(
+            "  cluster skipped: {} did not answer: {e:#}",
+            cli.redis_cluster_url
+        ),
+    }
+    match deploy::redis_cluster_wipe(&cli.redis_cluster_url, prefix).await {
+        Ok(n) => println!("Redis Cluster: removed {n} keys under {prefix}"),
+        Err(e) => println!("Redis Cluster: could not remove keys under {prefix}: {e:#}"),
+    }
+    Ok(out)
 }
 
 /// The store-alone placements on the Redis Cluster, without and with the
