@@ -855,7 +855,10 @@ async fn heartbeats(
     .await
     {
         Ok(cluster) => {
-            println!("  3-master cluster, WAIT 1 {cluster}  [load {}]", load_average());
+            println!(
+                "  3-master cluster, WAIT 1 {cluster}  [load {}]",
+                load_average()
+            );
             out.push(("the 3-master cluster, WAIT 1", cluster));
         }
         Err(e) => println!(
