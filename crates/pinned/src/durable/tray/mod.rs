@@ -94,12 +94,17 @@ use crate::{BoxError, Context};
 
 // Bottom to top, a group a step of the order in the module docs (rustfmt
 // sorts the files within a group by name, not by rank).
+mod paged;
+
 mod field;
 mod frontier;
 mod row;
 
+mod log;
+
 mod env;
 mod opened;
+mod pages;
 
 mod spec;
 
@@ -120,6 +125,7 @@ pub use declare::Trays;
 pub use field::{Entry, Field, FieldError, Fields, Outbox, Queue, Value};
 pub use frontier::Receipt;
 pub use handle::{KeyedTrays, TrayCtx, TrayHandle};
+pub use log::{Log, LogRead, LogSlice};
 
 pub(crate) use open::InstanceTrays;
 pub(crate) use spec::Declared;
