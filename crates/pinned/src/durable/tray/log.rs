@@ -421,8 +421,9 @@ where
     }
 }
 
-/// Entries of a [`Log`] from position [`first`](Self::first) on, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Entries of a [`Log`] from position [`first`](Self::first) on, in order
+/// (as JSON: `{"first": …, "entries": […]}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LogSlice<T> {
     /// The position of `entries[0]` (of where they would start when there
     /// are none).

@@ -8,7 +8,8 @@
 //! last enlisted, the whole row goes on the frontier. The lock is never held
 //! across an await. Row layout (wire.md §12.4): one entry per field, and the
 //! reserved `~v`, `~inbox`, `~attempts`, `~parked`, `~state`; other `~`
-//! entries a Python worker wrote are kept as they are.
+//! entries a Python worker wrote are kept as they are. A paged field's page
+//! rows ([`Log`](super::Log)) are enlisted with the row, in one batch.
 //!
 //! The tray never names what holds it or what user code holds of it: the
 //! open map reaches it as [`TrayEnv`] (built by the map), and its handler
