@@ -755,6 +755,22 @@ async fn a_worker_restarted_on_the_same_postgres_reads_the_log_back() {
         row.doc["history"],
         json!({"start": 0, "next": 42, "page": PAGE})
     );
+
+    // A trim on Postgres: its page deletes land with the row.
+    post_ok(&w, &format!("{ns}/p/keep/4")).await;
+    let kept = get_ok(&w, &format!("{ns}/p/from/0/100")).await;
+    let all = strings(&drained(&w, &ns, "p").await);
+    assert_eq!((kept["first"].clone(), strings(&kept)), (json!(38), all));
+    let ids: Vec<String> = pages(&*store, &ns, "p", "session", "~")
+        .await
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(
+        ids,
+        ["~~12", "~~13"],
+        "pages 0 to 11 (positions 0 to 35) deleted"
+    );
     w.worker.close().await;
 }
 
