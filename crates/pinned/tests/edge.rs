@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use pinned::{ConfigError, Options};
 use support::Counter;
-use test_support::sockets::{admitted, answer, connect, mid_head, PATIENCE};
+use test_support::sockets::{admitted, answer, connect, mid_head};
+use test_support::PATIENCE;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;

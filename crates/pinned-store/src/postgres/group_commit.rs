@@ -47,6 +47,11 @@ const QUEUE: usize = 1024;
 /// epoch, so the fence is the full transaction's; under READ COMMITTED a statement that
 /// waited for an acquirer re-checks the epoch of the row it committed. It answers the
 /// numbers of the instances that matched. Replaying it writes the same images.
+///
+/// The rows to delete are materialized first (`gone`), so each is looked up by its whole
+/// key. Joined in one step, the planner would read every row of the instance by its
+/// `(ns, id)` prefix to match them against the (usually empty) list: a write to an
+/// instance with many rows (a tray's log pages) then cost time in their number.
 const GROUP_WRITE: &str = "WITH fence AS (\
 SELECT w.n, e.ns, e.id FROM unnest($1::text[], $2::text[], $3::bigint[]) \
 WITH ORDINALITY AS w(ns, id, epoch, n) \
@@ -57,10 +62,12 @@ FROM unnest($6::bigint[], $7::text[], $8::text[], $9::boolean[], $10::text[]) \
 AS s(n, tray_ns, tray_id, marked, doc) JOIN fence f ON f.n = s.n \
 ON CONFLICT (ns, id, tray_ns, tray_id) DO UPDATE SET marked = EXCLUDED.marked, \
 doc = EXCLUDED.doc, env = EXCLUDED.env, hostname = EXCLUDED.hostname RETURNING 1), \
-deleted AS (DELETE FROM pinned_tray_index t USING fence f, \
-unnest($11::bigint[], $12::text[], $13::text[]) AS d(n, tray_ns, tray_id) \
-WHERE f.n = d.n AND t.ns = f.ns AND t.id = f.id \
-AND t.tray_ns = d.tray_ns AND t.tray_id = d.tray_id RETURNING 1) \
+gone AS MATERIALIZED (SELECT f.ns, f.id, d.tray_ns, d.tray_id \
+FROM unnest($11::bigint[], $12::text[], $13::text[]) AS d(n, tray_ns, tray_id) \
+JOIN fence f ON f.n = d.n), \
+deleted AS (DELETE FROM pinned_tray_index t USING gone g \
+WHERE t.ns = g.ns AND t.id = g.id AND t.tray_ns = g.tray_ns AND t.tray_id = g.tray_id \
+RETURNING 1) \
 SELECT n FROM fence";
 
 /// One instance's write: every row at most once, at its final image.

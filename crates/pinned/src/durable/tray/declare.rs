@@ -96,7 +96,7 @@ impl<O: Send + Sync + 'static> Trays<O> {
     /// # Panics
     ///
     /// When a tray named `T::NAME` is declared already, or the name is
-    /// empty or `pinned`.
+    /// empty, `pinned` or holds `~`.
     pub fn singleton<T: Tray>(self) -> Self
     where
         O: TrayHandler<T>,
@@ -137,9 +137,11 @@ impl<O: Send + Sync + 'static> Trays<O> {
         O: TrayHandler<T>,
     {
         let name = T::NAME;
+        // `~` never appears in a tray name, so the page rows of a log
+        // (`<tray>~<field>`) can never be read as a tray.
         assert!(
-            !name.is_empty() && name != RESERVED_TRAY_NS,
-            "tray name {name:?} is empty or reserved"
+            !name.is_empty() && name != RESERVED_TRAY_NS && !name.contains('~'),
+            "tray name {name:?} is empty, reserved or holds '~'"
         );
         assert!(
             self.specs.iter().all(|spec| spec.name != name),

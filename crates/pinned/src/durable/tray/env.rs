@@ -1,5 +1,5 @@
 //! [`TrayEnv`]: what an open tray is given by the instance that holds it
-//! (its slot, its durable log, and the open map as an [`OpenMap`]), built
+//! (its slot, its durable log, its store, and the open map as an [`OpenMap`]), built
 //! once per instance by the open map.
 //!
 //! The open map sits above the tray and names it; the tray reaches back
@@ -7,6 +7,8 @@
 //! opens, pumps or writes anything.
 
 use std::sync::{Arc, Weak};
+
+use pinned_store::StateStore;
 
 use super::frontier::Frontier;
 use crate::namespace::Record;
@@ -30,6 +32,8 @@ pub(crate) struct TrayEnv {
     pub(crate) slot: Weak<Record>,
     /// The instance's durable log, shared by all its trays.
     pub(crate) frontier: Arc<Frontier>,
+    /// The store, for the reads of paged fields.
+    pub(crate) store: Arc<dyn StateStore>,
     /// Weak, like the slot: the map owns the trays in it.
     pub(crate) map: Weak<dyn OpenMap>,
 }

@@ -1,5 +1,6 @@
 //! The durable field kinds a [`Tray`](super::Tray) declares: [`Value`],
-//! [`Queue`] and [`Outbox`], each one entry of the tray's row doc.
+//! [`Queue`] and [`Outbox`], each one entry of the tray's row doc (the
+//! paged [`Log`](super::Log) has a file of its own, above this one).
 //!
 //! A field is plain memory plus a dirty flag: mutations go through methods
 //! (or `DerefMut`) that set it, so a write segment re-serializes only the
@@ -14,6 +15,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value as Json;
+
+use super::paged::Paged;
 
 /// A field's stored entry, encoded: the JSON text of its value. A write
 /// re-encodes only the fields it touched; the row is then assembled from
@@ -39,6 +42,11 @@ impl Entry {
     /// failing `Serialize` impl).
     pub fn of<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
         serde_json::value::to_raw_value(value).map(Self)
+    }
+
+    /// JSON `null`: what a value that did not serialize leaves in place.
+    pub(crate) fn null() -> Self {
+        Self(RawValue::NULL.to_owned())
     }
 
     /// The JSON text.
@@ -94,6 +102,12 @@ pub trait Field: Send + Sync {
     fn take_dirty(&mut self) -> bool;
     /// Lands deferred takes ([`Queue::take`]) at a dispatch ack.
     fn commit_takes(&mut self) {}
+    /// The pages of a field kept in rows of their own beside the tray's row
+    /// ([`Log`](super::Log)); `None` (the default) for a field kept whole in
+    /// its doc entry.
+    fn paged(&mut self) -> Option<&mut dyn Paged> {
+        None
+    }
 }
 
 /// The visitor a tray lists its fields to, by doc entry name.

@@ -55,7 +55,7 @@ pub(crate) enum Urgency {
 pub(crate) enum Effect {
     /// A whole-row image of tray `(tray_ns, tray_id)`; `None` deletes it.
     Row {
-        tray_ns: &'static str,
+        tray_ns: String,
         tray_id: String,
         image: Option<(bool, DocText)>,
     },
@@ -122,6 +122,22 @@ impl Frontier {
         effect: Effect,
         urgency: Urgency,
     ) -> Result<u64, TrayError> {
+        self.enlist_all(std::iter::once(effect), urgency)
+    }
+
+    /// Appends `effects` together and returns the position of the last:
+    /// row writes enlisted together always leave in one batch (nothing can
+    /// come between them, and a batch takes every row write at the front),
+    /// so they land all or none.
+    ///
+    /// # Errors
+    ///
+    /// As [`enlist`](Self::enlist).
+    pub(crate) fn enlist_all(
+        self: &Arc<Self>,
+        effects: impl IntoIterator<Item = Effect>,
+        urgency: Urgency,
+    ) -> Result<u64, TrayError> {
         let mut log = self.log.lock();
         if let Some(failure) = &log.failure {
             return Err(TrayError::Poisoned(failure.to_string()));
@@ -129,8 +145,10 @@ impl Frontier {
         let Some(slot) = self.slot.upgrade() else {
             return Err(TrayError::Closed);
         };
-        log.pending.push_back(effect);
-        log.enlisted += 1;
+        for effect in effects {
+            log.pending.push_back(effect);
+            log.enlisted += 1;
+        }
         let position = log.enlisted;
         if urgency == Urgency::Now && !log.urgent {
             log.urgent = true;
@@ -269,7 +287,7 @@ enum Work {
 /// row once, at its last image, placed where that last write was enlisted.
 fn coalesce(pending: &mut VecDeque<Effect>) -> (Vec<BatchOp>, u64) {
     let mut ops: Vec<Option<BatchOp>> = Vec::new();
-    let mut last: HashMap<(&'static str, String), usize> = HashMap::new();
+    let mut last: HashMap<(String, String), usize> = HashMap::new();
     let mut count = 0;
     while matches!(pending.front(), Some(Effect::Row { .. })) {
         let Some(Effect::Row {
@@ -281,7 +299,7 @@ fn coalesce(pending: &mut VecDeque<Effect>) -> (Vec<BatchOp>, u64) {
             break;
         };
         count += 1;
-        if let Some(earlier) = last.insert((tray_ns, tray_id.clone()), ops.len()) {
+        if let Some(earlier) = last.insert((tray_ns.clone(), tray_id.clone()), ops.len()) {
             ops[earlier] = None;
         }
         ops.push(Some(match image {
@@ -332,7 +350,7 @@ mod tests {
 
     fn row(tray_id: &str, marked: bool) -> Effect {
         Effect::Row {
-            tray_ns: "jobs",
+            tray_ns: "jobs".to_owned(),
             tray_id: tray_id.to_owned(),
             image: Some((marked, DocText::from(pinned_store::Doc::new()))),
         }

@@ -22,6 +22,10 @@ impl<T: Tray> Opened for OpenTray<T> {
         self
     }
 
+    fn load(self: Arc<Self>) -> BoxFuture<'static, Result<(), TrayError>> {
+        Box::pin(async move { self.load_pages().await })
+    }
+
     fn resume(self: Arc<Self>) {
         if self.opened.load(Ordering::SeqCst) != OPEN {
             return;

@@ -8,7 +8,8 @@
 //! last enlisted, the whole row goes on the frontier. The lock is never held
 //! across an await. Row layout (wire.md §12.4): one entry per field, and the
 //! reserved `~v`, `~inbox`, `~attempts`, `~parked`, `~state`; other `~`
-//! entries a Python worker wrote are kept as they are.
+//! entries a Python worker wrote are kept as they are. A paged field's page
+//! rows ([`Log`](super::Log)) are enlisted with the row, in one batch.
 //!
 //! The tray never names what holds it or what user code holds of it: the
 //! open map reaches it as [`TrayEnv`] (built by the map), and its handler
@@ -28,6 +29,7 @@ use tokio::sync::watch;
 use super::env::{OpenMap, TrayEnv};
 use super::field::{Entry, Fields};
 use super::frontier::{Effect, Frontier, Receipt, Urgency};
+use super::pages::StorePages;
 use super::row::Entries;
 use super::spec::Spec;
 use super::{Tray, TrayError};
@@ -112,6 +114,8 @@ pub(crate) struct Active {
 pub(crate) struct TrayState<T: Tray> {
     pub(crate) tray: T,
     pub(crate) fields: Vec<&'static str>,
+    /// The page rows of each paged field, by field name.
+    pub(crate) pages: Vec<(&'static str, Arc<StorePages>)>,
     pub(crate) marked: bool,
     pub(crate) doc: Entries,
     /// The row differs from what was last enlisted.
@@ -188,13 +192,15 @@ pub(crate) fn restore<T: Tray>(
     // A row of another schema version activates blank; a stale mark (a
     // dead work claim every restart would resurrect) is dropped durably.
     let mut changed = !stored && spec.keyed;
+    let mut discarded = None;
     if version != T::VERSION {
         changed = true;
         marked = false;
-        doc = fresh();
+        discarded = Some(std::mem::replace(&mut doc, fresh()));
     }
     let mut tray = T::default();
     let mut fields: Vec<&'static str> = Vec::new();
+    let mut pages: Vec<(&'static str, Arc<StorePages>)> = Vec::new();
     let mut problem: Option<String> = None;
     {
         let mut seen = HashSet::new();
@@ -218,6 +224,23 @@ pub(crate) fn restore<T: Tray>(
                     }
                     .to_string(),
                 );
+                return;
+            }
+            if let Some(paged) = field.paged() {
+                let source = Arc::new(StorePages::new(
+                    T::NAME,
+                    name,
+                    &key,
+                    env.store.clone(),
+                    env.slot.clone(),
+                    env.frontier.clone(),
+                ));
+                paged.bind(source.clone());
+                // The pages of a discarded version go with the first write.
+                if let Some(discarded) = &discarded {
+                    paged.discard(discarded.get(name));
+                }
+                pages.push((name, source));
             }
         };
         tray.fields(&mut Fields::new(&mut visit));
@@ -281,6 +304,7 @@ pub(crate) fn restore<T: Tray>(
         state: Mutex::new(TrayState {
             tray,
             fields,
+            pages,
             marked,
             doc,
             changed,
@@ -394,9 +418,16 @@ impl<T: Tray> OpenTray<T> {
         urgency: Urgency,
     ) -> Result<Receipt, TrayError> {
         let TrayState {
-            tray, doc, changed, ..
+            tray,
+            doc,
+            changed,
+            pages,
+            ..
         } = state;
         let mut failure: Option<String> = None;
+        // Page rows of paged fields: they leave with the tray's row, in one
+        // batch, before it.
+        let mut effects: Vec<Effect> = Vec::new();
         {
             let mut visit = |name: &'static str, field: &mut dyn super::Field| {
                 if !field.take_dirty() {
@@ -405,6 +436,20 @@ impl<T: Tray> OpenTray<T> {
                 match field.entry() {
                     Ok(entry) => *changed |= doc.put(name, entry),
                     Err(error) => failure = Some(format!("{name}: {error}")),
+                }
+                let Some(paged) = field.paged() else {
+                    return;
+                };
+                let mut writes = Vec::new();
+                if let Err(error) = paged.take_writes(&mut writes) {
+                    failure = Some(format!("{name}: {error}"));
+                }
+                if let Some((_, source)) = pages.iter().find(|(field, _)| *field == name) {
+                    effects.extend(writes.into_iter().map(|(page, image)| Effect::Row {
+                        tray_ns: source.tray_ns().to_owned(),
+                        tray_id: source.tray_id(page),
+                        image: image.map(|image| (false, image)),
+                    }));
                 }
             };
             tray.fields(&mut Fields::new(&mut visit));
@@ -443,17 +488,74 @@ impl<T: Tray> OpenTray<T> {
                 .map_err(|error| TrayError::Encode(format!("{name}: {error}")))?;
             state.changed |= state.doc.put(name, entry);
         }
-        if std::mem::take(&mut state.changed) {
-            self.frontier.enlist_with(
-                Effect::Row {
-                    tray_ns: T::NAME,
-                    tray_id: self.key.clone(),
-                    image: Some((state.marked, state.doc.text())),
-                },
-                urgency,
-            )?;
+        if std::mem::take(&mut state.changed) || !effects.is_empty() {
+            effects.push(Effect::Row {
+                tray_ns: T::NAME.to_owned(),
+                tray_id: self.key.clone(),
+                image: Some((state.marked, state.doc.text())),
+            });
+            self.frontier.enlist_all(effects, urgency)?;
         }
         Ok(self.frontier.receipt())
+    }
+
+    /// Reads back the newest page of each paged field that has one, before
+    /// the tray is used: an append rewrites that page whole.
+    pub(crate) async fn load_pages(&self) -> Result<(), TrayError> {
+        let wanted: Vec<(&'static str, u64, Arc<StorePages>)> = {
+            let mut state = self.state.lock();
+            let TrayState { tray, pages, .. } = &mut *state;
+            let mut wanted = Vec::new();
+            tray.fields(&mut Fields::new(&mut |name, field| {
+                let page = field.paged().and_then(|paged| paged.page_to_load());
+                let source = pages.iter().find(|(field, _)| *field == name);
+                if let (Some(page), Some((_, source))) = (page, source) {
+                    wanted.push((name, page, source.clone()));
+                }
+            }));
+            wanted
+        };
+        for (name, page, source) in wanted {
+            let row = source.fetch(page).await?;
+            let mut state = self.state.lock();
+            let mut problem = None;
+            state
+                .tray
+                .fields(&mut Fields::new(&mut |field_name, field| {
+                    if field_name != name {
+                        return;
+                    }
+                    if let Some(paged) = field.paged() {
+                        problem = paged.load(row.as_ref()).err();
+                    }
+                }));
+            if let Some(reason) = problem {
+                return Err(TrayError::Malformed {
+                    tray: T::NAME.to_owned(),
+                    key: self.key.clone(),
+                    reason: format!("log {name:?}: {reason}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The deletes of every page row of the tray's paged fields.
+    pub(crate) fn page_deletes(state: &mut TrayState<T>) -> Vec<Effect> {
+        let TrayState { tray, pages, .. } = state;
+        let mut deletes = Vec::new();
+        tray.fields(&mut Fields::new(&mut |name, field| {
+            let held = field.paged().map(|paged| paged.pages());
+            let source = pages.iter().find(|(field, _)| *field == name);
+            if let (Some(held), Some((_, source))) = (held, source) {
+                deletes.extend(held.map(|page| Effect::Row {
+                    tray_ns: source.tray_ns().to_owned(),
+                    tray_id: source.tray_id(page),
+                    image: None,
+                }));
+            }
+        }));
+        deletes
     }
 
     /// Moves the mark.

@@ -1,7 +1,8 @@
 //! Trays: durable work queues inside an instance.
 //!
-//! A tray is a struct of durable fields ([`Value`], [`Queue`], [`Outbox`])
-//! kept in one row of the worker's state store, plus a handler that the
+//! A tray is a struct of durable fields ([`Value`], [`Queue`], [`Outbox`],
+//! and [`Log`], whose pages live in rows beside it) kept in one row of the
+//! worker's state store, plus a handler that the
 //! tray's pump drives its items through, at least once, across crashes,
 //! evictions and moves between workers. The rows are the Python
 //! reference's (`tray_ns` = the tray's [`NAME`](Tray::NAME), singleton id
@@ -66,10 +67,13 @@
 //! Each file imports only from the ones below it (and this one), bottom
 //! to top:
 //!
-//! 1. `field`, `row`, `frontier`: the durable field kinds, a row's encoded
-//!    entries, the instance's ordered log of effects;
+//! 1. `paged`: the contract of a field kept in page rows of its own; then
+//!    `field`, `row`, `frontier`: the durable field kinds, a row's encoded
+//!    entries, the instance's ordered log of effects; then `log`: the
+//!    paged field kind [`Log`];
 //! 2. `opened`: the erased open tray the open map holds; `env`: what an
-//!    open tray is given (its slot, the log, the map as an `OpenMap`);
+//!    open tray is given (its slot, the log, the store, the map as an
+//!    `OpenMap`); `pages`: a paged field's rows, named and read;
 //! 3. `spec`: the declarations as plain data, their opener a function
 //!    pointer over the two above;
 //! 4. `machine`: one open tray, its state and its one write path;
@@ -94,12 +98,17 @@ use crate::{BoxError, Context};
 
 // Bottom to top, a group a step of the order in the module docs (rustfmt
 // sorts the files within a group by name, not by rank).
+mod paged;
+
 mod field;
 mod frontier;
 mod row;
 
+mod log;
+
 mod env;
 mod opened;
+mod pages;
 
 mod spec;
 
@@ -120,6 +129,7 @@ pub use declare::Trays;
 pub use field::{Entry, Field, FieldError, Fields, Outbox, Queue, Value};
 pub use frontier::Receipt;
 pub use handle::{Admission, KeyedTrays, TrayCtx, TrayHandle};
+pub use log::{Log, LogRead, LogSlice};
 
 pub(crate) use open::InstanceTrays;
 pub(crate) use spec::Declared;

@@ -66,6 +66,7 @@ impl InstanceTrays {
                 env: TrayEnv {
                     slot: Arc::downgrade(slot),
                     frontier: frontier.clone(),
+                    store: store.clone(),
                     map: map.clone(),
                 },
                 frontier,
@@ -147,7 +148,9 @@ impl InstanceTrays {
                 key: key.to_owned(),
             });
         }
-        let opened = self.insert(spec, key.to_owned(), row.map(|row| (row.marked, row.doc)))?;
+        let opened = self
+            .insert(spec, key.to_owned(), row.map(|row| (row.marked, row.doc)))
+            .await?;
         drop(_opening);
         self.open_hooked(T::NAME, key, &opened).await?;
         opened
@@ -156,15 +159,16 @@ impl InstanceTrays {
             .map_err(|_| TrayError::NotDeclared(T::NAME))
     }
 
-    /// Restores a tray into the map; [`open_hooked`](Self::open_hooked)
-    /// then opens it for use.
-    fn insert(
+    /// Restores a tray into the map, with what it keeps in rows of its own
+    /// read back; [`open_hooked`](Self::open_hooked) then opens it for use.
+    async fn insert(
         &self,
         spec: &Spec,
         key: String,
         row: Option<(bool, Doc)>,
     ) -> Result<Arc<dyn Opened>, TrayError> {
         let opened = (spec.open)(&self.env, spec, key.clone(), row)?;
+        opened.clone().load().await?;
         self.open.lock().insert((spec.name, key), opened.clone());
         Ok(opened)
     }
@@ -264,7 +268,8 @@ impl InstanceTrays {
             if opened.contains(&key) || self.open.lock().contains_key(&key) {
                 continue;
             }
-            self.insert(spec, key.1.clone(), Some((row.marked, row.doc)))?;
+            self.insert(spec, key.1.clone(), Some((row.marked, row.doc)))
+                .await?;
             opened.push(key);
         }
         for spec in &self.declared.specs {
@@ -282,7 +287,8 @@ impl InstanceTrays {
                     )
                     .await,
             )?;
-            self.insert(spec, key.1, row.map(|row| (row.marked, row.doc)))?;
+            self.insert(spec, key.1, row.map(|row| (row.marked, row.doc)))
+                .await?;
         }
         drop(_opening);
         // Every tray restored here, and those opened inside

@@ -17,6 +17,9 @@ use crate::namespace::context::Context;
 /// An open tray, erased so an instance can hold trays of many types.
 pub(crate) trait Opened: Send + Sync {
     fn any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+    /// Reads back what the restored tray keeps in rows of their own (the
+    /// newest page of each log) before anyone uses it.
+    fn load(self: Arc<Self>) -> BoxFuture<'static, Result<(), TrayError>>;
     /// Starts the pump when the row claims work or the tray is always open.
     fn resume(self: Arc<Self>);
     /// Marked with work a pump could do (not parked, not retired).

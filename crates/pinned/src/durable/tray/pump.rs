@@ -315,11 +315,14 @@ impl<T: Tray> OpenTray<T> {
     /// A crash before it leaves the marked row with the command, and the
     /// next activation runs it again.
     async fn delete_row(self: &Arc<Self>) {
-        let deleted = self.frontier.enlist(super::frontier::Effect::Row {
-            tray_ns: T::NAME,
+        // The rows of its paged fields go in the same write.
+        let mut deletes = Self::page_deletes(&mut self.state.lock());
+        deletes.push(super::frontier::Effect::Row {
+            tray_ns: T::NAME.to_owned(),
             tray_id: self.key.clone(),
             image: None,
         });
+        let deleted = self.frontier.enlist_all(deletes, Urgency::Now);
         if deleted.is_err() || self.frontier.receipt().await.is_err() {
             return self.stopped();
         }
