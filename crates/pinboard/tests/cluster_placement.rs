@@ -224,6 +224,8 @@ async fn two_nodes_agree_on_one_owner_per_id_in_every_shard() {
         ClaimOutcome::Claimed(q, _) => assert!(q.epoch > p.epoch, "{q:?} after {p:?}"),
         other => panic!("{other:?}"),
     }
+    // wb holds it now: it is not wa's to reclaim.
+    owners.remove(id);
     // A re-registration of wa as wa2 keeps each id at its epoch.
     a.put_worker(&record("wa2"), TTL_MS, now())
         .await

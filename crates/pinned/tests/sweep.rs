@@ -89,8 +89,17 @@ async fn a_pass_looks_only_at_what_is_due() {
     let start = metrics::parse(&w.metrics());
     // Passes at 1 s … 9 s: nothing is due, so nothing is looked at.
     advance(Duration::from_millis(9_500), SECOND).await;
+    // The nine passes are due; on a busy machine the sweep task may still
+    // be getting to them.
+    settle("nine passes", || {
+        metrics::moved(
+            &start,
+            &metrics::parse(&w.metrics()),
+            "pinned_idle_sweep_passes",
+        ) >= 9.0
+    })
+    .await;
     let quiet = metrics::parse(&w.metrics());
-    assert!(metrics::moved(&start, &quiet, "pinned_idle_sweep_passes") >= 9.0);
     assert_eq!(
         quiet.value("pinned_idle_sweep_visits"),
         start.value("pinned_idle_sweep_visits"),

@@ -271,6 +271,16 @@ impl MoveLog {
         self.winding.insert(key.to_owned(), session.to_owned());
     }
 
+    /// `session` refused `key` (a request found it closing): true, and
+    /// forgotten, when this node asked `session` to wind `key` down. The
+    /// refusal can reach the claim before the release it precedes, and the
+    /// move is the wind-down either way.
+    pub fn refused_winding(&self, key: &str, session: &str) -> bool {
+        self.winding
+            .remove_if(key, |asked| asked == session)
+            .is_some()
+    }
+
     /// `session` released `key`: a departure for a wind-down asked here,
     /// else for `otherwise` (an idle release, or a drain).
     pub fn released(&self, key: &str, session: &str, otherwise: MoveReason) {
@@ -465,6 +475,18 @@ mod tests {
         log.lost_sight("/c/a", "s1");
         log.owned("/c/a", "s1");
         assert_eq!(log.take_departure("/c/a"), None, "it answers again");
+    }
+
+    #[test]
+    fn a_refusal_of_an_id_asked_to_wind_down_here_is_the_wind_down() {
+        let log = MoveLog::default();
+        log.winding_down("/c/a", "s1");
+        assert!(
+            !log.refused_winding("/c/a", "s2"),
+            "asked of another session"
+        );
+        assert!(log.refused_winding("/c/a", "s1"));
+        assert!(!log.refused_winding("/c/a", "s1"), "used once");
     }
 
     #[test]

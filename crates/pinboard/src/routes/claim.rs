@@ -216,7 +216,11 @@ impl<S: PlacementStore> Routes<S> {
                     return Some((seen.clone(), *reason));
                 }
             }
-            let reason = snap.letting_go(refused, MoveReason::Refusal);
+            let reason = if self.counters.moves.refused_winding(key, refused) {
+                MoveReason::WindDown
+            } else {
+                snap.letting_go(refused, MoveReason::Refusal)
+            };
             return Some((refused.to_owned(), reason));
         }
         let from = match (from, remembered) {
