@@ -182,12 +182,7 @@ impl Phase {
     }
 
     fn now_ns(&self) -> u64 {
-        // In 64 bits (`as_nanos` is 128-bit arithmetic, twice a request).
-        let elapsed = self.shared.epoch.elapsed();
-        elapsed
-            .as_secs()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(u64::from(elapsed.subsec_nanos()))
+        u64::try_from(self.shared.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     fn at(&self, ns: u64) -> Instant {
