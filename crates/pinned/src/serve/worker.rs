@@ -323,7 +323,7 @@ impl Worker {
         } else {
             self.arm_stored_alarms();
         }
-        if let Some(store) = self.inner.hosts.first().and_then(|host| host.store.clone()) {
+        if let Some(store) = self.store() {
             let control = self.inner.control.clone();
             self.inner.domain.spawn(crate::durable::reclaim::run(
                 store,
@@ -335,10 +335,15 @@ impl Worker {
         }
     }
 
+    /// The worker's state store (every namespace shares it), if any.
+    fn store(&self) -> Option<Arc<dyn pinned_store::StateStore>> {
+        self.inner.hosts.first().and_then(|host| host.store.clone())
+    }
+
     /// Local mode: every alarm in the store gets a process timer, so due
     /// ones fire now and evicted ids activate when theirs come due.
     fn arm_stored_alarms(&self) {
-        let Some(store) = self.inner.hosts.first().and_then(|host| host.store.clone()) else {
+        let Some(store) = self.store() else {
             return;
         };
         let worker = self.clone();
