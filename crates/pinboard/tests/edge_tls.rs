@@ -142,14 +142,36 @@ async fn handshaking_connections_count_against_the_cap() {
     let fresh = metrics::scrape(&c, &pb.url).await;
     // Two connections that never handshake hold both places (for the 4 s
     // header deadline: long enough that a loaded machine still asks for the
-    // third within it).
-    let _first = connect(pb.addr()).await;
-    let _second = connect(pb.addr()).await;
-    let refused = c.get(format!("{}/healthz", pb.url)).send().await;
-    assert!(
-        refused.is_err(),
-        "a third connection was served: {refused:?}"
-    );
+    // third within it). The scrape's own connection, closed by the client,
+    // may not have been seen closed when they are accepted: then it holds a
+    // place, too new to be reclaimed, and the second holder is the one
+    // refused. Such a round proves nothing and is played again; a third
+    // connection served while both holders stay open is the defect.
+    let mut rounds = 0;
+    let (_first, _second) = loop {
+        rounds += 1;
+        let mut first = connect(pb.addr()).await;
+        let mut second = connect(pb.addr()).await;
+        let third = c.get(format!("{}/healthz", pb.url)).send().await;
+        let Ok(served) = third else {
+            break (first, second);
+        };
+        let held = |ended: Ended| ended == Ended::Open;
+        let still = Duration::from_millis(200);
+        let first_held = held(wait_closed(&mut first, still).await.0);
+        let second_held = held(wait_closed(&mut second, still).await.0);
+        assert!(
+            !(first_held && second_held),
+            "a third connection was served while two handshaking ones held the cap: {served:?}"
+        );
+        assert!(rounds < 5, "a holder was refused in {rounds} rounds");
+        drop((first, second));
+        eventually("the places free", Duration::from_secs(10), || async {
+            let res = c.get(format!("{}/healthz", pb.url)).send().await.ok()?;
+            (res.status() == 200).then_some(())
+        })
+        .await;
+    };
     // At the header deadline they are closed, and the places come back.
     eventually(
         "the cap frees after the handshake deadline",
