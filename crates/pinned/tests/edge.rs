@@ -9,7 +9,10 @@
 //! `Options::tls` the worker answers HTTPS (a self-signed certificate made
 //! in the test), closing a connection that never handshakes at the header
 //! deadline. Handlers see the peer's address (`ConnectInfo`) and the
-//! rewritten request line on every request of a keep-alive connection.
+//! rewritten request line on every request of a keep-alive connection, and
+//! the same request whichever stage of the connection read it: the front
+//! (a body sent in pieces, read whole) or hyper after it (a body slower
+//! than the front waits for, a chunked one, and every request after).
 
 mod support;
 
@@ -19,7 +22,8 @@ use std::time::Duration;
 
 use pinned::{ConfigError, Options};
 use support::Counter;
-use test_support::sockets::{admitted, answer, mid_head};
+use test_support::sockets::{admitted, answer, connect, mid_head};
+use test_support::PATIENCE;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -419,6 +423,76 @@ async fn handlers_see_the_peer_address_on_every_request_of_a_connection() {
             (200, format!("{me} /peer?x=1 /peer/{id}/peer?x=1").as_str())
         );
     }
+    drop(s);
+    let _ = stop.send(());
+    server.await.expect("join").expect("served");
+}
+
+/// An object whose one route answers the request body it was sent.
+struct Echo;
+
+impl pinned::Object for Echo {
+    async fn activate(_ctx: &pinned::Context) -> Result<Self, pinned::BoxError> {
+        Ok(Echo)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        axum::Router::new().route(
+            "/echo",
+            axum::routing::post(|body: String| async move { body }),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_handed_from_the_front_to_hyper_serves_every_body_whole() {
+    let header = Duration::from_millis(300);
+    let (addr, stop, server) = serving(
+        Options::new()
+            .host::<Echo>("/echo")
+            .header_read_timeout(header),
+    )
+    .await;
+    let mut s = connect(addr).await;
+    let head = |len: usize| {
+        format!("POST /echo/a/echo HTTP/1.1\r\nHost: w\r\ncontent-length: {len}\r\n\r\n")
+    };
+    // The front reads a body sent in pieces whole before routing it.
+    s.write_all(format!("{}hello", head(10)).as_bytes())
+        .await
+        .expect("write");
+    s.write_all(b"world").await.expect("write");
+    assert_eq!(
+        answer(&mut s, PATIENCE).await,
+        Some((200, b"helloworld".to_vec()))
+    );
+    // A body paused for longer than the front waits (the header deadline):
+    // hyper gets the request as it came and streams the rest to the
+    // handler, which answers it whole; the connection is not closed.
+    s.write_all(format!("{}slo", head(6)).as_bytes())
+        .await
+        .expect("write");
+    tokio::time::sleep(header * 2).await;
+    s.write_all(b"w!!").await.expect("write");
+    assert_eq!(
+        answer(&mut s, PATIENCE).await,
+        Some((200, b"slow!!".to_vec()))
+    );
+    // hyper serves the rest of the connection: a chunked body, then a
+    // plain one.
+    s.write_all(
+        b"POST /echo/a/echo HTTP/1.1\r\nHost: w\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    assert_eq!(answer(&mut s, PATIENCE).await, Some((200, b"abc".to_vec())));
+    s.write_all(format!("{}again", head(5)).as_bytes())
+        .await
+        .expect("write");
+    assert_eq!(
+        answer(&mut s, PATIENCE).await,
+        Some((200, b"again".to_vec()))
+    );
     drop(s);
     let _ = stop.send(());
     server.await.expect("join").expect("served");
