@@ -41,7 +41,7 @@ use tower::ServiceExt;
 
 use pinned_edge::accept::{Connection, Events, Lane, Lanes, Settings};
 use pinned_edge::defaults::MIN_READ_BUFFER;
-use pinned_edge::front::{self, BrokenBody, Stages};
+use pinned_edge::front::{self, BrokenBody, ClientGone, Stages};
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 
 use self::phase::{ConnTimeouts, Lapse, Phase, Tracked};
@@ -234,6 +234,9 @@ impl<S: PlacementStore> IoThread<S> {
             body_timeout: app.proxy.body_timeout,
             // 400 or 408 from the proxy, no worker reached.
             broken_body: BrokenBody::Answer,
+            // The proxied request finishes within its own deadlines, as
+            // it always did on the front.
+            client_gone: ClientGone::Finish,
         };
         Self {
             control: server::router(app.clone()),

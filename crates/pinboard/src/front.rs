@@ -55,6 +55,7 @@ impl<S: PlacementStore> Service for Front<S> {
         !paths::is_control(path)
     }
 
+    #[inline]
     fn call(&mut self, request: Arrived) -> impl Future<Output = http::Response<Body>> + Send {
         let Arrived { head, body, hosts } = request;
         let host = match hosts {

@@ -12,7 +12,9 @@
 //! rewritten request line on every request of a keep-alive connection, and
 //! the same request whichever stage of the connection read it: the front
 //! (a body sent in pieces, read whole) or hyper after it (a body slower
-//! than the front waits for, a chunked one, and every request after).
+//! than the front waits for, a chunked one, and every request after). A
+//! client that closes its connection while its handler waits cancels the
+//! handler, as hyper's server did.
 
 mod support;
 
@@ -494,6 +496,56 @@ async fn a_connection_handed_from_the_front_to_hyper_serves_every_body_whole() {
         Some((200, b"again".to_vec()))
     );
     drop(s);
+    let _ = stop.send(());
+    server.await.expect("join").expect("served");
+}
+
+/// Set by [`Waits`]'s handler once it runs, and when its future is dropped.
+static WAITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static DROPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Raises [`DROPPED`] when dropped.
+struct OnDrop;
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        DROPPED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// An object whose one route waits forever (a long poll nobody answers).
+struct Waits;
+
+impl pinned::Object for Waits {
+    async fn activate(_ctx: &pinned::Context) -> Result<Self, pinned::BoxError> {
+        Ok(Waits)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        axum::Router::new().route(
+            "/wait",
+            axum::routing::get(|| async {
+                let _dropped = OnDrop;
+                WAITING.store(true, std::sync::atomic::Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                "never"
+            }),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_cancels_the_handler_it_waits_for() {
+    use std::sync::atomic::Ordering;
+    let (addr, stop, server) = serving(Options::new().host::<Waits>("/waits")).await;
+    let mut s = connect(addr).await;
+    s.write_all(b"GET /waits/a/wait HTTP/1.1\r\nHost: w\r\n\r\n")
+        .await
+        .expect("write");
+    support::until("the handler waits", || WAITING.load(Ordering::SeqCst)).await;
+    assert!(!DROPPED.load(Ordering::SeqCst));
+    drop(s);
+    support::until("the handler is dropped", || DROPPED.load(Ordering::SeqCst)).await;
     let _ = stop.send(());
     server.await.expect("join").expect("served");
 }

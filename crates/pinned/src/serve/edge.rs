@@ -49,7 +49,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use pinned_edge::accept::{self, Connection, Events, Lane, Lanes, Settings};
 use pinned_edge::defaults;
-use pinned_edge::front::{self, BrokenBody, Stages};
+use pinned_edge::front::{self, BrokenBody, ClientGone, Stages};
 use pinned_edge::phase::{ConnTimeouts, Lapse, Phase, Tracked};
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 use prometheus_client::metrics::counter::Counter;
@@ -147,6 +147,9 @@ pub(crate) async fn serve(
         // itself.
         body_timeout: settings.timeouts.header,
         broken_body: BrokenBody::HandOff,
+        // As hyper serves it: a handler waiting for a client that left
+        // stops waiting.
+        client_gone: ClientGone::Cancel,
     };
     let lane = Worker {
         app,

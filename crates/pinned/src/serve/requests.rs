@@ -90,6 +90,7 @@ impl Requests {
     /// the connection's). Its routing runs here; the future returned is
     /// only what the object's routes started (no copy of the request held
     /// beside).
+    #[inline]
     pub(crate) fn route(&self, mut request: Request<Body>, own: Extensions) -> Routed {
         let mut extensions = self.extensions.clone();
         extensions.extend(own);
@@ -112,6 +113,7 @@ fn answered(result: Result<Response, Infallible>) -> Response {
 impl front::Service for Requests {
     type Body = Body;
 
+    #[inline]
     fn call(&mut self, request: Arrived) -> impl Future<Output = Response> + Send {
         let Arrived { head, body, .. } = request;
         let body = match body {
