@@ -148,7 +148,7 @@ async fn a_kept_instance_span_names_the_newest_epoch() {
             .expect("send");
         assert_eq!(answer.status(), 200);
     }
-    let handler = eventually("three handler lines", || {
+    let handler = eventually("three handler lines", PATIENCE, || {
         let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
         let found: Vec<String> = text
             .lines()

@@ -115,6 +115,10 @@ async fn a_pass_looks_only_at_what_is_due() {
     tokio::time::advance(Duration::from_millis(500)).await;
     let quiet = metrics::parse(&w.metrics());
     assert_eq!(
+        metrics::moved(&start, &quiet, "pinned_idle_sweep_passes"),
+        9.0
+    );
+    assert_eq!(
         quiet.value("pinned_idle_sweep_visits"),
         start.value("pinned_idle_sweep_visits"),
         "a pass with nothing due looks at no record"
