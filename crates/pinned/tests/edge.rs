@@ -542,10 +542,16 @@ async fn a_client_that_goes_away_cancels_the_handler_it_waits_for() {
     s.write_all(b"GET /waits/a/wait HTTP/1.1\r\nHost: w\r\n\r\n")
         .await
         .expect("write");
-    support::until("the handler waits", PATIENCE, || WAITING.load(Ordering::SeqCst)).await;
+    support::until("the handler waits", PATIENCE, || {
+        WAITING.load(Ordering::SeqCst)
+    })
+    .await;
     assert!(!DROPPED.load(Ordering::SeqCst));
     drop(s);
-    support::until("the handler is dropped", PATIENCE, || DROPPED.load(Ordering::SeqCst)).await;
+    support::until("the handler is dropped", PATIENCE, || {
+        DROPPED.load(Ordering::SeqCst)
+    })
+    .await;
     let _ = stop.send(());
     server.await.expect("join").expect("served");
 }
