@@ -64,17 +64,64 @@ pub async fn per_request(
     lengths: Lengths,
     scratch: &Path,
 ) -> anyhow::Result<f64> {
-    let short = total(exe, args, &path, lengths.short, &scratch.join("short.out")).await?;
-    let long = total(exe, args, &path, lengths.long, &scratch.join("long.out")).await?;
+    let short = total(
+        exe,
+        args,
+        &[],
+        &path,
+        lengths.short,
+        &scratch.join("short.out"),
+    )
+    .await?;
+    let long = total(
+        exe,
+        args,
+        &[],
+        &path,
+        lengths.long,
+        &scratch.join("long.out"),
+    )
+    .await?;
     anyhow::ensure!(lengths.long > lengths.short, "the long run must be longer");
     Ok((long as f64 - short as f64) / (lengths.long - lengths.short) as f64)
 }
 
-/// [`per_request`] for the bench's bare axum counter (`serve-bare`) and
-/// for the pinned worker's (`serve-pinned`), each started with `args`
-/// after its command and asked for `bare_path(i)` / `pinned_path(i)`; the
-/// callgrind outputs go to `scratch`'s `bare/` and `pinned/`. Answers
-/// `(bare, pinned)`.
+/// How a measured pinned worker logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logging {
+    /// The bench's servers' default: warnings only, so nothing listens at
+    /// `info` (as with no subscriber at all).
+    Quiet,
+    /// The examples' default (`RUST_LOG` unset, an `info` subscriber):
+    /// `RUST_LOG=info`.
+    Info,
+}
+
+impl Logging {
+    /// The `RUST_LOG` the worker process gets.
+    fn filter(self) -> &'static str {
+        match self {
+            Self::Quiet => "warn",
+            Self::Info => "info",
+        }
+    }
+}
+
+impl std::fmt::Display for Logging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Quiet => "no subscriber",
+            Self::Info => "info subscriber",
+        })
+    }
+}
+
+/// [`per_request`] for the bench's bare axum counter (`serve-bare`, quiet)
+/// and for the pinned worker's (`serve-pinned`) once per entry of
+/// `logging`, each started with `args` after its command and asked for
+/// `bare_path(i)` / `pinned_path(i)`; the callgrind outputs go to
+/// `scratch`'s `bare/` and `pinned-<n>/`. Answers the bare count and the
+/// pinned ones, in `logging`'s order.
 ///
 /// # Errors
 ///
@@ -83,34 +130,73 @@ pub async fn bare_and_pinned(
     exe: &str,
     args: &[&str],
     (bare_path, pinned_path): (impl Fn(usize) -> String, impl Fn(usize) -> String),
+    logging: &[Logging],
     lengths: Lengths,
     scratch: &Path,
-) -> anyhow::Result<(f64, f64)> {
-    let mut counts = [0.0; 2];
-    let runs: [(&str, &dyn Fn(usize) -> String); 2] =
-        [("bare", &bare_path), ("pinned", &pinned_path)];
-    for (count, (name, path)) in counts.iter_mut().zip(runs) {
-        let out = scratch.join(name);
-        std::fs::create_dir_all(&out)?;
-        let command = format!("serve-{name}");
-        let args: Vec<&str> = std::iter::once(command.as_str())
-            .chain(args.iter().copied())
-            .collect();
-        *count = per_request(exe, &args, path, lengths, &out).await?;
+) -> anyhow::Result<(f64, Vec<f64>)> {
+    let bare = counted(
+        exe,
+        "serve-bare",
+        args,
+        Logging::Quiet,
+        &bare_path,
+        lengths,
+        &scratch.join("bare"),
+    )
+    .await?;
+    let mut pinned = Vec::with_capacity(logging.len());
+    for (n, log) in logging.iter().enumerate() {
+        let out = scratch.join(format!("pinned-{n}"));
+        pinned.push(counted(exe, "serve-pinned", args, *log, &pinned_path, lengths, &out).await?);
     }
-    Ok((counts[0], counts[1]))
+    Ok((bare, pinned))
+}
+
+/// [`per_request`] of `exe command args` logging as `log`, its callgrind
+/// outputs in `out`.
+async fn counted(
+    exe: &str,
+    command: &str,
+    args: &[&str],
+    log: Logging,
+    path: &dyn Fn(usize) -> String,
+    lengths: Lengths,
+    out: &Path,
+) -> anyhow::Result<f64> {
+    anyhow::ensure!(lengths.long > lengths.short, "the long run must be longer");
+    std::fs::create_dir_all(out)?;
+    let env = [("RUST_LOG", log.filter())];
+    let args: Vec<&str> = std::iter::once(command)
+        .chain(args.iter().copied())
+        .collect();
+    let short = total(
+        exe,
+        &args,
+        &env,
+        path,
+        lengths.short,
+        &out.join("short.out"),
+    )
+    .await?;
+    let long = total(exe, &args, &env, path, lengths.long, &out.join("long.out")).await?;
+    Ok((long as f64 - short as f64) / (lengths.long - lengths.short) as f64)
 }
 
 /// Total instructions of one server run serving `requests` requests.
 async fn total(
     exe: &str,
     args: &[&str],
-    path: &impl Fn(usize) -> String,
+    env: &[(&str, &str)],
+    path: &dyn Fn(usize) -> String,
     requests: usize,
     out: &Path,
 ) -> anyhow::Result<u64> {
     let _ = std::fs::remove_file(out);
-    let server = under_callgrind(out).arg_os(exe).args(args).start().await?;
+    let mut spawn = under_callgrind(out).arg_os(exe).args(args);
+    for (key, value) in env {
+        spawn = spawn.env(key, value);
+    }
+    let server = spawn.start().await?;
     let run = Run {
         server,
         company: Vec::new(),

@@ -4,12 +4,14 @@
 //!
 //! Owns connection setup beyond the loop's (the
 //! `pinboard_connections_open` gauge, the client address every request
-//! carries), the two stages a connection goes through ([`front`] serves
-//! proxied requests itself; the first request it leaves alone hands the
-//! connection to hyper, which sends the few control paths to the axum
-//! router of [`server::router`] and every other path to
+//! carries), the services of the two stages a connection goes through
+//! (the shared front, [`pinned_edge::front`], serves proxied requests with
+//! [`front::Front`](crate::front::Front); the first request it leaves
+//! alone hands the connection to hyper, which sends the few control paths
+//! to the axum router of [`server::router`] and every other path to
 //! [`proxy::serve`]), and the metrics of the loop's [`Events`]. The cap,
-//! back-off, deadlines, TLS handshake and drain are the loop's.
+//! back-off, deadlines, TLS handshake, drain and the stages themselves are
+//! `pinned-edge`'s.
 //!
 //! The data plane skips the router on purpose: matching, boxing and
 //! response mapping cost more per proxied request than the proxy's own
@@ -24,7 +26,6 @@ pub use pinned_edge::{backoff, cap, phase};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,16 +39,15 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
-use hyper_util::rt::TokioIo;
 use pinned_edge::accept::{Connection, Events, Lane, Lanes, Settings};
 use pinned_edge::defaults::MIN_READ_BUFFER;
-use pinned_edge::drive::{drive, drive_to_end, Driven};
+use pinned_edge::front::{self, BrokenBody, ClientGone, Stages};
 use pinned_edge::tls::tokio_rustls::TlsAcceptor;
 
-use self::phase::{ConnTimeouts, Lapse, Phase, Tracked, Watched};
+use self::phase::{ConnTimeouts, Lapse, Phase, Tracked};
 use crate::app::App;
 use crate::config::Config;
-use crate::front::{self, Ended, Served};
+use crate::front::Front;
 use crate::placement::PlacementStore;
 use crate::proxy::{self, ClientAddr, Inbound, UpgradeHold};
 use crate::server;
@@ -229,8 +229,14 @@ impl<S: PlacementStore> IoThread<S> {
             .max_buf_size(settings.max_header_bytes.max(MIN_READ_BUFFER));
         let limits = front::Limits {
             max_head: settings.max_header_bytes,
+            // The bodies the proxy buffers anyway.
             max_body: app.proxy.retry_body_limit,
             body_timeout: app.proxy.body_timeout,
+            // 400 or 408 from the proxy, no worker reached.
+            broken_body: BrokenBody::Answer,
+            // The proxied request finishes within its own deadlines, as
+            // it always did on the front.
+            client_gone: ClientGone::Finish,
         };
         Self {
             control: server::router(app.clone()),
@@ -289,8 +295,8 @@ impl<S: PlacementStore> Connection for Client<S> {
             timeouts,
             limits,
         } = self;
-        let (handler, requests, hold, front_client) =
-            (app.clone(), phase.clone(), slot.clone(), client.clone());
+        let (handler, requests, hold) = (app.clone(), phase.clone(), slot.clone());
+        let proxied = Front::new(app, client.clone());
         let service = service_fn(move |mut request: hyper::Request<Incoming>| {
             let busy = requests.begin_request();
             if request.headers().contains_key(http::header::UPGRADE) {
@@ -309,75 +315,14 @@ impl<S: PlacementStore> Connection for Client<S> {
             }
         });
         let stages = Stages {
-            app: &app,
-            client: front_client,
+            http: &http,
             phase,
             timeouts,
             limits,
-            http: &http,
         };
-        let lapse = stages.serve(io, service, stopping).await;
+        let lapse = front::serve_connection(stages, io, proxied, service, stopping).await;
         drop(slot);
         lapse
-    }
-}
-
-/// What one connection's two stages share: the front first, then hyper if
-/// the front hands the connection over (see [`front`]).
-struct Stages<'a, S> {
-    app: &'a Arc<App<S>>,
-    client: Arc<ClientAddr>,
-    phase: Phase,
-    timeouts: ConnTimeouts,
-    limits: front::Limits,
-    http: &'a http1::Builder,
-}
-
-impl<S: PlacementStore> Stages<'_, S> {
-    /// Serves `io` to its end under the phase deadlines: `Some` when a
-    /// deadline closed it.
-    async fn serve<IO, Svc>(
-        self,
-        io: IO,
-        service: Svc,
-        mut stopping: watch::Receiver<()>,
-    ) -> Option<Lapse>
-    where
-        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-        Svc: pinned_edge::drive::EdgeService,
-    {
-        let stop = Arc::new(AtomicBool::new(false));
-        let io = Watched::new(io, self.phase.clone());
-        let run = front::serve(
-            io,
-            self.app.clone(),
-            self.client,
-            self.phase.clone(),
-            stop.clone(),
-            self.limits,
-        );
-        let rest = match drive_to_end(
-            Served::new(run, stop.clone()),
-            &self.phase,
-            self.timeouts,
-            &mut stopping,
-        )
-        .await
-        {
-            Driven::Lapsed(lapse) => return Some(lapse),
-            Driven::Ended(Ended::Closed) => return None,
-            Driven::Ended(Ended::HandOff(rest)) => rest,
-        };
-        let connection = self
-            .http
-            .serve_connection(TokioIo::new(rest), service)
-            .with_upgrades();
-        let mut connection = std::pin::pin!(connection);
-        // A stop the front saw is not seen again by `stopping`.
-        if stop.load(Ordering::Acquire) {
-            connection.as_mut().graceful_shutdown();
-        }
-        drive(connection, &self.phase, self.timeouts, stopping).await
     }
 }
 

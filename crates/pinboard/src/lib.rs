@@ -27,9 +27,9 @@
 //!    [`upkeep`] (store-loss checks, expiry of vacated rows), and the HTTP
 //!    shells `registry::http`, `operator::http` and `dashboard::http` (the
 //!    operator's page at `/dashboard`).
-//! 9. Serving: [`server`] (the control router), [`front`] and [`accept`]
-//!    (the accept loop: control paths to the router, everything else to
-//!    [`proxy::serve`]).
+//! 9. Serving: [`server`] (the control router), [`front`] (the proxy as
+//!    the shared front's service) and [`accept`] (the accept loop: control
+//!    paths to the router, everything else to [`proxy::serve`]).
 //! 10. Entry points: [`run`], [`cli`], [`operator_cli`] (the `pinboard
 //!     workers|placements|drain|…` commands), [`sim`] (`pinboard
 //!     sim-coprocess`: the reference's simulation driving these parts over

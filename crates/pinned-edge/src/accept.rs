@@ -25,10 +25,12 @@
 //! the header deadline counted from accept (a slow handshake is a slow
 //! head: same deadline, same [`Lapse::Header`]).
 
-use std::future::Future;
+use std::future::{poll_fn, Future};
 use std::io;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -38,6 +40,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::{Acceptor, Admission};
+use crate::drive::Watchers;
 use crate::phase::{ConnTimeouts, Lapse, Phase};
 use crate::roster::{Roster, Seat};
 use crate::tls::{self, HandshakeError};
@@ -364,17 +367,23 @@ async fn lane_loop<L: Lane, E: Events>(
                 tokio::spawn(task);
             }
             Some(abort) => {
-                let abort = abort.clone();
+                let aborted = abort.clone().cancelled_owned();
                 tokio::spawn(async move {
-                    tokio::select! {
-                        // Fixed order: the connection is what wakes this
-                        // task, once or more per request; a random start
-                        // would cost a random number per wake-up, and the
-                        // abort is seen either way.
-                        biased;
-                        () = task => {}
-                        () = abort.cancelled() => {}
-                    }
+                    // The connection is what wakes this task, once or more
+                    // per request: the abort is polled only when it woke
+                    // the task (see `Watchers`).
+                    let (mut task, mut aborted) = (pin!(task), pin!(aborted));
+                    let (watchers, waker) = Watchers::new();
+                    poll_fn(|cx| {
+                        if task.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(());
+                        }
+                        if watchers.fired(cx) {
+                            return aborted.as_mut().poll(&mut Context::from_waker(&waker));
+                        }
+                        Poll::Pending
+                    })
+                    .await;
                 });
             }
         }

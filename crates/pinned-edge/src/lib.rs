@@ -8,6 +8,9 @@
 //!   reading one, busy, idle) and the deadline of each phase.
 //! - [`drive`]: runs one connection to its end under those deadlines, and
 //!   finishes it gracefully on a stop signal.
+//! - [`front`]: the HTTP/1.1 server both binaries put before hyper: a
+//!   connection's simple requests served on its own task with the codec,
+//!   the rest of the connection handed to hyper.
 //! - [`h1`]: the HTTP/1.1 codec both binaries' hand-written paths share,
 //!   server and client role (heads, body framing, writing).
 //! - [`cap`]: the connection cap, lowered to what the open-file limit
@@ -34,6 +37,7 @@ pub mod backoff;
 pub mod cap;
 pub mod defaults;
 pub mod drive;
+pub mod front;
 pub mod h1;
 pub mod logging;
 pub mod phase;

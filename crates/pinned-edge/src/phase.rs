@@ -182,7 +182,12 @@ impl Phase {
     }
 
     fn now_ns(&self) -> u64 {
-        u64::try_from(self.shared.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        // In 64 bits (`as_nanos` is 128-bit arithmetic, twice a request).
+        let elapsed = self.shared.epoch.elapsed();
+        elapsed
+            .as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(elapsed.subsec_nanos()))
     }
 
     fn at(&self, ns: u64) -> Instant {

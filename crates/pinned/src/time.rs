@@ -182,6 +182,12 @@ impl Domain {
         tokio::time::sleep_until(deadline)
     }
 
+    /// Whether the domain names a runtime of its own for its tasks
+    /// ([`with_runtime`](Self::with_runtime)).
+    pub(crate) fn has_runtime(&self) -> bool {
+        self.runtime.is_some()
+    }
+
     /// Starts `work` as a task of the domain's runtime.
     ///
     /// # Panics

@@ -9,7 +9,12 @@
 //! `Options::tls` the worker answers HTTPS (a self-signed certificate made
 //! in the test), closing a connection that never handshakes at the header
 //! deadline. Handlers see the peer's address (`ConnectInfo`) and the
-//! rewritten request line on every request of a keep-alive connection.
+//! rewritten request line on every request of a keep-alive connection, and
+//! the same request whichever stage of the connection read it: the front
+//! (a body sent in pieces, read whole) or hyper after it (a body slower
+//! than the front waits for, a chunked one, and every request after). A
+//! client that closes its connection while its handler waits cancels the
+//! handler, as hyper's server did.
 
 mod support;
 
@@ -19,7 +24,8 @@ use std::time::Duration;
 
 use pinned::{ConfigError, Options};
 use support::Counter;
-use test_support::sockets::{admitted, answer, mid_head};
+use test_support::sockets::{admitted, answer, connect, mid_head};
+use test_support::PATIENCE;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -420,6 +426,132 @@ async fn handlers_see_the_peer_address_on_every_request_of_a_connection() {
         );
     }
     drop(s);
+    let _ = stop.send(());
+    server.await.expect("join").expect("served");
+}
+
+/// An object whose one route answers the request body it was sent.
+struct Echo;
+
+impl pinned::Object for Echo {
+    async fn activate(_ctx: &pinned::Context) -> Result<Self, pinned::BoxError> {
+        Ok(Echo)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        axum::Router::new().route(
+            "/echo",
+            axum::routing::post(|body: String| async move { body }),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_handed_from_the_front_to_hyper_serves_every_body_whole() {
+    let header = Duration::from_millis(300);
+    let (addr, stop, server) = serving(
+        Options::new()
+            .host::<Echo>("/echo")
+            .header_read_timeout(header),
+    )
+    .await;
+    let mut s = connect(addr).await;
+    let head = |len: usize| {
+        format!("POST /echo/a/echo HTTP/1.1\r\nHost: w\r\ncontent-length: {len}\r\n\r\n")
+    };
+    // The front reads a body sent in pieces whole before routing it.
+    s.write_all(format!("{}hello", head(10)).as_bytes())
+        .await
+        .expect("write");
+    s.write_all(b"world").await.expect("write");
+    assert_eq!(
+        answer(&mut s, PATIENCE).await,
+        Some((200, b"helloworld".to_vec()))
+    );
+    // A body paused for longer than the front waits (the header deadline):
+    // hyper gets the request as it came and streams the rest to the
+    // handler, which answers it whole; the connection is not closed.
+    s.write_all(format!("{}slo", head(6)).as_bytes())
+        .await
+        .expect("write");
+    tokio::time::sleep(header * 2).await;
+    s.write_all(b"w!!").await.expect("write");
+    assert_eq!(
+        answer(&mut s, PATIENCE).await,
+        Some((200, b"slow!!".to_vec()))
+    );
+    // hyper serves the rest of the connection: a chunked body, then a
+    // plain one.
+    s.write_all(
+        b"POST /echo/a/echo HTTP/1.1\r\nHost: w\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    assert_eq!(answer(&mut s, PATIENCE).await, Some((200, b"abc".to_vec())));
+    s.write_all(format!("{}again", head(5)).as_bytes())
+        .await
+        .expect("write");
+    assert_eq!(
+        answer(&mut s, PATIENCE).await,
+        Some((200, b"again".to_vec()))
+    );
+    drop(s);
+    let _ = stop.send(());
+    server.await.expect("join").expect("served");
+}
+
+/// Set by [`Waits`]'s handler once it runs, and when its future is dropped.
+static WAITING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static DROPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Raises [`DROPPED`] when dropped.
+struct OnDrop;
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        DROPPED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// An object whose one route waits forever (a long poll nobody answers).
+struct Waits;
+
+impl pinned::Object for Waits {
+    async fn activate(_ctx: &pinned::Context) -> Result<Self, pinned::BoxError> {
+        Ok(Waits)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        axum::Router::new().route(
+            "/wait",
+            axum::routing::get(|| async {
+                let _dropped = OnDrop;
+                WAITING.store(true, std::sync::atomic::Ordering::SeqCst);
+                std::future::pending::<()>().await;
+                "never"
+            }),
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_cancels_the_handler_it_waits_for() {
+    use std::sync::atomic::Ordering;
+    let (addr, stop, server) = serving(Options::new().host::<Waits>("/waits")).await;
+    let mut s = connect(addr).await;
+    s.write_all(b"GET /waits/a/wait HTTP/1.1\r\nHost: w\r\n\r\n")
+        .await
+        .expect("write");
+    support::until("the handler waits", PATIENCE, || {
+        WAITING.load(Ordering::SeqCst)
+    })
+    .await;
+    assert!(!DROPPED.load(Ordering::SeqCst));
+    drop(s);
+    support::until("the handler is dropped", PATIENCE, || {
+        DROPPED.load(Ordering::SeqCst)
+    })
+    .await;
     let _ = stop.send(());
     server.await.expect("join").expect("served");
 }

@@ -1,6 +1,7 @@
 //! Everything an instance does runs in its tracing span: a handler's log
 //! line carries the instance (namespace, id, epoch) and the request
-//! (method, path); background work carries the instance.
+//! (method, path); background work carries the instance. The instance span
+//! is kept with the instance and made again when its epoch changes.
 
 mod support;
 
@@ -120,5 +121,48 @@ async fn at_info_handler_lines_carry_the_instance_without_a_request_span() {
         handler.contains("instance{namespace=/chatty id=b epoch=3}")
             && !handler.contains("request{"),
         "{handler}"
+    );
+}
+
+/// The instance span is made once and kept with the instance, and made
+/// again when the instance adopts a newer placement epoch: each handler
+/// line names the epoch its request was served under.
+#[tokio::test]
+async fn a_kept_instance_span_names_the_newest_epoch() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let w = start(Options::new().host::<Chatty>("/chatty")).await;
+    for epoch in ["3", "3", "5"] {
+        let answer = w
+            .client
+            .get(w.url("/chatty/c/hello"))
+            .header("pinboard-epoch", epoch)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(answer.status(), 200);
+    }
+    let handler = eventually("three handler lines", PATIENCE, || {
+        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let found: Vec<String> = text
+            .lines()
+            .filter(|l| l.contains("from the handler"))
+            .map(str::to_owned)
+            .collect();
+        std::future::ready((found.len() == 3).then_some(found))
+    })
+    .await;
+    let named = |line: &str, epoch: &str| {
+        line.contains(&format!("instance{{namespace=/chatty id=c epoch={epoch}}}"))
+    };
+    assert!(
+        named(&handler[0], "3") && named(&handler[1], "3") && named(&handler[2], "5"),
+        "{handler:#?}"
     );
 }

@@ -17,14 +17,19 @@ use support::Counter;
 use test_support::metrics;
 use tower::ServiceExt;
 
-/// Builds and starts a worker hosting `Counter` at `/c` with `options`.
-fn worker(options: HostOptions) -> Worker {
+/// Builds and starts a worker hosting `Counter` at `/c` with `options`,
+/// its sweep's task running before the clock moves: an activation that
+/// needs no wait ends on the requester's task, so requests alone never
+/// yield to it, and a sweeper first polled after an advance would tick an
+/// interval later than the test counts.
+async fn worker(options: HostOptions) -> Worker {
     let worker = Options::new()
         .host_with::<Counter>("/c", options)
         .env_vars(Vec::<(String, String)>::new())
         .build()
         .expect("worker");
     worker.start();
+    tokio::task::yield_now().await;
     worker
 }
 
@@ -61,6 +66,23 @@ async fn advance(by: Duration, step: Duration) {
     }
 }
 
+/// The sweep passes `worker` has made.
+fn passes(worker: &Worker) -> f64 {
+    metrics::parse(&worker.metrics()).value("pinned_idle_sweep_passes")
+}
+
+/// Moves the paused clock on by `count` sweep intervals of `step`, waiting
+/// after each for its pass: the sweeper's ticks are delayed, not skipped,
+/// when its task is polled late, so a step that did not wait could leave a
+/// pass for the next one.
+async fn sweep_passes(worker: &Worker, count: usize, step: Duration) {
+    for _ in 0..count {
+        let before = passes(worker);
+        tokio::time::advance(step).await;
+        settle("a sweep pass", || passes(worker) > before).await;
+    }
+}
+
 /// Lets spawned work (teardowns) run until `done` holds; fails after 10 000
 /// yields, with no time passing.
 async fn settle(what: &str, mut done: impl FnMut() -> bool) {
@@ -81,25 +103,21 @@ async fn a_pass_looks_only_at_what_is_due() {
         HostOptions::default()
             .idle_timeout(Duration::from_secs(10))
             .sweep_interval(SECOND),
-    );
+    )
+    .await;
     let ids: Vec<String> = (0..100).map(|i| format!("due-{i}")).collect();
     for id in &ids {
         touch(&w, id).await;
     }
     let start = metrics::parse(&w.metrics());
     // Passes at 1 s … 9 s: nothing is due, so nothing is looked at.
-    advance(Duration::from_millis(9_500), SECOND).await;
-    // The nine passes are due; on a busy machine the sweep task may still
-    // be getting to them.
-    settle("nine passes", || {
-        metrics::moved(
-            &start,
-            &metrics::parse(&w.metrics()),
-            "pinned_idle_sweep_passes",
-        ) >= 9.0
-    })
-    .await;
+    sweep_passes(&w, 9, SECOND).await;
+    tokio::time::advance(Duration::from_millis(500)).await;
     let quiet = metrics::parse(&w.metrics());
+    assert_eq!(
+        metrics::moved(&start, &quiet, "pinned_idle_sweep_passes"),
+        9.0
+    );
     assert_eq!(
         quiet.value("pinned_idle_sweep_visits"),
         start.value("pinned_idle_sweep_visits"),
@@ -109,8 +127,9 @@ async fn a_pass_looks_only_at_what_is_due() {
     touch(&w, "due-0").await;
     // The pass at 10 s: the 100 are due by the deadlines they were queued
     // at; the 99 untouched ones are evicted, the touched one is queued
-    // again at its new deadline (19.5 s).
-    advance(Duration::from_secs(1), SECOND).await;
+    // again at its new deadline (19.5 s). The pass comes at 10.5 s, when
+    // the clock gets there, and the next ones at 11.5 s, 12.5 s, …
+    sweep_passes(&w, 1, SECOND).await;
     let due = metrics::parse(&w.metrics());
     assert_eq!(
         metrics::moved(&quiet, &due, "pinned_idle_sweep_visits"),
@@ -120,7 +139,7 @@ async fn a_pass_looks_only_at_what_is_due() {
     settle("the untouched 99 evicted", || resident(&w).len() == 1).await;
     assert_eq!(resident(&w), BTreeSet::from(["due-0".to_owned()]));
     // Nothing is due again until 19.5 s.
-    advance(Duration::from_secs(8), SECOND).await;
+    sweep_passes(&w, 8, SECOND).await;
     let waiting = metrics::parse(&w.metrics());
     assert_eq!(
         waiting.value("pinned_idle_sweep_visits"),
@@ -131,7 +150,7 @@ async fn a_pass_looks_only_at_what_is_due() {
         1,
         "touched at 9.5 s, idle 10 s at 19.5 s"
     );
-    advance(Duration::from_secs(2), SECOND).await;
+    sweep_passes(&w, 2, SECOND).await;
     let last = metrics::parse(&w.metrics());
     assert_eq!(
         metrics::moved(&waiting, &last, "pinned_idle_sweep_visits"),
@@ -151,7 +170,8 @@ async fn capacity_eviction_takes_the_least_recently_used() {
             .max_instances(3)
             .idle_timeout(Duration::from_secs(60))
             .sweep_interval(SECOND),
-    );
+    )
+    .await;
     // Activated a second apart: a, b, c; then a is used again.
     for id in ["a", "b", "c", "a"] {
         touch(&w, id).await;

@@ -30,27 +30,9 @@ use tokio::time::{Instant, Sleep};
 
 use crate::upstream::UpstreamBody;
 
-/// What went wrong with a client's request body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum BodyFault {
-    /// The client's body broke off or was malformed (bad chunked
-    /// encoding, a connection closed early). 400.
-    #[error("request body could not be read")]
-    Unreadable,
-    /// The client stopped sending its body. 408.
-    #[error("request body not received in time")]
-    TimedOut,
-}
-
-impl BodyFault {
-    /// The status this fault is answered with.
-    pub fn status(self) -> http::StatusCode {
-        match self {
-            Self::Unreadable => http::StatusCode::BAD_REQUEST,
-            Self::TimedOut => http::StatusCode::REQUEST_TIMEOUT,
-        }
-    }
-}
+/// What went wrong with a client's request body: the front's (it reads
+/// buffered bodies itself), shared with the streamed ones here.
+pub use pinned_edge::front::BodyFault;
 
 /// How far a streamed body got, as seen from the send phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -169,6 +169,10 @@ pub(crate) struct Extra {
     /// The open trays (objects that declare trays, on a worker with a
     /// store); taken at the end of teardown.
     trays: Mutex<Option<Attachment>>,
+    /// The instance's tracing span as its holder last made it, with the
+    /// epoch it names (only while something listens: see
+    /// [`Slot::kept_span`]).
+    span: Mutex<Option<(Option<u64>, Arc<tracing::Span>)>>,
 }
 
 /// One instance's life. The namespace layer's record holds it inline.
@@ -454,6 +458,23 @@ impl Slot {
     /// epoch (not the first one).
     pub(crate) fn adopt_epoch(&self, epoch: u64) -> bool {
         raise(&self.epoch, epoch)
+    }
+
+    /// The span kept with [`keep_span`](Self::keep_span), if it names
+    /// `epoch` (shared: a request enters it without a clone of its own,
+    /// which would cost the subscriber a reference count in its registry).
+    pub(crate) fn kept_span(&self, epoch: Option<u64>) -> Option<Arc<tracing::Span>> {
+        match &*self.extra_if_any()?.span.lock() {
+            Some((kept, span)) if *kept == epoch => Some(span.clone()),
+            _ => None,
+        }
+    }
+
+    /// Keeps the holder's `span` of the instance, naming `epoch`, for
+    /// [`kept_span`](Self::kept_span): a span is made once per instance
+    /// (and again when its epoch changes), not once per request.
+    pub(crate) fn keep_span(&self, epoch: Option<u64>, span: Arc<tracing::Span>) {
+        *self.extra().span.lock() = Some((epoch, span));
     }
 
     /// The owner tag last stamped with `Context::tag`.

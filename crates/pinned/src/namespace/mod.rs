@@ -279,7 +279,13 @@ impl Namespace {
     /// the host's clock base (no clock read: the request path stamps with
     /// instants it has already read).
     pub(crate) fn ms_at(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
+        // In 64 bits: `as_millis` divides 128-bit nanoseconds, twice a
+        // request.
+        let since = at.saturating_duration_since(self.base);
+        since
+            .as_secs()
+            .saturating_mul(1000)
+            .saturating_add(u64::from(since.subsec_millis()))
     }
 
     /// The host was shut down: every request is refused.

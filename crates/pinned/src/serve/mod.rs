@@ -19,6 +19,7 @@ pub(crate) mod dispatch;
 pub(crate) mod edge;
 pub(crate) mod exchange;
 pub(crate) mod namespaces;
+pub(crate) mod requests;
 pub(crate) mod stack;
 pub(crate) mod worker;
 

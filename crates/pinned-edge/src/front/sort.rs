@@ -2,18 +2,16 @@
 //! what it hands to hyper.
 //!
 //! Owns the choice ([`sort`]) only: the head's parse and the request built
-//! from it are the shared codec's ([`pinned_edge::h1::head`]). Never
-//! answers anything: a head the front does not serve itself goes to hyper
-//! untouched, which answers it (a malformed head, a head over the size
-//! limit, a control path) or serves it (upgrades, streamed and chunked
-//! bodies, `Expect`, HTTP/1.0) exactly as it always did.
+//! from it are the codec's ([`crate::h1::head`]). Never answers anything:
+//! a head the front does not serve goes to hyper untouched, which answers
+//! it (a malformed head, a head over the size limit) or serves it
+//! (upgrades, streamed and chunked bodies, `Expect`, HTTP/1.0) exactly as
+//! it would have from the connection's first byte.
 
 use bytes::Bytes;
 use http::Method;
-use pinned_edge::h1::head::{self, Fields, RequestLine};
 
-use crate::proxy::headers::HostError;
-use crate::server::paths;
+use crate::h1::head::{self, Fields, RequestLine};
 
 /// A request the front serves itself.
 #[derive(Debug)]
@@ -26,18 +24,23 @@ pub struct Own {
     pub close: bool,
     /// The client takes trailers (`TE: trailers`).
     pub trailers: bool,
-    /// Its `Host` lines as RFC 9112 §3.2 wants them (exactly one): checked
-    /// here, in the pass over the fields, so the proxy need not look again.
-    pub host: Result<(), HostError>,
+    /// How many `Host` lines it has.
+    pub hosts: u32,
 }
 
 /// Builds the request of a parsed `head` (the bytes `line` and `fields`
 /// describe) and sorts it: `None` hands the connection to hyper from this
 /// request on. The front serves a request when it is HTTP/1.1 in origin
-/// form for a path other than pinboard's own, with no body or a single
-/// `Content-Length` one of at most `body_limit` bytes (the bodies the
-/// proxy buffers anyway), and asks for no upgrade and no `100 Continue`.
-pub fn sort(head: &Bytes, line: &RequestLine, fields: &Fields, body_limit: usize) -> Option<Own> {
+/// form for a path `takes` accepts, with no body or a single
+/// `Content-Length` one of at most `body_limit` bytes, and asks for no
+/// upgrade and no `100 Continue`.
+pub fn sort(
+    head: &Bytes,
+    line: &RequestLine,
+    fields: &Fields,
+    body_limit: usize,
+    takes: impl FnOnce(&str) -> bool,
+) -> Option<Own> {
     if line.minor != 1 {
         return None;
     }
@@ -49,7 +52,7 @@ pub fn sort(head: &Bytes, line: &RequestLine, fields: &Fields, body_limit: usize
     let Ok(path) = std::str::from_utf8(&target[..path_end]) else {
         return None;
     };
-    if !path.starts_with('/') || paths::is_control(path) {
+    if !path.starts_with('/') || !takes(path) {
         return None;
     }
     if line.method(head) == b"CONNECT" {
@@ -69,11 +72,7 @@ pub fn sort(head: &Bytes, line: &RequestLine, fields: &Fields, body_limit: usize
         body_len,
         close: notes.close,
         trailers: notes.trailers,
-        host: match notes.hosts {
-            1 => Ok(()),
-            0 => Err(HostError::Missing),
-            _ => Err(HostError::Repeated),
-        },
+        hosts: notes.hosts,
     })
 }
 
@@ -87,7 +86,7 @@ mod tests {
             panic!("not a complete head: {text:?}");
         };
         let head = Bytes::copy_from_slice(&text.as_bytes()[..line.len]);
-        sort(&head, &line, &fields, 1024)
+        sort(&head, &line, &fields, 1024, |path| path != "/healthz")
     }
 
     #[test]
@@ -102,6 +101,7 @@ mod tests {
         assert_eq!(own.body_len, 5);
         assert!(own.close);
         assert!(own.trailers);
+        assert_eq!(own.hosts, 1);
         let values: Vec<_> = own.head.headers.get_all("x-a").iter().collect();
         assert_eq!(values, ["1", "2"]);
         assert_eq!(own.head.headers["host"], "pb");
@@ -112,7 +112,6 @@ mod tests {
         for text in [
             "GET /c/a HTTP/1.0\r\n\r\n",
             "GET /healthz HTTP/1.1\r\n\r\n",
-            "GET /registry/workers?x=1 HTTP/1.1\r\n\r\n",
             "GET http://pb/c/a HTTP/1.1\r\n\r\n",
             "OPTIONS * HTTP/1.1\r\n\r\n",
             "CONNECT pb:80 HTTP/1.1\r\n\r\n",
