@@ -1,16 +1,25 @@
 //! Hostname bindings with real Python workers: a newer deployment epoch of
 //! the same hostname supersedes the older session (which stops for good),
-//! and `takeover: "deny"` keeps the incumbent (and reaches no other env).
+//! and `takeover: "deny"` keeps the incumbent (and reaches no other env);
+//! two deployments of one hostname registering at once through two nodes
+//! of one Redis leave one deployment live, never both.
 
 mod support;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use test_support::metrics;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::Barrier;
 
+use support::registration::Identity;
 use support::{
-    client, eventually, get_json, metric, pinboard, python_worker, wait_workers, workers,
+    bearer, client, eventually, get_json, metric, pinboard, python_worker, wait_workers, workers,
+    RedisServer,
 };
 
 /// GET `url` in the `app` hostname world until it answers 200; its body.
@@ -116,4 +125,142 @@ async fn deny_keeps_the_incumbent() {
             "{url} missing from {rows:?}"
         );
     }
+}
+
+/// A worker that answers pinboard's registration challenge as `identity`,
+/// each answer held until `together` has as many challenges waiting as it
+/// counts (at most 5 s): the registrations it serves leave their challenge
+/// at the same moment, so their reads of the live sessions and their
+/// writes interleave.
+async fn challenger(identity: Identity, together: Arc<Barrier>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (identity, together) = (identity.clone(), together.clone());
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 2048];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let challenge = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|target| target.split_once("challenge="))
+                    .map(|(_, c)| {
+                        percent_encoding::percent_decode_str(c)
+                            .decode_utf8_lossy()
+                            .into_owned()
+                    });
+                let secret = head.lines().find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("pinboard-proxy-secret")
+                        .then(|| value.trim().to_owned())
+                });
+                let _ = tokio::time::timeout(Duration::from_secs(5), together.wait()).await;
+                let (status, body) =
+                    identity.answer_challenge(secret.as_deref(), challenge.as_deref());
+                let body = body.to_string();
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// `POST /registry/register` for `identity` at `addr` in `hostname`'s
+/// world at deployment `epoch` (takeover: supersede); the status.
+async fn register(
+    pb: &str,
+    identity: &Identity,
+    addr: SocketAddr,
+    hostname: &str,
+    epoch: u64,
+) -> u16 {
+    client()
+        .post(format!("{pb}/registry/register"))
+        .header("authorization", bearer())
+        .json(&json!({
+            "clientId": identity.client_id, "secret": identity.secret,
+            "namespaces": ["/counter"], "advertiseUrl": format!("http://{addr}"),
+            "headroom": 100, "draining": false,
+            "challenge": identity.challenge.0, "challengeValue": identity.challenge.1,
+            "hostname": hostname, "epoch": epoch,
+        }))
+        .send()
+        .await
+        .expect("register")
+        .status()
+        .as_u16()
+}
+
+/// Issue 22, bug 9: the takeover check read the live sessions and then
+/// wrote, so deployments 1 and 2 of one hostname registering at once
+/// through two nodes could both pass it and both stay live. Now each
+/// registration is applied only while the deployment version it decided
+/// at holds: per hostname, deployment 2 is admitted and deployment 1 is
+/// either refused (409, it decided after 2 was in) or superseded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_deployments_racing_through_two_nodes_leave_one_live() {
+    let redis = RedisServer::start();
+    // A long lease: these workers never beat.
+    let args = ["--lease-ttl-ms", "60000"];
+    let one = pinboard().redis(&redis.url).args(&args).start();
+    let two = pinboard().redis(&redis.url).args(&args).start();
+    let c = client();
+    let mut refused = 0;
+    for round in 0..24u32 {
+        let hostname = format!("race{round}.test");
+        let together = Arc::new(Barrier::new(2));
+        let old = Identity::named(&format!("race{round}-old"));
+        let new = Identity::named(&format!("race{round}-new"));
+        let old_addr = challenger(old.clone(), together.clone()).await;
+        let new_addr = challenger(new.clone(), together).await;
+        // Each node takes the older deployment in turn.
+        let (old_pb, new_pb) = if round % 2 == 0 {
+            (&one.url, &two.url)
+        } else {
+            (&two.url, &one.url)
+        };
+        let (old_status, new_status) = tokio::join!(
+            register(old_pb, &old, old_addr, &hostname, 1),
+            register(new_pb, &new, new_addr, &hostname, 2),
+        );
+        assert_eq!(new_status, 200, "{hostname}: the newer deployment refused");
+        assert!(
+            old_status == 200 || old_status == 409,
+            "{hostname}: the older deployment answered {old_status}"
+        );
+        refused += u32::from(old_status == 409);
+        let old_url = format!("http://{old_addr}");
+        let new_url = format!("http://{new_addr}");
+        for pb in [&one.url, &two.url] {
+            let live: Vec<Value> = workers(&c, pb)
+                .await
+                .into_iter()
+                .filter(|w| {
+                    w["advertiseUrl"] == old_url.as_str() || w["advertiseUrl"] == new_url.as_str()
+                })
+                .collect();
+            assert_eq!(live.len(), 1, "{hostname}: both deployments live: {live:?}");
+            assert_eq!(
+                live[0]["advertiseUrl"],
+                new_url.as_str(),
+                "{hostname}: {live:?}"
+            );
+        }
+    }
+    println!(
+        "24 races: the older deployment refused in {refused}, superseded in {}",
+        24 - refused
+    );
 }

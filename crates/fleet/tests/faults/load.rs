@@ -210,6 +210,9 @@ async fn call_id(
     calls
 }
 
+/// Marks a 503 that came without `Retry-After` in its failure's text.
+pub(crate) const NO_RETRY_AFTER: &str = "(no Retry-After)";
+
 async fn bump(client: &reqwest::Client, base: &str, id: &str) -> Outcome {
     let response = match client
         .post(format!("{base}/counter/{id}/bump"))
@@ -220,7 +223,13 @@ async fn bump(client: &reqwest::Client, base: &str, id: &str) -> Outcome {
         Err(e) => return Outcome::Failed(format!("transport: {e}")),
     };
     let status = response.status();
+    // A refusal a client cannot time its retry by is a failure of its own
+    // kind (the scenarios that promise `Retry-After` look for it).
+    let retry_after = response.headers().contains_key("retry-after");
     let body = response.text().await.unwrap_or_default();
+    if status == reqwest::StatusCode::SERVICE_UNAVAILABLE && !retry_after {
+        return Outcome::Failed(format!("{status} {NO_RETRY_AFTER} {body}"));
+    }
     if !status.is_success() {
         return Outcome::Failed(format!("{status} {body}"));
     }

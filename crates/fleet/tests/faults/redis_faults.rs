@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use super::load::NO_RETRY_AFTER;
 use super::support::RedisServer;
 use super::support::{client, eventually, pinboard, wait_workers, Proc};
 use super::{Scene, LEASE, PINBOARD_ARGS};
@@ -148,6 +149,14 @@ async fn flushall_without_a_quarantine_keeps_every_live_instance() {
         summary.moved_ids, 0,
         "an id moved between live workers: {summary:?}"
     );
+    // Every call the wipe cost was refused as retryable, with the time to
+    // wait: a 503 with `Retry-After`, never a 502, a 504 or a bare 503.
+    for kind in summary.failure_kinds.keys() {
+        assert!(
+            kind.starts_with("503") && !kind.contains(NO_RETRY_AFTER),
+            "flushall-q0: a call failed otherwise than 503 + Retry-After: {summary:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
