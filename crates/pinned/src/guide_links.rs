@@ -59,6 +59,7 @@ macro_rules! rustdoc_links {
             "[readme]: https://github.com/pinned-rs/pinned/blob/main/README.md\n",
             "[changelog]: https://github.com/pinned-rs/pinned/blob/main/CHANGELOG.md\n",
             "[examples]: https://github.com/pinned-rs/pinned/tree/main/examples\n",
+            "[agent-example]: https://github.com/pinned-rs/pinned/blob/main/examples/agent.rs\n",
             "[pinboard-readme]: https://github.com/pinned-rs/pinned/blob/main/crates/pinboard/README.md\n",
             "[pinboard-run]: https://github.com/pinned-rs/pinned/blob/main/crates/pinboard/README.md#run-it\n",
             "[pinboard-tls]: https://github.com/pinned-rs/pinned/blob/main/crates/pinboard/README.md#tls\n",
