@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use axum::{routing::get, Router};
-//! use pinned::ws::{Accept, Socket, SocketError, SocketMessage, WebSocketUpgrade};
+//! use pinned::ws::{Accept, Message, Socket, SocketError, SocketMessage, WebSocketUpgrade};
 //! use pinned::{BoxError, Call, Context, Object, Routes};
 //!
 //! struct Room;
@@ -38,8 +38,8 @@
 //!     async fn on_socket_message(&self, ctx: &Context, socket: &Socket, message: SocketMessage) -> Result<(), BoxError> {
 //!         let member: Option<Member> = socket.attachment()?;
 //!         let name = member.map_or_else(|| "someone".to_owned(), |m| m.name);
-//!         if let Some(text) = message.message.as_text() {
-//!             ctx.broadcast(None, format!("{name}: {text}"));
+//!         if let Message::Text(text) = &message.message {
+//!             ctx.broadcast(None, format!("{name}: {}", text.as_str()));
 //!         }
 //!         Ok(())
 //!     }
