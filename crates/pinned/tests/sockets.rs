@@ -413,3 +413,119 @@ async fn a_wake_past_its_deadline_closes_the_socket_1013() {
     assert_eq!(u16::from(frame.code), 1013);
     assert_eq!(frame.reason.as_str(), "instance did not wake in time");
 }
+
+/// What the scripted pinboard heard.
+#[derive(Default)]
+struct Script {
+    registers: parking_lot::Mutex<Vec<Value>>,
+    releases: parking_lot::Mutex<Vec<Value>>,
+    /// Answer the next heartbeat `409 {"reregister": true}`.
+    forget: std::sync::atomic::AtomicBool,
+}
+
+async fn scripted_pinboard() -> (String, Arc<Script>) {
+    use axum::extract::State;
+    let script = Arc::new(Script::default());
+    let app = Router::new()
+        .route(
+            "/registry/register",
+            post(|State(script): State<Arc<Script>>, Json(body): Json<Value>| async move {
+                let mut registers = script.registers.lock();
+                registers.push(body);
+                script.forget.store(false, Ordering::SeqCst);
+                Json(json!({ "sessionId": format!("s{}", registers.len()), "expiresInMs": 60_000 }))
+            }),
+        )
+        .route(
+            "/registry/heartbeat",
+            post(|State(script): State<Arc<Script>>| async move {
+                if script.forget.load(Ordering::SeqCst) {
+                    (http::StatusCode::CONFLICT, Json(json!({ "reregister": true })))
+                } else {
+                    (http::StatusCode::OK, Json(json!({ "expiresInMs": 60_000 })))
+                }
+            }),
+        )
+        .route(
+            "/registry/release",
+            post(|State(script): State<Arc<Script>>, Json(body): Json<Value>| async move {
+                script.releases.lock().push(body);
+                Json(json!({}))
+            }),
+        )
+        .with_state(script.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, script)
+}
+
+#[tokio::test]
+async fn a_hibernated_id_keeps_its_placement_until_its_last_socket_closes() {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let (pinboard, script) = scripted_pinboard().await;
+    let seen = Arc::new(Seen::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let worker = Options::new()
+        .state(Hooks(seen.clone()))
+        .host_with::<Room>("/room", quick(SocketOptions::default()))
+        .pinboard(&pinboard, "t", &url)
+        .heartbeat_interval(Duration::from_millis(50))
+        .env_vars(Vec::<(String, String)>::new())
+        .build()
+        .expect("options");
+    let router = worker.router();
+    worker.start();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    eventually("the registration", Duration::from_secs(10), || async {
+        worker.registration()?.session_id.filter(|s| s == "s1")
+    })
+    .await;
+
+    // The handshake arrives as pinboard forwards it: attested, at epoch 7.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let mut request = format!("{}/room/p1/ws", url.replace("http://", "ws://"))
+        .into_client_request()
+        .expect("request");
+    let token = pinned_wire::attestation::mint(worker.secret(), "s1", now, None, None);
+    request
+        .headers_mut()
+        .insert("pinboard-attestation", token.parse().expect("header"));
+    request
+        .headers_mut()
+        .insert("pinboard-epoch", "7".parse().expect("header"));
+    let (mut client, _) = tokio_tungstenite::connect_async(request).await.expect("connect");
+
+    // Hibernated: no release, and the id is still listed as placed here.
+    let test = TestWorker {
+        url: url.clone(),
+        worker: worker.clone(),
+        client: reqwest::Client::new(),
+    };
+    wait_hibernated(&test, &seen, 1).await;
+    assert!(script.releases.lock().is_empty(), "{:?}", script.releases.lock());
+    script.forget.store(true, Ordering::SeqCst);
+    let again = eventually("the re-registration", Duration::from_secs(10), || async {
+        script.registers.lock().get(1).cloned()
+    })
+    .await;
+    assert_eq!(again["instances"]["/room"], json!(["p1"]), "{again}");
+
+    // A message wakes it at its epoch.
+    say(&mut client, "hi").await;
+    assert_eq!(next_text(&mut client).await, "1 hi");
+
+    // Its last socket closes: the instance, idle and without sockets, is
+    // evicted and its placement released at epoch 7.
+    client.close(None).await.expect("close");
+    let released = eventually("the release", Duration::from_secs(10), || async {
+        script.releases.lock().first().cloned()
+    })
+    .await;
+    assert_eq!(released[0]["id"], "p1", "{released}");
+    assert_eq!(released[0]["epoch"], "7", "{released}");
+}

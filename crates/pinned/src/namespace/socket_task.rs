@@ -66,7 +66,6 @@ pub(crate) async fn run(membership: Membership, mut socket: WebSocket) {
     let host = membership.host.clone();
     let shared = membership.shared.clone();
     let id = membership.id.clone();
-    host.metrics.sockets_open.inc();
     let buffer = host.options.sockets.buffer;
     let auto = host.options.sockets.auto_response.clone();
     let mut inbox: VecDeque<Message> = VecDeque::new();

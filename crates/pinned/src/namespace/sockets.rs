@@ -435,6 +435,15 @@ impl SocketSet {
     pub(crate) fn epoch(&self) -> Option<u64> {
         *self.epoch.lock()
     }
+
+    /// Notes the epoch the id's instance served at last (a hibernating
+    /// instance may have adopted a newer one than its sockets saw).
+    pub(crate) fn note_epoch(&self, epoch: Option<u64>) {
+        let mut mine = self.epoch.lock();
+        if epoch > *mine {
+            *mine = epoch;
+        }
+    }
 }
 
 /// What a socket is accepted with.
@@ -608,7 +617,11 @@ impl Namespace {
         let Some(epoch) = self.sockets.remove(id, number) else {
             return;
         };
-        if self.slot(id).is_none() && self.options.release_placement_on_idle {
+        // A closing worker deregisters: no release per id.
+        if self.slot(id).is_none()
+            && self.options.release_placement_on_idle
+            && !self.sockets.is_shut()
+        {
             let host = self.clone();
             let id = id.to_owned();
             super::spawn_detached(&self.domain.clone(), async move {

@@ -186,7 +186,8 @@ async fn teardown(slot: Arc<Record>, close: Close) {
         // Its sockets cannot outlive a placement that goes.
         host.sockets.close_id(&slot.id, 1012, "service restart");
         release(&host, &slot).await;
-    } else if close == Close::Idle && host.sockets.has(&slot.id) {
+    } else if let Some(set) = host.sockets.set(&slot.id).filter(|_| close == Close::Idle) {
+        set.note_epoch(slot.epoch());
         host.metrics.hibernations.inc();
         tracing::info!(namespace = %host.ns, id = %slot.id, "hibernating instance: its sockets stay open");
     }

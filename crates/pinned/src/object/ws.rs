@@ -231,6 +231,7 @@ impl WebSocketUpgrade {
                 epoch: self.slot.epoch(),
             },
         )?;
+        host.metrics.sockets_open.inc();
         // Dropped with the callback when the handshake never completes:
         // the reserved place is given back.
         let membership = Membership {
