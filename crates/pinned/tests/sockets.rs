@@ -13,16 +13,17 @@ use axum::extract::Query;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::{SinkExt, StreamExt};
-use pinned::ws::{Accept, Socket, SocketClose, SocketError, SocketMessage, SocketOptions, WebSocketUpgrade};
+use pinned::ws::{
+    Accept, Socket, SocketClose, SocketError, SocketMessage, SocketOptions, WebSocketUpgrade,
+};
 use pinned::{BoxError, Call, Context, HostOptions, Object, Options};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use support::{eventually, start, TestWorker};
 use tokio_tungstenite::tungstenite;
 
-type Client = tokio_tungstenite::WebSocketStream<
-    tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
->;
+type Client =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// What the room's hooks saw, shared through the worker's state.
 #[derive(Default)]
@@ -109,7 +110,10 @@ impl Object for Room {
         close: SocketClose,
     ) -> Result<(), BoxError> {
         self.hooks.0.closes.fetch_add(1, Ordering::SeqCst);
-        self.hooks.0.last_close_seq.store(close.seq, Ordering::SeqCst);
+        self.hooks
+            .0
+            .last_close_seq
+            .store(close.seq, Ordering::SeqCst);
         Ok(())
     }
 
@@ -158,11 +162,14 @@ fn ws_url(worker: &TestWorker, path: &str) -> String {
 }
 
 async fn connect(url: &str) -> Client {
-    tokio::time::timeout(Duration::from_secs(10), tokio_tungstenite::connect_async(url))
-        .await
-        .expect("connect in time")
-        .expect("connect")
-        .0
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio_tungstenite::connect_async(url),
+    )
+    .await
+    .expect("connect in time")
+    .expect("connect")
+    .0
 }
 
 /// The status and body of a refused upgrade.
@@ -215,10 +222,14 @@ fn metric(worker: &TestWorker, name: &str) -> f64 {
 /// Waits until the room's only instance hibernated: evicted (its
 /// `on_stop` ran `stops` times, no record left) while its sockets stay.
 async fn wait_hibernated(worker: &TestWorker, seen: &Seen, stops: u64) {
-    eventually("the instance hibernated", Duration::from_secs(20), || async {
-        let gone = worker.resident().await.is_empty();
-        (gone && seen.stops.load(Ordering::SeqCst) >= stops).then_some(())
-    })
+    eventually(
+        "the instance hibernated",
+        Duration::from_secs(20),
+        || async {
+            let gone = worker.resident().await.is_empty();
+            (gone && seen.stops.load(Ordering::SeqCst) >= stops).then_some(())
+        },
+    )
     .await;
 }
 
@@ -246,15 +257,26 @@ async fn a_thousand_sockets_outlive_their_instance_wake_it_and_hear_a_broadcast(
     // its broadcast reaches all 1 000.
     say(&mut clients[500], "all:hello").await;
     let heard = futures_util::future::join_all(
-        clients.iter_mut().map(|client| async move { next_text(client).await }),
+        clients
+            .iter_mut()
+            .map(|client| async move { next_text(client).await }),
     )
     .await;
-    assert!(heard.iter().all(|text| text == "hello"), "{:?}", &heard[..3]);
+    assert!(
+        heard.iter().all(|text| text == "hello"),
+        "{:?}",
+        &heard[..3]
+    );
     assert_eq!(seen.activations.load(Ordering::SeqCst), 2);
     assert_eq!(metric(&worker, "pinned_socket_wakes_total"), 1.0);
 
     // The woken instance lists its sockets, and broadcasts from a request.
-    let members: Value = worker.get("/room/r1/members").await.json().await.expect("json");
+    let members: Value = worker
+        .get("/room/r1/members")
+        .await
+        .json()
+        .await
+        .expect("json");
     assert_eq!(members["members"], SOCKETS);
     let sent: Value = worker
         .client
@@ -281,9 +303,11 @@ async fn a_thousand_sockets_outlive_their_instance_wake_it_and_hear_a_broadcast(
     })
     .await;
     assert_eq!(seen.last_close_seq.load(Ordering::SeqCst), 2);
-    eventually("the socket left the set", Duration::from_secs(10), || async {
-        (metric(&worker, "pinned_sockets_open") == (SOCKETS - 1) as f64).then_some(())
-    })
+    eventually(
+        "the socket left the set",
+        Duration::from_secs(10),
+        || async { (metric(&worker, "pinned_sockets_open") == (SOCKETS - 1) as f64).then_some(()) },
+    )
     .await;
 }
 
@@ -375,7 +399,10 @@ impl Object for Sleepy {
     }
 
     fn routes() -> pinned::Routes<Self> {
-        Router::new().route("/ws", get(|ws: WebSocketUpgrade| async move { ws.accept(Accept::new()) }))
+        Router::new().route(
+            "/ws",
+            get(|ws: WebSocketUpgrade| async move { ws.accept(Accept::new()) }),
+        )
     }
 
     async fn on_stop(&self, ctx: &Context) -> Result<(), BoxError> {
@@ -454,7 +481,9 @@ async fn scripted_pinboard() -> (String, Arc<Script>) {
             }),
         )
         .with_state(script.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, script)
@@ -465,7 +494,9 @@ async fn a_hibernated_id_keeps_its_placement_until_its_last_socket_closes() {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let (pinboard, script) = scripted_pinboard().await;
     let seen = Arc::new(Seen::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
     let worker = Options::new()
         .state(Hooks(seen.clone()))
@@ -498,7 +529,9 @@ async fn a_hibernated_id_keeps_its_placement_until_its_last_socket_closes() {
     request
         .headers_mut()
         .insert("pinboard-epoch", "7".parse().expect("header"));
-    let (mut client, _) = tokio_tungstenite::connect_async(request).await.expect("connect");
+    let (mut client, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("connect");
 
     // Hibernated: no release, and the id is still listed as placed here.
     let test = TestWorker {
@@ -507,7 +540,11 @@ async fn a_hibernated_id_keeps_its_placement_until_its_last_socket_closes() {
         client: reqwest::Client::new(),
     };
     wait_hibernated(&test, &seen, 1).await;
-    assert!(script.releases.lock().is_empty(), "{:?}", script.releases.lock());
+    assert!(
+        script.releases.lock().is_empty(),
+        "{:?}",
+        script.releases.lock()
+    );
     script.forget.store(true, Ordering::SeqCst);
     let again = eventually("the re-registration", Duration::from_secs(10), || async {
         script.registers.lock().get(1).cloned()

@@ -121,7 +121,12 @@ async fn metric(client: &reqwest::Client, base: &str, name: &str) -> anyhow::Res
 }
 
 /// Waits (at most a minute) until `name` reaches `value`.
-async fn wait_metric(client: &reqwest::Client, base: &str, name: &str, value: f64) -> anyhow::Result<()> {
+async fn wait_metric(
+    client: &reqwest::Client,
+    base: &str,
+    name: &str,
+    value: f64,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while metric(client, base, name).await? < value {
         anyhow::ensure!(Instant::now() < deadline, "{name} never reached {value}");
@@ -158,7 +163,8 @@ async fn measure(sockets: usize) -> anyhow::Result<()> {
     // Warm the worker (allocator arenas, routes, the instance table) with
     // one socket on another id through a hibernation, then measure.
     {
-        let (warm, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/room/warm/ws")).await?;
+        let (warm, _) =
+            tokio_tungstenite::connect_async(format!("ws://{addr}/room/warm/ws")).await?;
         wait_metric(&client, &base, "pinned_instance_hibernations_total", 1.0).await?;
         drop(warm);
         wait_metric(&client, &base, "pinned_sockets_open", 0.0).await?;
@@ -190,7 +196,9 @@ async fn measure(sockets: usize) -> anyhow::Result<()> {
 
     // One message wakes the instance; its broadcast reaches every socket.
     let woke = Instant::now();
-    clients[0].send(tokio_tungstenite::tungstenite::Message::text("hello")).await?;
+    clients[0]
+        .send(tokio_tungstenite::tungstenite::Message::text("hello"))
+        .await?;
     for socket in &mut clients {
         loop {
             match tokio::time::timeout(Duration::from_secs(30), socket.next()).await? {

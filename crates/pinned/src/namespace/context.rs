@@ -257,7 +257,11 @@ impl Context {
     /// (those tagged `tag` when given) and answers how many took it. A
     /// socket whose outbox is full is closed with 1013 instead
     /// ([`SocketOptions::outbox`](crate::ws::SocketOptions::outbox)).
-    pub fn broadcast(&self, tag: Option<&str>, message: impl Into<axum::extract::ws::Message>) -> usize {
+    pub fn broadcast(
+        &self,
+        tag: Option<&str>,
+        message: impl Into<axum::extract::ws::Message>,
+    ) -> usize {
         let message = message.into();
         self.sockets(tag)
             .iter()

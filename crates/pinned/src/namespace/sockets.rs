@@ -561,12 +561,11 @@ impl Sockets {
         Ok(shared)
     }
 
-    /// Takes socket `number` out of `id`'s set; true when that left the id
-    /// without sockets (its set is gone).
+    /// Takes socket `number` out of `id`'s set; `Some(epoch)` when that
+    /// left the id without sockets (its set is gone), with the epoch its
+    /// placement was kept at.
     pub(crate) fn remove(&self, id: &str, number: u64) -> Option<Option<u64>> {
-        let Some(set) = self.set(id) else {
-            return None;
-        };
+        let set = self.set(id)?;
         if set.members.lock().remove(&number).is_some() {
             self.worker_open.fetch_sub(1, Ordering::SeqCst);
         }
