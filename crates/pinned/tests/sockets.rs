@@ -413,19 +413,8 @@ impl Object for Sleepy {
     }
 }
 
-#[tokio::test]
-async fn a_wake_past_its_deadline_closes_the_socket_1013() {
-    let seen = Arc::new(Seen::default());
-    let sockets = SocketOptions::default().wake_deadline(Duration::from_millis(300));
-    let worker = start(
-        Options::new()
-            .state(Hooks(seen.clone()))
-            .host_with::<Sleepy>("/sleepy", quick(sockets)),
-    )
-    .await;
-    let mut client = connect(&ws_url(&worker, "/sleepy/s1/ws")).await;
-    wait_hibernated(&worker, &seen, 1).await;
-    say(&mut client, "wake up").await;
+/// Waits for the close frame `client` receives (at most 10 s).
+async fn close_frame(client: &mut Client) -> tungstenite::protocol::CloseFrame {
     let frame = loop {
         match tokio::time::timeout(Duration::from_secs(10), client.next())
             .await
@@ -436,7 +425,60 @@ async fn a_wake_past_its_deadline_closes_the_socket_1013() {
             other => panic!("expected a close frame, got {other:?}"),
         }
     };
-    let frame = frame.expect("a close frame with a code");
+    frame.expect("a close frame with a code")
+}
+
+async fn sleepy(sockets: SocketOptions) -> (TestWorker, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let worker = start(
+        Options::new()
+            .state(Hooks(seen.clone()))
+            .host_with::<Sleepy>("/sleepy", quick(sockets)),
+    )
+    .await;
+    (worker, seen)
+}
+
+#[tokio::test]
+async fn messages_past_the_buffer_while_the_instance_wakes_close_the_socket_1013() {
+    let sockets = SocketOptions::default()
+        .buffer(2)
+        .wake_deadline(Duration::from_secs(30));
+    let (worker, seen) = sleepy(sockets).await;
+    let mut client = connect(&ws_url(&worker, "/sleepy/s2/ws")).await;
+    wait_hibernated(&worker, &seen, 1).await;
+    // The first wakes the instance (a 5 s activation); two wait in the
+    // buffer; the fourth is one too many.
+    for n in 0..4 {
+        say(&mut client, &format!("m{n}")).await;
+    }
+    let frame = close_frame(&mut client).await;
+    assert_eq!(u16::from(frame.code), 1013);
+    assert_eq!(frame.reason.as_str(), "too many messages while the instance wakes");
+}
+
+#[tokio::test]
+async fn a_drain_closes_hibernated_sockets_1012() {
+    let (worker, seen) = room(SocketOptions::default(), Options::new()).await;
+    let mut client = connect(&ws_url(&worker, "/room/d1/ws")).await;
+    wait_hibernated(&worker, &seen, 1).await;
+    worker.worker.drain(Some(Duration::from_secs(5))).await;
+    let frame = close_frame(&mut client).await;
+    assert_eq!(u16::from(frame.code), 1012);
+    eventually("the socket gone", Duration::from_secs(10), || async {
+        (metric(&worker, "pinned_sockets_open") == 0.0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_wake_past_its_deadline_closes_the_socket_1013() {
+    let sockets = SocketOptions::default().wake_deadline(Duration::from_millis(300));
+    let (worker, seen) = sleepy(sockets).await;
+    let mut client = connect(&ws_url(&worker, "/sleepy/s1/ws")).await;
+    wait_hibernated(&worker, &seen, 1).await;
+    say(&mut client, "wake up").await;
+    let frame = close_frame(&mut client).await;
     assert_eq!(u16::from(frame.code), 1013);
     assert_eq!(frame.reason.as_str(), "instance did not wake in time");
 }
