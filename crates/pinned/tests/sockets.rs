@@ -454,7 +454,10 @@ async fn messages_past_the_buffer_while_the_instance_wakes_close_the_socket_1013
     }
     let frame = close_frame(&mut client).await;
     assert_eq!(u16::from(frame.code), 1013);
-    assert_eq!(frame.reason.as_str(), "too many messages while the instance wakes");
+    assert_eq!(
+        frame.reason.as_str(),
+        "too many messages while the instance wakes"
+    );
 }
 
 #[tokio::test]

@@ -171,14 +171,13 @@ async fn measure(sockets: usize) -> anyhow::Result<()> {
     }
     let before = rss_bytes(pid)?;
     let opened = Instant::now();
-    let mut clients: Vec<_> = futures_util::stream::iter(0..sockets)
+    let mut clients = Vec::with_capacity(sockets);
+    let mut connecting = futures_util::stream::iter(0..sockets)
         .map(|_| tokio_tungstenite::connect_async(url.clone()))
-        .buffered(64)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .map(|connected| connected.map(|(socket, _)| socket))
-        .collect::<Result<_, _>>()?;
+        .buffered(64);
+    while let Some(connected) = connecting.next().await {
+        clients.push(connected?.0);
+    }
     let opened = opened.elapsed();
     wait_metric(&client, &base, "pinned_instance_hibernations_total", 2.0).await?;
     anyhow::ensure!(
