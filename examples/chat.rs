@@ -47,7 +47,7 @@ impl Object for Room {
         said: SocketMessage,
     ) -> Result<(), BoxError> {
         if let Message::Text(text) = said.message {
-            ctx.broadcast(None, text);
+            ctx.broadcast(None, Message::Text(text));
         }
         Ok(())
     }
