@@ -123,8 +123,9 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The read buffer of a hibernatable socket's connection, in bytes: it is
 /// allocated up front and kept while the socket idles, so it is small
-/// (tungstenite's default is 128 KiB); a larger frame grows it as needed.
-const SOCKET_READ_BUFFER: usize = 512;
+/// (tungstenite's default is 128 KiB; 512 B cost 340 B more per socket in
+/// `socket-bench` than this); a frame's known length grows it as needed.
+const SOCKET_READ_BUFFER: usize = 128;
 
 /// What a hibernatable socket is accepted with: its tags and attachment.
 ///
