@@ -93,6 +93,13 @@ impl Object for Room {
                 name: name.to_owned(),
             })?;
             socket.send("ok")?;
+        } else if text == "burst" {
+            // Three sends in one turn: the socket's task writes nothing
+            // until the handler returns, so an outbox of two overflows.
+            let sent: Vec<bool> = (0..3)
+                .map(|n| socket.send(format!("burst {n}")).is_ok())
+                .collect();
+            assert_eq!(sent, [true, true, false]);
         } else if text == "who" {
             let member: Option<Member> = socket.attachment()?;
             let name = member.map_or_else(|| "nobody".to_owned(), |member| member.name);
@@ -457,6 +464,25 @@ async fn messages_past_the_buffer_while_the_instance_wakes_close_the_socket_1013
     assert_eq!(
         frame.reason.as_str(),
         "too many messages while the instance wakes"
+    );
+}
+
+#[tokio::test]
+async fn a_full_outbox_fails_the_send_and_closes_the_socket_1013() {
+    let (worker, _seen) = room(SocketOptions::default().outbox(2), Options::new()).await;
+    let mut client = connect(&ws_url(&worker, "/room/o1/ws")).await;
+    say(&mut client, "burst").await;
+    assert_eq!(next_text(&mut client).await, "burst 0");
+    assert_eq!(next_text(&mut client).await, "burst 1");
+    let frame = close_frame(&mut client).await;
+    assert_eq!(u16::from(frame.code), 1013);
+    assert_eq!(frame.reason.as_str(), "client too slow: outbox full");
+    assert_eq!(
+        metric(
+            &worker,
+            "pinned_callback_failures_total{hook=\"on_socket_message\"}"
+        ),
+        0.0
     );
 }
 
