@@ -86,10 +86,37 @@ pub(crate) async fn run(membership: Membership, mut socket: WebSocket) {
             say_goodbye(&mut socket, frame).await;
             return;
         }
+        // The next event, one at a time; the close after every message
+        // (also when a write found the peer gone, with nothing left to
+        // read).
+        if delivering.is_none() {
+            if let Some(message) = inbox.pop_front() {
+                let seq = next_seq(&shared);
+                let event = SocketEvent::Message(SocketMessage { seq, message });
+                delivering = Some(deliver(host.clone(), id.clone(), shared.clone(), event).boxed());
+            } else if let Some((code, reason)) = peer_closed.take() {
+                shared.outbox.lock().closed = true;
+                if !host.sockets.is_shut() {
+                    let seq = next_seq(&shared);
+                    let event = SocketEvent::Close(SocketClose {
+                        seq,
+                        code,
+                        reason: reason.to_string(),
+                    });
+                    let _ = deliver(host.clone(), id.clone(), shared.clone(), event).await;
+                }
+                break None;
+            }
+        }
         tokio::select! {
             biased;
             () = shared.ready.notified() => {}
-            outcome = async { delivering.as_mut().expect("guarded").await }, if delivering.is_some() => {
+            outcome = async {
+                match delivering.as_mut() {
+                    Some(delivery) => delivery.await,
+                    None => std::future::pending().await,
+                }
+            }, if delivering.is_some() => {
                 delivering = None;
                 if let Err(ended) = outcome {
                     break Some(ended);
@@ -118,25 +145,6 @@ pub(crate) async fn run(membership: Membership, mut socket: WebSocket) {
                     peer_closed = Some((1006, Utf8Bytes::default()));
                 }
             },
-        }
-        if delivering.is_none() {
-            if let Some(message) = inbox.pop_front() {
-                let seq = next_seq(&shared);
-                let event = SocketEvent::Message(SocketMessage { seq, message });
-                delivering = Some(deliver(host.clone(), id.clone(), shared.clone(), event).boxed());
-            } else if let Some((code, reason)) = peer_closed.take() {
-                shared.outbox.lock().closed = true;
-                if !host.sockets.is_shut() {
-                    let seq = next_seq(&shared);
-                    let event = SocketEvent::Close(SocketClose {
-                        seq,
-                        code,
-                        reason: reason.to_string(),
-                    });
-                    let _ = deliver(host.clone(), id.clone(), shared.clone(), event).await;
-                }
-                break None;
-            }
         }
     };
     if let Some(ended) = ended {
