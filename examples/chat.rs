@@ -1,10 +1,16 @@
 //! A chat room per id: every client of `/chat/<room>/ws` hears every
-//! message sent to that room, for as long as the room has a socket open.
+//! message sent to that room.
 //!
-//! On SIGTERM the worker drains: every room hears it at once
-//! (`wind_down_started`) and closes its sockets with 1012 "service
-//! restart", so clients reconnect elsewhere and the process exits in
-//! milliseconds instead of waiting out the 30 s drain deadline.
+//! The sockets are hibernatable: each joins its room's socket set, and the
+//! room handles their messages as `Object::on_socket_message` (no task,
+//! channel or `select!` loop per socket). A room where nobody spoke for the
+//! idle timeout is evicted while its members stay connected; the next
+//! message wakes it on this worker. A `ping` text is answered `pong`
+//! without waking the room.
+//!
+//! On SIGTERM the worker drains: every socket is closed at once with 1012
+//! "service restart", so clients reconnect elsewhere and the process exits
+//! in milliseconds instead of waiting out the 30 s drain deadline.
 //!
 //! ```text
 //! PORT=8080 cargo run --example chat
@@ -12,30 +18,20 @@
 //! curl localhost:8080/chat/lobby/members
 //! ```
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
+use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
-use futures_util::{SinkExt, StreamExt};
-use pinned::ws::{Message, WebSocketUpgrade, CLOSE_SERVICE_RESTART};
-use pinned::{BoxError, Call, Context, Object, Options, This};
+use pinned::ws::{
+    Accept, Message, Socket, SocketError, SocketMessage, SocketOptions, WebSocketUpgrade,
+};
+use pinned::{BoxError, Call, Context, HostOptions, Object, Options};
 use serde_json::{json, Value};
-use tokio::sync::broadcast;
 
-/// Messages a slow member may fall behind before it skips ahead.
-const BACKLOG: usize = 64;
-
-pub(crate) struct Room {
-    messages: broadcast::Sender<String>,
-    members: AtomicUsize,
-}
+pub(crate) struct Room;
 
 impl Object for Room {
     async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
-        Ok(Room {
-            messages: broadcast::channel(BACKLOG).0,
-            members: AtomicUsize::new(0),
-        })
+        Ok(Room)
     }
 
     fn routes() -> pinned::Routes<Self> {
@@ -43,47 +39,31 @@ impl Object for Room {
             .route("/ws", get(join))
             .route("/members", get(members))
     }
-}
 
-async fn members(room: This<Room>) -> Json<Value> {
-    Json(json!({ "members": room.members.load(Ordering::SeqCst) }))
-}
-
-async fn join(room: This<Room>, call: Call, ws: WebSocketUpgrade) -> axum::response::Response {
-    let ctx = call.ctx().clone();
-    ws.on_upgrade(move |socket| async move {
-        room.members.fetch_add(1, Ordering::SeqCst);
-        let mut heard = room.messages.subscribe();
-        let mut closer = socket.clone();
-        let (mut outgoing, mut incoming) = socket.split();
-        let winding_down = ctx.wind_down_started();
-        tokio::pin!(winding_down);
-        loop {
-            tokio::select! {
-                _ = &mut winding_down => {
-                    let _ = closer.close(CLOSE_SERVICE_RESTART, "server restarting").await;
-                    break;
-                }
-                said = incoming.next() => match said {
-                    Some(Ok(Message::Text(text))) => {
-                        let _ = room.messages.send(text.to_string());
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(_)) | None => break,
-                },
-                message = heard.recv() => match message {
-                    Ok(text) => {
-                        if outgoing.send(Message::text(text)).await.is_err() {
-                            break;
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
-            }
+    async fn on_socket_message(
+        &self,
+        ctx: &Context,
+        _socket: &Socket,
+        said: SocketMessage,
+    ) -> Result<(), BoxError> {
+        if let Message::Text(text) = said.message {
+            ctx.broadcast(None, Message::Text(text));
         }
-        room.members.fetch_sub(1, Ordering::SeqCst);
-    })
+        Ok(())
+    }
+}
+
+/// The room's hosting: its sockets answer a `ping` without waking it.
+pub(crate) fn hosting() -> HostOptions {
+    HostOptions::default().sockets(SocketOptions::default().auto_response("ping", "pong"))
+}
+
+async fn members(call: Call) -> Json<Value> {
+    Json(json!({ "members": call.ctx().sockets(None).len() }))
+}
+
+async fn join(ws: WebSocketUpgrade) -> Result<Response, SocketError> {
+    ws.accept(Accept::new())
 }
 
 #[tokio::main]
@@ -91,5 +71,5 @@ async fn main() -> Result<(), pinned::ServeError> {
     // Text or JSON (`PINNED_LOG_FORMAT`, `--log-format`) on stderr, no
     // colours unless it is a terminal; `RUST_LOG` filters (default info).
     pinned::logging::init();
-    pinned::serve(Options::from_env().host::<Room>("/chat")).await
+    pinned::serve(Options::from_env().host_with::<Room>("/chat", hosting())).await
 }

@@ -172,7 +172,7 @@ async fn main() -> Result<(), Error> {
         .await?,
         start_member(
             "chat",
-            |o| o.host::<chat::Room>("/chat"),
+            |o| o.host_with::<chat::Room>("/chat", chat::hosting()),
             &pinboard_url,
             &token,
             &workers_stopped,

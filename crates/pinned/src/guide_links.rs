@@ -53,6 +53,10 @@ macro_rules! rustdoc_links {
             "[`TrayCtx`]: crate::tray::TrayCtx\n",
             "[`KeyedTrays`]: crate::tray::KeyedTrays\n",
             "[`pinned::ws`]: crate::ws\n",
+            "[`Accept`]: crate::ws::Accept\n",
+            "[`SocketError`]: crate::ws::SocketError\n",
+            "[`Socket`]: crate::ws::Socket\n",
+            "[`SocketOptions`]: crate::ws::SocketOptions\n",
             "[`StoreConfig`]: crate::pinned_store::StoreConfig\n",
             "[`pinned::logging`]: crate::logging\n",
             // Repository files.

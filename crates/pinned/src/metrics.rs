@@ -54,6 +54,14 @@ pub(crate) struct Metrics {
     pub(crate) evictions: Counter,
     pub(crate) aborts: Counter,
     pub(crate) active_instances: Gauge,
+    /// Hibernatable sockets open.
+    pub(crate) sockets_open: Gauge,
+    /// Instances evicted while their sockets stayed open.
+    pub(crate) hibernations: Counter,
+    /// Socket events that activated their instance.
+    pub(crate) socket_wakes: Counter,
+    /// Socket messages answered by the auto-response.
+    pub(crate) socket_auto_responses: Counter,
     pub(crate) lease_healthy: Gauge,
     pub(crate) registered: Gauge,
     pub(crate) registration_failures: Counter,
@@ -86,6 +94,30 @@ impl Metrics {
         let evictions = Counter::default();
         let aborts = Counter::default();
         let active_instances = Gauge::default();
+        let sockets_open: Gauge = Gauge::default();
+        let hibernations = Counter::default();
+        let socket_wakes = Counter::default();
+        let socket_auto_responses = Counter::default();
+        registry.register(
+            "pinned_sockets_open",
+            "Hibernatable WebSockets open in this process",
+            sockets_open.clone(),
+        );
+        registry.register(
+            "pinned_instance_hibernations",
+            "Idle instances evicted while their hibernatable sockets stayed open",
+            hibernations.clone(),
+        );
+        registry.register(
+            "pinned_socket_wakes",
+            "Socket events that activated their evicted instance",
+            socket_wakes.clone(),
+        );
+        registry.register(
+            "pinned_socket_auto_responses",
+            "Socket messages answered by the auto-response without the instance",
+            socket_auto_responses.clone(),
+        );
         let lease_healthy: Gauge = Gauge::default();
         let registered: Gauge = Gauge::default();
         let registration_failures: Counter = Counter::default();
@@ -201,6 +233,10 @@ impl Metrics {
             evictions,
             aborts,
             active_instances,
+            sockets_open,
+            hibernations,
+            socket_wakes,
+            socket_auto_responses,
             lease_healthy,
             registered,
             registration_failures,

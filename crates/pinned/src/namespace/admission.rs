@@ -293,7 +293,7 @@ impl Namespace {
         let Some(victim) = victim else {
             return false;
         };
-        let evicted = victim.begin_idle_close(self.options.release_placement_on_idle);
+        let evicted = victim.begin_idle_close(self.releases_on_idle(&victim));
         if evicted {
             tracing::info!(namespace = %self.ns, id = %victim.id, "at capacity: evicting the least recently used idle instance");
             Self::close_begun(&victim);

@@ -237,6 +237,38 @@ impl Context {
         }
     }
 
+    /// The instance's open hibernatable sockets
+    /// ([`WebSocketUpgrade::accept`](crate::ws::WebSocketUpgrade::accept)),
+    /// those tagged `tag` when given, oldest first. They belong to the id:
+    /// the list is the same before and after a hibernation.
+    ///
+    /// ```
+    /// # fn demo(ctx: pinned::Context) {
+    /// let everyone = ctx.sockets(None).len();
+    /// let admins = ctx.sockets(Some("admin"));
+    /// # let _ = (everyone, admins);
+    /// # }
+    /// ```
+    pub fn sockets(&self, tag: Option<&str>) -> Vec<super::sockets::Socket> {
+        self.slot.host.sockets.list(&self.slot.id, tag)
+    }
+
+    /// Sends `message` to every open hibernatable socket of the instance
+    /// (those tagged `tag` when given) and answers how many took it. A
+    /// socket whose outbox is full is closed with 1013 instead
+    /// ([`SocketOptions::outbox`](crate::ws::SocketOptions::outbox)).
+    pub fn broadcast(
+        &self,
+        tag: Option<&str>,
+        message: impl Into<axum::extract::ws::Message>,
+    ) -> usize {
+        let message = message.into();
+        self.sockets(tag)
+            .iter()
+            .filter(|socket| socket.send(message.clone()).is_ok())
+            .count()
+    }
+
     /// Whether the instance is winding down (its own wind-down, or its host
     /// draining).
     pub fn winding_down(&self) -> bool {

@@ -58,6 +58,9 @@ impl Namespace {
             self.rearm(&mut drain);
         }
         tracing::info!(namespace = %self.ns, ?kind, ?deadline, "draining");
+        // Hibernatable sockets cannot follow their ids to another worker
+        // (yet): they close with 1012 so their clients reconnect there.
+        self.sockets.close_all(1012, "service restart", false);
         let live = self.live();
         for slot in &live {
             crate::namespace::hooks::wind_down(slot, slot.effective_deadline());

@@ -40,6 +40,15 @@ pub(crate) type WindDownHook = fn(
     Option<tokio::time::Instant>,
 ) -> BoxFuture<'static, Result<(), BoxError>>;
 
+/// The socket events of [`Object`](crate::Object) (`on_socket_message`,
+/// `on_socket_close`), type-erased.
+pub(crate) type SocketHook = fn(
+    Instance,
+    Arc<Record>,
+    super::sockets::Socket,
+    super::sockets::SocketEvent,
+) -> BoxFuture<'static, Result<(), BoxError>>;
+
 /// An object type's lifecycle, type-erased: what one hosted namespace needs
 /// to build and run its instances.
 #[derive(Clone)]
@@ -52,4 +61,5 @@ pub(crate) struct Lifecycle {
     pub(crate) on_wind_down: WindDownHook,
     pub(crate) on_unhealthy: Hook,
     pub(crate) on_restored: Hook,
+    pub(crate) on_socket: SocketHook,
 }

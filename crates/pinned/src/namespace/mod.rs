@@ -58,6 +58,8 @@ pub(crate) mod hooks;
 mod lifecycle;
 pub(crate) mod options;
 mod record;
+pub(crate) mod socket_task;
+pub(crate) mod sockets;
 mod states;
 mod teardown;
 mod wind_down;
@@ -194,6 +196,8 @@ pub(crate) struct Namespace {
     pub(crate) states: Arc<crate::namespace::States>,
     /// The worker's clock, tasks and randomness.
     pub(crate) domain: crate::time::Domain,
+    /// The hibernatable sockets, by id: they outlive the records.
+    pub(crate) sockets: self::sockets::Sockets,
 }
 
 /// What a host is built from, besides its options.
@@ -212,6 +216,8 @@ pub(crate) struct NamespaceParts {
     pub(crate) domain: crate::time::Domain,
     pub(crate) switchboard: crate::plane::switchboard::Switchboard,
     pub(crate) stop: CancellationToken,
+    /// The hibernatable sockets open in the whole worker, and their bound.
+    pub(crate) worker_sockets: (Arc<AtomicUsize>, usize),
 }
 
 impl Namespace {
@@ -231,6 +237,7 @@ impl Namespace {
             domain,
             switchboard,
             stop,
+            worker_sockets,
         } = parts;
         let duration = metrics.duration_for(&ns);
         let deadlines = Deadlines::new(options.sweep_interval);
@@ -268,6 +275,7 @@ impl Namespace {
             store,
             states,
             domain,
+            sockets: self::sockets::Sockets::new(worker_sockets.0, worker_sockets.1),
         }
     }
 
@@ -307,12 +315,22 @@ impl Namespace {
         self.drain.lock().deadline()
     }
 
-    /// The ids of every record (resident, activating or closing).
+    /// The ids of every record (resident, activating or closing) and of
+    /// every hibernated id (sockets open, no record): their placement is
+    /// here.
     pub(crate) fn ids(&self) -> Vec<String> {
-        self.slots
+        let mut ids: Vec<String> = self
+            .slots
             .iter()
             .map(|entry| entry.key().0.id.to_string())
-            .collect()
+            .collect();
+        ids.extend(
+            self.sockets
+                .ids()
+                .into_iter()
+                .filter(|id| !self.slots.contains_key(id.as_str())),
+        );
+        ids
     }
 
     /// Whether `id` has a record that is not closing.
@@ -326,7 +344,7 @@ impl Namespace {
         self.slot(id).filter(|slot| slot.stage() == Stage::Live)
     }
 
-    fn slot(&self, id: &str) -> Option<Arc<Record>> {
+    pub(crate) fn slot(&self, id: &str) -> Option<Arc<Record>> {
         self.slots.get(id).map(|entry| entry.key().0.clone())
     }
 
@@ -405,8 +423,8 @@ impl Namespace {
     /// What the sweep does to the live record `slot` at `now_ms`, if
     /// anything is due.
     fn look(&self, slot: &Record, now_ms: u64) -> Option<Sweep> {
-        if slot.streams() > 0 {
-            // An open stream is a connected client.
+        if slot.streams() > 0 || self.sockets.has(&slot.id) {
+            // An open stream or socket is a connected client.
             slot.connected_at(now_ms);
         } else if !slot.winding.load(Ordering::SeqCst)
             && slot.detached_ms_at(now_ms) >= self.detached_ms()
@@ -537,6 +555,7 @@ impl Namespace {
         if let Some(durable) = &self.durable {
             durable.shut_down();
         }
+        self.sockets.close_all(1001, "worker closing", true);
         self.abort_all();
         self.wait_empty().await;
     }

@@ -34,6 +34,7 @@ pub struct HostOptions {
     pub(crate) env: Option<String>,
     pub(crate) detached_timeout: Duration,
     pub(crate) evict_idle_at_capacity: bool,
+    pub(crate) sockets: crate::namespace::sockets::SocketOptions,
 }
 
 impl Default for HostOptions {
@@ -47,6 +48,7 @@ impl Default for HostOptions {
             env: None,
             detached_timeout: DEFAULT_DETACHED_TIMEOUT,
             evict_idle_at_capacity: true,
+            sockets: crate::namespace::sockets::SocketOptions::default(),
         }
     }
 }
@@ -115,6 +117,16 @@ impl HostOptions {
     /// overriding the worker's `env` for this namespace.
     pub fn env(mut self, env: impl Into<String>) -> Self {
         self.env = Some(env.into());
+        self
+    }
+
+    /// The bounds, deadlines and auto-response of the namespace's
+    /// hibernatable sockets ([`WebSocketUpgrade::accept`]); see
+    /// [`SocketOptions`](crate::ws::SocketOptions) for the defaults.
+    ///
+    /// [`WebSocketUpgrade::accept`]: crate::ws::WebSocketUpgrade::accept
+    pub fn sockets(mut self, sockets: crate::namespace::sockets::SocketOptions) -> Self {
+        self.sockets = sockets;
         self
     }
 

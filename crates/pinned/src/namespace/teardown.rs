@@ -59,7 +59,7 @@ impl Namespace {
     /// Closes `slot` if nothing is in flight (idle eviction, or the last
     /// entry leaving a winding-down instance).
     pub(crate) fn close_if_idle(slot: &Arc<Record>) {
-        if slot.begin_idle_close(slot.host.options.release_placement_on_idle) {
+        if slot.begin_idle_close(slot.host.releases_on_idle(slot)) {
             Self::close_begun(slot);
         }
     }
@@ -97,11 +97,26 @@ impl Namespace {
         }
     }
 
-    /// Aborts instance `id` if resident (a duplicate placement, an operator).
+    /// Aborts instance `id` if resident (a duplicate placement, an
+    /// operator); a hibernated id's sockets are closed.
     pub(crate) fn abort_id(&self, id: &str) {
         if let Some(slot) = self.slot(id) {
             Self::abort(&slot);
+        } else {
+            self.sockets.close_id(id, 1012, "service restart");
         }
+    }
+
+    /// Whether an idle close of `slot` releases its placement: not when it
+    /// hibernates (its sockets stay open here and keep the placement).
+    pub(crate) fn releases_on_idle(&self, slot: &Record) -> bool {
+        self.options.release_placement_on_idle && !self.hibernates(slot)
+    }
+
+    /// Whether an idle close of `slot` leaves its sockets open: it has some
+    /// and neither it nor its namespace is winding down.
+    fn hibernates(&self, slot: &Record) -> bool {
+        !slot.winding_down() && !self.sockets.is_shut() && self.sockets.has(&slot.id)
     }
 
     /// Aborts every instance.
@@ -168,7 +183,13 @@ async fn teardown(slot: Arc<Record>, close: Close) {
     // cycle user code built through a `Context`.
     drop(slot.take_instance());
     if slot.releasing.load(Ordering::SeqCst) {
+        // Its sockets cannot outlive a placement that goes.
+        host.sockets.close_id(&slot.id, 1012, "service restart");
         release(&host, &slot).await;
+    } else if let Some(set) = host.sockets.set(&slot.id).filter(|_| close == Close::Idle) {
+        set.note_epoch(slot.epoch());
+        host.metrics.hibernations.inc();
+        tracing::info!(namespace = %host.ns, id = %slot.id, "hibernating instance: its sockets stay open");
     }
     if close != Close::Discard {
         host.evictions.fetch_add(1, Ordering::Relaxed);
@@ -188,6 +209,16 @@ async fn teardown(slot: Arc<Record>, close: Close) {
         }
     }
     host.remove(&slot);
+    // Hibernated, but its last socket closed meanwhile: nothing keeps the
+    // placement now (the socket's own check saw this record still there).
+    if !slot.releasing.load(Ordering::SeqCst)
+        && close == Close::Idle
+        && host.options.release_placement_on_idle
+        && !host.sockets.has(&slot.id)
+        && host.slot(&slot.id).is_none()
+    {
+        release_placement(&host, &slot.id, slot.epoch()).await;
+    }
     if let Some(durable) = &host.durable {
         durable.closed(&host, &slot.id, pending);
     }
@@ -208,9 +239,13 @@ async fn settle(
 /// late request at that epoch bounces), then `/registry/release`, waited up
 /// to [`RELEASE_WAIT`] and finished in the background after that.
 async fn release(host: &Arc<Namespace>, slot: &Arc<Record>) {
-    let epoch = slot.epoch();
+    release_placement(host, &slot.id, slot.epoch()).await;
+}
+
+/// Releases the placement of `id` at `epoch`, as [`release`] does.
+pub(super) async fn release_placement(host: &Arc<Namespace>, id: &str, epoch: Option<u64>) {
     if let Some(epoch) = epoch {
-        host.fences.release(&slot.id, epoch);
+        host.fences.release(id, epoch);
     }
     let Some(plane) = host.control.pinboard() else {
         return;
@@ -218,10 +253,10 @@ async fn release(host: &Arc<Namespace>, slot: &Arc<Record>) {
     let call = host.domain.spawn({
         let plane = plane.clone();
         let ns = host.ns.to_string();
-        let id = slot.id.to_string();
+        let id = id.to_owned();
         async move { plane.release(ns, id, epoch).await }
     });
     if tokio::time::timeout(RELEASE_WAIT, call).await.is_err() {
-        tracing::warn!(namespace = %host.ns, id = %slot.id, "placement release still pending; continuing in the background");
+        tracing::warn!(namespace = %host.ns, %id, "placement release still pending; continuing in the background");
     }
 }

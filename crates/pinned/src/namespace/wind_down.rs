@@ -16,7 +16,14 @@ impl Namespace {
     /// A `wind_down` control message: a deadline in seconds from now, or
     /// `None` to revoke. A no-op for an id that is not resident.
     pub(crate) fn wind_down_id(&self, id: &str, deadline: Option<Duration>) {
-        let Some(slot) = self.slot(id) else { return };
+        let Some(slot) = self.slot(id) else {
+            // A hibernated id winds down by closing its sockets: the last
+            // one out releases the placement.
+            if deadline.is_some() {
+                self.sockets.close_id(id, 1012, "service restart");
+            }
+            return;
+        };
         match deadline {
             None => unwind(&slot),
             Some(after) => {

@@ -33,6 +33,7 @@ use http::request::Parts;
 
 use crate::instance::Instance;
 use crate::namespace::context::Context;
+use crate::namespace::sockets::SocketEvent;
 use crate::namespace::{Idle, Lifecycle, Record};
 use crate::object::call::{Admitted, NotAnInstanceRoute};
 use crate::BoxError;
@@ -203,6 +204,64 @@ pub trait Object: Sized + Send + Sync + 'static {
         async { Ok(()) }
     }
 
+    /// Handles a message from one of the instance's hibernatable sockets
+    /// (accepted with [`ws::WebSocketUpgrade::accept`]). Messages of one
+    /// socket arrive one at a time, in order (`message.seq` counts them);
+    /// those of different sockets may run concurrently, like requests (in
+    /// exclusive mode each takes a turn). The instance is entered for it,
+    /// so a hibernated (evicted) instance is activated first. An error or
+    /// a panic is logged and counted in
+    /// `pinned_callback_failures_total{hook="on_socket_message"}`; the
+    /// socket stays open. The default ignores the message.
+    ///
+    /// ```
+    /// use pinned::ws::{Socket, SocketMessage};
+    /// use pinned::{BoxError, Context, Object, Routes};
+    ///
+    /// struct Room;
+    ///
+    /// impl Object for Room {
+    ///     async fn activate(_ctx: &Context) -> Result<Self, BoxError> { Ok(Room) }
+    ///     fn routes() -> Routes<Self> { axum::Router::new() }
+    ///
+    ///     async fn on_socket_message(
+    ///         &self,
+    ///         ctx: &Context,
+    ///         _socket: &Socket,
+    ///         message: SocketMessage,
+    ///     ) -> Result<(), BoxError> {
+    ///         // Every socket of the room hears it.
+    ///         ctx.broadcast(None, message.message);
+    ///         Ok(())
+    ///     }
+    /// }
+    /// ```
+    fn on_socket_message(
+        &self,
+        ctx: &Context,
+        socket: &ws::Socket,
+        message: ws::SocketMessage,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = (ctx, socket, message);
+        async { Ok(()) }
+    }
+
+    /// Handles the end of one of the instance's hibernatable sockets, when
+    /// its client closed it or the connection dropped (not for a close the
+    /// object asked for, nor when the worker closes it), after every
+    /// message before it. Like [`on_socket_message`](Self::on_socket_message),
+    /// it activates a hibernated instance. Errors are counted in
+    /// `pinned_callback_failures_total{hook="on_socket_close"}`.
+    fn on_socket_close(
+        &self,
+        ctx: &Context,
+        socket: &ws::Socket,
+        close: ws::SocketClose,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send {
+        let _ = (ctx, socket, close);
+        async { Ok(()) }
+    }
+
     /// Runs once when the instance closes (idle eviction, wind-down, drain,
     /// abort, worker close), after its open work settled and before the
     /// handlers registered with [`Context::on_stop`]. The place for a final
@@ -324,7 +383,24 @@ pub(crate) fn lifecycle<T: Object>() -> Lifecycle {
         on_wind_down: on_wind_down::<T>,
         on_unhealthy: on_unhealthy::<T>,
         on_restored: on_restored::<T>,
+        on_socket: on_socket::<T>,
     }
+}
+
+fn on_socket<T: Object>(
+    instance: Instance,
+    record: Arc<Record>,
+    socket: ws::Socket,
+    event: SocketEvent,
+) -> BoxFuture<'static, Result<(), BoxError>> {
+    Box::pin(async move {
+        let ctx = Context::new(record);
+        let object = downcast::<T>(instance)?;
+        match event {
+            SocketEvent::Message(message) => object.on_socket_message(&ctx, &socket, message).await,
+            SocketEvent::Close(close) => object.on_socket_close(&ctx, &socket, close).await,
+        }
+    })
 }
 
 fn activate<T: Object>(record: Arc<Record>) -> BoxFuture<'static, Result<Instance, BoxError>> {

@@ -1,6 +1,58 @@
-//! WebSockets that keep their instance in flight.
+//! WebSockets: hibernatable sockets in the instance's socket set, or plain
+//! sockets that keep their instance in flight.
 //!
-//! [`WebSocketUpgrade`] wraps axum's extractor: an accepted socket counts as
+//! # Hibernatable sockets
+//!
+//! [`WebSocketUpgrade::accept`] puts the socket into its instance's socket
+//! set, with tags and a small serde attachment ([`Accept`]); its events
+//! reach the object as trait methods
+//! ([`Object::on_socket_message`](crate::Object::on_socket_message),
+//! [`Object::on_socket_close`](crate::Object::on_socket_close)), with the
+//! instance and its context, instead of a task per socket. The socket does
+//! not keep its instance in flight: an instance whose only work is open
+//! sockets is evicted when idle (*hibernated*): its memory is released, its
+//! sockets stay open on this worker and keep its placement here, and the
+//! next message activates the id again and is delivered to it.
+//! [`Context::sockets`](crate::Context::sockets) lists the sockets,
+//! [`Context::broadcast`](crate::Context::broadcast) sends to them;
+//! [`SocketOptions`] holds the bounds, the wake deadline and an
+//! auto-response answered without waking the instance.
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use pinned::ws::{Accept, Message, Socket, SocketError, SocketMessage, WebSocketUpgrade};
+//! use pinned::{BoxError, Call, Context, Object, Routes};
+//!
+//! struct Room;
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Member { name: String }
+//!
+//! impl Object for Room {
+//!     async fn activate(_ctx: &Context) -> Result<Self, BoxError> { Ok(Room) }
+//!
+//!     fn routes() -> Routes<Self> {
+//!         Router::new().route("/ws", get(join))
+//!     }
+//!
+//!     async fn on_socket_message(&self, ctx: &Context, socket: &Socket, message: SocketMessage) -> Result<(), BoxError> {
+//!         let member: Option<Member> = socket.attachment()?;
+//!         let name = member.map_or_else(|| "someone".to_owned(), |m| m.name);
+//!         if let Message::Text(text) = &message.message {
+//!             ctx.broadcast(None, format!("{name}: {}", text.as_str()));
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! async fn join(ws: WebSocketUpgrade) -> Result<axum::response::Response, SocketError> {
+//!     ws.accept(Accept::new().tag("members").attachment(&Member { name: "ada".into() }))
+//! }
+//! ```
+//!
+//! # Plain sockets
+//!
+//! [`WebSocketUpgrade::on_upgrade`] wraps axum's: an accepted socket counts as
 //! an open stream of the instance until the callback returns, so idle
 //! eviction and drain wait for it; when the instance is aborted (a drain or
 //! wind-down deadline, `abort()`, worker close) the callback is dropped and
@@ -41,6 +93,15 @@ use parking_lot::Mutex;
 
 pub use axum::extract::ws::{CloseFrame, Message, Utf8Bytes};
 
+pub use crate::namespace::sockets::{
+    Socket, SocketClose, SocketError, SocketMessage, SocketOptions, CLOSE_TRY_AGAIN_LATER,
+    DEFAULT_MAX_ATTACHMENT, DEFAULT_MAX_SOCKETS, DEFAULT_MAX_SOCKETS_PER_INSTANCE,
+    DEFAULT_SOCKET_BUFFER, DEFAULT_SOCKET_OUTBOX, DEFAULT_WAKE_DEADLINE, MAX_SOCKET_TAGS,
+    MAX_SOCKET_TAG_LEN,
+};
+
+use crate::namespace::socket_task::{self, Membership};
+use crate::namespace::sockets::{bounded_attachment, Accepting};
 use crate::namespace::Record;
 use crate::object::call::Admitted;
 use crate::object::call::NotAnInstanceRoute;
@@ -59,6 +120,52 @@ pub const CLOSE_REASON: &str = "instance closed";
 /// Bounds the close handshake of an aborted socket, so a dead peer cannot
 /// hold a closing instance.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The read buffer of a hibernatable socket's connection, in bytes: it is
+/// allocated up front and kept while the socket idles, so it is small
+/// (tungstenite's default is 128 KiB; 512 B cost 340 B more per socket in
+/// `socket-bench` than this); a frame's known length grows it as needed.
+const SOCKET_READ_BUFFER: usize = 128;
+
+/// What a hibernatable socket is accepted with: its tags and attachment.
+///
+/// ```
+/// # fn demo() {
+/// use pinned::ws::Accept;
+/// let accept = Accept::new().tag("room:lobby").tag("user:ada").attachment(&("ada", 7));
+/// # let _ = accept;
+/// # }
+/// ```
+#[derive(Default)]
+#[must_use]
+pub struct Accept {
+    tags: Vec<Box<str>>,
+    attachment: Option<Result<Vec<u8>, serde_json::Error>>,
+}
+
+impl Accept {
+    /// No tags, no attachment.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a tag ([`Context::sockets`](crate::Context::sockets) and
+    /// [`Context::broadcast`](crate::Context::broadcast) select by tag):
+    /// at most [`MAX_SOCKET_TAGS`] of [`MAX_SOCKET_TAG_LEN`] bytes each.
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.tags.push(tag.into().into_boxed_str());
+        self
+    }
+
+    /// Sets the attachment: any serde value, kept as JSON with the socket
+    /// (so it survives hibernation), at most
+    /// [`SocketOptions::max_attachment`] bytes. A value that does not
+    /// serialize or is too large makes [`WebSocketUpgrade::accept`] fail.
+    pub fn attachment<T: serde::Serialize + ?Sized>(mut self, value: &T) -> Self {
+        self.attachment = Some(serde_json::to_vec(value));
+        self
+    }
+}
 
 /// Extractor for a WebSocket handshake on an instance route.
 pub struct WebSocketUpgrade {
@@ -90,6 +197,53 @@ impl WebSocketUpgrade {
     {
         self.inner = self.inner.protocols(protocols);
         self
+    }
+
+    /// Completes the handshake and puts the socket into its instance's
+    /// socket set, with `accept`'s tags and attachment: its events reach
+    /// [`Object::on_socket_message`](crate::Object::on_socket_message) and
+    /// [`Object::on_socket_close`](crate::Object::on_socket_close), and it
+    /// does not keep the instance in flight (see the [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// Before the handshake, so the client gets a plain HTTP answer (the
+    /// error is an `IntoResponse`): [`SocketError::AttachmentTooLarge`]
+    /// (413), [`SocketError::Tags`] (400), [`SocketError::InstanceFull`],
+    /// [`SocketError::WorkerFull`] or [`SocketError::Closing`] (503,
+    /// `Retry-After: 1`), [`SocketError::Attachment`] (500).
+    pub fn accept(self, accept: Accept) -> Result<Response, SocketError> {
+        let host = self.slot.host.clone();
+        let options = &host.options.sockets;
+        if self.slot.is_cancelled() || self.slot.winding_down() {
+            return Err(SocketError::Closing);
+        }
+        let attachment = match accept.attachment {
+            None => None,
+            Some(Err(error)) => return Err(SocketError::Attachment(error)),
+            Some(Ok(bytes)) => Some(bounded_attachment(bytes, options.max_attachment)?),
+        };
+        let shared = host.sockets.reserve(
+            &self.slot.id,
+            options,
+            Accepting {
+                tags: accept.tags,
+                attachment,
+                epoch: self.slot.epoch(),
+            },
+        )?;
+        host.metrics.sockets_open.inc();
+        // Dropped with the callback when the handshake never completes:
+        // the reserved place is given back.
+        let membership = Membership {
+            host,
+            id: std::sync::Arc::from(self.slot.id.as_str()),
+            shared,
+        };
+        Ok(self
+            .inner
+            .read_buffer_size(SOCKET_READ_BUFFER)
+            .on_upgrade(move |socket| socket_task::run(membership, socket)))
     }
 
     /// Completes the handshake and runs `callback` with the socket, keeping

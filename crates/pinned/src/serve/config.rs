@@ -110,6 +110,8 @@ pub struct Options {
     pub(crate) store: Option<std::sync::Arc<dyn pinned_store::StateStore>>,
     pub(crate) pinboard_ca: Option<PathBuf>,
     pub(crate) edge: EdgeSettings,
+    /// Hibernatable sockets the worker holds open at most.
+    pub(crate) max_sockets: usize,
     pub(crate) tls_cert: Option<PathBuf>,
     pub(crate) tls_key: Option<PathBuf>,
     /// Edge variables that did not parse, reported by `validate`.
@@ -160,6 +162,7 @@ impl Options {
             store: None,
             pinboard_ca: None,
             edge: EdgeSettings::default(),
+            max_sockets: crate::namespace::sockets::DEFAULT_MAX_SOCKETS,
             tls_cert: None,
             tls_key: None,
             edge_variables: Vec::new(),
@@ -304,6 +307,18 @@ impl Options {
     /// (`PINNED_SHUTDOWN_TIMEOUT_MS`), as pinboard.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.edge.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Hibernatable sockets ([`WebSocketUpgrade::accept`]) the worker holds
+    /// open at most, all namespaces together (default 100 000,
+    /// `pinned::ws::DEFAULT_MAX_SOCKETS`); one more is refused with 503
+    /// before the handshake. An accepted socket leaves the connection cap
+    /// and counts here.
+    ///
+    /// [`WebSocketUpgrade::accept`]: crate::ws::WebSocketUpgrade::accept
+    pub fn max_sockets(mut self, max: usize) -> Self {
+        self.max_sockets = max;
         self
     }
 

@@ -7,7 +7,7 @@
 //! application merges [`Worker::router`] beside its own routes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,6 +136,7 @@ impl Options {
         // token) when created; nothing is attached afterwards.
         let (switchboard, exchange) = switchboard();
         let stop = CancellationToken::new();
+        let worker_sockets = (Arc::new(AtomicUsize::new(0)), self.max_sockets);
         let hosts: Vec<Arc<Namespace>> = self
             .into_hosts()
             .into_iter()
@@ -160,6 +161,7 @@ impl Options {
                         domain: domain.clone(),
                         switchboard: switchboard.clone(),
                         stop: stop.clone(),
+                        worker_sockets: (worker_sockets.0.clone(), worker_sockets.1),
                     })
                 })
             })

@@ -1,0 +1,230 @@
+//! The hibernatable socket benchmark (issue 28): memory per idle
+//! hibernated socket on the worker.
+//!
+//! The worker runs in a child process (this binary, `worker`), the clients
+//! here, so the figure is the worker's alone: its resident set (`statm`),
+//! which is user-space memory only (kernel socket buffers are not in it).
+//! The run opens `--sockets` sockets on one instance, waits until the
+//! instance hibernated (evicted, sockets open), and reports the resident
+//! growth per socket; then it wakes the instance with one message whose
+//! broadcast reaches every socket, waits for the next hibernation and
+//! reports again (a socket that has sent and received keeps what it grew).
+//!
+//! ```text
+//! cargo run --release -p pinned-bench --bin socket-bench                 # 10 000 sockets
+//! cargo run --release -p pinned-bench --bin socket-bench -- --sockets 5000
+//! ```
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use axum::routing::get;
+use clap::{Parser, Subcommand};
+use futures_util::{SinkExt, StreamExt};
+use pinned::ws::{Accept, Socket, SocketMessage, WebSocketUpgrade};
+use pinned::{BoxError, Context, HostOptions, Object, Options};
+
+#[derive(Parser)]
+#[command(about = "pinned hibernatable socket benchmark")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Role>,
+    /// Sockets opened on one instance.
+    #[arg(long, default_value_t = 10_000)]
+    sockets: usize,
+}
+
+#[derive(Subcommand)]
+enum Role {
+    /// The worker under measure (started by the benchmark itself).
+    Worker,
+}
+
+/// A room: every message is broadcast to every socket.
+struct Room;
+
+impl Object for Room {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Room)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        axum::Router::new().route(
+            "/ws",
+            get(|ws: WebSocketUpgrade| async move {
+                ws.accept(Accept::new().tag("member").attachment(&("member", 1u32)))
+            }),
+        )
+    }
+
+    async fn on_socket_message(
+        &self,
+        ctx: &Context,
+        _socket: &Socket,
+        message: SocketMessage,
+    ) -> Result<(), BoxError> {
+        ctx.broadcast(None, message.message);
+        Ok(())
+    }
+}
+
+/// The child: a worker whose idle instances hibernate within a second,
+/// with its metrics on `/bench/metrics`; prints its address and serves.
+async fn worker() -> anyhow::Result<()> {
+    let worker = Options::new()
+        .env_vars(Vec::<(String, String)>::new())
+        .max_sockets(1_000_000)
+        .host_with::<Room>(
+            "/room",
+            HostOptions::default()
+                .idle_timeout(Duration::from_millis(500))
+                .sweep_interval(Duration::from_millis(100)),
+        )
+        .build()?;
+    let metrics = worker.clone();
+    let app = worker.router().route(
+        "/bench/metrics",
+        get(move || {
+            let metrics = metrics.clone();
+            async move { metrics.metrics() }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("{}", listener.local_addr()?);
+    worker.start();
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm"))?;
+    let pages: u64 = statm.split_whitespace().nth(1).context("statm")?.parse()?;
+    Ok(pages * 4096)
+}
+
+async fn metric(client: &reqwest::Client, base: &str, name: &str) -> anyhow::Result<f64> {
+    let text = client
+        .get(format!("{base}/bench/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    Ok(text
+        .lines()
+        .find_map(|line| {
+            let (key, value) = line.split_once(' ')?;
+            (key == name).then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0.0))
+}
+
+/// Waits (at most a minute) until `name` reaches `value`.
+async fn wait_metric(
+    client: &reqwest::Client,
+    base: &str,
+    name: &str,
+    value: f64,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(client, base, name).await? < value {
+        anyhow::ensure!(Instant::now() < deadline, "{name} never reached {value}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn measure(sockets: usize) -> anyhow::Result<()> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg("worker")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().context("child stdout")?;
+    let child = Killed(child);
+    let pid = child.0.id();
+    let mut addr = String::new();
+    BufReader::new(stdout).read_line(&mut addr)?;
+    let addr = addr.trim().to_owned();
+    let base = format!("http://{addr}");
+    let url = format!("ws://{addr}/room/bench/ws");
+    let client = reqwest::Client::new();
+
+    // Warm the worker (allocator arenas, routes, the instance table) with
+    // one socket on another id through a hibernation, then measure.
+    {
+        let (warm, _) =
+            tokio_tungstenite::connect_async(format!("ws://{addr}/room/warm/ws")).await?;
+        wait_metric(&client, &base, "pinned_instance_hibernations_total", 1.0).await?;
+        drop(warm);
+        wait_metric(&client, &base, "pinned_sockets_open", 0.0).await?;
+    }
+    let before = rss_bytes(pid)?;
+    let opened = Instant::now();
+    let mut clients = Vec::with_capacity(sockets);
+    let mut connecting = futures_util::stream::iter(0..sockets)
+        .map(|_| tokio_tungstenite::connect_async(url.clone()))
+        .buffered(64);
+    while let Some(connected) = connecting.next().await {
+        clients.push(connected?.0);
+    }
+    let opened = opened.elapsed();
+    wait_metric(&client, &base, "pinned_instance_hibernations_total", 2.0).await?;
+    anyhow::ensure!(
+        metric(&client, &base, "pinned_sockets_open").await? == sockets as f64,
+        "sockets closed during the run"
+    );
+    let hibernated = rss_bytes(pid)?;
+    let per_socket = hibernated.saturating_sub(before) as f64 / sockets as f64;
+    println!(
+        "sockets: {sockets} opened in {:.1} s on one instance, which hibernated (evicted, sockets open): \
+         worker RSS +{:.1} MiB, {per_socket:.0} B per idle hibernated socket (goal <= 4096)",
+        opened.as_secs_f64(),
+        hibernated.saturating_sub(before) as f64 / 1_048_576.0,
+    );
+
+    // One message wakes the instance; its broadcast reaches every socket.
+    let woke = Instant::now();
+    clients[0]
+        .send(tokio_tungstenite::tungstenite::Message::text("hello"))
+        .await?;
+    for socket in &mut clients {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), socket.next()).await? {
+                Some(Ok(tokio_tungstenite::tungstenite::Message::Text(_))) => break,
+                Some(Ok(_)) => continue,
+                other => anyhow::bail!("a socket did not hear the broadcast: {other:?}"),
+            }
+        }
+    }
+    let broadcast = woke.elapsed();
+    wait_metric(&client, &base, "pinned_instance_hibernations_total", 3.0).await?;
+    let again = rss_bytes(pid)?;
+    println!(
+        "wake: one message woke the instance and its broadcast reached all {sockets} sockets in {:.0} ms; \
+         hibernated again: {:.0} B per socket",
+        broadcast.as_secs_f64() * 1_000.0,
+        again.saturating_sub(before) as f64 / sockets as f64,
+    );
+    drop(clients);
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Role::Worker) => worker().await,
+        None => measure(cli.sockets).await,
+    }
+}
