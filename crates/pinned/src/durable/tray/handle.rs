@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::field::Entry;
 use super::frontier::{Effect, Receipt};
-use super::machine::{delete_command, AckEdit, Delivery, OpenTray, Retired};
+use super::machine::{delete_command, Delivery, OpenTray, Retired, Staged};
 use super::open::InstanceTrays;
 use super::opened::Opened;
 use super::{Tray, TrayError};
@@ -384,7 +384,7 @@ pub struct TrayCtx<T: Tray> {
     ctx: Context,
     attempts: u64,
     state: Option<Json>,
-    edits: Arc<Mutex<Vec<AckEdit<T>>>>,
+    staged: Arc<Mutex<Staged<T>>>,
     cancel: CancellationToken,
 }
 
@@ -406,7 +406,7 @@ impl<T: Tray> TrayCtx<T> {
             ctx: delivery.ctx,
             attempts: delivery.attempts,
             state: delivery.state,
-            edits: delivery.edits,
+            staged: delivery.staged,
             cancel: delivery.cancel,
         }
     }
@@ -437,7 +437,60 @@ impl<T: Tray> TrayCtx<T> {
     /// the handler may run more than once. Edits apply in the order staged,
     /// only if the handler returns `Ok`.
     pub fn on_ack(&self, edit: impl FnOnce(&mut T) + Send + 'static) {
-        self.edits.lock().push(Box::new(edit));
+        self.staged.lock().edits.push(Box::new(edit));
+    }
+
+    /// Stages `hook` to run once this item's ack (with its
+    /// [`on_ack`](Self::on_ack) edits) is durable in the store: the output
+    /// gate for what must never run ahead of the store, such as pushing a
+    /// reply to a socket. It runs at most once, only if the handler returns
+    /// `Ok` and the ack's write lands; a crash before that runs it never,
+    /// and the redelivered item stages it again. A run that stages a hook
+    /// writes its ack at once (an ack without one rides the next write).
+    ///
+    /// Nothing else is gated: a socket send or an HTTP answer made in the
+    /// handler itself leaves when it is made (a handler that answers after
+    /// a durable write awaits that write's [`Receipt`](super::Receipt)).
+    ///
+    /// ```
+    /// use pinned::tray::{Fields, Log, Queue, Tray, TrayCtx, TrayHandler};
+    /// use pinned::{BoxError, Context, Object};
+    ///
+    /// #[derive(Default)]
+    /// struct Inbox { queue: Queue<String>, replies: Log<String> }
+    ///
+    /// impl Tray for Inbox {
+    ///     const NAME: &'static str = "inbox";
+    ///     type Item = String;
+    ///     fn fields(&mut self, fields: &mut Fields<'_>) {
+    ///         fields.field("queue", &mut self.queue);
+    ///         fields.field("replies", &mut self.replies);
+    ///     }
+    ///     fn head(&self) -> Option<String> { self.queue.front().cloned() }
+    ///     fn ack(&mut self, _item: &String) { self.queue.pop_front(); }
+    /// }
+    ///
+    /// struct Room;
+    /// # impl Object for Room {
+    /// #     async fn activate(_: &Context) -> Result<Self, BoxError> { Ok(Room) }
+    /// #     fn routes() -> pinned::Routes<Self> { axum::Router::new() }
+    /// #     fn trays() -> pinned::tray::Trays<Self> { pinned::tray::Trays::new().singleton::<Inbox>() }
+    /// # }
+    ///
+    /// impl TrayHandler<Inbox> for Room {
+    ///     async fn handle(&self, ctx: TrayCtx<Inbox>, item: String) -> Result<(), BoxError> {
+    ///         let reply = format!("re: {item}");
+    ///         let stored = reply.clone();
+    ///         ctx.on_ack(move |inbox| { inbox.replies.append(stored); });
+    ///         let room = ctx.context().clone();
+    ///         // Sent only once the reply is in the store.
+    ///         ctx.after_ack(move || { room.broadcast(None, reply); });
+    ///         Ok(())
+    ///     }
+    /// }
+    /// ```
+    pub fn after_ack(&self, hook: impl FnOnce() + Send + 'static) {
+        self.staged.lock().after.push(Box::new(hook));
     }
 
     /// This item's dispatch state: what an earlier delivery recorded with

@@ -74,6 +74,25 @@ pub(crate) type HookFn<T> =
 /// An `on_ack` edit staged by a handler.
 pub(crate) type AckEdit<T> = Box<dyn FnOnce(&mut T) + Send>;
 
+/// An `after_ack` hook staged by a handler.
+pub(crate) type AfterAck = Box<dyn FnOnce() + Send>;
+
+/// What one handler run stages for its ack: edits that land with it, and
+/// hooks that run once it landed.
+pub(crate) struct Staged<T> {
+    pub(crate) edits: Vec<AckEdit<T>>,
+    pub(crate) after: Vec<AfterAck>,
+}
+
+impl<T> Default for Staged<T> {
+    fn default() -> Self {
+        Self {
+            edits: Vec::new(),
+            after: Vec::new(),
+        }
+    }
+}
+
 /// What a tray runs of its object, built by the declaration that knows the
 /// object's type.
 pub(crate) struct Hooks<T: Tray> {
@@ -91,8 +110,8 @@ pub(crate) struct Delivery<T: Tray> {
     pub(crate) attempts: u64,
     /// The dispatch state an earlier delivery recorded.
     pub(crate) state: Option<Json>,
-    /// The `on_ack` edits the handler stages.
-    pub(crate) edits: Arc<Mutex<Vec<AckEdit<T>>>>,
+    /// The `on_ack` edits and `after_ack` hooks the handler stages.
+    pub(crate) staged: Arc<Mutex<Staged<T>>>,
     pub(crate) cancel: tokio_util::sync::CancellationToken,
 }
 

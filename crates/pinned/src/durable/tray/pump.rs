@@ -21,7 +21,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::frontier::Urgency;
-use super::machine::{delete_command, Active, Delivery, OpenTray, Retired};
+use super::machine::{
+    delete_command, AckEdit, Active, AfterAck, Delivery, OpenTray, Retired, Staged,
+};
 use super::{Tray, MAX_CONCURRENT_DISPATCHES};
 use crate::namespace::context::Context;
 use crate::namespace::panic_message;
@@ -205,14 +207,18 @@ impl<T: Tray> OpenTray<T> {
             if receipt.await.is_err() {
                 return self.stopped();
             }
-            let edits: Arc<Mutex<Vec<super::machine::AckEdit<T>>>> = Arc::default();
+            let staged: Arc<Mutex<Staged<T>>> = Arc::default();
             let outcome = self
-                .run(slot, item.clone(), attempts, cancel, edits.clone())
+                .run(slot, item.clone(), attempts, cancel, staged.clone())
                 .await;
             match outcome {
                 Outcome::Done | Outcome::Consumed => {
                     let keep = matches!(outcome, Outcome::Done);
-                    if !self.acked(&item, keep, &edits) {
+                    let Staged { edits, after } = std::mem::take(&mut *staged.lock());
+                    if !self.acked(&item, keep, edits) {
+                        return;
+                    }
+                    if keep && !after.is_empty() && !self.after_acked(slot, after) {
                         return;
                     }
                 }
@@ -231,13 +237,7 @@ impl<T: Tray> OpenTray<T> {
     /// delivery count and dispatch state, and the unmark if that left the
     /// tray dry; the next [`step`](Self::step) writes it. False when the
     /// pump must stop.
-    fn acked(
-        &self,
-        item: &T::Item,
-        keep: bool,
-        edits: &Mutex<Vec<super::machine::AckEdit<T>>>,
-    ) -> bool {
-        let edits = std::mem::take(&mut *edits.lock());
+    fn acked(&self, item: &T::Item, keep: bool, edits: Vec<AckEdit<T>>) -> bool {
         let mut state = self.state.lock();
         state.active = None;
         let applied = self.segment(&mut state, |tray| {
@@ -267,6 +267,36 @@ impl<T: Tray> OpenTray<T> {
         true
     }
 
+    /// The output gate of a run that staged `after_ack` hooks: its ack is
+    /// written now (not with the next step), and the hooks run once that
+    /// write landed, in a task of their own so the next item is not held
+    /// up; never if it fails (the instance aborts and the item comes
+    /// again). False when the pump must stop.
+    fn after_acked(&self, slot: &Arc<Record>, hooks: Vec<AfterAck>) -> bool {
+        let receipt = {
+            let mut state = self.state.lock();
+            match self.commit(&mut state) {
+                Ok(receipt) => receipt,
+                Err(_) => {
+                    state.pumping = false;
+                    return false;
+                }
+            }
+        };
+        let label = self.label();
+        crate::task::spawn_detached(&slot.host.domain, async move {
+            if receipt.await.is_err() {
+                return;
+            }
+            for hook in hooks {
+                if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(hook)) {
+                    tracing::error!(tray = %label, panic = %panic_message(panic.as_ref()), "an after_ack hook panicked");
+                }
+            }
+        });
+        true
+    }
+
     /// One handler run: a dispatch slot, the instance's turn in exclusive
     /// mode, the dispatch timeout, and `cancel_dispatch`.
     async fn run(
@@ -275,7 +305,7 @@ impl<T: Tray> OpenTray<T> {
         item: T::Item,
         attempts: u64,
         cancel: CancellationToken,
-        edits: Arc<Mutex<Vec<super::machine::AckEdit<T>>>>,
+        staged: Arc<Mutex<Staged<T>>>,
     ) -> Outcome {
         let Some(instance) = slot.instance() else {
             return Outcome::Failed("the instance is not live".to_owned());
@@ -296,7 +326,7 @@ impl<T: Tray> OpenTray<T> {
             ctx: Context::new(slot.clone()),
             attempts,
             state,
-            edits,
+            staged,
             cancel: cancel.clone(),
         };
         let handler = AssertUnwindSafe((self.handler)(instance, delivery, item)).catch_unwind();
