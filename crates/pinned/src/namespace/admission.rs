@@ -336,7 +336,7 @@ impl Namespace {
         }
         let task_slot = slot.clone();
         let entry = slot.hold();
-        let span = slot.span();
+        let span = slot.task_span("activation");
         let handle = self.domain.spawn(async move {
             let slot = task_slot;
             let _entry = entry;

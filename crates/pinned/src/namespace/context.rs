@@ -162,7 +162,7 @@ impl Context {
         }
         let entry = self.slot.hold();
         let slot = self.slot.clone();
-        let span = slot.span();
+        let span = slot.task_span("task");
         let domain = slot.host.domain.clone();
         domain.spawn(tracing::Instrument::instrument(
             async move {

@@ -61,7 +61,7 @@ fn run<T, F>(
         Some(outcome) => settle(slot, outcome),
         None => {
             let slot = slot.clone();
-            let span = slot.span();
+            let span = slot.task_span("hook");
             let domain = slot.host.domain.clone();
             spawn_detached(
                 &domain,

@@ -101,14 +101,33 @@ impl Record {
 
     /// The instance's tracing span: everything the instance does (its
     /// activation, requests, background tasks, alarm runs, teardown) runs
-    /// inside one, so its logs carry the namespace, id and epoch.
+    /// inside one, so its logs carry the namespace, id and epoch. Always a
+    /// root: work started from inside another instance span (a tray flush
+    /// enlisted by a handler) names its instance once, not once per hop.
     pub(crate) fn span(&self) -> tracing::Span {
         tracing::info_span!(
+            parent: None,
             "instance",
             namespace = %self.host.ns,
             id = %self.id,
             epoch = self.slot.epoch(),
         )
+    }
+
+    /// The span of work spawned for the instance (`what`: `activation`,
+    /// `tray flush`, `task`, `hook`, `teardown`, `alarm`): the
+    /// [`span`](Self::span) and, when debug spans are wanted (the console
+    /// at debug, or traces exported), a debug child named by `what` that
+    /// continues the trace of the current span (the request that started
+    /// the work), which is then the one returned.
+    pub(crate) fn task_span(&self, what: &'static str) -> tracing::Span {
+        let instance = self.span();
+        let task = tracing::debug_span!(parent: &instance, "work", otel.name = what, work = what);
+        if task.is_disabled() {
+            return instance;
+        }
+        pinned_edge::trace::follow(&task);
+        task
     }
 
     /// Winding down: the namespace drains or the instance was told to.

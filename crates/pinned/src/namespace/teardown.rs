@@ -69,7 +69,7 @@ impl Namespace {
         slot.host.closing.fetch_add(1, Ordering::SeqCst);
         spawn_detached(
             &slot.host.domain,
-            teardown(slot.clone(), Close::Idle).instrument(slot.span()),
+            teardown(slot.clone(), Close::Idle).instrument(slot.task_span("teardown")),
         );
     }
 
@@ -92,7 +92,7 @@ impl Namespace {
             slot.cancel();
             spawn_detached(
                 &slot.host.domain,
-                teardown(slot.clone(), close).instrument(slot.span()),
+                teardown(slot.clone(), close).instrument(slot.task_span("teardown")),
             );
         }
     }

@@ -315,12 +315,15 @@ fn panicked(
 /// usual `info` a handler's lines carry the instance span alone. With
 /// nothing listening at `info` there is none, not even a disabled one: no
 /// span is cloned, entered on every poll, or dropped.
+///
+/// While traces are exported the request span continues the trace of the
+/// request's `traceparent` (pinboard's attempt span, or a client's).
 fn request_span(slot: &Record, parts: &Parts) -> Option<tracing::Span> {
     if tracing::enabled!(tracing::Level::DEBUG) {
         let instance_span = slot.span();
-        Some(
-            tracing::debug_span!(parent: &instance_span, "request", method = %parts.method, path = %parts.uri.path()),
-        )
+        let span = tracing::debug_span!(parent: &instance_span, "request", otel.kind = "server", method = %parts.method, path = %parts.uri.path());
+        pinned_edge::trace::continue_from(&span, &parts.headers);
+        Some(span)
     } else if tracing::enabled!(tracing::Level::INFO) {
         Some(slot.span())
     } else {

@@ -162,7 +162,7 @@ impl Frontier {
             let frontier = self.clone();
             slot.host.domain.spawn(tracing::Instrument::instrument(
                 frontier.flush(busy),
-                slot.span(),
+                slot.task_span("tray flush"),
             ));
         }
         Ok(position)
