@@ -155,7 +155,7 @@ async fn one_trace_holds_pinboards_attempt_as_the_parent_of_the_workers_request(
 ) -> anyhow::Result<()> {
     let receiver = Receiver::default();
     let addr = receiver.start().await?;
-    let (pb, _worker) = fleet(addr, "traces-parent").await?;
+    let (pb, worker) = fleet(addr, "traces-parent").await?;
     reqwest::Client::new()
         .post(format!("{}/counter/traced/increment", pb.url))
         .send()
@@ -199,6 +199,22 @@ async fn one_trace_holds_pinboards_attempt_as_the_parent_of_the_workers_request(
         )
     })
     .await;
+    // Exporting debug spans did not turn the console (at info) up: the
+    // activation's line names its instance span alone, not the debug
+    // `activation` span it was logged in.
+    let line = eventually("the activation's line", PATIENCE, || {
+        let log = worker.log_text();
+        std::future::ready(
+            log.lines()
+                .find(|l| l.contains("activated instance"))
+                .map(str::to_owned),
+        )
+    })
+    .await;
+    assert!(
+        line.contains("instance{") && !line.contains(":activation") && !line.contains("DEBUG"),
+        "{line}"
+    );
     Ok(())
 }
 

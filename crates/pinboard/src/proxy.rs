@@ -156,7 +156,6 @@ fn request_span(inbound: &Inbound) -> tracing::Span {
     let span = tracing::debug_span!(
         target: "pinboard::proxy",
         "proxy",
-        otel.kind = "server",
         method = tracing::field::Empty,
         ns = tracing::field::Empty,
         id = tracing::field::Empty,
@@ -191,7 +190,6 @@ async fn forward<S: PlacementStore>(
             target: "pinboard::proxy",
             parent: span,
             "attempt",
-            otel.kind = "client",
             attempt = ctx.attempts.attempt,
             worker = %route.worker.record.session_id,
         );

@@ -468,8 +468,8 @@ impl Schedule {
 /// progress (timers) instead of answering [`Run::Running`] (`_alarm`).
 /// Runs in the instance's `alarm` span ([`Record::task_span`]).
 pub(crate) async fn run(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
-    let span = slot.task_span("alarm");
-    tracing::Instrument::instrument(run_once(slot, wait), span).await.inspect_err(|error| {
+    let span = slot.task_span(crate::namespace::record::Work::Alarm);
+    span.instrument(run_once(slot, wait)).await.inspect_err(|error| {
         if let RunError::Store(error) = error {
             crate::durable::abort_on_fence_lost(slot, error);
         }

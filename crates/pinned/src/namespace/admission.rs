@@ -14,7 +14,6 @@ use dashmap::mapref::entry::Entry;
 use futures_util::future::FutureExt;
 use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use super::deadlines::Judged;
 use super::Busy;
@@ -336,8 +335,8 @@ impl Namespace {
         }
         let task_slot = slot.clone();
         let entry = slot.hold();
-        let span = slot.task_span("activation");
-        let handle = self.domain.spawn(async move {
+        let span = slot.task_span(crate::namespace::record::Work::Activation);
+        let handle = self.domain.spawn(span.instrument(async move {
             let slot = task_slot;
             let _entry = entry;
             if let Some(durable) = &host.durable {
@@ -385,7 +384,7 @@ impl Namespace {
             drop(slot.take_trays());
             host.remove(&slot);
             Activation::Failed
-        }.instrument(span));
+        }));
         *pending = Some(Box::new(
             async move { handle.await.unwrap_or(Activation::Failed) }
                 .boxed()

@@ -7,6 +7,7 @@
 //! to the slot only what needs the namespace: its clock, its drain, its
 //! name in the instance's span.
 
+use super::work_span::WorkSpan;
 use std::ops::Deref;
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
@@ -114,20 +115,26 @@ impl Record {
         )
     }
 
-    /// The span of work spawned for the instance (`what`: `activation`,
-    /// `tray flush`, `task`, `hook`, `teardown`, `alarm`): the
+    /// The spans of work for the instance ([`WorkSpan`]): the
     /// [`span`](Self::span) and, when debug spans are wanted (the console
     /// at debug, or traces exported), a debug child named by `what` that
     /// continues the trace of the current span (the request that started
-    /// the work), which is then the one returned.
-    pub(crate) fn task_span(&self, what: &'static str) -> tracing::Span {
+    /// the work).
+    pub(crate) fn task_span(&self, what: Work) -> WorkSpan {
         let instance = self.span();
-        let task = tracing::debug_span!(parent: &instance, "work", otel.name = what, work = what);
-        if task.is_disabled() {
-            return instance;
+        // One call site per kind: a span's name is its call site's.
+        let work = match what {
+            Work::Activation => tracing::debug_span!(parent: &instance, "activation"),
+            Work::TrayFlush => tracing::debug_span!(parent: &instance, "tray flush"),
+            Work::Task => tracing::debug_span!(parent: &instance, "task"),
+            Work::Hook => tracing::debug_span!(parent: &instance, "hook"),
+            Work::Teardown => tracing::debug_span!(parent: &instance, "teardown"),
+            Work::Alarm => tracing::debug_span!(parent: &instance, "alarm"),
+        };
+        if !work.is_disabled() {
+            pinned_edge::trace::follow(&work);
         }
-        pinned_edge::trace::follow(&task);
-        task
+        WorkSpan::new(instance, work)
     }
 
     /// Winding down: the namespace drains or the instance was told to.
@@ -174,4 +181,21 @@ mod tests {
             std::mem::size_of::<Record>()
         );
     }
+}
+
+/// What a [`Record::task_span`] is for: its span's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// `activation`: the instance's activation (and its trays' resumption).
+    Activation,
+    /// `tray flush`: enlisted effects written and dispatched.
+    TrayFlush,
+    /// `task`: a background task (`Context::spawn`/`spawn_fallible`).
+    Task,
+    /// `hook`: a lifecycle hook that did not finish at once.
+    Hook,
+    /// `teardown`: the instance closing.
+    Teardown,
+    /// `alarm`: an alarm and schedule run (`Object::alarm`).
+    Alarm,
 }

@@ -148,7 +148,7 @@ impl Cluster {
         // (through pinboard or on this worker) continues its trace. Kept
         // until the response head is back; never entered across an await.
         let _call_span = {
-            let span = tracing::debug_span!("cluster call", otel.kind = "client", namespace = %ns, id = %id);
+            let span = tracing::debug_span!("cluster call", namespace = %ns, id = %id);
             pinned_edge::trace::inject(&span, &mut parts.headers);
             span
         };

@@ -50,11 +50,11 @@ use pinned_wire::refusal::Refusal;
 use pinned_wire::{attestation, epoch, headers, ids};
 use tokio::time::Instant;
 use tower::{Layer, Service};
-use tracing::Instrument;
 
 use crate::auth::AuthError;
 use crate::namespace::context::Context;
 use crate::namespace::Record;
+use crate::namespace::work_span::WorkSpan;
 use crate::namespace::{panic_message, Admission, Attempt, Entered, Namespace};
 use crate::object::call::{Admitted, Call};
 use crate::object::{Object, RouteState};
@@ -293,7 +293,7 @@ fn gate_and_enter<'a>(
 fn panicked(
     host: &Namespace,
     slot: &Record,
-    span: Option<&tracing::Span>,
+    span: Option<&WorkSpan>,
     panic: &(dyn std::any::Any + Send),
 ) -> Response {
     let log = || {
@@ -318,14 +318,14 @@ fn panicked(
 ///
 /// While traces are exported the request span continues the trace of the
 /// request's `traceparent` (pinboard's attempt span, or a client's).
-fn request_span(slot: &Record, parts: &Parts) -> Option<tracing::Span> {
+fn request_span(slot: &Record, parts: &Parts) -> Option<WorkSpan> {
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let instance_span = slot.span();
-        let span = tracing::debug_span!(parent: &instance_span, "request", otel.kind = "server", method = %parts.method, path = %parts.uri.path());
+        let instance = slot.span();
+        let span = tracing::debug_span!(parent: &instance, "request", method = %parts.method, path = %parts.uri.path());
         pinned_edge::trace::continue_from(&span, &parts.headers);
-        Some(span)
+        Some(WorkSpan::new(instance, span))
     } else if tracing::enabled!(tracing::Level::INFO) {
-        Some(slot.span())
+        Some(WorkSpan::new(slot.span(), tracing::Span::none()))
     } else {
         None
     }
@@ -424,8 +424,10 @@ pub(crate) fn serve<T: Object>(
             let (entry, instance) = match entered {
                 Entered::Live(busy, instance) => (busy, instance),
                 Entered::Activating(busy) => {
-                    let in_span = span.clone().unwrap_or_else(tracing::Span::none);
-                    match Box::pin(Namespace::activation(busy).instrument(in_span)).await {
+                    let in_span = span.clone().unwrap_or_else(|| {
+                        WorkSpan::new(tracing::Span::none(), tracing::Span::none())
+                    });
+                    match Box::pin(in_span.instrument(Namespace::activation(busy))).await {
                         Ok(activated) => activated,
                         Err(refused) => return Ok(admission_refused(refused)),
                     }
@@ -443,7 +445,7 @@ pub(crate) fn serve<T: Object>(
             Some(turn) => {
                 let mut acquire = pin!(turn.acquire());
                 let permit = poll_fn(|cx| {
-                    let _in_span = span.as_ref().map(tracing::Span::enter);
+                    let _in_span = span.as_ref().map(WorkSpan::enter);
                     if cancelled.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(None);
                     }
@@ -474,7 +476,7 @@ pub(crate) fn serve<T: Object>(
         };
         let mut handler = pin!(AssertUnwindSafe(handler).catch_unwind());
         let outcome = poll_fn(|cx| {
-            let _in_span = span.as_ref().map(tracing::Span::enter);
+            let _in_span = span.as_ref().map(WorkSpan::enter);
             if let Poll::Ready(outcome) = handler.as_mut().poll(cx) {
                 return Poll::Ready(Some(outcome));
             }
