@@ -120,18 +120,19 @@ async fn a_clients_traceparent_is_continued_and_its_tracestate_passes() -> anyho
         .await?
         .error_for_status()?;
     // Each process exports on its own schedule: wait for all three.
-    let (proxy, attempt, request) = eventually("the three spans in the client's trace", PATIENCE, || {
-        let found = receiver
-            .find("pinboard", "proxy", Some(trace), Some(client_span))
-            .and_then(|proxy| {
-                let attempt =
-                    receiver.find("pinboard", "attempt", Some(trace), Some(&proxy.span_id))?;
-                let request = receiver.find("counter", "request", Some(trace), None)?;
-                Some((proxy, attempt, request))
-            });
-        std::future::ready(found)
-    })
-    .await;
+    let (proxy, attempt, request) =
+        eventually("the three spans in the client's trace", PATIENCE, || {
+            let found = receiver
+                .find("pinboard", "proxy", Some(trace), Some(client_span))
+                .and_then(|proxy| {
+                    let attempt =
+                        receiver.find("pinboard", "attempt", Some(trace), Some(&proxy.span_id))?;
+                    let request = receiver.find("counter", "request", Some(trace), None)?;
+                    Some((proxy, attempt, request))
+                });
+            std::future::ready(found)
+        })
+        .await;
     assert_eq!(request.parent, attempt.span_id, "{request:?}");
     for span in [&proxy, &attempt, &request] {
         assert_eq!(

@@ -36,29 +36,38 @@ async fn a_cluster_call_continues_the_callers_trace() {
         .collect();
     let c = client();
     wait_workers(&c, &pb.url, 2).await;
-    let answer = get_json(&c, &format!("{}/counter/caller/call/callee", pb.url), PATIENCE).await;
+    let answer = get_json(
+        &c,
+        &format!("{}/counter/caller/call/callee", pb.url),
+        PATIENCE,
+    )
+    .await;
     assert_eq!(answer["status"], 200, "{answer}");
-    let (call, target) = eventually("the cluster call and its target in one trace", PATIENCE, || {
-        let spans = receiver.spans();
-        let found = spans
-            .iter()
-            .find(|s| s.service == "worker" && s.name == "cluster call")
-            .and_then(|call| {
-                // The call's parent is the caller's request span.
-                let caller = spans.iter().find(|s| {
-                    s.span_id == call.parent && s.name == "request" && s.service == "worker"
-                })?;
-                let target = spans.iter().find(|s| {
-                    s.service == "worker"
-                        && s.name == "request"
-                        && s.span_id != caller.span_id
-                        && s.trace_id == call.trace_id
-                        && receiver.descends(s, call)
-                })?;
-                Some((call.clone(), target.clone()))
-            });
-        std::future::ready(found)
-    })
+    let (call, target) = eventually(
+        "the cluster call and its target in one trace",
+        PATIENCE,
+        || {
+            let spans = receiver.spans();
+            let found = spans
+                .iter()
+                .find(|s| s.service == "worker" && s.name == "cluster call")
+                .and_then(|call| {
+                    // The call's parent is the caller's request span.
+                    let caller = spans.iter().find(|s| {
+                        s.span_id == call.parent && s.name == "request" && s.service == "worker"
+                    })?;
+                    let target = spans.iter().find(|s| {
+                        s.service == "worker"
+                            && s.name == "request"
+                            && s.span_id != caller.span_id
+                            && s.trace_id == call.trace_id
+                            && receiver.descends(s, call)
+                    })?;
+                    Some((call.clone(), target.clone()))
+                });
+            std::future::ready(found)
+        },
+    )
     .await;
     assert_eq!(call.trace_id, target.trace_id);
     // The caller's request continued pinboard's attempt: one trace from the

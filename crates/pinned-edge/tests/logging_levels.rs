@@ -17,7 +17,9 @@ fn nothing_exporting_keeps_debug_spans_off_at_info() {
     ] {
         std::env::remove_var(var);
     }
-    LogSettings::default().try_init().expect("the only subscriber");
+    LogSettings::default()
+        .try_init()
+        .expect("the only subscriber");
     assert!(!pinned_edge::trace::active());
     assert_eq!(LevelFilter::current(), LevelFilter::INFO);
     let span = tracing::debug_span!(target: "pinboard::proxy", "proxy");

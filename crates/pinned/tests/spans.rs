@@ -162,7 +162,11 @@ impl Object for Durable {
         Router::new().route(
             "/note",
             axum::routing::post(|call: Call| async move {
-                let notes = call.ctx().tray::<Notes>().await.map_err(|e| e.to_string())?;
+                let notes = call
+                    .ctx()
+                    .tray::<Notes>()
+                    .await
+                    .map_err(|e| e.to_string())?;
                 let receipt = notes
                     .admit(|notes| notes.queue.push_back("n".into()))
                     .map_err(|e| e.to_string())?;
@@ -183,7 +187,11 @@ impl Object for Durable {
 }
 
 impl pinned::tray::TrayHandler<Notes> for Durable {
-    async fn handle(&self, _ctx: pinned::tray::TrayCtx<Notes>, _note: String) -> Result<(), BoxError> {
+    async fn handle(
+        &self,
+        _ctx: pinned::tray::TrayCtx<Notes>,
+        _note: String,
+    ) -> Result<(), BoxError> {
         tracing::info!("from the tray handler");
         Ok(())
     }

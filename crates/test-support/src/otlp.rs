@@ -80,7 +80,10 @@ impl Receiver {
     /// The variables that make a process export here, every 100 ms.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{}", self.addr)),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://{}", self.addr),
+            ),
             ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
         ]
     }

@@ -82,10 +82,13 @@ where
 /// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT`
 /// (milliseconds), else 10 s.
 fn export_timeout() -> Duration {
-    ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"]
-        .iter()
-        .find_map(|name| std::env::var(name).ok()?.trim().parse::<u64>().ok())
-        .map_or(DEFAULT_EXPORT_TIMEOUT, Duration::from_millis)
+    [
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ]
+    .iter()
+    .find_map(|name| std::env::var(name).ok()?.trim().parse::<u64>().ok())
+    .map_or(DEFAULT_EXPORT_TIMEOUT, Duration::from_millis)
 }
 
 pub(super) fn continue_from(span: &tracing::Span, headers: &HeaderMap) {

@@ -469,11 +469,13 @@ impl Schedule {
 /// Runs in the instance's `alarm` span ([`Record::task_span`]).
 pub(crate) async fn run(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
     let span = slot.task_span(crate::namespace::record::Work::Alarm);
-    span.instrument(run_once(slot, wait)).await.inspect_err(|error| {
-        if let RunError::Store(error) = error {
-            crate::durable::abort_on_fence_lost(slot, error);
-        }
-    })
+    span.instrument(run_once(slot, wait))
+        .await
+        .inspect_err(|error| {
+            if let RunError::Store(error) = error {
+                crate::durable::abort_on_fence_lost(slot, error);
+            }
+        })
 }
 
 async fn run_once(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {

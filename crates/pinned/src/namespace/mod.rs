@@ -58,10 +58,10 @@ pub(crate) mod hooks;
 mod lifecycle;
 pub(crate) mod options;
 pub(crate) mod record;
-pub(crate) mod work_span;
 mod states;
 mod teardown;
 mod wind_down;
+pub(crate) mod work_span;
 
 pub(crate) use self::admission::{Admission, Attempt, Entered};
 pub(crate) use self::busy::Busy;

@@ -68,7 +68,8 @@ impl Namespace {
         slot.host.closing.fetch_add(1, Ordering::SeqCst);
         spawn_detached(
             &slot.host.domain,
-            slot.task_span(crate::namespace::record::Work::Teardown).instrument(teardown(slot.clone(), Close::Idle)),
+            slot.task_span(crate::namespace::record::Work::Teardown)
+                .instrument(teardown(slot.clone(), Close::Idle)),
         );
     }
 
@@ -91,7 +92,8 @@ impl Namespace {
             slot.cancel();
             spawn_detached(
                 &slot.host.domain,
-                slot.task_span(crate::namespace::record::Work::Teardown).instrument(teardown(slot.clone(), close)),
+                slot.task_span(crate::namespace::record::Work::Teardown)
+                    .instrument(teardown(slot.clone(), close)),
             );
         }
     }

@@ -53,8 +53,8 @@ use tower::{Layer, Service};
 
 use crate::auth::AuthError;
 use crate::namespace::context::Context;
-use crate::namespace::Record;
 use crate::namespace::work_span::WorkSpan;
+use crate::namespace::Record;
 use crate::namespace::{panic_message, Admission, Attempt, Entered, Namespace};
 use crate::object::call::{Admitted, Call};
 use crate::object::{Object, RouteState};
