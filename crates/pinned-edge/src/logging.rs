@@ -7,7 +7,10 @@
 //!   (`info` unless `RUST_LOG` says otherwise) and the reminder period of
 //!   [`repeats`]; [`LogSettings::init`] installs it as the global
 //!   subscriber, writing to stderr, with ANSI colours only when stderr is a
-//!   terminal (never into a file or a pipe) and `NO_COLOR` is unset.
+//!   terminal (never into a file or a pipe) and `NO_COLOR` is unset. Beside
+//!   the console it installs the OTLP layer when the `OTEL_*` variables ask
+//!   ([`crate::trace`]); each layer has its own filter, so exporting debug
+//!   spans never turns the console up.
 //! - [`Chain`]: `error = %Chain(&e)` logs `e` with every `source()`.
 //! - [`Repeats`] / [`repeats`]: a failure repeated by a retry loop is
 //!   logged when it starts, when it changes, once per period while it

@@ -202,6 +202,56 @@ pub(crate) mod otlp;
 mod tests {
     use super::*;
 
+    /// The only test of this binary that sets `OTEL_*` variables.
+    #[test]
+    fn the_standard_variables_decide_whether_to_export() {
+        let clear = || {
+            for var in [
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "OTEL_SDK_DISABLED",
+                "OTEL_TRACES_EXPORTER",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                ENV_OTEL_FILTER,
+            ] {
+                std::env::remove_var(var);
+            }
+        };
+        clear();
+        assert_eq!(Otlp::from_env("p"), Ok(Otlp::Off));
+        std::env::set_var(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://127.0.0.1:1/v1/traces",
+        );
+        assert_eq!(
+            Otlp::from_env("p"),
+            Ok(Otlp::On {
+                default_service: "p".into(),
+                filter: DEFAULT_OTEL_FILTER.into()
+            })
+        );
+        std::env::set_var("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc");
+        assert!(matches!(
+            Otlp::from_env("p"),
+            Err(OtlpError::Unsupported {
+                var: "OTEL_EXPORTER_OTLP_PROTOCOL",
+                ..
+            })
+        ));
+        // The signal's own variable wins over the generic one.
+        std::env::set_var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf");
+        assert!(Otlp::from_env("p").is_ok());
+        std::env::set_var("OTEL_TRACES_EXPORTER", "none");
+        assert_eq!(Otlp::from_env("p"), Ok(Otlp::Off));
+        std::env::set_var("OTEL_TRACES_EXPORTER", "zipkin");
+        assert!(Otlp::from_env("p").is_err());
+        std::env::remove_var("OTEL_TRACES_EXPORTER");
+        std::env::set_var("OTEL_SDK_DISABLED", "true");
+        assert_eq!(Otlp::from_env("p"), Ok(Otlp::Off));
+        clear();
+    }
+
     #[test]
     fn off_without_the_feature_or_an_exporter() {
         // No layer is installed in this test process.
