@@ -30,8 +30,12 @@ pub fn main() -> ExitCode {
     }
     let config = Config::parse();
     // Text or JSON on stderr, colours only on a terminal (never into a log
-    // file or a pipe); `RUST_LOG` filters, default info.
-    config.log_settings().init();
+    // file or a pipe); `RUST_LOG` filters, default info. Spans go out over
+    // OTLP when the `OTEL_*` variables ask (`pinned_edge::trace`).
+    if let Err(error) = config.log_settings().try_init() {
+        eprintln!("pinboard: logging: {error}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
     let problems = config.validate();
     if !problems.is_empty() {
         for problem in &problems {
@@ -46,7 +50,10 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(config)) {
+    let served = runtime.block_on(serve(config));
+    // The spans still batched go out before the process ends.
+    pinned_edge::trace::shutdown();
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("pinboard: {error}");

@@ -1,7 +1,8 @@
 //! Proxy hygiene (RFC 9110 §7.6.1, RFC 7239) against the real process and
 //! a scripted worker that records what reaches it: hop-by-hop headers (and
 //! those `Connection` names) never cross pinboard in either direction, the
-//! forwarding headers carry the client's address, and a body the client
+//! forwarding headers carry the client's address, a `traceparent` passes
+//! untouched while no traces are exported, and a body the client
 //! broke is the client's fault: 400 / 408, the cached route kept, no worker
 //! failure counted.
 
@@ -48,6 +49,8 @@ async fn hop_by_hop_headers_stay_behind_and_forwarding_headers_carry_the_client(
           X-Forwarded-For: 203.0.113.7\r\n\
           Forwarded: for=203.0.113.7;proto=https\r\n\
           Pinboard-Epoch: 999\r\n\
+          Traceparent: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\n\
+          Tracestate: congo=t61rcWkgMzE\r\n\
           X-Keep: yes\r\n\r\n",
     )
     .await
@@ -80,6 +83,13 @@ async fn hop_by_hop_headers_stay_behind_and_forwarding_headers_carry_the_client(
         seen.headers
     );
     assert_eq!(seen.all("x-keep"), ["yes"]);
+    // No OTLP export configured: the trace context passes through as is,
+    // even with pinboard's debug spans on.
+    assert_eq!(
+        seen.all("traceparent"),
+        ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]
+    );
+    assert_eq!(seen.all("tracestate"), ["congo=t61rcWkgMzE"]);
     assert_eq!(seen.all("x-forwarded-for"), ["203.0.113.7, 127.0.0.1"]);
     assert_eq!(
         seen.all("forwarded"),

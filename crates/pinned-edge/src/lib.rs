@@ -24,6 +24,9 @@
 //! - [`logging`]: the subscriber setup of every binary (text or JSON, no
 //!   colours into files), errors with their causes, and repeated failures
 //!   logged once with a count.
+//! - [`trace`]: the W3C trace context in and out of a hop, and the OTLP
+//!   export of spans when the `OTEL_*` variables ask for it (feature
+//!   `otlp`).
 //!
 //! This crate owns no router: each binary decides what a request is, in
 //! the per-connection service it hands the accept loop (pinboard's
@@ -43,3 +46,4 @@ pub mod logging;
 pub mod phase;
 pub mod roster;
 pub mod tls;
+pub mod trace;

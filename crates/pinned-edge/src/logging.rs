@@ -7,7 +7,10 @@
 //!   (`info` unless `RUST_LOG` says otherwise) and the reminder period of
 //!   [`repeats`]; [`LogSettings::init`] installs it as the global
 //!   subscriber, writing to stderr, with ANSI colours only when stderr is a
-//!   terminal (never into a file or a pipe) and `NO_COLOR` is unset.
+//!   terminal (never into a file or a pipe) and `NO_COLOR` is unset. Beside
+//!   the console it installs the OTLP layer when the `OTEL_*` variables ask
+//!   ([`crate::trace`]); each layer has its own filter, so exporting debug
+//!   spans never turns the console up.
 //! - [`Chain`]: `error = %Chain(&e)` logs `e` with every `source()`.
 //! - [`Repeats`] / [`repeats`]: a failure repeated by a retry loop is
 //!   logged when it starts, when it changes, once per period while it
@@ -84,6 +87,9 @@ pub enum LogError {
     /// A global subscriber is installed already.
     #[error("a global tracing subscriber is installed already")]
     Installed,
+    /// The `OTEL_*` variables ask for an export this build cannot make.
+    #[error(transparent)]
+    Otlp(#[from] crate::trace::OtlpError),
 }
 
 /// The logging setup of one process.
@@ -95,6 +101,9 @@ pub struct LogSettings {
     pub default_filter: String,
     /// How often a repeated failure is logged again ([`repeats`]).
     pub repeat_period: Duration,
+    /// The `service.name` of exported spans when `OTEL_SERVICE_NAME` names
+    /// none (`None`: the executable's file name).
+    pub service: Option<String>,
 }
 
 impl Default for LogSettings {
@@ -103,6 +112,7 @@ impl Default for LogSettings {
             format: LogFormat::Text,
             default_filter: DEFAULT_FILTER.to_owned(),
             repeat_period: DEFAULT_REPEAT_PERIOD,
+            service: None,
         }
     }
 }
@@ -147,22 +157,60 @@ impl LogSettings {
     ///
     /// [`LogError::Installed`] when a global subscriber is set already.
     pub fn try_init(&self) -> Result<(), LogError> {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        use tracing_subscriber::Layer as _;
+
         repeats().set_period(self.repeat_period);
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&self.default_filter));
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr);
-        let installed = match self.format {
-            LogFormat::Text => builder.with_ansi(colours()).try_init(),
-            LogFormat::Json => builder
+        // The console's filter is its own (a per-layer filter): the OTLP
+        // layer may ask for debug spans without the console printing them.
+        let console = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        let console = match self.format {
+            LogFormat::Text => console.with_ansi(colours()).with_filter(filter).boxed(),
+            LogFormat::Json => console
                 .json()
                 .flatten_event(true)
                 .with_current_span(true)
                 .with_span_list(true)
-                .try_init(),
+                .with_filter(filter)
+                .boxed(),
         };
-        installed.map_err(|_| LogError::Installed)
+        let otlp = crate::trace::Otlp::from_env(&self.service_name())?;
+        let (otlp, unbuilt) = match otlp {
+            crate::trace::Otlp::Off => (None, false),
+            #[cfg(feature = "otlp")]
+            crate::trace::Otlp::On {
+                default_service,
+                filter,
+            } => (
+                Some(crate::trace::otlp::layer(&default_service, &filter)?),
+                false,
+            ),
+            #[cfg(not(feature = "otlp"))]
+            crate::trace::Otlp::On { .. } => (None, true),
+        };
+        let otlp: Option<
+            Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>,
+        > = otlp;
+        tracing_subscriber::registry()
+            .with(otlp)
+            .with(console)
+            .try_init()
+            .map_err(|_| LogError::Installed)?;
+        if unbuilt {
+            tracing::warn!(error = %crate::trace::OtlpError::NotBuilt, "traces are not exported");
+        }
+        Ok(())
+    }
+
+    /// The `service.name` of exported spans when `OTEL_SERVICE_NAME` names
+    /// none: [`service`](Self::service), else the executable's name.
+    fn service_name(&self) -> String {
+        self.service
+            .clone()
+            .unwrap_or_else(crate::trace::process_service_name)
     }
 
     /// [`try_init`](Self::try_init), for a `main` that installs the only

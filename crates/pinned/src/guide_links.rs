@@ -79,6 +79,7 @@ macro_rules! rustdoc_links {
             "[pinboard-sweeper]: https://github.com/pinned-rs/pinned/blob/main/crates/pinboard/README.md#alarms-and-durable-wake-the-sweeper\n",
             "[pinboard-metrics]: https://github.com/pinned-rs/pinned/blob/main/crates/pinboard/README.md#metrics\n",
             "[pinboard-logs]: https://github.com/pinned-rs/pinned/blob/main/crates/pinboard/README.md#logs\n",
+            "[pinboard-traces]: https://github.com/pinned-rs/pinned/blob/main/crates/pinboard/README.md#traces\n",
             "[pinboard-simulation]: https://github.com/pinned-rs/pinned/blob/main/crates/pinboard/README.md#the-references-simulation-a-guarantee\n",
             "[pinboard-limits]: https://github.com/pinned-rs/pinned/blob/main/crates/pinboard/README.md#known-limits\n",
             "[store-readme]: https://github.com/pinned-rs/pinned/blob/main/crates/pinned-store/README.md\n",

@@ -119,6 +119,11 @@ pub use object::{NoAlarmHandler, NoScheduleHandler, Object, RouteState, Routes, 
 /// with their causes (`Chain`) and repeated failures logged once with a
 /// count. The library itself never installs a subscriber.
 pub use pinned_edge::logging;
+/// Traces: the W3C trace context continued from requests and passed on to
+/// cluster calls, spans exported over OTLP/HTTP when the `OTEL_*` variables
+/// ask (feature `otlp`, on by default); `pinned::logging::init()` installs
+/// the exporter, [`trace::shutdown`] sends what is still batched.
+pub use pinned_edge::trace;
 /// The durable state crate, re-exported.
 pub use pinned_store;
 pub use pinned_wire::attestation::Caller;

@@ -166,3 +166,113 @@ async fn a_kept_instance_span_names_the_newest_epoch() {
         "{handler:#?}"
     );
 }
+
+/// A durable object whose tray handler and alarm log a line each.
+struct Durable;
+
+#[derive(Default)]
+struct Notes {
+    queue: pinned::tray::Queue<String>,
+}
+
+impl pinned::tray::Tray for Notes {
+    const NAME: &'static str = "notes";
+    type Item = String;
+
+    fn fields(&mut self, fields: &mut pinned::tray::Fields<'_>) {
+        fields.field("queue", &mut self.queue);
+    }
+
+    fn head(&self) -> Option<String> {
+        self.queue.front().cloned()
+    }
+
+    fn ack(&mut self, _note: &String) {
+        self.queue.pop_front();
+    }
+}
+
+impl Object for Durable {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        Ok(Durable)
+    }
+
+    async fn alarm(&self, _ctx: &Context) -> Result<(), BoxError> {
+        tracing::info!("from the alarm");
+        Ok(())
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new().route(
+            "/note",
+            axum::routing::post(|call: Call| async move {
+                let notes = call
+                    .ctx()
+                    .tray::<Notes>()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let receipt = notes
+                    .admit(|notes| notes.queue.push_back("n".into()))
+                    .map_err(|e| e.to_string())?;
+                receipt.await.map_err(|e| e.to_string())?;
+                call.ctx()
+                    .alarm()
+                    .set_in(std::time::Duration::from_millis(10))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>("noted")
+            }),
+        )
+    }
+
+    fn trays() -> pinned::tray::Trays<Self> {
+        pinned::tray::Trays::new().singleton::<Notes>()
+    }
+}
+
+impl pinned::tray::TrayHandler<Notes> for Durable {
+    async fn handle(
+        &self,
+        _ctx: pinned::tray::TrayCtx<Notes>,
+        _note: String,
+    ) -> Result<(), BoxError> {
+        tracing::info!("from the tray handler");
+        Ok(())
+    }
+}
+
+/// A tray handler's lines and an alarm run's name their instance once
+/// (the instance span is a root: work enlisted by a handler used to nest
+/// it once per hop), and at debug carry the work's own span.
+#[tokio::test]
+async fn tray_handler_and_alarm_lines_name_their_instance_once() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::DEBUG)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let store: Arc<dyn pinned::pinned_store::StateStore> =
+        Arc::new(pinned::pinned_store::MemoryStore::new());
+    let w = start(Options::new().host::<Durable>("/durable").store(store)).await;
+    let answer = w
+        .client
+        .post(w.url("/durable/c/note"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
+    let (tray, alarm) = eventually("the tray handler's and the alarm's lines", PATIENCE, || {
+        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let line = |needle: &str| text.lines().find(|l| l.contains(needle)).map(str::to_owned);
+        std::future::ready(line("from the tray handler").zip(line("from the alarm")))
+    })
+    .await;
+    for line in [&tray, &alarm] {
+        assert_eq!(line.matches("instance{").count(), 1, "{line}");
+        assert!(line.contains("instance{namespace=/durable id=c"), "{line}");
+    }
+    assert!(alarm.contains("}:alarm: "), "{alarm}");
+}

@@ -6,7 +6,8 @@
 //! with TLS from a private CA), the Python reference's interpreter, and HTTP
 //! helpers for pinboard's registry and a worker's answers, and reading
 //! `/metrics` scrapes (`metrics`: assert a family moved), and raw client
-//! connections held idle or mid-head for edge tests (`sockets`).
+//! connections held idle or mid-head for edge tests (`sockets`), and an
+//! OTLP/HTTP trace receiver (`otlp`).
 //!
 //! A dev-dependency only (`publish = false`). Each suite's own `support`
 //! module adds its defaults (which binary, which environment) and what only
@@ -15,6 +16,7 @@
 
 mod http;
 pub mod metrics;
+pub mod otlp;
 mod poll;
 mod process;
 mod python;

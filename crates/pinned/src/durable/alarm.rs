@@ -466,12 +466,16 @@ impl Schedule {
 
 /// Runs the instance's due alarm, if any. `wait`: queue behind a run in
 /// progress (timers) instead of answering [`Run::Running`] (`_alarm`).
+/// Runs in the instance's `alarm` span ([`Record::task_span`]).
 pub(crate) async fn run(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {
-    run_once(slot, wait).await.inspect_err(|error| {
-        if let RunError::Store(error) = error {
-            crate::durable::abort_on_fence_lost(slot, error);
-        }
-    })
+    let span = slot.task_span(crate::namespace::record::Work::Alarm);
+    span.instrument(run_once(slot, wait))
+        .await
+        .inspect_err(|error| {
+            if let RunError::Store(error) = error {
+                crate::durable::abort_on_fence_lost(slot, error);
+            }
+        })
 }
 
 async fn run_once(slot: &Arc<Record>, wait: bool) -> Result<Run, RunError> {

@@ -98,7 +98,10 @@ pub(crate) async fn alarm(host: &Arc<Namespace>, parts: &Parts, raw_id: &str) ->
         let _ = slot.adopt_epoch(epoch);
     }
     drop(entry);
-    match alarm::run(&slot, false).await {
+    // The sweeper's delivery: the run continues its trace when it sent one.
+    let span = tracing::debug_span!("alarm delivery");
+    pinned_edge::trace::continue_from(&span, &parts.headers);
+    match tracing::Instrument::instrument(alarm::run(&slot, false), span).await {
         Ok(Run::Fired(fired)) => axum::Json(json!({ "fired": fired })).into_response(),
         Ok(Run::Running) => (
             StatusCode::ACCEPTED,

@@ -14,7 +14,6 @@ use dashmap::mapref::entry::Entry;
 use futures_util::future::FutureExt;
 use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use super::deadlines::Judged;
 use super::Busy;
@@ -346,7 +345,7 @@ impl Namespace {
         }
         let task_slot = slot.clone();
         let entry = slot.hold();
-        let span = slot.span();
+        let span = slot.task_span(crate::namespace::record::Work::Activation);
         let run = async move {
             let slot = task_slot;
             let _entry = entry;
@@ -398,7 +397,7 @@ impl Namespace {
         };
         // A panic outside the object's code fails the activation, as a
         // task's panic did: the requesters polling it never see it.
-        let run = AssertUnwindSafe(run.instrument(span))
+        let run = AssertUnwindSafe(span.instrument(run))
             .catch_unwind()
             .map(|outcome| outcome.unwrap_or(Activation::Failed))
             .boxed()

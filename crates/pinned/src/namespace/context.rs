@@ -162,9 +162,9 @@ impl Context {
         }
         let entry = self.slot.hold();
         let slot = self.slot.clone();
-        let span = slot.span();
+        let span = slot.task_span(crate::namespace::record::Work::Task);
         let domain = slot.host.domain.clone();
-        domain.spawn(tracing::Instrument::instrument(
+        domain.spawn(span.instrument(
             async move {
                 let _entry = entry;
                 let outcome = if cancellable {
@@ -182,7 +182,6 @@ impl Context {
                 };
                 tracing::error!(namespace = %slot.host.ns, id = %slot.id, %error, "background task failed");
             },
-            span,
         ));
     }
 

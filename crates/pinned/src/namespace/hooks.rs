@@ -19,7 +19,6 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::instance::Stage;
 use crate::namespace::Idle;
@@ -61,15 +60,14 @@ fn run<T, F>(
         Some(outcome) => settle(slot, outcome),
         None => {
             let slot = slot.clone();
-            let span = slot.span();
+            let span = slot.task_span(crate::namespace::record::Work::Hook);
             let domain = slot.host.domain.clone();
             spawn_detached(
                 &domain,
-                async move {
+                span.instrument(async move {
                     let outcome = hook.await;
                     settle(&slot, outcome);
-                }
-                .instrument(span),
+                }),
             );
         }
     }

@@ -57,12 +57,13 @@ mod durability;
 pub(crate) mod hooks;
 mod lifecycle;
 pub(crate) mod options;
-mod record;
+pub(crate) mod record;
 pub(crate) mod socket_task;
 pub(crate) mod sockets;
 mod states;
 mod teardown;
 mod wind_down;
+pub(crate) mod work_span;
 
 pub(crate) use self::admission::{Admission, Attempt, Entered};
 pub(crate) use self::busy::Busy;

@@ -7,6 +7,7 @@
 //! to the slot only what needs the namespace: its clock, its drain, its
 //! name in the instance's span.
 
+use super::work_span::WorkSpan;
 use std::ops::Deref;
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
@@ -101,16 +102,10 @@ impl Record {
 
     /// The instance's tracing span: everything the instance does (its
     /// activation, requests, background tasks, alarm runs, teardown) runs
-    /// inside one, so its logs carry the namespace, id and epoch.
-    pub(crate) fn span(&self) -> tracing::Span {
-        match self.shared_span() {
-            Some(span) => tracing::Span::clone(&span),
-            None => tracing::Span::none(),
-        }
-    }
-
-    /// [`span`](Self::span), shared with the record; `None` when nothing
-    /// listens at `info`.
+    /// inside one, so its logs carry the namespace, id and epoch. Always a
+    /// root: work started from inside another instance span (a tray flush
+    /// enlisted by a handler) names its instance once, not once per hop.
+    /// `None` when nothing listens at `info`.
     ///
     /// Made once per instance, and again when its epoch changes (a span's
     /// fields are written when it is made), and kept with the instance
@@ -127,6 +122,7 @@ impl Record {
             return Some(span);
         }
         let span = tracing::info_span!(
+            parent: None,
             "instance",
             namespace = %self.host.ns,
             id = %self.id,
@@ -138,6 +134,30 @@ impl Record {
         let span = Arc::new(span);
         self.slot.keep_span(epoch, span.clone());
         Some(span)
+    }
+
+    /// The spans of work for the instance ([`WorkSpan`]): the
+    /// [`shared_span`](Self::shared_span) and, when debug spans are wanted (the console
+    /// at debug, or traces exported), a debug child named by `what` that
+    /// continues the trace of the current span (the request that started
+    /// the work).
+    pub(crate) fn task_span(&self, what: Work) -> WorkSpan {
+        let shared = self.shared_span();
+        let none = tracing::Span::none();
+        let instance = shared.as_deref().unwrap_or(&none);
+        // One call site per kind: a span's name is its call site's.
+        let work = match what {
+            Work::Activation => tracing::debug_span!(parent: instance, "activation"),
+            Work::TrayFlush => tracing::debug_span!(parent: instance, "tray flush"),
+            Work::Task => tracing::debug_span!(parent: instance, "task"),
+            Work::Hook => tracing::debug_span!(parent: instance, "hook"),
+            Work::Teardown => tracing::debug_span!(parent: instance, "teardown"),
+            Work::Alarm => tracing::debug_span!(parent: instance, "alarm"),
+        };
+        if !work.is_disabled() {
+            pinned_edge::trace::follow(&work);
+        }
+        WorkSpan::new(shared, work)
     }
 
     /// Winding down: the namespace drains or the instance was told to.
@@ -184,4 +204,21 @@ mod tests {
             std::mem::size_of::<Record>()
         );
     }
+}
+
+/// What a [`Record::task_span`] is for: its span's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// `activation`: the instance's activation (and its trays' resumption).
+    Activation,
+    /// `tray flush`: enlisted effects written and dispatched.
+    TrayFlush,
+    /// `task`: a background task (`Context::spawn`/`spawn_fallible`).
+    Task,
+    /// `hook`: a lifecycle hook that did not finish at once.
+    Hook,
+    /// `teardown`: the instance closing.
+    Teardown,
+    /// `alarm`: an alarm and schedule run (`Object::alarm`).
+    Alarm,
 }

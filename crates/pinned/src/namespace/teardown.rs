@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::FutureExt;
-use tracing::Instrument;
 
 use super::Record;
 use super::{panic_message, spawn_detached, Namespace};
@@ -69,7 +68,8 @@ impl Namespace {
         slot.host.closing.fetch_add(1, Ordering::SeqCst);
         spawn_detached(
             &slot.host.domain,
-            teardown(slot.clone(), Close::Idle).instrument(slot.span()),
+            slot.task_span(crate::namespace::record::Work::Teardown)
+                .instrument(teardown(slot.clone(), Close::Idle)),
         );
     }
 
@@ -92,7 +92,8 @@ impl Namespace {
             slot.cancel();
             spawn_detached(
                 &slot.host.domain,
-                teardown(slot.clone(), close).instrument(slot.span()),
+                slot.task_span(crate::namespace::record::Work::Teardown)
+                    .instrument(teardown(slot.clone(), close)),
             );
         }
     }

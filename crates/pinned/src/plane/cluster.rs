@@ -144,6 +144,14 @@ impl Cluster {
         let (ns, id) = (format!("/{ns}"), id.to_owned());
         let (mut parts, body) = request.into_parts();
         parts.headers = sanitized(&parts.headers);
+        // The call's span, a child of the calling handler's: the target
+        // (through pinboard or on this worker) continues its trace. Kept
+        // until the response head is back; never entered across an await.
+        let _call_span = {
+            let span = tracing::debug_span!("cluster call", namespace = %ns, id = %id);
+            pinned_edge::trace::inject(&span, &mut parts.headers);
+            span
+        };
         let request = Request::from_parts(parts, body);
         let request = match self
             .switchboard

@@ -50,10 +50,10 @@ use pinned_wire::refusal::Refusal;
 use pinned_wire::{attestation, epoch, headers, ids};
 use tokio::time::Instant;
 use tower::{Layer, Service};
-use tracing::Instrument;
 
 use crate::auth::AuthError;
 use crate::namespace::context::Context;
+use crate::namespace::work_span::WorkSpan;
 use crate::namespace::Record;
 use crate::namespace::{panic_message, Admission, Attempt, Entered, Namespace};
 use crate::object::call::{Admitted, Call};
@@ -294,7 +294,7 @@ fn gate_and_enter<'a>(
 fn panicked(
     host: &Namespace,
     slot: &Record,
-    span: Option<&Arc<tracing::Span>>,
+    span: Option<&WorkSpan>,
     panic: &(dyn std::any::Any + Send),
 ) -> Response {
     let log = || {
@@ -313,23 +313,28 @@ fn panicked(
 }
 
 /// The request span (see [`serve`]): at debug, as tower-http's, so at the
-/// usual `info` a handler's lines carry the instance span alone (shared
-/// with the record, not a span of the request's own). With nothing
+/// usual `info` a handler's lines carry the instance span alone: the one
+/// the record keeps, shared, not a span of the request's own. With nothing
 /// listening at `info` there is none, not even a disabled one: no span is
 /// cloned, entered on every poll, or dropped.
-fn request_span(slot: &Record, parts: &Parts) -> Option<Arc<tracing::Span>> {
+///
+/// While traces are exported the request span continues the trace of the
+/// request's `traceparent` (pinboard's attempt span, or a client's).
+fn request_span(slot: &Record, parts: &Parts) -> Option<WorkSpan> {
     // The global level hint first: a load and a compare when nothing
     // listens at `info`.
     if !tracing::level_enabled!(tracing::Level::INFO) {
         return None;
     }
+    let instance = slot.shared_span();
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let instance_span = slot.span();
-        Some(Arc::new(
-            tracing::debug_span!(parent: &instance_span, "request", method = %parts.method, path = %parts.uri.path()),
-        ))
+        let none = tracing::Span::none();
+        let parent = instance.as_deref().unwrap_or(&none);
+        let span = tracing::debug_span!(parent: parent, "request", method = %parts.method, path = %parts.uri.path());
+        pinned_edge::trace::continue_from(&span, &parts.headers);
+        Some(WorkSpan::new(instance, span))
     } else {
-        slot.shared_span()
+        Some(WorkSpan::new(instance, tracing::Span::none()))
     }
 }
 
@@ -427,8 +432,10 @@ pub(crate) fn serve<T: Object>(
             let (entry, instance) = match entered {
                 Entered::Live(busy, instance) => (busy, instance),
                 Entered::Activating(busy) => {
-                    let in_span = span.as_deref().cloned().unwrap_or_else(tracing::Span::none);
-                    match Box::pin(Namespace::activation(busy).instrument(in_span)).await {
+                    let in_span = span.clone().unwrap_or_else(|| {
+                        WorkSpan::new(None, tracing::Span::none())
+                    });
+                    match Box::pin(in_span.instrument(Namespace::activation(busy))).await {
                         Ok(activated) => activated,
                         Err(refused) => return Ok(admission_refused(refused)),
                     }
@@ -446,7 +453,7 @@ pub(crate) fn serve<T: Object>(
             Some(turn) => {
                 let mut acquire = pin!(turn.acquire());
                 let permit = poll_fn(|cx| {
-                    let _in_span = span.as_deref().map(tracing::Span::enter);
+                    let _in_span = span.as_ref().map(WorkSpan::enter);
                     if cancelled.as_mut().poll(cx).is_ready() {
                         return Poll::Ready(None);
                     }
@@ -477,7 +484,7 @@ pub(crate) fn serve<T: Object>(
         };
         let mut handler = pin!(AssertUnwindSafe(handler).catch_unwind());
         let outcome = poll_fn(|cx| {
-            let _in_span = span.as_deref().map(tracing::Span::enter);
+            let _in_span = span.as_ref().map(WorkSpan::enter);
             if let Poll::Ready(outcome) = handler.as_mut().poll(cx) {
                 return Poll::Ready(Some(outcome));
             }

@@ -160,10 +160,10 @@ impl Frontier {
             // effects is not idle, and its teardown waits for them.
             let busy = slot.hold();
             let frontier = self.clone();
-            slot.host.domain.spawn(tracing::Instrument::instrument(
-                frontier.flush(busy),
-                slot.span(),
-            ));
+            slot.host.domain.spawn(
+                slot.task_span(crate::namespace::record::Work::TrayFlush)
+                    .instrument(frontier.flush(busy)),
+            );
         }
         Ok(position)
     }
@@ -246,8 +246,16 @@ impl Frontier {
             let outcome = match work {
                 Work::Batch(ops) => tokio::time::timeout(
                     FLUSH_DEADLINE,
-                    self.store
-                        .apply_batch(InstanceKey::new(&slot.host.ns, &slot.id), ops, epoch),
+                    tracing::Instrument::instrument(
+                        self.store.apply_batch(
+                            InstanceKey::new(&slot.host.ns, &slot.id),
+                            ops,
+                            epoch,
+                        ),
+                        // Under the flush's span: part of the trace of the
+                        // request that enlisted the effects.
+                        tracing::debug_span!("store write", effects = count, epoch),
+                    ),
                 )
                 .await
                 .map(|done| done.map_err(|error| error.to_string())),
