@@ -47,7 +47,6 @@ impl WorkSpan {
         }
     }
 
-
     /// Enters both (the instance's first).
     pub(crate) fn enter(&self) -> EnteredWork<'_> {
         let instance = self.instance.enter();

@@ -432,9 +432,9 @@ pub(crate) fn serve<T: Object>(
             let (entry, instance) = match entered {
                 Entered::Live(busy, instance) => (busy, instance),
                 Entered::Activating(busy) => {
-                    let in_span = span.clone().unwrap_or_else(|| {
-                        WorkSpan::new(None, tracing::Span::none())
-                    });
+                    let in_span = span
+                        .clone()
+                        .unwrap_or_else(|| WorkSpan::new(None, tracing::Span::none()));
                     match Box::pin(in_span.instrument(Namespace::activation(busy))).await {
                         Ok(activated) => activated,
                         Err(refused) => return Ok(admission_refused(refused)),
