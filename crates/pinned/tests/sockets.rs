@@ -20,6 +20,7 @@ use pinned::{BoxError, Call, Context, HostOptions, Object, Options};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use support::{eventually, start, TestWorker};
+use test_support::metrics;
 use tokio_tungstenite::tungstenite;
 
 type Client =
@@ -244,6 +245,8 @@ async fn wait_hibernated(worker: &TestWorker, seen: &Seen, stops: u64) {
 async fn a_thousand_sockets_outlive_their_instance_wake_it_and_hear_a_broadcast() {
     const SOCKETS: usize = 1_000;
     let (worker, seen) = room(SocketOptions::default(), Options::new()).await;
+    let scrape = || metrics::parse(&worker.worker.metrics());
+    let fresh = scrape();
     let url = ws_url(&worker, "/room/r1/ws");
     let mut clients: Vec<Client> = futures_util::stream::iter(0..SOCKETS)
         .map(|_| connect(&url))
@@ -251,12 +254,18 @@ async fn a_thousand_sockets_outlive_their_instance_wake_it_and_hear_a_broadcast(
         .collect()
         .await;
     assert_eq!(clients.len(), SOCKETS);
-    assert_eq!(metric(&worker, "pinned_sockets_open"), SOCKETS as f64);
+    assert_eq!(
+        metrics::moved(&fresh, &scrape(), "pinned_sockets_open"),
+        SOCKETS as f64
+    );
 
     // Only sockets: the instance is evicted while all of them stay open.
     wait_hibernated(&worker, &seen, 1).await;
     assert_eq!(seen.activations.load(Ordering::SeqCst), 1);
-    assert_eq!(metric(&worker, "pinned_instance_hibernations_total"), 1.0);
+    assert_eq!(
+        metrics::moved(&fresh, &scrape(), "pinned_instance_hibernations"),
+        1.0
+    );
     assert_eq!(metric(&worker, "pinned_sockets_open"), SOCKETS as f64);
     assert_eq!(metric(&worker, "pinned_active_instances"), 0.0);
 
@@ -275,7 +284,10 @@ async fn a_thousand_sockets_outlive_their_instance_wake_it_and_hear_a_broadcast(
         &heard[..3]
     );
     assert_eq!(seen.activations.load(Ordering::SeqCst), 2);
-    assert_eq!(metric(&worker, "pinned_socket_wakes_total"), 1.0);
+    assert_eq!(
+        metrics::moved(&fresh, &scrape(), "pinned_socket_wakes"),
+        1.0
+    );
 
     // The woken instance lists its sockets, and broadcasts from a request.
     let members: Value = worker
@@ -322,13 +334,18 @@ async fn a_thousand_sockets_outlive_their_instance_wake_it_and_hear_a_broadcast(
 async fn the_auto_response_is_answered_without_waking_the_instance() {
     let sockets = SocketOptions::default().auto_response("ping", "pong");
     let (worker, seen) = room(sockets, Options::new()).await;
+    let fresh = metrics::parse(&worker.worker.metrics());
     let mut client = connect(&ws_url(&worker, "/room/a1/ws?name=ada")).await;
     wait_hibernated(&worker, &seen, 1).await;
 
     say(&mut client, "ping").await;
     assert_eq!(next_text(&mut client).await, "pong");
     assert_eq!(seen.activations.load(Ordering::SeqCst), 1);
-    assert_eq!(metric(&worker, "pinned_socket_auto_responses_total"), 1.0);
+    let answered = metrics::parse(&worker.worker.metrics());
+    assert_eq!(
+        metrics::moved(&fresh, &answered, "pinned_socket_auto_responses"),
+        1.0
+    );
     assert!(worker.resident().await.is_empty());
 
     // The ping was never an event: the first one is number 1.
