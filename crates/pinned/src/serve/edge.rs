@@ -26,7 +26,9 @@
 //! the handshake must finish within the header deadline of accept.
 //!
 //! Upgraded connections (WebSockets) leave the cap when hyper hands them
-//! over: the instance they reach keeps them in flight, not this loop.
+//! over: a plain upgrade's instance keeps it in flight, and a hibernatable
+//! socket counts under its namespace's and the worker's socket bounds
+//! (`SocketOptions`, `Options::max_sockets`), not this loop's.
 //!
 //! At the cap, the connection idle longest (waiting for a request head,
 //! none of it read, for at least [`MIN_IDLE`](pinned_edge::backoff::MIN_IDLE))
