@@ -430,6 +430,10 @@ async fn handlers_see_the_peer_address_on_every_request_of_a_connection() {
     server.await.expect("join").expect("served");
 }
 
+/// How many requests reached the echo handler: counted as the handler
+/// starts, before it reads the body.
+static ECHOES_ENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// An object whose one route answers the request body it was sent.
 struct Echo;
 
@@ -441,7 +445,13 @@ impl pinned::Object for Echo {
     fn routes() -> pinned::Routes<Self> {
         axum::Router::new().route(
             "/echo",
-            axum::routing::post(|body: String| async move { body }),
+            axum::routing::post(|body: axum::body::Body| async move {
+                ECHOES_ENTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let bytes = axum::body::to_bytes(body, 1 << 20)
+                    .await
+                    .map_err(|_| http::StatusCode::BAD_REQUEST)?;
+                Ok::<_, http::StatusCode>(bytes)
+            }),
         )
     }
 }
@@ -470,11 +480,17 @@ async fn a_connection_handed_from_the_front_to_hyper_serves_every_body_whole() {
     );
     // A body paused for longer than the front waits (the header deadline):
     // hyper gets the request as it came and streams the rest to the
-    // handler, which answers it whole; the connection is not closed.
+    // handler, which answers it whole; the connection is not closed. The
+    // handler is entered while half the body is still unsent: the front
+    // never routes a body before it is whole, so that is the hand-off.
+    let entered = ECHOES_ENTERED.load(std::sync::atomic::Ordering::SeqCst);
     s.write_all(format!("{}slo", head(6)).as_bytes())
         .await
         .expect("write");
-    tokio::time::sleep(header * 2).await;
+    support::until("hyper routes the paused request", PATIENCE, || {
+        ECHOES_ENTERED.load(std::sync::atomic::Ordering::SeqCst) > entered
+    })
+    .await;
     s.write_all(b"w!!").await.expect("write");
     assert_eq!(
         answer(&mut s, PATIENCE).await,

@@ -216,14 +216,8 @@ async fn say(client: &mut Client, text: &str) {
 
 /// A metric's value in the worker's exposition (0 when absent).
 fn metric(worker: &TestWorker, name: &str) -> f64 {
-    worker
-        .worker
-        .metrics()
-        .lines()
-        .find_map(|line| {
-            let (key, value) = line.split_once(' ')?;
-            (key == name).then(|| value.trim().parse().ok())?
-        })
+    metrics::parse(&worker.worker.metrics())
+        .sample(name)
         .unwrap_or(0.0)
 }
 
@@ -415,9 +409,10 @@ struct Sleepy;
 impl Object for Sleepy {
     async fn activate(ctx: &Context) -> Result<Self, BoxError> {
         let hooks = ctx.state::<Hooks>().ok_or("no hooks")?;
-        // The first activation is quick, every later one too slow.
+        // The first activation is quick; every later one never ends (it
+        // is dropped with the worker), longer than any wake deadline.
         if hooks.0.activations.fetch_add(1, Ordering::SeqCst) > 0 {
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            std::future::pending::<()>().await;
         }
         Ok(Sleepy)
     }
@@ -471,8 +466,8 @@ async fn messages_past_the_buffer_while_the_instance_wakes_close_the_socket_1013
     let (worker, seen) = sleepy(sockets).await;
     let mut client = connect(&ws_url(&worker, "/sleepy/s2/ws")).await;
     wait_hibernated(&worker, &seen, 1).await;
-    // The first wakes the instance (a 5 s activation); two wait in the
-    // buffer; the fourth is one too many.
+    // The first wakes the instance (an activation that never ends); two
+    // wait in the buffer; the fourth is one too many.
     for n in 0..4 {
         say(&mut client, &format!("m{n}")).await;
     }
