@@ -7,12 +7,15 @@
 mod support;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context as _;
-use pinned::pinned_store::{SqliteOptions, SqliteStore, StateStore};
+use pinned::pinned_store::{SqliteOptions, SqliteStore};
 use serde_json::{json, Value};
-use support::jobs::wait;
+use support::jobs::drained;
 use support::start_example;
+use support::PATIENCE;
+use tokio::sync::Notify;
 
 const SESSIONS: usize = 8;
 const MESSAGES: usize = 30;
@@ -28,14 +31,27 @@ fn messages(session: usize) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Sends `messages` to session `id` one after another; answers how many
-/// were answered before the first failure (the process died) and how many
-/// of those were repeats.
+/// Messages answered across the sessions, and the signal given once
+/// `KILL_AT` of them were.
+#[derive(Default)]
+struct Answered {
+    count: AtomicUsize,
+    reached: Notify,
+}
+
+/// Answered messages after which the first process is killed: a fifth,
+/// while the rest are still being sent and the replies still worked.
+const KILL_AT: usize = SESSIONS * MESSAGES / 5;
+
+/// Sends `messages` to session `id` one after another, counting each
+/// answer in `answered`; answers how many were answered before the first
+/// failure (the process died) and how many of those were repeats.
 async fn send_all(
     client: &reqwest::Client,
     base: &str,
     id: &str,
     messages: &[(String, String)],
+    answered: &Answered,
 ) -> (usize, usize) {
     let mut repeats = 0;
     for (n, (key, text)) in messages.iter().enumerate() {
@@ -56,6 +72,9 @@ async fn send_all(
                 assert_eq!(answer["admitted"], json!(key), "{answer}");
                 if answer["repeat"] == json!(true) {
                     repeats += 1;
+                }
+                if answered.count.fetch_add(1, Ordering::SeqCst) + 1 == KILL_AT {
+                    answered.reached.notify_one();
                 }
             }
             Err(_) => return (n, repeats),
@@ -86,13 +105,6 @@ async fn history(client: &reqwest::Client, base: &str, id: &str) -> anyhow::Resu
     }
 }
 
-/// Replies in session `id`'s history so far (0 when it cannot be read).
-async fn replies(client: &reqwest::Client, base: &str, id: &str) -> usize {
-    history(client, base, id).await.map_or(0, |turns| {
-        turns.iter().filter(|t| t["role"] == "agent").count()
-    })
-}
-
 #[tokio::test]
 async fn messages_sent_again_after_a_sigkill_are_answered_exactly_once_in_order(
 ) -> anyhow::Result<()> {
@@ -108,28 +120,21 @@ async fn messages_sent_again_after_a_sigkill_are_answered_exactly_once_in_order(
     let client = reqwest::Client::new();
 
     // The sessions are sent to side by side, each one's messages in order;
-    // the process dies once a fifth of the replies are written.
+    // the process dies once a fifth of the messages are answered, while
+    // the rest are on their way and replies are being worked.
+    let answered = Answered::default();
     let runs = (0..SESSIONS).map(|s| {
-        let (client, base) = (client.clone(), base.clone());
-        async move { send_all(&client, &base, &format!("s{s}"), &messages(s)).await }
+        let (client, base, answered) = (client.clone(), base.clone(), &answered);
+        async move { send_all(&client, &base, &format!("s{s}"), &messages(s), answered).await }
     });
     let all = futures_util::future::join_all(runs);
     let killer = {
-        let (client, base) = (client.clone(), base.clone());
         let child = &mut child;
+        let answered = &answered;
         async move {
-            let _ = wait("a fifth of the replies written", || {
-                let (client, base) = (client.clone(), base.clone());
-                async move {
-                    let mut written = 0;
-                    for s in 0..SESSIONS {
-                        written += replies(&client, &base, &format!("s{s}")).await;
-                    }
-                    Ok((written >= SESSIONS * MESSAGES / 5).then_some(()))
-                }
-            })
-            .await;
+            let reached = tokio::time::timeout(PATIENCE, answered.reached.notified()).await;
             let _ = child.start_kill();
+            reached.expect("a fifth of the messages answered in time");
         }
     };
     let (before, ()) = tokio::join!(all, killer);
@@ -142,9 +147,10 @@ async fn messages_sent_again_after_a_sigkill_are_answered_exactly_once_in_order(
 
     let (mut child, address) = start_example("agent", &env).await?;
     let base = format!("http://{address}");
+    let resent = Answered::default();
     let again = (0..SESSIONS).map(|s| {
-        let (client, base) = (client.clone(), base.clone());
-        async move { send_all(&client, &base, &format!("s{s}"), &messages(s)).await }
+        let (client, base, resent) = (client.clone(), base.clone(), &resent);
+        async move { send_all(&client, &base, &format!("s{s}"), &messages(s), resent).await }
     });
     let after = futures_util::future::join_all(again).await;
     for (s, (sent, _)) in after.iter().enumerate() {
@@ -160,14 +166,7 @@ async fn messages_sent_again_after_a_sigkill_are_answered_exactly_once_in_order(
         SESSIONS * MESSAGES
     );
     let store = SqliteStore::open(&db, SqliteOptions::default()).await?;
-    wait("every message worked", || async {
-        Ok(store
-            .marked_instances(None, 100)
-            .await?
-            .is_empty()
-            .then_some(()))
-    })
-    .await?;
+    drained("every message worked", &store).await?;
 
     for s in 0..SESSIONS {
         let id = format!("s{s}");

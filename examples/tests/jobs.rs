@@ -8,8 +8,8 @@
 mod support;
 
 use anyhow::Context as _;
-use pinned::pinned_store::{SqliteOptions, SqliteStore, StateStore};
-use support::jobs::{done, enqueue, wait};
+use pinned::pinned_store::{SqliteOptions, SqliteStore};
+use support::jobs::{done, drained, enqueue, wait};
 use support::start_example;
 use tokio::time::Instant;
 
@@ -57,17 +57,7 @@ async fn sigkill_mid_work_then_restart_finishes_every_job_exactly_once_in_order(
     let base = format!("http://{address}");
     // No request: the restarted worker wakes its marked runners itself.
     let store = SqliteStore::open(&db, SqliteOptions::default()).await?;
-    wait(
-        "the restarted worker to finish the admitted jobs",
-        || async {
-            Ok(store
-                .marked_instances(None, 100)
-                .await?
-                .is_empty()
-                .then_some(()))
-        },
-    )
-    .await?;
+    drained("the restarted worker to finish the admitted jobs", &store).await?;
     eprintln!(
         "the restarted worker finished the rest in {:?}",
         restarted.elapsed()
@@ -187,14 +177,7 @@ async fn keyed_enqueues_sent_again_after_a_sigkill_are_done_exactly_once() -> an
         RUNNERS * JOBS
     );
     let store = SqliteStore::open(&db, SqliteOptions::default()).await?;
-    wait("every job worked", || async {
-        Ok(store
-            .marked_instances(None, 100)
-            .await?
-            .is_empty()
-            .then_some(()))
-    })
-    .await?;
+    drained("every job worked", &store).await?;
     for runner in 0..RUNNERS {
         assert_eq!(
             done(&client, &base, &format!("r{runner}")).await?,

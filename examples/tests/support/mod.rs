@@ -153,6 +153,22 @@ pub mod jobs {
         Ok(serde_json::from_value(body["done"].clone())?)
     }
 
+    /// Waits until `store` holds no marked instance: every admitted item
+    /// of every tray worked and acknowledged.
+    pub async fn drained(
+        what: &str,
+        store: &impl pinned::pinned_store::StateStore,
+    ) -> anyhow::Result<()> {
+        wait(what, || async {
+            Ok(store
+                .marked_instances(None, 100)
+                .await?
+                .is_empty()
+                .then_some(()))
+        })
+        .await
+    }
+
     /// Polls `check` until it answers `Some` (the shared harness's wait,
     /// for at most [`PATIENCE`](super::PATIENCE)); the first error ends
     /// the wait with it.
