@@ -106,8 +106,8 @@ pub use durable::tray;
 pub use instance::abort::Cancelled;
 pub use namespace::context::{Context, TagError};
 pub use namespace::options::{
-    HostOptions, DEFAULT_DETACHED_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_INSTANCES,
-    DEFAULT_SWEEP_INTERVAL,
+    HostOptions, DEFAULT_CHURN_LINES_PER_SECOND, DEFAULT_DETACHED_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_INSTANCES, DEFAULT_SWEEP_INTERVAL,
 };
 pub use namespace::Idle;
 pub use object::call::{Call, NotAnInstanceRoute};

@@ -2,6 +2,8 @@
 //! line carries the instance (namespace, id, epoch) and the request
 //! (method, path); background work carries the instance. The instance span
 //! is kept with the instance and made again when its epoch changes.
+//! Churn lines (activations, evictions) are written at `info` up to the
+//! namespace's budget a second, the rest counted in one line.
 
 mod support;
 
@@ -11,7 +13,7 @@ use std::sync::Arc;
 use axum::routing::get;
 use axum::Router;
 use parking_lot::Mutex;
-use pinned::{BoxError, Call, Context, Object, Options};
+use pinned::{BoxError, Call, Context, HostOptions, Object, Options};
 use support::{eventually, start, PATIENCE};
 
 /// Collects formatted log lines.
@@ -275,4 +277,59 @@ async fn tray_handler_and_alarm_lines_name_their_instance_once() {
         assert!(line.contains("instance{namespace=/durable id=c"), "{line}");
     }
     assert!(alarm.contains("}:alarm: "), "{alarm}");
+}
+
+/// The `name=value` field of a text-format line, as a number.
+fn field(line: &str, name: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A burst of new ids writes the budget's `activated instance` lines at
+/// `info` and counts the rest into an overflow line, so every activation
+/// is accounted for once.
+#[tokio::test]
+async fn churn_past_the_budget_is_counted_not_written_line_by_line() {
+    const IDS: u64 = 12;
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let options = HostOptions::default()
+        .churn_lines_per_second(3)
+        .sweep_interval(std::time::Duration::from_millis(50));
+    let w = start(Options::new().host_with::<Chatty>("/chatty", options)).await;
+    for n in 0..IDS {
+        let answer = w
+            .client
+            .get(w.url(&format!("/chatty/n{n}/hello")))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(answer.status(), 200);
+    }
+    // The last window's count comes with a sweep once it closed.
+    let (written, counted) = eventually("every activation accounted for", PATIENCE, || {
+        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let written = text
+            .lines()
+            .filter(|l| l.contains("activated instance"))
+            .count() as u64;
+        let counted: u64 = text
+            .lines()
+            .filter(|l| l.contains("over the log budget"))
+            .map(|l| field(l, "activated"))
+            .sum();
+        std::future::ready((written + counted == IDS).then_some((written, counted)))
+    })
+    .await;
+    // Twelve requests take well under the four seconds it would take to
+    // write them all within a budget of three a second.
+    assert!(counted > 0 && written >= 3, "written {written}, counted {counted}");
 }

@@ -15,6 +15,7 @@ use futures_util::future::FutureExt;
 use pinned_wire::refusal::Refusal;
 use tokio::time::Instant;
 
+use super::churn_log::{churn_line, Churn};
 use super::deadlines::Judged;
 use super::Busy;
 use super::Record;
@@ -294,7 +295,12 @@ impl Namespace {
         };
         let evicted = victim.begin_idle_close(self.releases_on_idle(&victim));
         if evicted {
-            tracing::info!(namespace = %self.ns, id = %victim.id, "at capacity: evicting the least recently used idle instance");
+            churn_line!(
+                self,
+                Churn::EvictedAtCapacity,
+                victim.id,
+                "at capacity: evicting the least recently used idle instance"
+            );
             Self::close_begun(&victim);
         } else {
             // A request entered it meanwhile: it stays, and in the index.
@@ -381,7 +387,7 @@ impl Namespace {
                     if let Some(durable) = &host.durable {
                         durable.activated(&host, &slot);
                     }
-                    tracing::info!(namespace = %host.ns, id = %slot.id, "activated instance");
+                    churn_line!(host, Churn::Activated, slot.id, "activated instance");
                     return Activation::Ready(instance);
                 }
                 Ok(Err(error)) => error.to_string(),

@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::instance::{Id, Stage};
 use crate::metrics::Metrics;
+use crate::namespace::churn_log::ChurnLog;
 use crate::namespace::options::HostOptions;
 use crate::plane::control::ControlPlane;
 use crate::plane::fence::FenceTable;
@@ -50,6 +51,7 @@ use crate::plane::registration::Commanded;
 
 mod admission;
 mod busy;
+pub(crate) mod churn_log;
 pub(crate) mod context;
 mod deadlines;
 mod drain;
@@ -175,6 +177,8 @@ pub(crate) struct Namespace {
     pub(crate) duration: Histogram,
     activations: AtomicU64,
     evictions: AtomicU64,
+    /// The budget of churn lines logged at `info`.
+    pub(crate) churn: ChurnLog,
     sweeper: Mutex<Option<AbortHandle>>,
     /// Calls `on_unhealthy`/`on_restored` as the lease's health changes.
     lease_watch: Mutex<Option<AbortHandle>>,
@@ -242,6 +246,7 @@ impl Namespace {
         } = parts;
         let duration = metrics.duration_for(&ns);
         let deadlines = Deadlines::new(options.sweep_interval);
+        let churn = ChurnLog::new(options.churn_lines_per_second);
         Self {
             ns,
             options,
@@ -265,6 +270,7 @@ impl Namespace {
             duration,
             activations: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            churn,
             sweeper: Mutex::new(None),
             lease_watch: Mutex::new(None),
             local_aud,
@@ -414,6 +420,9 @@ impl Namespace {
         }
         self.deadlines.queue_all(later);
         self.fences.sweep(self.control.lease_ttl());
+        if let Some(overflow) = self.churn.flush(now) {
+            overflow.log(&self.ns);
+        }
         self.metrics.sweep_passes.inc();
         self.metrics.sweep_visits.inc_by(visited);
         self.metrics

@@ -9,6 +9,9 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_MAX_INSTANCES: usize = 10_000;
 /// Default period of the idle sweep.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+/// Default budget of instance churn lines (activations, evictions,
+/// hibernations, aborts) a namespace logs at `info` each second.
+pub const DEFAULT_CHURN_LINES_PER_SECOND: u32 = 20;
 /// Default detached timeout: an instance with no client request or open
 /// stream for this long is wound down, whatever background work it holds.
 pub const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(86_400);
@@ -35,6 +38,7 @@ pub struct HostOptions {
     pub(crate) detached_timeout: Duration,
     pub(crate) evict_idle_at_capacity: bool,
     pub(crate) sockets: crate::namespace::sockets::SocketOptions,
+    pub(crate) churn_lines_per_second: u32,
 }
 
 impl Default for HostOptions {
@@ -49,6 +53,7 @@ impl Default for HostOptions {
             detached_timeout: DEFAULT_DETACHED_TIMEOUT,
             evict_idle_at_capacity: true,
             sockets: crate::namespace::sockets::SocketOptions::default(),
+            churn_lines_per_second: DEFAULT_CHURN_LINES_PER_SECOND,
         }
     }
 }
@@ -127,6 +132,18 @@ impl HostOptions {
     /// [`WebSocketUpgrade::accept`]: crate::ws::WebSocketUpgrade::accept
     pub fn sockets(mut self, sockets: crate::namespace::sockets::SocketOptions) -> Self {
         self.sockets = sockets;
+        self
+    }
+
+    /// Log at most this many instance churn lines (`activated instance`,
+    /// `evicted instance`, at-capacity evictions, hibernations, aborts) a
+    /// second at `info` (default 20). Past it, each line is logged at
+    /// `debug` only and counted, and one `info` line a second gives the
+    /// counts: ids are chosen by clients, and a scanner asking for random
+    /// ids must not write a line per id. `u32::MAX` logs every one at
+    /// `info`.
+    pub fn churn_lines_per_second(mut self, lines: u32) -> Self {
+        self.churn_lines_per_second = lines;
         self
     }
 

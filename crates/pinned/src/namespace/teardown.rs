@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures_util::future::FutureExt;
 
+use super::churn_log::{churn_line, Churn};
 use super::Record;
 use super::{panic_message, spawn_detached, Namespace};
 use crate::instance::Stage;
@@ -190,7 +191,12 @@ async fn teardown(slot: Arc<Record>, close: Close) {
     } else if let Some(set) = host.sockets.set(&slot.id).filter(|_| close == Close::Idle) {
         set.note_epoch(slot.epoch());
         host.metrics.hibernations.inc();
-        tracing::info!(namespace = %host.ns, id = %slot.id, "hibernating instance: its sockets stay open");
+        churn_line!(
+            host,
+            Churn::Hibernated,
+            slot.id,
+            "hibernating instance: its sockets stay open"
+        );
     }
     if close != Close::Discard {
         host.evictions.fetch_add(1, Ordering::Relaxed);
@@ -203,8 +209,8 @@ async fn teardown(slot: Arc<Record>, close: Close) {
         host.metrics.active_instances.dec();
     }
     match close {
-        Close::Idle => tracing::info!(namespace = %host.ns, id = %slot.id, "evicted instance"),
-        Close::Abort => tracing::info!(namespace = %host.ns, id = %slot.id, "aborted instance"),
+        Close::Idle => churn_line!(host, Churn::Evicted, slot.id, "evicted instance"),
+        Close::Abort => churn_line!(host, Churn::Aborted, slot.id, "aborted instance"),
         Close::Discard => {
             tracing::debug!(namespace = %host.ns, id = %slot.id, "discarded a denied record")
         }
