@@ -4,7 +4,8 @@
 //! letter sent again is a repeat; bad letters and bad sends are refused
 //! with precise answers; letters a receiver does not take yet wait in the
 //! sender's row, are retried, and a new worker delivers them after the
-//! first one closed.
+//! first one closed; and a store write failing anywhere (landed or not)
+//! never loses an acknowledged order's note nor admits one twice.
 #![allow(clippy::unwrap_used)] // tests may panic on the unexpected
 
 mod support;
@@ -16,7 +17,9 @@ use axum::extract::{Path, Query};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use pinned::pinned_store::{InstanceKey, SqliteOptions, SqliteStore, StateStore, TrayKey};
+use pinned::pinned_store::{
+    FailingStore, InstanceKey, MemoryStore, SqliteOptions, SqliteStore, StateStore, TrayKey,
+};
 use pinned::tray::{
     Fields, Queue, Receive, Recipient, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value,
 };
@@ -486,4 +489,85 @@ async fn notes_a_receiver_turns_away_wait_in_the_senders_row_and_a_new_worker_de
         (!marked && outgoing["queue"] == json!([])).then_some(())
     })
     .await;
+}
+
+/// One crash run: four orders through a worker whose store fails write
+/// `fail_at` (having `applied` it or not), then a fresh worker on the
+/// surviving rows delivers what is left. Answers the acknowledged orders,
+/// the ledger's final `got` list and how many writes the first worker made.
+async fn crash_run(fail_at: usize, applied: bool) -> (Vec<String>, Vec<String>, usize) {
+    let inner = Arc::new(MemoryStore::new());
+    let flaky = Arc::new(FailingStore::new(inner.clone(), fail_at, applied));
+    let options = |store: Arc<dyn StateStore>| {
+        Options::new()
+            .host::<Shop>("/shops")
+            .host::<Ledger>(LEDGER)
+            .state(Lab::default())
+            .store(store)
+    };
+    let first = start(options(flaky.clone())).await;
+    let mut acknowledged = Vec::new();
+    for n in 1..=4 {
+        if first.post(&format!("/shops/a/place/{n}")).await.status() == 200 {
+            acknowledged.push(format!("a:{n}"));
+        }
+    }
+    eventually("the first worker done or failed", PATIENCE, || async {
+        let drained = inner.marked_instances(None, 1).await.unwrap().is_empty();
+        (flaky.failed() || drained).then_some(())
+    })
+    .await;
+    first.worker.close().await;
+    let writes = flaky.writes();
+
+    let second = start(options(inner.clone())).await;
+    eventually(
+        "the second worker drained every marked row",
+        PATIENCE,
+        || async {
+            let marked = inner.marked_instances(None, 1).await.unwrap();
+            marked.is_empty().then_some(())
+        },
+    )
+    .await;
+    let got = inner
+        .get_tray(
+            InstanceKey::new(LEDGER, "ledger"),
+            TrayKey::singleton("book"),
+            u64::MAX / 2,
+        )
+        .await
+        .unwrap()
+        .and_then(|row| row.doc.get("got").cloned())
+        .map(|got| serde_json::from_value(got).unwrap())
+        .unwrap_or_default();
+    second.worker.close().await;
+    (acknowledged, got, writes)
+}
+
+#[tokio::test]
+async fn a_write_failing_anywhere_books_every_acknowledged_order_exactly_once_in_order() {
+    let (acknowledged, got, clean_writes) = crash_run(usize::MAX, false).await;
+    assert_eq!(acknowledged, got, "a clean run sends everything once");
+    assert!(clean_writes >= 4, "{clean_writes} writes");
+    for applied in [false, true] {
+        for fail_at in 1..=clean_writes + 1 {
+            let (acknowledged, got, _) = crash_run(fail_at, applied).await;
+            let case = format!(
+                "write {fail_at} failing (applied: {applied}): acknowledged {acknowledged:?}, got {got:?}"
+            );
+            for note in &acknowledged {
+                assert_eq!(
+                    got.iter().filter(|g| *g == note).count(),
+                    1,
+                    "{case}: an acknowledged order's note admitted exactly once"
+                );
+            }
+            let mut unique = got.clone();
+            unique.dedup();
+            assert_eq!(unique, got, "{case}: no note twice");
+            let order: Vec<u64> = got.iter().map(|g| g[2..].parse().unwrap()).collect();
+            assert!(order.windows(2).all(|w| w[0] < w[1]), "{case}: order kept");
+        }
+    }
 }
