@@ -38,7 +38,7 @@ impl Answered {
     fn one(&self) {
         let total = SHOPS * ORDERS as usize;
         let count = self.count.fetch_add(1, Ordering::SeqCst) + 1;
-        if count % (total / 5) == 0 {
+        if count.is_multiple_of(total / 5) {
             self.fifth.notify_waiters();
         }
     }

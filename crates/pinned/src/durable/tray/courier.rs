@@ -210,7 +210,13 @@ impl<T: Tray> OpenTray<T> {
                     metrics.tray_message("sent", "retried");
                     failures = failures.saturating_add(1);
                     let delay = retry_delay(failures);
-                    tracing::warn!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), %to, seq = letter.seq, failures, ?delay, %error, "a message delivery failed; retrying");
+                    // The first failure and every tenth after it: a
+                    // receiver down for long must not flood the log.
+                    if failures == 1 || failures.is_multiple_of(10) {
+                        tracing::warn!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), %to, seq = letter.seq, failures, ?delay, %error, "a message delivery failed; retrying");
+                    } else {
+                        tracing::debug!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), %to, seq = letter.seq, failures, ?delay, %error, "a message delivery failed; retrying");
+                    }
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
                         _ = ctx.wind_down_started() => {}

@@ -70,18 +70,23 @@
 //! 1. `paged`: the contract of a field kept in page rows of its own; then
 //!    `field`, `row`, `frontier`: the durable field kinds, a row's encoded
 //!    entries, the instance's ordered log of effects; then `log`: the
-//!    paged field kind [`Log`];
+//!    paged field kind [`Log`]; `sends` and `received`: the reserved
+//!    entries of messages between objects (a sender's `~outgoing`, a
+//!    receiver's `~received`);
 //! 2. `opened`: the erased open tray the open map holds; `env`: what an
 //!    open tray is given (its slot, the log, the store, the map as an
 //!    `OpenMap`); `pages`: a paged field's rows, named and read;
 //! 3. `spec`: the declarations as plain data, their opener a function
 //!    pointer over the two above;
 //! 4. `machine`: one open tray, its state and its one write path;
-//! 5. `pump`: the dispatch loop over `machine`; `lifecycle`: opening and
-//!    closing a tray for the map, which starts the pump;
+//! 5. `pump`: the dispatch loop over `machine`; `courier`: the loop that
+//!    delivers a tray's sent messages; `lifecycle`: opening and closing a
+//!    tray for the map, which starts both;
 //! 6. `open`: the open map of one instance, which builds the `env` once;
 //! 7. `handle`: what user code holds (`TrayHandle`, `KeyedTrays`,
-//!    `TrayCtx`);
+//!    `TrayCtx`); `message`: messages between objects as user code sees
+//!    them ([`Receive`], [`Recipient`], the sends) and the route that
+//!    admits them;
 //! 8. `declare`: [`Trays`], the one place that knows the object's type; its
 //!    opener binds the object's handler into the tray, wrapping what the
 //!    tray hands over into `handle`'s types.

@@ -69,6 +69,7 @@ impl Window {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may panic on the unexpected
 mod tests {
     use super::*;
 

@@ -176,6 +176,7 @@ impl Sends {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests may panic on the unexpected
 mod tests {
     use super::*;
 
