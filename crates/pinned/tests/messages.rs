@@ -91,6 +91,35 @@ impl Receive for Book {
     }
 }
 
+/// A keyed receiving tray: one desk per key, created by its first note.
+#[derive(Default)]
+struct Desk {
+    queue: Queue<Note>,
+    got: Value<Vec<String>>,
+}
+
+impl Tray for Desk {
+    const NAME: &'static str = "desk";
+    type Item = Note;
+    fn fields(&mut self, fields: &mut Fields<'_>) {
+        fields.field("queue", &mut self.queue);
+        fields.field("got", &mut self.got);
+    }
+    fn head(&self) -> Option<Note> {
+        self.queue.front().cloned()
+    }
+    fn ack(&mut self, _note: &Note) {
+        self.queue.pop_front();
+    }
+}
+
+impl Receive for Desk {
+    type Message = Note;
+    fn receive(&mut self, note: Note) {
+        self.queue.push_back(note);
+    }
+}
+
 const LEDGER: &str = "/books";
 
 struct Shop;
@@ -104,6 +133,7 @@ impl Object for Shop {
             .route("/place/{n}", post(place))
             .route("/direct", post(direct))
             .route("/forge", post(forge))
+            .route("/desk/{key}/{n}", post(to_desk))
     }
     fn trays() -> Trays<Self> {
         Trays::new().singleton::<Orders>()
@@ -148,6 +178,19 @@ async fn direct(ctx: Context, Query(q): Query<DirectQuery>) -> Result<Response, 
     Ok(Json(json!({ "sent": true })).into_response())
 }
 
+/// Sends note `n` to the ledger's desk `key`, from the handle.
+async fn to_desk(ctx: Context, Path((key, n)): Path<(String, u64)>) -> Result<Response, TrayError> {
+    let orders = ctx.tray::<Orders>().await?;
+    let note = Note {
+        from: ctx.id().to_owned(),
+        n,
+    };
+    orders
+        .send::<Desk>(&Recipient::keyed(LEDGER, "ledger", key), &note)?
+        .await?;
+    Ok(Json(json!({ "sent": n })).into_response())
+}
+
 /// Posts a raw letter to the ledger's receiving route, as a courier would.
 async fn forge(ctx: Context, Json(letter): Json<serde_json::Value>) -> Response {
     let answer = ctx
@@ -176,10 +219,16 @@ impl Object for Ledger {
         Ok(Ledger)
     }
     fn routes() -> pinned::Routes<Self> {
-        Router::new().route("/got", get(got))
+        Router::new()
+            .route("/got", get(got))
+            .route("/desk/{key}", get(desk))
     }
     fn trays() -> Trays<Self> {
-        Trays::new().singleton::<Book>().receives::<Book>()
+        Trays::new()
+            .singleton::<Book>()
+            .keyed::<Desk>()
+            .receives::<Book>()
+            .receives::<Desk>()
     }
     async fn authorize(ctx: &Context, _request: &http::request::Parts) -> Result<(), AuthError> {
         let closed = ctx
@@ -197,6 +246,18 @@ impl TrayHandler<Book> for Ledger {
         ctx.on_ack(move |book| book.got.push(format!("{}:{}", note.from, note.n)));
         Ok(())
     }
+}
+
+impl TrayHandler<Desk> for Ledger {
+    async fn handle(&self, ctx: TrayCtx<Desk>, note: Note) -> Result<(), BoxError> {
+        ctx.on_ack(move |desk| desk.got.push(format!("{}:{}", note.from, note.n)));
+        Ok(())
+    }
+}
+
+async fn desk(ctx: Context, Path(key): Path<String>) -> Result<Response, TrayError> {
+    let desk = ctx.keyed::<Desk>()?.get(&key).await?;
+    Ok(Json(json!(desk.read(|desk| (*desk.got).clone()))).into_response())
 }
 
 async fn got(ctx: Context) -> Result<Response, TrayError> {
@@ -570,4 +631,26 @@ async fn a_write_failing_anywhere_books_every_acknowledged_order_exactly_once_in
             assert!(order.windows(2).all(|w| w[0] < w[1]), "{case}: order kept");
         }
     }
+}
+
+#[tokio::test]
+async fn a_keyed_receiving_tray_is_created_by_its_first_note_and_each_key_gets_its_own() {
+    let setup = setup();
+    let lab = Lab::default();
+    let w = worker(store(&setup).await, &lab).await;
+    for (key, n) in [("k1", 1), ("k2", 2), ("k1", 3)] {
+        let (status, body) = json(w.post(&format!("/shops/a/desk/{key}/{n}")).await).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for (key, expected) in [("k1", json!(["a:1", "a:3"])), ("k2", json!(["a:2"]))] {
+        let got = eventually(&format!("desk {key}'s notes"), PATIENCE, || async {
+            let (status, got) = json(w.get(&format!("/books/ledger/desk/{key}")).await).await;
+            (status == 200 && got == expected).then_some(got)
+        })
+        .await;
+        assert_eq!(got, expected);
+    }
+    // A keyed tray with no note was never created.
+    let (status, body) = json(w.get("/books/ledger/desk/k3").await).await;
+    assert_eq!(status, 404, "{body}");
 }
