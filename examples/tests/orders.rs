@@ -372,6 +372,17 @@ async fn across_two_workers_orders_survive_kills_of_either_side_and_a_move_of_th
         Ok(marked(&store, &tag).await?.is_empty().then_some(()))
     })
     .await?;
+    // What the surviving workers saw (the killed ones' counts died with
+    // them): how often a delivery failed and was retried, and how often a
+    // letter came again and was answered as a repeat.
+    let (mut retried, mut repeats) = (0.0, 0.0);
+    for worker in &workers {
+        if let Some(scrape) = test_support::metrics::try_scrape(&client, &worker.url).await {
+            retried += scrape.value(r#"pinned_tray_messages{side="sent",outcome="retried"}"#);
+            repeats += scrape.value(r#"pinned_tray_messages{side="received",outcome="repeat"}"#);
+        }
+    }
+    eprintln!("surviving workers: {retried} deliveries retried, {repeats} repeats answered");
     // At rest, nothing more arrives.
     let answer = lines(&client, &pb, &ledger).await?;
     assert_eq!(
