@@ -43,6 +43,12 @@ pub(crate) struct OperationReason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SideOutcome {
+    pub(crate) side: &'static str,
+    pub(crate) outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct Namespace {
     pub(crate) namespace: String,
 }
@@ -83,6 +89,7 @@ pub(crate) struct Metrics {
     pub(crate) control_plane_failures: Family<OperationReason, Counter>,
     pub(crate) request_failures: Family<PhaseTransport, Counter>,
     callback_failures: Family<Hook, Counter>,
+    tray_messages: Family<SideOutcome, Counter>,
     shutdown_failures: Family<Phase, Counter>,
     request_duration: Family<Namespace, Histogram>,
 }
@@ -129,6 +136,12 @@ impl Metrics {
         let sweep_seconds = Counter::<f64, AtomicU64>::default();
         let request_failures = Family::default();
         let callback_failures: Family<Hook, Counter> = Family::default();
+        let tray_messages: Family<SideOutcome, Counter> = Family::default();
+        registry.register(
+            "pinned_tray_messages",
+            "Messages between objects: side sent (outcome delivered, refused, retried) or received (admitted, repeat)",
+            tray_messages.clone(),
+        );
         let shutdown_failures: Family<Phase, Counter> = Family::default();
         let control_plane_failures: Family<OperationReason, Counter> = Family::default();
         let request_duration = Family::<Namespace, Histogram>::new_with_constructor(
@@ -249,6 +262,7 @@ impl Metrics {
             control_plane_failures,
             request_failures,
             callback_failures,
+            tray_messages,
             shutdown_failures,
             request_duration,
         }
@@ -266,6 +280,13 @@ impl Metrics {
     pub(crate) fn request_failed(&self, phase: &'static str, transport: &'static str) {
         self.request_failures
             .get_or_create(&PhaseTransport { phase, transport })
+            .inc();
+    }
+
+    /// One `pinned_tray_messages_total{side, outcome}`.
+    pub(crate) fn tray_message(&self, side: &'static str, outcome: &'static str) {
+        self.tray_messages
+            .get_or_create(&SideOutcome { side, outcome })
             .inc();
     }
 

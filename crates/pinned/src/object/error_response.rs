@@ -94,9 +94,12 @@ impl IntoResponse for TrayError {
                 response::refusal(Refusal::Aborted)
             }
             TrayError::NotFound { .. } => client(StatusCode::NOT_FOUND, &self),
-            TrayError::EmptyKey | TrayError::InvalidName(_) | TrayError::AdmissionKey => {
-                client(StatusCode::BAD_REQUEST, &self)
-            }
+            TrayError::EmptyKey
+            | TrayError::InvalidName(_)
+            | TrayError::AdmissionKey
+            | TrayError::Recipient(_)
+            | TrayError::Message(_) => client(StatusCode::BAD_REQUEST, &self),
+            TrayError::OutboxFull { .. } => client(StatusCode::SERVICE_UNAVAILABLE, &self),
             TrayError::Deleted(_) | TrayError::NotParked(_) => client(StatusCode::CONFLICT, &self),
             TrayError::NoStore
             | TrayError::NotDeclared(_)

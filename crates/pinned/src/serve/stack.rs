@@ -526,6 +526,14 @@ pub(crate) fn serve<T: Object>(
 /// place the request stack is assembled.
 pub(crate) fn routes<T: Object>(ns: Weak<Namespace>) -> Router {
     let routes = T::routes();
+    // Messages between objects: the worker's own route, behind the same
+    // stack, for an object whose trays receive them.
+    let receivers = T::trays().receivers();
+    let routes = if receivers.is_empty() {
+        routes
+    } else {
+        routes.merge(crate::durable::tray::message_route(receivers))
+    };
     let routes = if routes.has_routes() {
         // Around each matched route only (see the module docs): the
         // stack's steps run in `serve`, in order.

@@ -19,6 +19,7 @@ use pinned_store::Doc;
 use super::env::TrayEnv;
 use super::handle::{TrayCtx, TrayHandle};
 use super::machine::{self, Delivery, Hooks, OpenTray};
+use super::message::{Receive, Receiver};
 use super::opened::Opened;
 use super::spec::{Declared, Spec};
 use super::{Tray, TrayError, TrayHandler};
@@ -64,6 +65,7 @@ use crate::BoxError;
 /// ```
 pub struct Trays<O> {
     specs: Vec<Spec>,
+    receivers: Vec<Receiver>,
     object: PhantomData<fn() -> O>,
 }
 
@@ -86,6 +88,7 @@ impl<O: Send + Sync + 'static> Trays<O> {
     pub fn new() -> Self {
         Self {
             specs: Vec::new(),
+            receivers: Vec::new(),
             object: PhantomData,
         }
     }
@@ -155,6 +158,36 @@ impl<O: Send + Sync + 'static> Trays<O> {
             open: open::<O, T>,
         });
         self
+    }
+
+    /// Lets other objects send messages to the declared tray `T`
+    /// (`POST /<ns>/<id>/_pinned/messages`, from attested instances only):
+    /// see [`Receive`].
+    ///
+    /// # Panics
+    ///
+    /// When `T` is not declared (before this call) or takes messages
+    /// already.
+    pub fn receives<T: Receive>(mut self) -> Self {
+        let Some(spec) = self
+            .specs
+            .iter()
+            .find(|spec| spec.type_id == TypeId::of::<T>())
+        else {
+            panic!("tray {:?} must be declared before it receives", T::NAME);
+        };
+        assert!(
+            self.receivers.iter().all(|r| r.name != T::NAME),
+            "tray {:?} receives twice",
+            T::NAME
+        );
+        self.receivers.push(Receiver::of::<T>(spec.keyed));
+        self
+    }
+
+    /// The trays that take messages.
+    pub(crate) fn receivers(&self) -> Arc<[Receiver]> {
+        self.receivers.iter().cloned().collect()
     }
 
     pub(crate) fn into_declared(self) -> Declared {

@@ -26,7 +26,7 @@ use crate::BoxError;
 
 /// One open tray of type `T`. Cheap to clone.
 pub struct TrayHandle<T: Tray> {
-    tray: Arc<OpenTray<T>>,
+    pub(super) tray: Arc<OpenTray<T>>,
 }
 
 impl<T: Tray> Clone for TrayHandle<T> {
@@ -380,11 +380,11 @@ impl<T: Tray> KeyedTrays<T> {
 
 /// One handler run of tray `T`.
 pub struct TrayCtx<T: Tray> {
-    tray: Arc<OpenTray<T>>,
+    pub(super) tray: Arc<OpenTray<T>>,
     ctx: Context,
     attempts: u64,
     state: Option<Json>,
-    staged: Arc<Mutex<Staged<T>>>,
+    pub(super) staged: Arc<Mutex<Staged<T>>>,
     cancel: CancellationToken,
 }
 

@@ -37,6 +37,7 @@ impl<T: Tray> Opened for OpenTray<T> {
         if start {
             self.start_pump();
         }
+        self.start_courier();
     }
 
     fn pending(&self) -> bool {

@@ -82,6 +82,8 @@ pub(crate) type AfterAck = Box<dyn FnOnce() + Send>;
 pub(crate) struct Staged<T> {
     pub(crate) edits: Vec<AckEdit<T>>,
     pub(crate) after: Vec<AfterAck>,
+    /// Messages to other objects, queued with the ack.
+    pub(crate) sends: Vec<super::sends::Draft>,
 }
 
 impl<T> Default for Staged<T> {
@@ -89,6 +91,7 @@ impl<T> Default for Staged<T> {
         Self {
             edits: Vec::new(),
             after: Vec::new(),
+            sends: Vec::new(),
         }
     }
 }
@@ -145,6 +148,9 @@ pub(crate) struct TrayState<T: Tray> {
     pub(crate) dispatch_state: Option<Json>,
     /// The last [`Tray::ADMISSION_WINDOW`] admission keys, oldest first.
     pub(crate) admitted: std::collections::VecDeque<String>,
+    /// Messages to other objects waiting for an answer (`~outgoing`): the
+    /// row stays marked while any wait.
+    pub(crate) sends: super::sends::Sends,
     pub(crate) retired: Option<Retired>,
     pub(crate) pumping: bool,
     pub(crate) active: Option<Active>,
@@ -308,6 +314,8 @@ pub(crate) fn restore<T: Tray>(
             ))
         }
     };
+    let sends = super::sends::Sends::restore(doc.get(super::sends::OUTGOING_KEY))
+        .map_err(|reason| malformed(spec, &key, reason))?;
     let doc = Entries::of(&doc).map_err(|error| malformed(spec, &key, error.to_string()))?;
     let tray = Arc::new(OpenTray {
         key,
@@ -332,6 +340,7 @@ pub(crate) fn restore<T: Tray>(
             parked,
             dispatch_state,
             admitted,
+            sends,
             retired: None,
             pumping: false,
             active: None,

@@ -70,18 +70,23 @@
 //! 1. `paged`: the contract of a field kept in page rows of its own; then
 //!    `field`, `row`, `frontier`: the durable field kinds, a row's encoded
 //!    entries, the instance's ordered log of effects; then `log`: the
-//!    paged field kind [`Log`];
+//!    paged field kind [`Log`]; `sends` and `received`: the reserved
+//!    entries of messages between objects (a sender's `~outgoing`, a
+//!    receiver's `~received`);
 //! 2. `opened`: the erased open tray the open map holds; `env`: what an
 //!    open tray is given (its slot, the log, the store, the map as an
 //!    `OpenMap`); `pages`: a paged field's rows, named and read;
 //! 3. `spec`: the declarations as plain data, their opener a function
 //!    pointer over the two above;
 //! 4. `machine`: one open tray, its state and its one write path;
-//! 5. `pump`: the dispatch loop over `machine`; `lifecycle`: opening and
-//!    closing a tray for the map, which starts the pump;
+//! 5. `pump`: the dispatch loop over `machine`; `courier`: the loop that
+//!    delivers a tray's sent messages; `lifecycle`: opening and closing a
+//!    tray for the map, which starts both;
 //! 6. `open`: the open map of one instance, which builds the `env` once;
 //! 7. `handle`: what user code holds (`TrayHandle`, `KeyedTrays`,
-//!    `TrayCtx`);
+//!    `TrayCtx`); `message`: messages between objects as user code sees
+//!    them ([`Receive`], [`Recipient`], the sends) and the route that
+//!    admits them;
 //! 8. `declare`: [`Trays`], the one place that knows the object's type; its
 //!    opener binds the object's handler into the tray, wrapping what the
 //!    tray hands over into `handle`'s types.
@@ -105,6 +110,8 @@ mod frontier;
 mod row;
 
 mod log;
+mod received;
+mod sends;
 
 mod env;
 mod opened;
@@ -114,12 +121,14 @@ mod spec;
 
 mod machine;
 
+mod courier;
 mod lifecycle;
 mod pump;
 
 mod open;
 
 mod handle;
+mod message;
 
 mod declare;
 
@@ -130,7 +139,9 @@ pub use field::{Entry, Field, FieldError, Fields, Outbox, Queue, Value};
 pub use frontier::Receipt;
 pub use handle::{Admission, KeyedTrays, TrayCtx, TrayHandle};
 pub use log::{Log, LogRead, LogSlice};
+pub use message::{Receive, Recipient};
 
+pub(crate) use message::message_route;
 pub(crate) use open::InstanceTrays;
 pub(crate) use spec::Declared;
 
@@ -152,6 +163,23 @@ pub const MAX_ADMISSION_WINDOW: usize = 4096;
 
 /// Longest admission key, in bytes.
 pub const MAX_ADMISSION_KEY_BYTES: usize = 200;
+
+/// Default [`Tray::SENDER_WINDOW`].
+pub const DEFAULT_SENDER_WINDOW: usize = 256;
+
+/// Largest [`Tray::SENDER_WINDOW`] honoured: the marks live in the tray's
+/// row, written with every change of it.
+pub const MAX_SENDER_WINDOW: usize = 4096;
+
+/// Largest message a send takes, in bytes of its JSON.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Most messages one tray keeps waiting for their receivers' answers.
+pub const MAX_OUTGOING: usize = 1024;
+
+/// Most bytes of messages one tray keeps waiting for their receivers'
+/// answers: they live in its row.
+pub const MAX_OUTGOING_BYTES: usize = 1024 * 1024;
 
 /// How many tray handlers run at once in one process, across all instances.
 pub const MAX_CONCURRENT_DISPATCHES: usize = 256;
@@ -180,6 +208,10 @@ pub trait Tray: Default + Send + Sync + 'static {
     /// remembers (the newest; at most [`MAX_ADMISSION_WINDOW`]): a repeat
     /// of one of them admits nothing. They live in the tray's row.
     const ADMISSION_WINDOW: usize = DEFAULT_ADMISSION_WINDOW;
+    /// For a tray that [receives](Receive) messages: how many senders'
+    /// marks it keeps (at most [`MAX_SENDER_WINDOW`]), the least recently
+    /// heard forgotten first. They live in the tray's row.
+    const SENDER_WINDOW: usize = DEFAULT_SENDER_WINDOW;
 
     /// What one item is.
     type Item: Clone + Send + 'static;
@@ -310,4 +342,20 @@ pub enum TrayError {
     /// than [`MAX_ADMISSION_KEY_BYTES`].
     #[error("an admission key must be 1 to 200 bytes long")]
     AdmissionKey,
+    /// A send's recipient is not a valid namespace, id and tray key.
+    #[error("invalid message recipient: {0}")]
+    Recipient(String),
+    /// A message's JSON is larger than [`MAX_MESSAGE_BYTES`], or does not
+    /// serialize.
+    #[error("a message must serialize to at most 65536 bytes of JSON: {0}")]
+    Message(String),
+    /// The tray's sends waiting for an answer would pass [`MAX_OUTGOING`]
+    /// messages or [`MAX_OUTGOING_BYTES`]: retry once receivers answered.
+    #[error("too many messages waiting to be delivered ({letters} messages, {bytes} bytes)")]
+    OutboxFull {
+        /// Messages waiting, with this send.
+        letters: usize,
+        /// Their bytes, with this send.
+        bytes: usize,
+    },
 }

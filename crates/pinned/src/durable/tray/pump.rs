@@ -149,9 +149,10 @@ impl<T: Tray> OpenTray<T> {
             return Step::Stop;
         }
         let Some(item) = state.tray.head() else {
-            // Dry: the row rests unmarked, and a keyed tray that is not
-            // always open passivates.
-            Self::set_marked(state, false);
+            // Dry: the row rests unmarked (marked while messages wait for
+            // their receivers), and a keyed tray that is not always open
+            // passivates.
+            Self::set_marked(state, !state.sends.is_empty());
             // The last ack and the unmark: nobody waits for them, and the
             // next admission (a steady stream's usual case) carries them.
             if let Err(error) = self.commit_with(state, Urgency::Soon) {
@@ -214,9 +215,17 @@ impl<T: Tray> OpenTray<T> {
             match outcome {
                 Outcome::Done | Outcome::Consumed => {
                     let keep = matches!(outcome, Outcome::Done);
-                    let Staged { edits, after } = std::mem::take(&mut *staged.lock());
-                    if !self.acked(&item, keep, edits) {
+                    let Staged {
+                        edits,
+                        after,
+                        sends,
+                    } = std::mem::take(&mut *staged.lock());
+                    let sent = keep && !sends.is_empty();
+                    if !self.acked(&item, keep, edits, sends) {
                         return;
+                    }
+                    if sent {
+                        self.start_courier();
                     }
                     if keep && !after.is_empty() && !self.after_acked(slot, after) {
                         return;
@@ -237,7 +246,13 @@ impl<T: Tray> OpenTray<T> {
     /// delivery count and dispatch state, and the unmark if that left the
     /// tray dry; the next [`step`](Self::step) writes it. False when the
     /// pump must stop.
-    fn acked(&self, item: &T::Item, keep: bool, edits: Vec<AckEdit<T>>) -> bool {
+    fn acked(
+        &self,
+        item: &T::Item,
+        keep: bool,
+        edits: Vec<AckEdit<T>>,
+        sends: Vec<super::sends::Draft>,
+    ) -> bool {
         let mut state = self.state.lock();
         state.active = None;
         let applied = self.segment(&mut state, |tray| {
@@ -255,10 +270,18 @@ impl<T: Tray> OpenTray<T> {
             state.pumping = false;
             return false;
         }
+        if keep && Self::queue_sends(&mut state, sends).is_err() {
+            state.pumping = false;
+            return false;
+        }
         state.attempts = 0;
         state.dispatch_state = None;
         state.changed = true;
-        if state.tray.head().is_none() && !state.parked && state.inbox.is_empty() {
+        if state.tray.head().is_none()
+            && !state.parked
+            && state.inbox.is_empty()
+            && state.sends.is_empty()
+        {
             Self::set_marked(&mut state, false);
         }
         // Not written here: the pump's next step follows at once, under the lock
