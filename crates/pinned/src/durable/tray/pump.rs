@@ -4,7 +4,8 @@
 //! One step under the tray's lock decides what to do next (run a built-in
 //! command, stop parked or winding down, go dry, park, or record the next
 //! delivery); the handler then runs unlocked, after its attempt is durable.
-//! Success applies the handler's `on_ack` edits and the tray's ack in one
+//! Success settles the item's keyed dispatches (phase two, `dispatch`),
+//! then applies the handler's `on_ack` edits and the tray's ack in one
 //! write segment, so they land in one row write. Failure (an error, a
 //! panic, the dispatch timeout) backs off and redelivers. The pump runs as
 //! the instance's background work: it keeps the instance in flight, an
@@ -213,6 +214,12 @@ impl<T: Tray> OpenTray<T> {
                 .await;
             match outcome {
                 Outcome::Done | Outcome::Consumed => {
+                    // Phase two of the item's keyed dispatches, before its ack.
+                    if let Err(error) = self.settle().await {
+                        tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not settle a tray item's dispatches");
+                        self.state.lock().active = None;
+                        return self.stopped();
+                    }
                     let keep = matches!(outcome, Outcome::Done);
                     let Staged { edits, after } = std::mem::take(&mut *staged.lock());
                     if !self.acked(&item, keep, edits) {
@@ -257,6 +264,7 @@ impl<T: Tray> OpenTray<T> {
         }
         state.attempts = 0;
         state.dispatch_state = None;
+        Self::purge_dispatches(&mut state);
         state.changed = true;
         if state.tray.head().is_none() && !state.parked && state.inbox.is_empty() {
             Self::set_marked(&mut state, false);

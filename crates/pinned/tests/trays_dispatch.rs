@@ -1,0 +1,584 @@
+//! Keyed cross-tray dispatch (`TrayCtx::dispatch`) held to the Python
+//! reference's own executable spec: a Rust port of its crash workload
+//! (`pinned/sim/workload.py`, `SweepLane`: `relay` items dispatch into the
+//! `sink` tray beside the `work` lane) runs on a store that fails one
+//! write, at every write in turn (not applied, and applied with the answer
+//! lost), a fresh worker then drains what the store kept, and the rows,
+//! shaped as the reference's `MemoryStateStore` disk image, go through the
+//! reference's `pinned.sim.contract.validate` (the interpreter is
+//! `$PINNED_PY`, else the workspace's `.venv`). Also: the rows of one
+//! dispatch at each phase, byte for byte the reference's shape, and a
+//! failed run's redelivery answering the recorded outcome.
+#![allow(clippy::unwrap_used)] // tests may panic on the unexpected
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::Path;
+use axum::routing::post;
+use axum::Router;
+use pinned::pinned_store::{FailingStore, InstanceKey, MemoryStore, StateStore, TrayKey};
+use pinned::tray::{
+    Dispatched, Fields, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value,
+};
+use pinned::{BoxError, Context, Object, Options};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value as Json};
+use support::{eventually, start, TestWorker, PATIENCE};
+
+/// The reference workload's instance (`workload.NS`, `workload.ID`).
+const NS: &str = "/threads";
+const ID: &str = "a";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Item {
+    n: u64,
+}
+
+/// A steer lane entry: each admission appends its lead, then its tail.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Steer {
+    n: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    tail: bool,
+}
+
+/// The reference's `SweepTray`: the work lane, its feed and steer lanes and
+/// a done cursor; ad-hoc storage holds the `log` of effects and what each
+/// item `steered`.
+#[derive(Default)]
+struct Work {
+    queue: Queue<Item>,
+    feed: Queue<Item>,
+    steer: Queue<Steer>,
+    done: Value<u64>,
+}
+
+impl Tray for Work {
+    const NAME: &'static str = "work";
+    type Item = Item;
+
+    fn fields(&mut self, fields: &mut Fields<'_>) {
+        fields.field("queue", &mut self.queue);
+        fields.field("feed", &mut self.feed);
+        fields.field("steer", &mut self.steer);
+        fields.field("done", &mut self.done);
+    }
+
+    fn head(&self) -> Option<Item> {
+        self.queue.front().cloned()
+    }
+
+    fn ack(&mut self, _item: &Item) {
+        self.queue.pop_front();
+    }
+}
+
+/// The reference's `PipeTray`, once as `relay` and once as `sink`.
+macro_rules! pipe {
+    ($tray:ident, $name:literal) => {
+        #[derive(Default)]
+        struct $tray {
+            queue: Queue<Item>,
+            done: Value<u64>,
+        }
+
+        impl Tray for $tray {
+            const NAME: &'static str = $name;
+            type Item = Item;
+
+            fn fields(&mut self, fields: &mut Fields<'_>) {
+                fields.field("queue", &mut self.queue);
+                fields.field("done", &mut self.done);
+            }
+
+            fn head(&self) -> Option<Item> {
+                self.queue.front().cloned()
+            }
+
+            fn ack(&mut self, _item: &Item) {
+                self.queue.pop_front();
+            }
+        }
+    };
+}
+
+pipe!(Relay, "relay");
+pipe!(Sink, "sink");
+
+/// The port of `SweepLane`.
+struct SweepLane;
+
+async fn enqueue(ctx: Context, Path(n): Path<u64>) -> Result<axum::Json<Json>, TrayError> {
+    let work = ctx.tray::<Work>().await?;
+    work.admit(|work| {
+        work.queue.push_back(Item { n });
+        work.feed.push_back(Item { n });
+        work.steer.push_back(Steer { n, tail: false });
+        work.steer.push_back(Steer { n, tail: true });
+    })?
+    .await?;
+    Ok(axum::Json(json!({ "admitted": n })))
+}
+
+async fn relay(ctx: Context, Path(n): Path<u64>) -> Result<axum::Json<Json>, TrayError> {
+    let relay = ctx.tray::<Relay>().await?;
+    relay
+        .admit(|relay| relay.queue.push_back(Item { n }))?
+        .await?;
+    Ok(axum::Json(json!({ "admitted": n })))
+}
+
+impl Object for SweepLane {
+    async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
+        Ok(SweepLane)
+    }
+
+    fn routes() -> pinned::Routes<Self> {
+        Router::new()
+            .route("/enqueue/{n}", post(enqueue))
+            .route("/relay/{n}", post(relay))
+    }
+
+    fn trays() -> Trays<Self> {
+        Trays::new()
+            .singleton::<Work>()
+            .singleton::<Relay>()
+            .singleton::<Sink>()
+    }
+}
+
+/// Appends the seq-keyed effect `{n, attempts}` to the `log` in ad-hoc
+/// storage and moves the done cursor (two writes, as the reference).
+fn log_effect<T: Tray>(
+    tray: &pinned::tray::TrayHandle<T>,
+    done: u64,
+    n: u64,
+    attempts: u64,
+    set_done: impl FnOnce(&mut T, u64),
+) -> Result<(), TrayError> {
+    let seq = done + 1;
+    let mut log: Vec<Json> = tray.storage_get("log")?.unwrap_or_default();
+    log.truncate(usize::try_from(seq - 1).unwrap());
+    log.push(json!({ "n": n, "attempts": attempts }));
+    let _ = tray.storage_set("log", &log)?;
+    let _ = tray.update(|tray| set_done(tray, seq))?;
+    Ok(())
+}
+
+impl TrayHandler<Work> for SweepLane {
+    async fn handle(&self, mut ctx: TrayCtx<Work>, item: Item) -> Result<(), BoxError> {
+        if ctx.state::<Json>()?.is_none() {
+            let _ = ctx.set_state(&json!({ "stage": "taking" }))?;
+        }
+        let work = ctx.tray();
+        let (fed, _) = work.update(|work| work.feed.take(1))?;
+        let entry = fed.into_iter().next().ok_or("no feed entry")?;
+        let _ = ctx.set_state(&json!({ "stage": "took", "n": entry.n }))?;
+        if entry.n != item.n {
+            return Err(format!("fed {} for item {}", entry.n, item.n).into());
+        }
+        // The item's steer entries, its lead and its tail, are at the front:
+        // items run in admission order and a crash re-presents the takes.
+        let (mine, _) = work.update(|work| work.steer.take(2))?;
+        if mine.iter().any(|entry| entry.n != item.n) {
+            return Err(format!("item {} took foreign steer entries {mine:?}", item.n).into());
+        }
+        let mut steered: BTreeMap<String, Vec<u64>> =
+            work.storage_get("steered")?.unwrap_or_default();
+        steered.insert(
+            item.n.to_string(),
+            mine.iter().map(|entry| entry.n).collect(),
+        );
+        let _ = work.storage_set("steered", &steered)?;
+        let done = work.read(|work| *work.done);
+        log_effect(&work, done, entry.n, ctx.attempts(), |work, seq| {
+            work.done.set(seq);
+        })?;
+        ctx.written().await?;
+        Ok(())
+    }
+}
+
+/// Relay items from [`HELD`] on wait for a permit here after their
+/// dispatch, so a test can read the rows between the two phases.
+static HOLD: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+const HELD: u64 = 1000;
+/// Relay items from [`FAILING`] on fail their first run after their
+/// dispatch.
+const FAILING: u64 = 500;
+
+impl TrayHandler<Relay> for SweepLane {
+    async fn handle(&self, ctx: TrayCtx<Relay>, item: Item) -> Result<(), BoxError> {
+        let sink = ctx.context().tray::<Sink>().await?;
+        let admitted = item.clone();
+        let outcome = ctx.dispatch(&sink, &("r", item.n), move |sink| {
+            sink.queue.push_back(admitted);
+        })?;
+        if item.n >= HELD {
+            ctx.written().await?;
+            HOLD.acquire().await?.forget();
+        } else if item.n >= FAILING && ctx.attempts() == 1 {
+            return Err("the first run fails after its dispatch".into());
+        }
+        let relay = ctx.tray();
+        let mut relayed: BTreeMap<String, Dispatched> =
+            relay.storage_get("relayed")?.unwrap_or_default();
+        relayed.insert(item.n.to_string(), outcome);
+        let _ = relay.storage_set("relayed", &relayed)?;
+        // The admission durable, the relay's ack not: the tear a re-run
+        // must absorb through.
+        ctx.written().await?;
+        Ok(())
+    }
+}
+
+impl TrayHandler<Sink> for SweepLane {
+    async fn handle(&self, ctx: TrayCtx<Sink>, item: Item) -> Result<(), BoxError> {
+        let sink = ctx.tray();
+        let done = sink.read(|sink| *sink.done);
+        log_effect(&sink, done, item.n, ctx.attempts(), |sink, seq| {
+            sink.done.set(seq);
+        })?;
+        ctx.written().await?;
+        Ok(())
+    }
+}
+
+async fn worker(store: Arc<dyn StateStore>) -> TestWorker {
+    start(Options::new().host::<SweepLane>(NS).store(store)).await
+}
+
+/// The instance's rows as the reference's `MemoryStateStore.trays`
+/// entries: `[ns, id, tray_ns, tray_id, marked, doc]`.
+async fn image(store: &dyn StateStore) -> Json {
+    let rows = store
+        .list(InstanceKey::new(NS, ID), 0, None, None)
+        .await
+        .unwrap();
+    Json::Array(
+        rows.into_iter()
+            .map(|row| json!([NS, ID, row.tray_ns, row.tray_id, row.marked, row.doc]))
+            .collect(),
+    )
+}
+
+async fn no_marked_rows(store: &MemoryStore) -> bool {
+    store.marked_instances(None, 1).await.unwrap().is_empty()
+}
+
+/// What one crash run sent and saw: the client's bookkeeping and the disk
+/// images at the crash and after the drain.
+#[derive(Serialize)]
+struct Run {
+    case: String,
+    sent: Vec<u64>,
+    acked: Vec<u64>,
+    relay_sent: Vec<u64>,
+    relay_acked: Vec<u64>,
+    crash: Json,
+    extra: u64,
+    relay_extra: u64,
+    drained: Json,
+}
+
+/// One run of the reference's generation (`enqueue` 1..3 interleaved with
+/// `relay` 201, 202) on a store that fails write `fail_at`, then its
+/// recovery on a fresh worker over what the store kept (`enqueue` 9,
+/// `relay` 209, drained). Answers the run and the first worker's writes.
+async fn crash_run(fail_at: usize, applied: bool) -> (Run, usize) {
+    let inner = Arc::new(MemoryStore::new());
+    let flaky = Arc::new(FailingStore::new(inner.clone(), fail_at, applied));
+    let first = worker(flaky.clone()).await;
+    let (mut sent, mut acked, mut relay_sent, mut relay_acked) = (vec![], vec![], vec![], vec![]);
+    for (lane, n) in [
+        ("enqueue", 1),
+        ("enqueue", 2),
+        ("relay", 201),
+        ("enqueue", 3),
+        ("relay", 202),
+    ] {
+        let ok = first
+            .post(&format!("{NS}/{ID}/{lane}/{n}"))
+            .await
+            .status()
+            .is_success();
+        let (sent, acked) = if lane == "relay" {
+            (&mut relay_sent, &mut relay_acked)
+        } else {
+            (&mut sent, &mut acked)
+        };
+        sent.push(n);
+        if ok {
+            acked.push(n);
+        }
+    }
+    eventually("the first worker drained or failed", PATIENCE, || async {
+        (flaky.failed() || no_marked_rows(&inner).await).then_some(())
+    })
+    .await;
+    first.worker.close().await;
+    let writes = flaky.writes();
+    let crash = image(&*inner).await;
+
+    let second = worker(inner.clone()).await;
+    let (extra, relay_extra) = (9, 209);
+    for path in [
+        format!("{NS}/{ID}/enqueue/{extra}"),
+        format!("{NS}/{ID}/relay/{relay_extra}"),
+    ] {
+        let response = second.post(&path).await;
+        assert_eq!(response.status(), 200, "POST {path}");
+    }
+    eventually("the second worker drained", PATIENCE, || async {
+        no_marked_rows(&inner).await.then_some(())
+    })
+    .await;
+    second.worker.close().await;
+    let run = Run {
+        case: format!("write {fail_at} failing (applied: {applied})"),
+        sent,
+        acked,
+        relay_sent,
+        relay_acked,
+        crash,
+        extra,
+        relay_extra,
+        drained: image(&*inner).await,
+    };
+    (run, writes)
+}
+
+/// The reference's harness after a crash, in its own words: the contract
+/// on the crash image, the residue it leaves, every durable admission
+/// counted as acked, then the recovery's admissions and the contract on
+/// the drained image. Prints how many relay outcomes were absorbed.
+const VALIDATE: &str = r#"
+import json, sys
+from pinned.durability import MemoryStateStore
+from pinned.sim.contract import RelayLane, admitted, crash_residue, validate
+
+def disk(rows):
+    image = MemoryStateStore()
+    for ns, id, tray_ns, tray_id, marked, doc in rows:
+        image.trays[(ns, id, tray_ns, tray_id)] = (marked, doc)
+    return image
+
+absorbed = 0
+for run in json.load(open(sys.argv[1])):
+    try:
+        sent, acked = list(run["sent"]), list(run["acked"])
+        relay = RelayLane(sent=list(run["relay_sent"]), acked=list(run["relay_acked"]))
+        crash = disk(run["crash"])
+        validate(crash, sent=sent, acked=acked, relay=relay)
+        residue = crash_residue(crash)
+        acked.extend(sorted(admitted(crash) - set(acked)))
+        relay.acked.extend(
+            sorted(admitted(crash, tray="relay", done="relayed") - set(relay.acked))
+        )
+        sent.append(run["extra"]); acked.append(run["extra"])
+        relay.sent.append(run["relay_extra"]); relay.acked.append(run["relay_extra"])
+        drained = disk(run["drained"])
+        validate(drained, sent=sent, acked=acked, drained=True, residue=residue, relay=relay)
+        relayed = drained.trays[("/threads", "a", "relay", "~")][1]["relayed"]
+        absorbed += sum(1 for outcome in relayed.values() if outcome == "absorbed")
+    except AssertionError as error:
+        print(f"{run['case']}: {error}", file=sys.stderr)
+        sys.exit(1)
+print(json.dumps({"runs": len(json.load(open(sys.argv[1]))), "absorbed": absorbed}))
+"#;
+
+/// Runs the reference's contract on `runs`; answers its summary.
+fn validate(runs: &[Run]) -> Json {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("runs.json");
+    std::fs::write(&data, serde_json::to_vec(runs).unwrap()).unwrap();
+    let script = dir.path().join("validate.py");
+    std::fs::write(&script, VALIDATE).unwrap();
+    let output = std::process::Command::new(test_support::python())
+        .arg(&script)
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the reference's contract failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_references_contract_holds_on_the_sweep_lane_port_after_a_crash_at_every_write() {
+    let (clean, writes) = crash_run(usize::MAX, false).await;
+    assert_eq!(clean.acked, [1, 2, 3]);
+    assert_eq!(clean.relay_acked, [201, 202]);
+    eprintln!("a clean run makes {writes} writes");
+    assert!(writes >= 15, "{writes} writes");
+    let mut runs = vec![clean];
+    for applied in [false, true] {
+        for fail_at in 1..=writes + 1 {
+            runs.push(crash_run(fail_at, applied).await.0);
+        }
+    }
+    let summary = validate(&runs);
+    eprintln!("the reference's contract held on {summary}");
+    assert_eq!(summary["runs"], runs.len());
+}
+
+/// Row `tray` of instance `id`: `(marked, doc)`.
+async fn row(store: &dyn StateStore, id: &str, tray: &str) -> Option<(bool, Json)> {
+    store
+        .get_tray(InstanceKey::new(NS, id), TrayKey::singleton(tray), 0)
+        .await
+        .unwrap()
+        .map(|row| (row.marked, Json::Object(row.doc)))
+}
+
+#[tokio::test]
+async fn a_dispatch_writes_the_references_rows_and_releases_them_before_the_ack() {
+    let store = Arc::new(MemoryStore::new());
+    let w = worker(store.clone()).await;
+    let id = "rows";
+    let response = w.post(&format!("{NS}/{id}/relay/{HELD}")).await;
+    assert_eq!(response.status(), 200);
+    // Phase one, the item held after its dispatch: the relay's record, the
+    // sink's ignore-record, both as the reference writes them.
+    let (marked, relay) = eventually("the dispatch recorded", PATIENCE, || async {
+        row(&*store, id, "relay")
+            .await
+            .filter(|(_, doc)| doc.get("~dispatch").is_some())
+    })
+    .await;
+    assert!(marked);
+    assert_eq!(
+        relay["~dispatch"],
+        json!([{"key": ["r", HELD], "target": ["sink", "~"], "outcome": "admitted", "cleaned": false}])
+    );
+    let (_, sink) = row(&*store, id, "sink").await.unwrap();
+    assert_eq!(sink["~ignore"], json!([["r", HELD]]));
+    // The sink ran the item (its tag gone with the pop) or still holds it
+    // tagged with the key.
+    let ran = sink["log"] == json!([{"n": HELD, "attempts": 1}]);
+    assert!(
+        ran || sink["queue"] == json!([{"n": HELD, "~admit": ["r", HELD]}]),
+        "{sink}"
+    );
+    // Phase two and the ack: the key released, the record gone with the pop.
+    HOLD.add_permits(1);
+    let (marked, relay) = eventually("the relay item acked", PATIENCE, || async {
+        row(&*store, id, "relay")
+            .await
+            .filter(|(marked, _)| !marked)
+    })
+    .await;
+    assert!(!marked);
+    assert_eq!(relay, json!({"relayed": {HELD.to_string(): "admitted"}}));
+    let (_, sink) = eventually("the sink drained", PATIENCE, || async {
+        row(&*store, id, "sink").await.filter(|(marked, _)| !marked)
+    })
+    .await;
+    assert_eq!(
+        sink,
+        json!({"log": [{"n": HELD, "attempts": 1}], "done": 1})
+    );
+    w.worker.close().await;
+}
+
+#[tokio::test]
+async fn a_redelivered_item_answers_its_recorded_outcome_and_admits_nothing_again() {
+    let store = Arc::new(MemoryStore::new());
+    let w = worker(store.clone()).await;
+    let id = "again";
+    let n = FAILING + 1;
+    assert_eq!(w.post(&format!("{NS}/{id}/relay/{n}")).await.status(), 200);
+    let (_, relay) = eventually("the relay item acked", PATIENCE, || async {
+        row(&*store, id, "relay")
+            .await
+            .filter(|(marked, _)| !marked)
+    })
+    .await;
+    assert_eq!(relay["relayed"], json!({n.to_string(): "admitted"}));
+    let (_, sink) = eventually("the sink drained", PATIENCE, || async {
+        row(&*store, id, "sink").await.filter(|(marked, _)| !marked)
+    })
+    .await;
+    assert_eq!(
+        sink["log"],
+        json!([{"n": n, "attempts": 1}]),
+        "admitted once"
+    );
+    assert!(sink.get("~ignore").is_none(), "{sink}");
+    w.worker.close().await;
+}
+
+/// The rows a crash between a dispatch's two phase-one writes leaves (the
+/// sink's admission landed, the relay's record did not), written as a
+/// Python worker's crash leaves them; the sink either still holds the
+/// tagged item or already ran it.
+async fn torn(store: &MemoryStore, id: &str, sink_ran: bool) {
+    let doc = |value: Json| value.as_object().unwrap().clone();
+    let instance = InstanceKey::new(NS, id);
+    store
+        .set_tray(
+            instance,
+            TrayKey::singleton("relay"),
+            true,
+            doc(json!({"queue": [{"n": 5}], "~attempts": 1})),
+            0,
+        )
+        .await
+        .unwrap();
+    let sink = if sink_ran {
+        json!({"log": [{"n": 5, "attempts": 1}], "done": 1, "~ignore": [["r", 5]]})
+    } else {
+        json!({"queue": [{"n": 5, "~admit": ["r", 5]}], "~ignore": [["r", 5]]})
+    };
+    store
+        .set_tray(
+            instance,
+            TrayKey::singleton("sink"),
+            !sink_ran,
+            doc(sink),
+            0,
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_re_run_whose_record_was_lost_absorbs_the_admission_the_target_holds() {
+    for sink_ran in [false, true] {
+        let store = Arc::new(MemoryStore::new());
+        let id = if sink_ran { "ran" } else { "queued" };
+        torn(&store, id, sink_ran).await;
+        let w = worker(store.clone()).await;
+        assert_eq!(w.post(&format!("{NS}/{id}/relay/6")).await.status(), 200);
+        let (_, relay) = eventually("the relay drained", PATIENCE, || async {
+            row(&*store, id, "relay")
+                .await
+                .filter(|(marked, _)| !marked)
+        })
+        .await;
+        assert_eq!(
+            relay,
+            json!({"relayed": {"5": "absorbed", "6": "admitted"}}),
+            "sink ran: {sink_ran}"
+        );
+        let (_, sink) = eventually("the sink drained", PATIENCE, || async {
+            row(&*store, id, "sink").await.filter(|(marked, _)| !marked)
+        })
+        .await;
+        let ns: Vec<u64> = sink["log"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["n"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ns, [5, 6], "sink ran: {sink_ran}: each admitted once");
+        assert!(sink.get("~ignore").is_none(), "{sink}");
+        w.worker.close().await;
+    }
+}
