@@ -2,8 +2,8 @@
 //! the Python reference (pinned 0.16.0) running the relay/sink pair of its
 //! crash workload and the Rust relay example read and write the same rows.
 //! Each side is SIGKILLed mid-dispatch (a relay item's admission into the
-//! sink recorded, its release and ack not), the other side finishes the
-//! work, and the rows are held to the relay/sink part of the reference's
+//! sink recorded, its release and ack not), the other side (or, once, a
+//! second Rust worker) finishes the work, and the rows are held to the relay/sink part of the reference's
 //! own durability contract (`pinned.sim.contract`): every relayed item
 //! lands in the sink exactly once, none lost, the two-phase records gone.
 //!
@@ -223,5 +223,37 @@ async fn a_python_worker_finishes_the_dispatches_a_rust_worker_was_killed_in() -
     let rows = reference_contract(&store, &id, &acked, &acked).await?;
     sunk_once(&rows, &acked);
     python.kill();
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rust_worker_finishes_the_dispatches_another_rust_worker_was_killed_in(
+) -> anyhow::Result<()> {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let id = unique_id("rs2rs");
+    let client = reqwest::Client::new();
+    let store = store().await?;
+    let url = database_url();
+    let (mut first, address) = start_example(
+        "relay",
+        &[("DATABASE_URL", url.as_str()), ("RELAY_WORK_MS", "150")],
+    )
+    .await?;
+    let mut acked = relay(&client, &format!("http://{address}"), &id, 1..=ITEMS).await?;
+    until_mid_dispatch(&store, &id).await?;
+    first.start_kill()?;
+    first.wait().await?;
+    let relay_row = doc(&store, &id, "relay").await?.unwrap_or_default();
+    assert!(mid_dispatch(&relay_row), "killed mid-dispatch: {relay_row}");
+
+    // The second worker wakes the marked rows itself at start.
+    let (mut second, address) = start_example("relay", &[("DATABASE_URL", url.as_str())]).await?;
+    drained(&store, &id).await?;
+    acked.extend(relay(&client, &format!("http://{address}"), &id, [ITEMS + 1]).await?);
+    drained(&store, &id).await?;
+    let rows = reference_contract(&store, &id, &acked, &acked).await?;
+    sunk_once(&rows, &acked);
+    second.start_kill()?;
+    second.wait().await?;
     Ok(())
 }
