@@ -310,6 +310,22 @@ impl<T> Queue<T> {
         taken
     }
 
+    /// Moves the newest `count` pending takes (all of them when fewer)
+    /// back to the front, in their order; answers how many moved. For a
+    /// handler that took more than it used (the reference's `untake`).
+    pub fn untake(&mut self, count: usize) -> usize {
+        let count = count.min(self.taken.len());
+        let at = self.taken.len() - count;
+        let items: Vec<T> = self.taken.drain(at..).collect();
+        let admits: Vec<Option<Json>> = self.taken_admits.drain(at..).collect();
+        for (item, admit) in items.into_iter().zip(admits).rev() {
+            self.items.push_front(item);
+            self.admits.push_front(admit);
+        }
+        self.dirty |= count > 0;
+        count
+    }
+
     /// The number of queued items (pending takes excluded).
     pub fn len(&self) -> usize {
         self.items.len()
@@ -622,6 +638,23 @@ mod tests {
         assert!(restored.take_dirty(), "the restored takes are rewritten");
         queue.commit_takes();
         assert_eq!(decoded(queue.entry().unwrap()), Some(json!([2, 3])));
+    }
+
+    #[test]
+    fn untake_moves_the_newest_takes_back_to_the_front_in_order() {
+        let mut queue: Queue<u32> = Queue::new();
+        for n in 1..=4 {
+            queue.push_back(n);
+        }
+        assert_eq!(queue.take(3), [1, 2, 3]);
+        assert_eq!(queue.untake(2), 2);
+        assert_eq!(queue.iter().copied().collect::<Vec<_>>(), [2, 3, 4]);
+        assert_eq!(
+            decoded(queue.entry().unwrap()),
+            Some(json!({"taken": [1], "items": [2, 3, 4]}))
+        );
+        assert_eq!(queue.untake(5), 1, "only what is taken moves");
+        assert_eq!(decoded(queue.entry().unwrap()), Some(json!([1, 2, 3, 4])));
     }
 
     #[test]
