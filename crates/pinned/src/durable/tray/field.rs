@@ -103,6 +103,9 @@ pub trait Field: Send + Sync {
     fn take_dirty(&mut self) -> bool;
     /// Lands deferred takes ([`Queue::take`]) at a dispatch ack.
     fn commit_takes(&mut self) {}
+    /// Hands deferred takes back to the front after a failed run, for its
+    /// redelivery (as a restore after a crash does).
+    fn return_takes(&mut self) {}
     /// The pages of a field kept in rows of their own beside the tray's row
     /// ([`Log`](super::Log)); `None` (the default) for a field kept whole in
     /// its doc entry.
@@ -416,6 +419,10 @@ where
             self.taken_admits.clear();
             self.dirty = true;
         }
+    }
+
+    fn return_takes(&mut self) {
+        let _moved = self.untake(self.taken.len());
     }
 
     fn keyed(&mut self) -> Option<&mut dyn Keyed> {

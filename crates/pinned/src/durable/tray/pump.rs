@@ -230,7 +230,15 @@ impl<T: Tray> OpenTray<T> {
                     }
                 }
                 Outcome::Failed(error) => {
-                    self.state.lock().active = None;
+                    {
+                        let mut state = self.state.lock();
+                        state.active = None;
+                        // The run's takes are back at the front for its
+                        // redelivery, as a restore after a crash puts them.
+                        state.tray.fields(&mut super::Fields::new(&mut |_, field| {
+                            field.return_takes();
+                        }));
+                    }
                     slot.host.metrics.request_failed("tray", "dispatch");
                     tracing::warn!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), attempts, %error, "tray handler failed; redelivering");
                     tokio::time::sleep(backoff(attempts)).await;
