@@ -9,7 +9,9 @@
 //! lost), a fresh worker then drains what the store kept, and the rows,
 //! shaped as the reference's `MemoryStateStore` disk image, go through the
 //! reference's `pinned.sim.contract.validate` (the interpreter is
-//! `$PINNED_PY`, else the workspace's `.venv`). Also: the rows of one
+//! `$PINNED_PY`, else the workspace's `.venv`). The same again with the
+//! worker in a process of its own on Postgres (`PINNED_TEST_DATABASE_URL`),
+//! SIGKILLed after each step of the generation, a new process recovering. Also: the rows of one
 //! dispatch at each phase, byte for byte the reference's shape, and a
 //! failed run's redelivery answering the recorded outcome.
 #![allow(clippy::unwrap_used)] // tests may panic on the unexpected
@@ -22,7 +24,10 @@ use std::sync::Arc;
 use axum::extract::Path;
 use axum::routing::post;
 use axum::Router;
-use pinned::pinned_store::{FailingStore, InstanceKey, MemoryStore, StateStore, TrayKey};
+use pinned::pinned_store::conformance::{database_url, unique_ns, PostgresCleanup};
+use pinned::pinned_store::{
+    FailingStore, InstanceKey, MemoryStore, PostgresOptions, PostgresStore, StateStore, TrayKey,
+};
 use pinned::tray::{
     Dispatched, Fields, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value,
 };
@@ -356,26 +361,31 @@ impl TrayHandler<Sink> for SweepLane {
     }
 }
 
-async fn worker(store: Arc<dyn StateStore>) -> TestWorker {
-    start(Options::new().host::<SweepLane>(NS).store(store)).await
+async fn worker(store: Arc<dyn StateStore>, ns: &str) -> TestWorker {
+    start(Options::new().host::<SweepLane>(ns).store(store)).await
 }
 
-/// The instance's rows as the reference's `MemoryStateStore.trays`
+/// The rows of instance `ns`/`a` as the reference's `MemoryStateStore.trays`
 /// entries: `[ns, id, tray_ns, tray_id, marked, doc]`.
-async fn image(store: &dyn StateStore) -> Json {
+async fn image(store: &dyn StateStore, ns: &str) -> Json {
     let rows = store
-        .list(InstanceKey::new(NS, ID), 0, None, None)
+        .list(InstanceKey::new(ns, ID), 0, None, None)
         .await
         .unwrap();
     Json::Array(
         rows.into_iter()
-            .map(|row| json!([NS, ID, row.tray_ns, row.tray_id, row.marked, row.doc]))
+            .map(|row| json!([ns, ID, row.tray_ns, row.tray_id, row.marked, row.doc]))
             .collect(),
     )
 }
 
-async fn no_marked_rows(store: &MemoryStore) -> bool {
-    store.marked_instances(None, 1).await.unwrap().is_empty()
+/// Whether instance `ns`/`a` has no marked row left.
+async fn drained_rows(store: &dyn StateStore, ns: &str) -> bool {
+    store
+        .list(InstanceKey::new(ns, ID), 0, None, Some(true))
+        .await
+        .unwrap()
+        .is_empty()
 }
 
 /// What the client sent on one lane, and which of its sends were answered.
@@ -385,91 +395,128 @@ struct Sends {
     acked: Vec<u64>,
 }
 
-/// What one crash run sent and saw: the client's bookkeeping per lane
-/// (`work`, `relay`, `kwork` by key) and the disk images at the crash and
-/// after the drain.
+/// What one crash run sent and saw: the instance's namespace, the
+/// client's bookkeeping per lane (`work`, `relay`, `kwork` by key) and the
+/// disk images at the crash and after the drain.
 #[derive(Serialize)]
 struct Run {
     case: String,
+    ns: String,
     lanes: BTreeMap<String, Sends>,
     crash: Json,
     drained: Json,
 }
 
-/// Sends `path`; answers whether it was answered 200 (a failed write
-/// aborts the instance: its answer is an error, and the next request
-/// activates it again).
-async fn send(w: &TestWorker, path: &str) -> bool {
-    w.post(&format!("{NS}/{ID}/{path}"))
-        .await
-        .status()
-        .is_success()
+/// The reference's generation: a scratch put, `enqueue` 1..3 interleaved
+/// with `kenqueue` k1 101 and k2 102, `relay` 201 and 202, the scratch
+/// drop.
+const GENERATION: [&str; 9] = [
+    "scratch/1",
+    "enqueue/1",
+    "kenqueue/k1/101",
+    "enqueue/2",
+    "kenqueue/k2/102",
+    "enqueue/3",
+    "relay/201",
+    "relay/202",
+    "scratch_drop",
+];
+
+/// The recovery after a crash: the scratch drop again, `enqueue` 9,
+/// `relay` 209 (the contract's script counts these as sent after the
+/// crash's bookkeeping).
+const RECOVERY: [&str; 3] = ["scratch_drop", "enqueue/9", "relay/209"];
+
+/// A client of one worker.
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    ns: String,
 }
 
-/// One run of the reference's generation (`scratch`, then `enqueue` 1..3
-/// interleaved with `kenqueue` k1 101, k2 102, `relay` 201 and 202, then
-/// `scratch_drop`) on a store that fails write `fail_at`, then its
-/// recovery on a fresh worker over what the store kept (`scratch_drop`,
-/// `enqueue` 9, `relay` 209, drained). Answers the run and the first
-/// worker's writes.
+impl Client {
+    /// Sends `path` to instance `a`; records it on its lane in `lanes`,
+    /// acked when answered 200 (a failed write aborts the instance: its
+    /// answer is an error, and the next request activates it again).
+    async fn send(&self, path: &str, lanes: &mut BTreeMap<String, Sends>) -> bool {
+        let ok = self
+            .http
+            .post(format!("{}{}/{ID}/{path}", self.base, self.ns))
+            .send()
+            .await
+            .is_ok_and(|response| response.status().is_success());
+        let parts: Vec<&str> = path.split('/').collect();
+        let lane = match parts[..] {
+            ["enqueue", n] => Some(("work", n)),
+            ["relay", n] => Some(("relay", n)),
+            ["kenqueue", key, n] => Some((key, n)),
+            _ => None,
+        };
+        if let Some((lane, n)) = lane {
+            let sends = lanes.entry(lane.to_owned()).or_default();
+            sends.sent.push(n.parse().unwrap());
+            if ok {
+                sends.acked.push(n.parse().unwrap());
+            }
+        }
+        ok
+    }
+}
+
+fn lanes() -> BTreeMap<String, Sends> {
+    ["work", "relay", "k1", "k2"]
+        .into_iter()
+        .map(|lane| (lane.to_owned(), Sends::default()))
+        .collect()
+}
+
+impl TestWorker {
+    fn client(&self, ns: &str) -> Client {
+        Client {
+            http: self.client.clone(),
+            base: self.url.clone(),
+            ns: ns.to_owned(),
+        }
+    }
+}
+
+/// One run of the reference's generation on a store that fails write
+/// `fail_at`, then its recovery on a fresh worker over what the store kept,
+/// drained. Answers the run and the first worker's writes.
 async fn crash_run(fail_at: usize, applied: bool) -> (Run, usize) {
     let inner = Arc::new(MemoryStore::new());
     let flaky = Arc::new(FailingStore::new(inner.clone(), fail_at, applied));
-    let first = worker(flaky.clone()).await;
-    let mut lanes: BTreeMap<String, Sends> = BTreeMap::new();
-    for lane in ["work", "relay", "k1", "k2"] {
-        lanes.insert(lane.to_owned(), Sends::default());
+    let first = worker(flaky.clone(), NS).await;
+    let mut lanes = lanes();
+    for path in GENERATION {
+        let _ = first.client(NS).send(path, &mut lanes).await;
     }
-    let _ = send(&first, "scratch/1").await;
-    for (lane, n) in [
-        ("work", 1),
-        ("k1", 101),
-        ("work", 2),
-        ("k2", 102),
-        ("work", 3),
-        ("relay", 201),
-        ("relay", 202),
-    ] {
-        let path = match lane {
-            "work" => format!("enqueue/{n}"),
-            "relay" => format!("relay/{n}"),
-            key => format!("kenqueue/{key}/{n}"),
-        };
-        let ok = send(&first, &path).await;
-        let sends = lanes.get_mut(lane).unwrap();
-        sends.sent.push(n);
-        if ok {
-            sends.acked.push(n);
-        }
-    }
-    let _ = send(&first, "scratch_drop").await;
     eventually("the first worker drained or failed", PATIENCE, || async {
-        (flaky.failed() || no_marked_rows(&inner).await).then_some(())
+        (flaky.failed() || drained_rows(&*inner, NS).await).then_some(())
     })
     .await;
     first.worker.close().await;
     let writes = flaky.writes();
-    let crash = image(&*inner).await;
+    let crash = image(&*inner, NS).await;
 
-    let second = worker(inner.clone()).await;
-    for path in ["scratch_drop", "enqueue/9", "relay/209"] {
-        assert!(send(&second, path).await, "POST {path} after the restart");
-    }
-    for (lane, n) in [("work", 9), ("relay", 209)] {
-        let sends = lanes.get_mut(lane).unwrap();
-        sends.sent.push(n);
-        sends.acked.push(n);
+    let second = worker(inner.clone(), NS).await;
+    for path in RECOVERY {
+        assert!(
+            second.client(NS).send(path, &mut lanes).await,
+            "POST {path} after the restart"
+        );
     }
     eventually("the second worker drained", PATIENCE, || async {
-        no_marked_rows(&inner).await.then_some(())
+        drained_rows(&*inner, NS).await.then_some(())
     })
     .await;
     second.worker.close().await;
     let run = Run {
         case: format!("write {fail_at} failing (applied: {applied})"),
+        ns: NS.to_owned(),
         lanes,
         crash,
-        drained: image(&*inner).await,
+        drained: image(&*inner, NS).await,
     };
     (run, writes)
 }
@@ -494,8 +541,10 @@ RECOVERY = {"work": [9], "relay": [209]}
 
 runs = json.load(open(sys.argv[1]))
 absorbed = 0
+inflight = 0
 for run in runs:
     try:
+        ns = run["ns"]
         lanes = run["lanes"]
         def before(lane, field):
             recovered = RECOVERY.get(lane, [])
@@ -507,30 +556,31 @@ for run in runs:
             for key in ("k1", "k2")
         }
         crash = disk(run["crash"])
-        validate(crash, sent=sent, acked=acked, keyed=keyed, relay=relay)
-        residue = crash_residue(crash)
+        inflight += any(marked for (marked, _doc) in crash.trays.values())
+        validate(crash, sent=sent, acked=acked, keyed=keyed, relay=relay, ns=ns)
+        residue = crash_residue(crash, ns=ns)
         for key, lane in keyed.items():
-            lane.residue = crash_residue(crash, tray="kwork", tray_id=key)
+            lane.residue = crash_residue(crash, ns=ns, tray="kwork", tray_id=key)
             lane.acked.extend(
-                sorted(admitted(crash, tray="kwork", tray_id=key) - set(lane.acked))
+                sorted(admitted(crash, ns=ns, tray="kwork", tray_id=key) - set(lane.acked))
             )
-        acked.extend(sorted(admitted(crash) - set(acked)))
+        acked.extend(sorted(admitted(crash, ns=ns) - set(acked)))
         relay.acked.extend(
-            sorted(admitted(crash, tray="relay", done="relayed") - set(relay.acked))
+            sorted(admitted(crash, ns=ns, tray="relay", done="relayed") - set(relay.acked))
         )
         sent += RECOVERY["work"]; acked += RECOVERY["work"]
         relay.sent += RECOVERY["relay"]; relay.acked += RECOVERY["relay"]
         drained = disk(run["drained"])
         validate(
             drained, sent=sent, acked=acked, drained=True, residue=residue,
-            keyed=keyed, relay=relay,
+            keyed=keyed, relay=relay, ns=ns,
         )
-        relayed = drained.trays[("/threads", "a", "relay", "~")][1]["relayed"]
+        relayed = drained.trays[(ns, "a", "relay", "~")][1]["relayed"]
         absorbed += sum(1 for outcome in relayed.values() if outcome == "absorbed")
     except AssertionError as error:
         print(f"{run['case']}: {error}", file=sys.stderr)
         sys.exit(1)
-print(json.dumps({"runs": len(runs), "absorbed": absorbed}))
+print(json.dumps({"runs": len(runs), "absorbed": absorbed, "inflight": inflight}))
 "#;
 
 /// Runs the reference's contract on `runs`; answers its summary.
@@ -584,7 +634,7 @@ async fn row(store: &dyn StateStore, id: &str, tray: &str) -> Option<(bool, Json
 #[tokio::test]
 async fn a_dispatch_writes_the_references_rows_and_releases_them_before_the_ack() {
     let store = Arc::new(MemoryStore::new());
-    let w = worker(store.clone()).await;
+    let w = worker(store.clone(), NS).await;
     let id = "rows";
     let response = w.post(&format!("{NS}/{id}/relay/{HELD}")).await;
     assert_eq!(response.status(), 200);
@@ -634,7 +684,7 @@ async fn a_dispatch_writes_the_references_rows_and_releases_them_before_the_ack(
 #[tokio::test]
 async fn a_redelivered_item_answers_its_recorded_outcome_and_admits_nothing_again() {
     let store = Arc::new(MemoryStore::new());
-    let w = worker(store.clone()).await;
+    let w = worker(store.clone(), NS).await;
     let id = "again";
     let n = FAILING + 1;
     assert_eq!(w.post(&format!("{NS}/{id}/relay/{n}")).await.status(), 200);
@@ -698,7 +748,7 @@ async fn a_re_run_whose_record_was_lost_absorbs_the_admission_the_target_holds()
         let store = Arc::new(MemoryStore::new());
         let id = if sink_ran { "ran" } else { "queued" };
         torn(&store, id, sink_ran).await;
-        let w = worker(store.clone()).await;
+        let w = worker(store.clone(), NS).await;
         assert_eq!(w.post(&format!("{NS}/{id}/relay/6")).await.status(), 200);
         let (_, relay) = eventually("the relay drained", PATIENCE, || async {
             row(&*store, id, "relay")
@@ -725,4 +775,109 @@ async fn a_re_run_whose_record_was_lost_absorbs_the_admission_the_target_holds()
         assert!(sink.get("~ignore").is_none(), "{sink}");
         w.worker.close().await;
     }
+}
+
+/// The environment variable that turns [`serve_sweep_lane`] into a
+/// server: the namespace to host the port at, on Postgres at
+/// `PINNED_TEST_DATABASE_URL`.
+const SERVE_NS: &str = "SWEEP_LANE_SERVE_NS";
+
+/// Not a test of its own: the process the SIGKILL test starts (this test
+/// binary again, with [`SERVE_NS`] set) and kills. Serves the port and
+/// prints its address.
+#[tokio::test]
+#[ignore = "the worker process of the SIGKILL test"]
+async fn serve_sweep_lane() {
+    let ns = std::env::var(SERVE_NS).expect("started by the SIGKILL test");
+    let store = PostgresStore::open(&database_url(), PostgresOptions::default())
+        .await
+        .unwrap();
+    let w = worker(Arc::new(store), &ns).await;
+    println!("sweep lane listening on {}", w.url);
+    std::future::pending::<()>().await;
+}
+
+/// Starts [`serve_sweep_lane`] in a process of its own hosting `ns`;
+/// answers the process and its base URL.
+async fn spawn_server(ns: &str) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["serve_sweep_lane", "--exact", "--ignored", "--nocapture"])
+        .env(SERVE_NS, ns)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = tokio::time::timeout(PATIENCE, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(url) = line.strip_prefix("sweep lane listening on ") {
+                return url.to_owned();
+            }
+        }
+        panic!("the sweep lane server exited before listening");
+    })
+    .await
+    .expect("the sweep lane server never listened");
+    (child, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_references_contract_holds_on_the_sweep_lane_port_after_a_sigkill_at_every_step() {
+    let store: Arc<dyn StateStore> = Arc::new(
+        PostgresStore::open(&database_url(), PostgresOptions::default())
+            .await
+            .expect("Postgres must be reachable at PINNED_TEST_DATABASE_URL"),
+    );
+    let http = reqwest::Client::new();
+    let mut runs = Vec::new();
+    let mut cleanups = Vec::new();
+    for killed_after in 1..=GENERATION.len() {
+        let ns = unique_ns("sweep");
+        cleanups.push(PostgresCleanup::new(&ns));
+        let (mut first, base) = spawn_server(&ns).await;
+        let client = Client {
+            http: http.clone(),
+            base,
+            ns: ns.clone(),
+        };
+        let mut lanes = lanes();
+        for path in &GENERATION[..killed_after] {
+            assert!(client.send(path, &mut lanes).await, "POST {path}");
+        }
+        // Mid-flight: the pumps are working what was just admitted.
+        first.start_kill().unwrap();
+        first.wait().await.unwrap();
+        let crash = image(&*store, &ns).await;
+
+        let (mut second, base) = spawn_server(&ns).await;
+        let client = Client { base, ..client };
+        for path in RECOVERY {
+            assert!(
+                client.send(path, &mut lanes).await,
+                "POST {path} after the restart"
+            );
+        }
+        eventually("the second worker drained", PATIENCE, || async {
+            drained_rows(&*store, &ns).await.then_some(())
+        })
+        .await;
+        second.start_kill().unwrap();
+        second.wait().await.unwrap();
+        runs.push(Run {
+            case: format!("SIGKILL after {}", GENERATION[killed_after - 1]),
+            ns: ns.clone(),
+            lanes,
+            crash,
+            drained: image(&*store, &ns).await,
+        });
+    }
+    let summary = validate(&runs);
+    eprintln!("the reference's contract held on {summary}");
+    assert_eq!(summary["runs"], runs.len());
+    assert!(
+        summary["inflight"].as_u64().unwrap() > 0,
+        "no kill caught work in flight: {summary}"
+    );
 }
