@@ -395,12 +395,25 @@ where
             }
             return Entry::of(&tagged(self.items.iter(), self.admits.iter())?).map(Some);
         }
-        /// The entry while takes are pending.
+        /// The entry while takes are pending (`L`: an item, or its tagged
+        /// JSON).
         #[derive(Serialize)]
-        struct Pending {
+        struct Pending<L> {
             #[serde(skip_serializing_if = "Vec::is_empty")]
-            items: Vec<Json>,
-            taken: Vec<Json>,
+            items: Vec<L>,
+            taken: Vec<L>,
+        }
+        let untagged = self
+            .admits
+            .iter()
+            .chain(self.taken_admits.iter())
+            .all(Option::is_none);
+        if untagged {
+            return Entry::of(&Pending {
+                items: self.items.iter().collect::<Vec<&T>>(),
+                taken: self.taken.iter().collect(),
+            })
+            .map(Some);
         }
         Entry::of(&Pending {
             items: tagged(self.items.iter(), self.admits.iter())?,
