@@ -106,6 +106,7 @@ impl IntoResponse for TrayError {
             | TrayError::Malformed { .. }
             | TrayError::Encode(_)
             | TrayError::Hook { .. }
+            | TrayError::Dispatch(_)
             | TrayError::Panicked => internal(&self),
         }
     }

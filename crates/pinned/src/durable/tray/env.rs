@@ -8,9 +8,12 @@
 
 use std::sync::{Arc, Weak};
 
+use futures_util::future::BoxFuture;
 use pinned_store::StateStore;
 
 use super::frontier::Frontier;
+use super::opened::Opened;
+use super::TrayError;
 use crate::namespace::Record;
 
 /// What an open tray asks of the map that holds it open.
@@ -22,6 +25,15 @@ pub(crate) trait OpenMap: Send + Sync {
     /// Passivates `tray` (by address) when nothing but the map and
     /// `holders - 1` others hold it: true when it left the map.
     fn passivate(&self, name: &'static str, key: &str, tray: *const (), holders: usize) -> bool;
+
+    /// The tray named `name` under `key` on this instance, opened from its
+    /// row if it is not open; `None` when it does not exist (never created,
+    /// or deleted) or is not declared.
+    fn resolve(
+        self: Arc<Self>,
+        name: String,
+        key: String,
+    ) -> BoxFuture<'static, Result<Option<Arc<dyn Opened>>, TrayError>>;
 }
 
 /// The surroundings of every tray one instance opens.

@@ -16,6 +16,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value as Json;
 
+use super::keyed::{Keyed, KeyedAdmission, ADMIT_TAG};
 use super::paged::Paged;
 
 /// A field's stored entry, encoded: the JSON text of its value. A write
@@ -102,10 +103,20 @@ pub trait Field: Send + Sync {
     fn take_dirty(&mut self) -> bool;
     /// Lands deferred takes ([`Queue::take`]) at a dispatch ack.
     fn commit_takes(&mut self) {}
+    /// Hands deferred takes back to the front after a failed run, for its
+    /// redelivery (as a restore after a crash does).
+    fn return_takes(&mut self) {}
     /// The pages of a field kept in rows of their own beside the tray's row
     /// ([`Log`](super::Log)); `None` (the default) for a field kept whole in
     /// its doc entry.
     fn paged(&mut self) -> Option<&mut dyn Paged> {
+        None
+    }
+    /// The field as a target of keyed admissions
+    /// ([`TrayCtx::dispatch`](super::TrayCtx::dispatch)): a [`Queue`];
+    /// `None` (the default) for kinds whose writes such an admission does
+    /// not tag.
+    fn keyed(&mut self) -> Option<&mut dyn Keyed> {
         None
     }
 }
@@ -228,10 +239,21 @@ where
 /// the back, peek and pop at the front. Stored as the list of items (no
 /// entry when empty), or `{"items", "taken"}` while a [`take`](Self::take)
 /// is pending.
+///
+/// An item a keyed admission ([`TrayCtx::dispatch`](super::TrayCtx::dispatch))
+/// appended carries the admission's key in its stored object under
+/// `"~admit"` (the reference's tag), kept beside the item in memory and
+/// written back with it; such items must serialize as JSON objects.
 #[derive(Debug, Clone)]
 pub struct Queue<T> {
     items: VecDeque<T>,
+    /// The `~admit` tag of each item, in step with `items`.
+    admits: VecDeque<Option<Json>>,
     taken: Vec<T>,
+    taken_admits: Vec<Option<Json>>,
+    /// Appends since the queue was made (not durable): how a keyed
+    /// admission finds the items it appended.
+    pushed: u64,
     dirty: bool,
 }
 
@@ -239,7 +261,10 @@ impl<T> Default for Queue<T> {
     fn default() -> Self {
         Self {
             items: VecDeque::new(),
+            admits: VecDeque::new(),
             taken: Vec::new(),
+            taken_admits: Vec::new(),
+            pushed: 0,
             dirty: false,
         }
     }
@@ -254,6 +279,8 @@ impl<T> Queue<T> {
     /// Appends `item` at the back.
     pub fn push_back(&mut self, item: T) {
         self.items.push_back(item);
+        self.admits.push_back(None);
+        self.pushed += 1;
         self.dirty = true;
     }
 
@@ -265,6 +292,7 @@ impl<T> Queue<T> {
     /// Removes and returns the item at the front.
     pub fn pop_front(&mut self) -> Option<T> {
         let item = self.items.pop_front();
+        self.admits.pop_front();
         self.dirty |= item.is_some();
         item
     }
@@ -279,9 +307,26 @@ impl<T> Queue<T> {
     {
         let count = count.min(self.items.len());
         let taken: Vec<T> = self.items.drain(..count).collect();
+        self.taken_admits.extend(self.admits.drain(..count));
         self.dirty |= !taken.is_empty();
         self.taken.extend(taken.iter().cloned());
         taken
+    }
+
+    /// Moves the newest `count` pending takes (all of them when fewer)
+    /// back to the front, in their order; answers how many moved. For a
+    /// handler that took more than it used (the reference's `untake`).
+    pub fn untake(&mut self, count: usize) -> usize {
+        let count = count.min(self.taken.len());
+        let at = self.taken.len() - count;
+        let items: Vec<T> = self.taken.drain(at..).collect();
+        let admits: Vec<Option<Json>> = self.taken_admits.drain(at..).collect();
+        for (item, admit) in items.into_iter().zip(admits).rev() {
+            self.items.push_front(item);
+            self.admits.push_front(admit);
+        }
+        self.dirty |= count > 0;
+        count
     }
 
     /// The number of queued items (pending takes excluded).
@@ -309,17 +354,18 @@ where
     }
 
     fn restore(&mut self, entry: Option<Json>) -> Result<(), String> {
-        let (taken, items): (Vec<T>, Vec<T>) = match entry {
+        type Tagged<T> = Vec<(T, Option<Json>)>;
+        let (taken, items): (Tagged<T>, Tagged<T>) = match entry {
             None => (Vec::new(), Vec::new()),
-            Some(Json::Array(items)) => (Vec::new(), decode(Json::Array(items))?),
+            Some(Json::Array(items)) => (Vec::new(), untagged(Json::Array(items))?),
             Some(Json::Object(mut entry)) => {
                 if entry.keys().any(|key| key != "items" && key != "taken") {
                     return Err("only \"items\" and \"taken\" may appear".to_owned());
                 }
-                let mut list = |key: &str| -> Result<Vec<T>, String> {
+                let mut list = |key: &str| -> Result<Tagged<T>, String> {
                     match entry.remove(key) {
                         None => Ok(Vec::new()),
-                        Some(list @ Json::Array(_)) => decode(list),
+                        Some(list @ Json::Array(_)) => untagged(list),
                         Some(_) => Err(format!("{key:?} must be a list")),
                     }
                 };
@@ -330,8 +376,12 @@ where
         // Takes left by a dispatch that never acked are back at the front,
         // and the rewritten entry says so at the next write.
         self.dirty = !taken.is_empty();
-        self.items = taken.into_iter().chain(items).collect();
+        let (items, admits): (VecDeque<T>, VecDeque<Option<Json>>) =
+            taken.into_iter().chain(items).unzip();
+        self.items = items;
+        self.admits = admits;
         self.taken.clear();
+        self.taken_admits.clear();
         Ok(())
     }
 
@@ -340,21 +390,34 @@ where
             if self.items.is_empty() {
                 return Ok(None);
             }
-            return Entry::of(&self.items).map(Some);
+            if self.admits.iter().all(Option::is_none) {
+                return Entry::of(&self.items).map(Some);
+            }
+            return Entry::of(&tagged(self.items.iter(), self.admits.iter())?).map(Some);
         }
-        fn none_left<T>(items: &&VecDeque<T>) -> bool {
-            items.is_empty()
-        }
-        /// The entry while takes are pending.
+        /// The entry while takes are pending (`L`: an item, or its tagged
+        /// JSON).
         #[derive(Serialize)]
-        struct Pending<'a, T> {
-            #[serde(skip_serializing_if = "none_left")]
-            items: &'a VecDeque<T>,
-            taken: &'a [T],
+        struct Pending<L> {
+            #[serde(skip_serializing_if = "Vec::is_empty")]
+            items: Vec<L>,
+            taken: Vec<L>,
+        }
+        let untagged = self
+            .admits
+            .iter()
+            .chain(self.taken_admits.iter())
+            .all(Option::is_none);
+        if untagged {
+            return Entry::of(&Pending {
+                items: self.items.iter().collect::<Vec<&T>>(),
+                taken: self.taken.iter().collect(),
+            })
+            .map(Some);
         }
         Entry::of(&Pending {
-            items: &self.items,
-            taken: &self.taken,
+            items: tagged(self.items.iter(), self.admits.iter())?,
+            taken: tagged(self.taken.iter(), self.taken_admits.iter())?,
         })
         .map(Some)
     }
@@ -366,9 +429,95 @@ where
     fn commit_takes(&mut self) {
         if !self.taken.is_empty() {
             self.taken.clear();
+            self.taken_admits.clear();
             self.dirty = true;
         }
     }
+
+    fn return_takes(&mut self) {
+        let _moved = self.untake(self.taken.len());
+    }
+
+    fn keyed(&mut self) -> Option<&mut dyn Keyed> {
+        Some(self)
+    }
+}
+
+impl<T: Send + Sync> Keyed for Queue<T> {
+    fn appended(&self) -> u64 {
+        self.pushed
+    }
+
+    fn admit_appended(&mut self, since: u64, admission: &mut KeyedAdmission<'_>) {
+        let count = usize::try_from(self.pushed.saturating_sub(since))
+            .unwrap_or(usize::MAX)
+            .min(self.items.len());
+        if count == 0 {
+            return;
+        }
+        let first = self.items.len() - count;
+        // The reference's budget: entries already tagged with the key absorb
+        // as many appends of a re-run admission.
+        let mut budget = self
+            .taken_admits
+            .iter()
+            .chain(self.admits.iter().take(first))
+            .filter(|admit| admit.as_ref() == Some(admission.key))
+            .count();
+        let mut index = first;
+        for _ in 0..count {
+            admission.attempted += 1;
+            if admission.ignored || budget > 0 {
+                budget = budget.saturating_sub(1);
+                self.items.remove(index);
+                self.admits.remove(index);
+                continue;
+            }
+            admission.landed += 1;
+            self.admits[index] = Some(admission.key.clone());
+            index += 1;
+        }
+        self.dirty = true;
+    }
+}
+
+/// `items` as stored: an item with an `~admit` tag is its JSON object with
+/// the tag added.
+fn tagged<'a, T: Serialize + 'a>(
+    items: impl Iterator<Item = &'a T>,
+    admits: impl Iterator<Item = &'a Option<Json>>,
+) -> Result<Vec<Json>, serde_json::Error> {
+    items
+        .zip(admits)
+        .map(|(item, admit)| {
+            let mut value = serde_json::to_value(item)?;
+            if let Some(admit) = admit {
+                let Json::Object(object) = &mut value else {
+                    return Err(serde::ser::Error::custom(
+                        "an item a keyed admission appends must serialize as a JSON object",
+                    ));
+                };
+                object.insert(ADMIT_TAG.to_owned(), admit.clone());
+            }
+            Ok(value)
+        })
+        .collect()
+}
+
+/// Decodes stored queue items, splitting off their `~admit` tags.
+fn untagged<T: DeserializeOwned>(list: Json) -> Result<Vec<(T, Option<Json>)>, String> {
+    let Json::Array(list) = list else {
+        return Err("expected a list".to_owned());
+    };
+    list.into_iter()
+        .map(|mut item| {
+            let admit = match &mut item {
+                Json::Object(object) => object.remove(ADMIT_TAG),
+                _ => None,
+            };
+            Ok((decode(item)?, admit))
+        })
+        .collect()
 }
 
 /// The one item a handler has in flight toward somewhere else, with its
@@ -512,6 +661,23 @@ mod tests {
     }
 
     #[test]
+    fn untake_moves_the_newest_takes_back_to_the_front_in_order() {
+        let mut queue: Queue<u32> = Queue::new();
+        for n in 1..=4 {
+            queue.push_back(n);
+        }
+        assert_eq!(queue.take(3), [1, 2, 3]);
+        assert_eq!(queue.untake(2), 2);
+        assert_eq!(queue.iter().copied().collect::<Vec<_>>(), [2, 3, 4]);
+        assert_eq!(
+            decoded(queue.entry().unwrap()),
+            Some(json!({"taken": [1], "items": [2, 3, 4]}))
+        );
+        assert_eq!(queue.untake(5), 1, "only what is taken moves");
+        assert_eq!(decoded(queue.entry().unwrap()), Some(json!([1, 2, 3, 4])));
+    }
+
+    #[test]
     fn a_malformed_queue_entry_is_refused() {
         let mut queue: Queue<u32> = Queue::new();
         assert!(queue.restore(Some(json!({"items": [1], "x": 1}))).is_err());
@@ -534,5 +700,72 @@ mod tests {
         assert!(outbox
             .restore(Some(json!({"item": "a", "attempt": 0})))
             .is_err());
+    }
+
+    #[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+    struct Item {
+        n: u32,
+    }
+
+    /// Pushes `ns` under a keyed admission of `key`; answers its tally.
+    fn admit(queue: &mut Queue<Item>, key: &Json, ignored: bool, ns: &[u32]) -> (u64, u64) {
+        let since = Keyed::appended(queue);
+        for &n in ns {
+            queue.push_back(Item { n });
+        }
+        let mut admission = KeyedAdmission::new(key, ignored);
+        queue.admit_appended(since, &mut admission);
+        (admission.attempted, admission.landed)
+    }
+
+    #[test]
+    fn a_keyed_admission_tags_its_appends_as_the_reference_and_a_re_run_is_absorbed() {
+        let key = json!(["r", 1]);
+        let mut queue: Queue<Item> = Queue::new();
+        queue.push_back(Item { n: 0 });
+        assert_eq!(admit(&mut queue, &key, false, &[1]), (1, 1));
+        assert_eq!(
+            decoded(queue.entry().unwrap()),
+            Some(json!([{"n": 0}, {"n": 1, "~admit": ["r", 1]}]))
+        );
+        // A re-run: the tagged entry present absorbs the append.
+        assert_eq!(admit(&mut queue, &key, false, &[1]), (1, 0));
+        assert_eq!(queue.len(), 2);
+        // Restored, the tag is kept beside the item and written back; a take
+        // keeps it in the pending takes.
+        let stored = decoded(queue.entry().unwrap());
+        let mut restored: Queue<Item> = Queue::new();
+        restored.restore(stored.clone()).unwrap();
+        assert_eq!(
+            restored.iter().cloned().collect::<Vec<_>>(),
+            [Item { n: 0 }, Item { n: 1 }]
+        );
+        assert_eq!(decoded(restored.entry().unwrap()), stored);
+        assert_eq!(restored.take(2).len(), 2);
+        assert_eq!(
+            decoded(restored.entry().unwrap()),
+            Some(json!({"taken": [{"n": 0}, {"n": 1, "~admit": ["r", 1]}]}))
+        );
+        assert_eq!(
+            admit(&mut restored, &key, false, &[1]),
+            (1, 0),
+            "taken entries count"
+        );
+        // A target that holds the key absorbs every append.
+        assert_eq!(
+            admit(&mut restored, &json!(["r", 2]), true, &[2, 3]),
+            (2, 0)
+        );
+        assert_eq!(restored.len(), 0);
+    }
+
+    #[test]
+    fn a_tagged_item_that_is_not_an_object_does_not_encode() {
+        let mut queue: Queue<u32> = Queue::new();
+        let since = Keyed::appended(&queue);
+        queue.push_back(7);
+        let key = json!("k");
+        queue.admit_appended(since, &mut KeyedAdmission::new(&key, false));
+        assert!(queue.entry().is_err());
     }
 }

@@ -15,6 +15,7 @@ use serde::Serialize;
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
+use super::dispatch::{Dispatched, Record};
 use super::field::Entry;
 use super::frontier::{Effect, Receipt};
 use super::machine::{delete_command, Delivery, OpenTray, Retired, Staged};
@@ -544,6 +545,128 @@ impl<T: Tray> TrayCtx<T> {
             .frontier
             .enlist(Effect::Opaque(Box::pin(effect)))?;
         Ok(self.tray.frontier.receipt())
+    }
+
+    /// Admits work into `target`, another tray of this instance, at most
+    /// once per `key` across redeliveries of this item (the reference's
+    /// `ctx.dispatch`): the first run admits `edit` into `target` (marking
+    /// it, starting its pump) and records the key in this tray's row; a
+    /// re-run finds the record and admits nothing, or, when the record was
+    /// lost to a crash, absorbs `edit`'s queue appends because `target`
+    /// still holds the key. Both runs answer the outcome of the first.
+    ///
+    /// `edit` runs as one write segment of `target` and must depend only on
+    /// its arguments and `target`'s durable state. Its
+    /// [`Queue::push_back`](super::Queue::push_back)s carry the key in the
+    /// stored item under `"~admit"` (so each item must serialize as a JSON
+    /// object); other writes it makes land on every run. The key is plain
+    /// JSON (for instance `["relay", 7]`), at most
+    /// [`MAX_ADMISSION_KEY_BYTES`](super::MAX_ADMISSION_KEY_BYTES) of it.
+    ///
+    /// The rows are the reference's: this tray's `~dispatch` lists the
+    /// item's admissions, `target`'s `~ignore` the keys it holds. Before
+    /// the item's ack each key is released from its target; the ack drops
+    /// the records. Durable with the next write of the instance: await
+    /// [`written`](Self::written) to wait for it.
+    ///
+    /// ```
+    /// use pinned::tray::{Dispatched, Fields, Queue, Tray, TrayCtx, TrayHandler};
+    /// use pinned::{BoxError, Context, Object};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Clone, Serialize, Deserialize)]
+    /// struct Order { n: u64 }
+    ///
+    /// #[derive(Default)]
+    /// struct Intake { queue: Queue<Order> }
+    /// #[derive(Default)]
+    /// struct Billing { queue: Queue<Order> }
+    /// # macro_rules! tray { ($t:ident, $name:literal) => {
+    /// impl Tray for $t {
+    ///     const NAME: &'static str = $name;
+    ///     type Item = Order;
+    ///     fn fields(&mut self, fields: &mut Fields<'_>) { fields.field("queue", &mut self.queue); }
+    ///     fn head(&self) -> Option<Order> { self.queue.front().cloned() }
+    ///     fn ack(&mut self, _: &Order) { self.queue.pop_front(); }
+    /// }
+    /// # } }
+    /// # tray!(Intake, "intake");
+    /// # tray!(Billing, "billing");
+    ///
+    /// struct Shop;
+    /// # impl Object for Shop {
+    /// #     async fn activate(_: &Context) -> Result<Self, BoxError> { Ok(Shop) }
+    /// #     fn routes() -> pinned::Routes<Self> { axum::Router::new() }
+    /// #     fn trays() -> pinned::tray::Trays<Self> {
+    /// #         pinned::tray::Trays::new().singleton::<Intake>().singleton::<Billing>()
+    /// #     }
+    /// # }
+    /// # impl TrayHandler<Billing> for Shop {
+    /// #     async fn handle(&self, _: TrayCtx<Billing>, _: Order) -> Result<(), BoxError> { Ok(()) }
+    /// # }
+    ///
+    /// impl TrayHandler<Intake> for Shop {
+    ///     async fn handle(&self, ctx: TrayCtx<Intake>, order: Order) -> Result<(), BoxError> {
+    ///         let billing = ctx.context().tray::<Billing>().await?;
+    ///         let key = ("bill", order.n);
+    ///         let outcome = ctx.dispatch(&billing, &key, |b| b.queue.push_back(order))?;
+    ///         // Admitted the first time; Absorbed on a redelivery whose record was lost.
+    ///         let _ = outcome == Dispatched::Admitted;
+    ///         Ok(())
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`TrayError::AdmissionKey`] for a key longer than the limit;
+    /// [`TrayError::Dispatch`] for a target on another instance, or a key
+    /// this item recorded against another tray; [`TrayError::Malformed`]
+    /// for a `~dispatch` or `~ignore` entry that does not decode; and as
+    /// [`TrayHandle::admit`] on either tray.
+    pub fn dispatch<U: Tray, K: Serialize + ?Sized>(
+        &self,
+        target: &TrayHandle<U>,
+        key: &K,
+        edit: impl FnOnce(&mut U),
+    ) -> Result<Dispatched, TrayError> {
+        let key =
+            serde_json::to_value(key).map_err(|error| TrayError::Encode(error.to_string()))?;
+        let length = serde_json::to_string(&key).map_or(usize::MAX, |text| text.len());
+        if length > super::MAX_ADMISSION_KEY_BYTES {
+            return Err(TrayError::AdmissionKey);
+        }
+        if !Arc::ptr_eq(&self.tray.frontier, &target.tray.frontier) {
+            return Err(TrayError::Dispatch(format!(
+                "{} is not a tray of this instance",
+                target.tray.label()
+            )));
+        }
+        let coordinates = (U::NAME.to_owned(), target.tray.key.clone());
+        if let Some(record) = self.tray.dispatch_record(&key)? {
+            if record.target != coordinates {
+                return Err(TrayError::Dispatch(format!(
+                    "key {key} was recorded against tray {}/{}",
+                    record.target.0, record.target.1
+                )));
+            }
+            return Ok(record.outcome);
+        }
+        let outcome = target.tray.admit_keyed(&key, edit)?;
+        let _receipt = self.tray.record_dispatch(Record {
+            key,
+            target: coordinates,
+            outcome,
+            cleaned: false,
+        })?;
+        Ok(outcome)
+    }
+
+    /// Resolves once every write this instance made so far is durable
+    /// (this run's [`dispatch`](Self::dispatch)es, [`set_state`](Self::set_state),
+    /// [`enlist`](Self::enlist)ed effects, other trays' admissions).
+    pub fn written(&self) -> Receipt {
+        self.tray.frontier.receipt()
     }
 
     /// Completes when [`TrayHandle::cancel_dispatch`] cancelled this run.

@@ -88,6 +88,10 @@ impl<T: Tray> Opened for OpenTray<T> {
         })
     }
 
+    fn release(&self, key: &serde_json::Value) -> Result<(), TrayError> {
+        OpenTray::release(self, key)
+    }
+
     fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()> {
         Box::pin(async move { self.run_close(instance, ctx).await })
     }

@@ -7,8 +7,10 @@
 //! re-serialized into the cached doc and, if anything differs from what was
 //! last enlisted, the whole row goes on the frontier. The lock is never held
 //! across an await. Row layout (wire.md §12.4): one entry per field, and the
-//! reserved `~v`, `~inbox`, `~attempts`, `~parked`, `~state`; other `~`
-//! entries a Python worker wrote are kept as they are. A paged field's page
+//! reserved `~v`, `~inbox`, `~attempts`, `~parked`, `~state`; `~dispatch`
+//! and `~ignore` are the dispatch ledger's (`dispatch`, which writes them
+//! through this path); other `~` entries a Python worker wrote are kept as
+//! they are. A paged field's page
 //! rows ([`Log`](super::Log)) are enlisted with the row, in one batch.
 //!
 //! The tray never names what holds it or what user code holds of it: the

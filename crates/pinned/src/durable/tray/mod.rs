@@ -67,7 +67,8 @@
 //! Each file imports only from the ones below it (and this one), bottom
 //! to top:
 //!
-//! 1. `paged`: the contract of a field kept in page rows of its own; then
+//! 1. `paged`: the contract of a field kept in page rows of its own;
+//!    `keyed`: the contract of a field a keyed admission tags; then
 //!    `field`, `row`, `frontier`: the durable field kinds, a row's encoded
 //!    entries, the instance's ordered log of effects; then `log`: the
 //!    paged field kind [`Log`]; `sends` and `received`: the reserved
@@ -78,7 +79,8 @@
 //!    `OpenMap`); `pages`: a paged field's rows, named and read;
 //! 3. `spec`: the declarations as plain data, their opener a function
 //!    pointer over the two above;
-//! 4. `machine`: one open tray, its state and its one write path;
+//! 4. `machine`: one open tray, its state and its one write path; then
+//!    `dispatch`: the two-phase ledger of keyed cross-tray admissions;
 //! 5. `pump`: the dispatch loop over `machine`; `courier`: the loop that
 //!    delivers a tray's sent messages; `lifecycle`: opening and closing a
 //!    tray for the map, which starts both;
@@ -103,6 +105,7 @@ use crate::{BoxError, Context};
 
 // Bottom to top, a group a step of the order in the module docs (rustfmt
 // sorts the files within a group by name, not by rank).
+mod keyed;
 mod paged;
 
 mod field;
@@ -122,6 +125,7 @@ mod spec;
 mod machine;
 
 mod courier;
+mod dispatch;
 mod lifecycle;
 mod pump;
 
@@ -135,6 +139,7 @@ mod declare;
 pub(crate) mod wake;
 
 pub use declare::Trays;
+pub use dispatch::Dispatched;
 pub use field::{Entry, Field, FieldError, Fields, Outbox, Queue, Value};
 pub use frontier::Receipt;
 pub use handle::{Admission, KeyedTrays, TrayCtx, TrayHandle};
@@ -339,7 +344,8 @@ pub enum TrayError {
     #[error("a tray write segment panicked; the instance was aborted")]
     Panicked,
     /// An admission key of [`TrayHandle::admit_once`] is empty or longer
-    /// than [`MAX_ADMISSION_KEY_BYTES`].
+    /// than [`MAX_ADMISSION_KEY_BYTES`] (for [`TrayCtx::dispatch`], its JSON
+    /// text).
     #[error("an admission key must be 1 to 200 bytes long")]
     AdmissionKey,
     /// A send's recipient is not a valid namespace, id and tray key.
@@ -358,4 +364,8 @@ pub enum TrayError {
         /// Their bytes, with this send.
         bytes: usize,
     },
+    /// [`TrayCtx::dispatch`] was refused: the target tray is on another
+    /// instance, or the key was recorded against another tray.
+    #[error("tray dispatch refused: {0}")]
+    Dispatch(String),
 }

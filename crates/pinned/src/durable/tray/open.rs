@@ -116,16 +116,28 @@ impl InstanceTrays {
         if let Some(open) = self.lookup::<T>(key) {
             return Ok(open);
         }
+        self.obtain_spec(spec, key, create)
+            .await?
+            .any()
+            .downcast::<OpenTray<T>>()
+            .map_err(|_| TrayError::NotDeclared(T::NAME))
+    }
+
+    /// [`obtain`](Self::obtain) of the declaration `spec`, erased.
+    async fn obtain_spec(
+        &self,
+        spec: &Spec,
+        key: &str,
+        create: bool,
+    ) -> Result<Arc<dyn Opened>, TrayError> {
         let _opening = self.opening.lock().await;
         // A delete under way finishes before the key opens again.
-        let deleting = self.open.lock().get(&(T::NAME, key.to_owned())).cloned();
-        if let Some(deleting) = deleting {
-            if deleting.deleted() {
-                deleting.freed().await;
+        let open = self.open.lock().get(&(spec.name, key.to_owned())).cloned();
+        if let Some(open) = open {
+            if !open.deleted() {
+                return Ok(open);
             }
-        }
-        if let Some(open) = self.lookup::<T>(key) {
-            return Ok(open);
+            open.freed().await;
         }
         let slot = self.slot()?;
         // Read this instance's own writes: a tray that passivated a moment
@@ -137,14 +149,14 @@ impl InstanceTrays {
             self.store
                 .get_tray(
                     InstanceKey::new(&slot.host.ns, &slot.id),
-                    TrayKey::new(T::NAME, key),
+                    TrayKey::new(spec.name, key),
                     epoch,
                 )
                 .await,
         )?;
         if row.is_none() && !create {
             return Err(TrayError::NotFound {
-                tray: T::NAME,
+                tray: spec.name,
                 key: key.to_owned(),
             });
         }
@@ -152,11 +164,8 @@ impl InstanceTrays {
             .insert(spec, key.to_owned(), row.map(|row| (row.marked, row.doc)))
             .await?;
         drop(_opening);
-        self.open_hooked(T::NAME, key, &opened).await?;
-        opened
-            .any()
-            .downcast::<OpenTray<T>>()
-            .map_err(|_| TrayError::NotDeclared(T::NAME))
+        self.open_hooked(spec.name, key, &opened).await?;
+        Ok(opened)
     }
 
     /// Restores a tray into the map, with what it keeps in rows of its own
@@ -335,6 +344,23 @@ impl InstanceTrays {
 }
 
 impl OpenMap for InstanceTrays {
+    fn resolve(
+        self: Arc<Self>,
+        name: String,
+        key: String,
+    ) -> futures_util::future::BoxFuture<'static, Result<Option<Arc<dyn Opened>>, TrayError>> {
+        Box::pin(async move {
+            let Some(spec) = self.declared.by_name(&name) else {
+                return Ok(None);
+            };
+            match self.obtain_spec(spec, &key, false).await {
+                Ok(open) => Ok(Some(open)),
+                Err(TrayError::NotFound { .. }) => Ok(None),
+                Err(error) => Err(error),
+            }
+        })
+    }
+
     fn forget(&self, name: &'static str, key: &str, tray: *const ()) {
         let mut open = self.open.lock();
         let entry = (name, key.to_owned());

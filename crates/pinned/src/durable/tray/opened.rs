@@ -9,6 +9,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
+use serde_json::Value as Json;
 
 use super::TrayError;
 use crate::instance::Instance;
@@ -34,6 +35,9 @@ pub(crate) trait Opened: Send + Sync {
         instance: Instance,
         ctx: Context,
     ) -> BoxFuture<'static, Result<(), TrayError>>;
+    /// Releases a keyed admission's `key` from the tray's `~ignore`
+    /// (phase two of the dispatch that admitted it).
+    fn release(&self, key: &Json) -> Result<(), TrayError>;
     /// Runs `on_close` (after `open`), logging a failure.
     fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()>;
 }

@@ -4,7 +4,8 @@
 //! One step under the tray's lock decides what to do next (run a built-in
 //! command, stop parked or winding down, go dry, park, or record the next
 //! delivery); the handler then runs unlocked, after its attempt is durable.
-//! Success applies the handler's `on_ack` edits and the tray's ack in one
+//! Success settles the item's keyed dispatches (phase two, `dispatch`),
+//! then applies the handler's `on_ack` edits and the tray's ack in one
 //! write segment, so they land in one row write. Failure (an error, a
 //! panic, the dispatch timeout) backs off and redelivers. The pump runs as
 //! the instance's background work: it keeps the instance in flight, an
@@ -214,6 +215,12 @@ impl<T: Tray> OpenTray<T> {
                 .await;
             match outcome {
                 Outcome::Done | Outcome::Consumed => {
+                    // Phase two of the item's keyed dispatches, before its ack.
+                    if let Err(error) = self.settle().await {
+                        tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not settle a tray item's dispatches");
+                        self.state.lock().active = None;
+                        return self.stopped();
+                    }
                     let keep = matches!(outcome, Outcome::Done);
                     let Staged {
                         edits,
@@ -232,7 +239,15 @@ impl<T: Tray> OpenTray<T> {
                     }
                 }
                 Outcome::Failed(error) => {
-                    self.state.lock().active = None;
+                    {
+                        let mut state = self.state.lock();
+                        state.active = None;
+                        // The run's takes are back at the front for its
+                        // redelivery, as a restore after a crash puts them.
+                        state.tray.fields(&mut super::Fields::new(&mut |_, field| {
+                            field.return_takes();
+                        }));
+                    }
                     slot.host.metrics.request_failed("tray", "dispatch");
                     tracing::warn!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), attempts, %error, "tray handler failed; redelivering");
                     tokio::time::sleep(backoff(attempts)).await;
@@ -276,6 +291,7 @@ impl<T: Tray> OpenTray<T> {
         }
         state.attempts = 0;
         state.dispatch_state = None;
+        Self::purge_dispatches(&mut state);
         state.changed = true;
         if state.tray.head().is_none()
             && !state.parked
