@@ -331,5 +331,8 @@ async fn churn_past_the_budget_is_counted_not_written_line_by_line() {
     .await;
     // Twelve requests take well under the four seconds it would take to
     // write them all within a budget of three a second.
-    assert!(counted > 0 && written >= 3, "written {written}, counted {counted}");
+    assert!(
+        counted > 0 && written >= 3,
+        "written {written}, counted {counted}"
+    );
 }

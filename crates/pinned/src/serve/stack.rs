@@ -522,6 +522,20 @@ pub(crate) fn serve<T: Object>(
     }
 }
 
+/// The route messages between objects arrive on, for an object whose
+/// trays `receivers` take them.
+fn message_route<S: Clone + Send + Sync + 'static>(
+    receivers: Arc<[crate::durable::tray::Receiver]>,
+) -> Router<S> {
+    Router::new().route(
+        crate::durable::tray::MESSAGE_PATH,
+        axum::routing::post(move |call: Call, body: axum::body::Bytes| async move {
+            crate::durable::tray::admit_message(receivers, call.attestation(), call.ctx(), body)
+                .await
+        }),
+    )
+}
+
 /// `T`'s routes as the worker serves them, for namespace `ns`: the one
 /// place the request stack is assembled.
 pub(crate) fn routes<T: Object>(ns: Weak<Namespace>) -> Router {
@@ -532,7 +546,7 @@ pub(crate) fn routes<T: Object>(ns: Weak<Namespace>) -> Router {
     let routes = if receivers.is_empty() {
         routes
     } else {
-        routes.merge(crate::durable::tray::message_route(receivers))
+        routes.merge(message_route(receivers))
     };
     let routes = if routes.has_routes() {
         // Around each matched route only (see the module docs): the

@@ -14,8 +14,6 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::Router;
 use futures_util::future::BoxFuture;
 use http::StatusCode;
 use pinned_wire::attestation::Caller;
@@ -24,7 +22,6 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
-use super::courier::MESSAGE_PATH;
 use super::handle::{TrayCtx, TrayHandle};
 use super::machine::OpenTray;
 use super::open::InstanceTrays;
@@ -32,7 +29,6 @@ use super::received::{Window, RECEIVED_KEY};
 use super::sends::Draft;
 use super::{Receipt, Tray, TrayError, MAX_MESSAGE_BYTES, MAX_SENDER_WINDOW, SINGLETON_ID};
 use crate::namespace::context::Context;
-use crate::object::call::Call;
 use crate::response::detail;
 
 /// Longest tray key a recipient names, in bytes.
@@ -257,21 +253,19 @@ fn receive<R: Receive>(
     })
 }
 
-/// The receiving route, `POST /<ns>/<id>/_pinned/messages`, for an
-/// object whose trays `receivers` take messages.
-pub(crate) fn message_route<S: Clone + Send + Sync + 'static>(
+/// The receiving route's answer (`POST /<ns>/<id>/_pinned/messages`,
+/// `MESSAGE_PATH`, mounted by the serve layer behind the request stack)
+/// for an object whose trays `receivers` take messages: `caller` is the
+/// request's verified attestation, `ctx` the receiving instance's.
+pub(crate) async fn admit(
     receivers: Arc<[Receiver]>,
-) -> Router<S> {
-    Router::new().route(
-        MESSAGE_PATH,
-        post(move |call: Call, body: Bytes| admit(receivers, call, body)),
-    )
-}
-
-async fn admit(receivers: Arc<[Receiver]>, call: Call, body: Bytes) -> Response {
+    caller: Option<&Caller>,
+    ctx: &Context,
+    body: Bytes,
+) -> Response {
     // Only another instance sends letters: its attested name is the
     // sender, never anything the body claims.
-    let Some(Caller::Instance { ns, id, .. }) = call.attestation() else {
+    let Some(Caller::Instance { ns, id, .. }) = caller else {
         return detail(
             StatusCode::FORBIDDEN,
             "messages are taken from other instances only",
@@ -314,7 +308,7 @@ async fn admit(receivers: Arc<[Receiver]>, call: Call, body: Bytes) -> Response 
         );
     }
     let sender = format!("{ns}/{id}#{}", inbound.stream);
-    let ctx = call.ctx().clone();
+    let ctx = ctx.clone();
     let metrics = ctx.slot().host.metrics.clone();
     match (receiver.receive)(ctx, sender, inbound, receiver.keyed).await {
         Ok(admitted) => {

@@ -146,7 +146,8 @@ pub use handle::{Admission, KeyedTrays, TrayCtx, TrayHandle};
 pub use log::{Log, LogRead, LogSlice};
 pub use message::{Receive, Recipient};
 
-pub(crate) use message::message_route;
+pub(crate) use courier::MESSAGE_PATH;
+pub(crate) use message::{admit as admit_message, Receiver};
 pub(crate) use open::InstanceTrays;
 pub(crate) use spec::Declared;
 
