@@ -39,6 +39,10 @@ impl<T: Tray> Opened for OpenTray<T> {
         }
     }
 
+    fn operated(self: Arc<Self>) -> Arc<dyn super::operate::Operated> {
+        self
+    }
+
     fn pending(&self) -> bool {
         let state = self.state.lock();
         state.marked && !state.parked && state.retired.is_none()

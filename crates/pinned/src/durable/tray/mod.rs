@@ -112,7 +112,7 @@ mod pages;
 
 mod spec;
 
-mod machine;
+pub(crate) mod machine;
 
 mod lifecycle;
 mod pump;
@@ -123,6 +123,7 @@ mod handle;
 
 mod declare;
 
+pub(crate) mod operate;
 pub(crate) mod wake;
 
 pub use declare::Trays;

@@ -34,6 +34,8 @@ pub(crate) trait Opened: Send + Sync {
         instance: Instance,
         ctx: Context,
     ) -> BoxFuture<'static, Result<(), TrayError>>;
+    /// The operator's controls on this tray.
+    fn operated(self: Arc<Self>) -> Arc<dyn super::operate::Operated>;
     /// Runs `on_close` (after `open`), logging a failure.
     fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()>;
 }
