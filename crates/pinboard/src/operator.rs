@@ -14,6 +14,7 @@
 //! Never changes placement or a worker itself: worker actions go through
 //! `/registry/push`, state controls through the id's owner ([`state`]).
 
+pub mod audit;
 pub mod http;
 pub mod moves;
 pub mod placements;

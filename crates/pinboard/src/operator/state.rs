@@ -13,22 +13,21 @@
 //! the owner acts as owner. An owner without the route is refused with
 //! 409: its ids can be inspected, not acted on.
 //!
-//! Owns the audit ring ([`AUDIT_CAPACITY`] entries) and never writes a
-//! row itself.
+//! Records every control in the audit ring ([`super::audit`]) and never
+//! writes a row itself.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{header, HeaderValue, Method, Request, StatusCode, Version};
 use http_body_util::{BodyExt, Limited};
-use parking_lot::Mutex;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use pinned_wire::headers::{EPOCH, PROXY_SECRET};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 
+pub use super::audit::{AuditEntry, StateAudit, AUDIT_CAPACITY, DEFAULT_AUDIT_LIMIT};
 use crate::app::App;
 use crate::operator::moves::MovedBy;
 use crate::placement::PlacementStore;
@@ -36,10 +35,6 @@ use crate::routes::Avoid;
 use crate::upstream::worker::WorkerConn;
 use crate::world::Scope;
 
-/// Audit entries kept (the oldest drop).
-pub const AUDIT_CAPACITY: usize = 256;
-/// Audit entries answered when the caller names no `limit`.
-pub const DEFAULT_AUDIT_LIMIT: usize = 50;
 /// Longest a call to a worker's state route may take.
 pub const STATE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest worker answer relayed (a `show` of an id with many rows).
@@ -75,52 +70,6 @@ pub struct ActRequest {
     /// when absent.
     #[serde(default)]
     pub by: Option<String>,
-}
-
-/// One control asked for, as the audit list keeps it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct AuditEntry {
-    /// When it was answered (Unix ms, this node's clock).
-    pub at_ms: u64,
-    /// Namespace.
-    pub ns: String,
-    /// Instance id.
-    pub id: String,
-    /// The control.
-    pub action: String,
-    /// The tray and key, for `unpark` and `skip`.
-    pub tray: Option<String>,
-    /// Who asked: the CLI's `--by` (default `operator`), or
-    /// `dashboard:<session prefix>`.
-    pub by: String,
-    /// The owner's session, once resolved.
-    pub owner: Option<String>,
-    /// The placement epoch the owner acted at.
-    pub epoch: Option<u64>,
-    /// The answer's status.
-    pub status: u16,
-    /// The answer's `detail` when it failed.
-    pub detail: Option<String>,
-}
-
-/// The audit list of controls asked for on this node, newest last.
-#[derive(Debug, Default)]
-pub struct StateAudit(Mutex<VecDeque<AuditEntry>>);
-
-impl StateAudit {
-    fn record(&self, entry: AuditEntry) {
-        let mut ring = self.0.lock();
-        if ring.len() == AUDIT_CAPACITY {
-            ring.pop_front();
-        }
-        ring.push_back(entry);
-    }
-
-    /// The newest `limit` entries, newest first.
-    pub fn recent(&self, limit: usize) -> Vec<AuditEntry> {
-        self.0.lock().iter().rev().take(limit).cloned().collect()
-    }
 }
 
 fn encode(pairs: &[(&str, &str)]) -> String {

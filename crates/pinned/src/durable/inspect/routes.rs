@@ -36,12 +36,12 @@ fn store_failed(error: &pinned_store::StoreError) -> Response {
     )
 }
 
-fn id_param<'q>(query: &'q HashMap<String, String>, name: &str) -> Result<&'q str, Response> {
+/// The id in query parameter `name`, or the 400 `detail` saying why not.
+fn id_param<'q>(query: &'q HashMap<String, String>, name: &str) -> Result<&'q str, String> {
     let Some(id) = query.get(name) else {
-        return Err(bad(&format!("missing query parameter {name:?}")));
+        return Err(format!("missing query parameter {name:?}"));
     };
-    ids::validate_id(id)
-        .map_err(|invalid| bad(&format!("malformed {name}: {}", invalid.detail())))?;
+    ids::validate_id(id).map_err(|invalid| format!("malformed {name}: {}", invalid.detail()))?;
     Ok(id)
 }
 
@@ -74,7 +74,7 @@ pub(crate) async fn serve(
         "show" => {
             let id = match id_param(query, "id") {
                 Ok(id) => id,
-                Err(refused) => return refused,
+                Err(why) => return bad(&why),
             };
             match store.peek(InstanceKey::new(&host.ns, id)).await {
                 Ok(peek) => axum::Json(view::show(
@@ -141,7 +141,7 @@ async fn act_on(
 ) -> Response {
     let id = match id_param(query, "id") {
         Ok(id) => id,
-        Err(refused) => return refused,
+        Err(why) => return bad(&why),
     };
     let action = match query.get("action").map(String::as_str) {
         Some(name) => match Action::parse(name) {
