@@ -1330,8 +1330,6 @@ async fn page_through(store: &dyn StateStore, ns: &str, page: usize) -> Vec<(Str
     }
 }
 
-/// `delete_instance` removes every row of one instance (trays, marked ones, the alarm) and
-/// nothing of another; it is fenced, and the fence survives it.
 /// `instance_ids` pages one namespace's ids holding rows in byte order;
 /// `peek` reads an instance's rows and epoch without moving the epoch, so
 /// an owner at that epoch is not fenced out by it.
@@ -1399,6 +1397,8 @@ pub async fn peek_and_instance_ids_read_without_fencing(store: Arc<dyn StateStor
     );
 }
 
+/// `delete_instance` removes every row of one instance (trays, marked ones, the alarm) and
+/// nothing of another; it is fenced, and the fence survives it.
 pub async fn delete_instance_empties_one_instance(store: Arc<dyn StateStore>, ns: &str) {
     let s = store.as_ref();
     // The alarm first: the helper writes at epoch 3.
