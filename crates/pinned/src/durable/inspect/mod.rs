@@ -39,7 +39,7 @@ pub(crate) mod routes;
 pub(crate) mod view;
 
 /// The 503 `detail` of a request to a paused id.
-pub(crate) const PAUSED_DETAIL: &str = "instance paused by an operator; resume it to serve";
+pub(crate) use pinned_wire::refusal::PAUSED_DETAIL;
 /// Tray id of the pause row (tray namespace `pinned`).
 pub(crate) const PAUSE_TRAY_ID: &str = "paused";
 /// The pause row's key within its instance.
