@@ -11,7 +11,9 @@
 //!   the owner acts.
 //! - An id owned by a Python reference worker: shown through a Rust worker
 //!   of the namespace, and every control refused with 409 (exit 75).
-//! - Bad input: an unknown namespace (exit 1), a page too large (exit 65).
+//! - Bad input: an unknown namespace (exit 1), a page too large (exit 65),
+//!   and controls with a malformed id, an unknown action or field, no tray
+//!   or no token, each a precise 4xx with its `detail`.
 
 mod support;
 
@@ -220,6 +222,59 @@ async fn an_operator_sees_and_steers_one_bad_key_through_its_owner() {
         err.contains("limit must be an integer from 1 to 200"),
         "{err}"
     );
+    let act = format!("{}/registry/state/act", pb.url);
+    for (body, status, detail) in [
+        (
+            json!({"ns": ns, "id": "a b", "action": "pause"}),
+            400,
+            "malformed id: id must contain only [A-Za-z0-9._~-]",
+        ),
+        (
+            json!({"ns": ns, "id": "j", "action": "explode"}),
+            400,
+            "unknown action \"explode\": one of unpark, skip, pause, resume, delete",
+        ),
+        (
+            json!({"ns": "/nowhere", "id": "j", "action": "pause"}),
+            404,
+            "unknown namespace \"/nowhere\": no live worker hosts it",
+        ),
+        (
+            json!({"ns": ns, "id": "j", "action": "skip"}),
+            400,
+            "skip needs a tray (query parameter \"tray\")",
+        ),
+    ] {
+        let res = c
+            .post(&act)
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .expect("act");
+        let got = res.status().as_u16();
+        let answer: Value = res.json().await.expect("json");
+        assert_eq!(
+            (got, answer["detail"].as_str().unwrap_or_default()),
+            (status, detail),
+            "{body}"
+        );
+    }
+    let res = c
+        .post(&act)
+        .json(&json!({"ns": ns, "id": "j", "action": "pause"}))
+        .send()
+        .await
+        .expect("act");
+    assert_eq!(res.status(), 401, "no operator token");
+    let res = c
+        .post(&act)
+        .bearer_auth(TOKEN)
+        .json(&json!({"ns": ns, "id": "j", "action": "pause", "odd": 1}))
+        .send()
+        .await
+        .expect("act");
+    assert_eq!(res.status(), 400, "an unknown field");
     drop(w);
 }
 
