@@ -4,7 +4,10 @@
 //! `src/bin/` are the processes they start.
 //!
 //! [`counter`] is the object those Rust workers host; the benchmarks host it
-//! too. [`guarded`] is an object behind `authorize`, hosted on request.
+//! too. [`guarded`] is an object behind `authorize`, hosted on request;
+//! [`jobs`] a job queue on a tray that parks a poisoned job, for the
+//! storage inspector's tests.
 
 pub mod counter;
 pub mod guarded;
+pub mod jobs;

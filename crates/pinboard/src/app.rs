@@ -54,6 +54,8 @@ pub struct App<S> {
     pub traffic: Arc<Traffic>,
     /// The dashboard's login sessions and settings.
     pub dashboard: Dashboard,
+    /// The operator's state controls asked for on this node.
+    pub state_audit: crate::operator::audit::StateAudit,
 }
 
 impl<S> std::fmt::Debug for App<S> {
@@ -169,6 +171,7 @@ impl<S: PlacementStore> App<S> {
             proxy: config.proxy_settings(),
             registry_body: config.registry_body_limits(),
             moves,
+            state_audit: crate::operator::audit::StateAudit::default(),
             sweeper_enabled: config.database_url.is_some(),
             traffic,
             dashboard: Dashboard::new(

@@ -3,17 +3,22 @@
 //! and what moved recently. The `pinboard` operator commands
 //! ([`crate::operator_cli`]) and the dashboard read these.
 //!
+//! [`state`] is the storage inspector and the per-key controls, answered
+//! by the workers' `/_pinned/state/…` routes.
+//!
 //! [`traffic`] keeps the proxy's per-namespace request, error and latency
 //! counters the dashboard draws.
 //!
 //! Owns the shapes of those answers and their bounds (a page holds at most
 //! [`MAX_PAGE_LIMIT`] rows, the move ring [`moves::MOVE_RING_CAPACITY`]).
-//! Never changes placement or a worker: every action goes through
-//! `/registry/push`.
+//! Never changes placement or a worker itself: worker actions go through
+//! `/registry/push`, state controls through the id's owner ([`state`]).
 
+pub mod audit;
 pub mod http;
 pub mod moves;
 pub mod placements;
+pub mod state;
 pub mod sweeper_status;
 pub mod traffic;
 

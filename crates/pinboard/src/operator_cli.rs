@@ -1,11 +1,12 @@
 //! `pinboard workers | placements | drain | undrain | wind-down | sweeper |
-//! moves`: operator commands against a running pinboard (`--url` /
+//! moves | state …`: operator commands against a running pinboard (`--url` /
 //! `PINBOARD_URL`, the operator token from `PINBOARD_OPERATOR_TOKEN`).
 //!
 //! Owns the command line of those commands, how their answers print
 //! (aligned tables, or the JSON pinboard answered with `--json`) and their
 //! exit codes ([`error`]). Never decides anything pinboard decides: every
-//! action is one `/registry/push`, every view one `GET`.
+//! worker action is one `/registry/push`, every state control one
+//! `/registry/state/act` ([`state`]), every view one `GET`.
 //!
 //! The token is read from the environment only, never from a flag, so it
 //! does not show in `ps` or a shell history.
@@ -13,6 +14,7 @@
 pub mod client;
 pub mod deadline;
 pub mod error;
+pub mod state;
 pub mod table;
 
 use std::process::ExitCode;
@@ -42,7 +44,7 @@ pub const MAX_LISTED_PLACEMENTS: usize = 100_000;
 pub const TOKEN_ENV: &str = "PINBOARD_OPERATOR_TOKEN";
 
 /// The first arguments that select an operator command.
-pub const COMMANDS: [&str; 7] = [
+pub const COMMANDS: [&str; 8] = [
     "workers",
     "placements",
     "drain",
@@ -50,6 +52,7 @@ pub const COMMANDS: [&str; 7] = [
     "wind-down",
     "sweeper",
     "moves",
+    "state",
 ];
 
 /// Operator commands against a running pinboard.
@@ -58,7 +61,8 @@ pub const COMMANDS: [&str; 7] = [
     name = "pinboard",
     about = "Operator commands against a running pinboard (token from PINBOARD_OPERATOR_TOKEN)",
     after_help = "Exit codes: 0 ok, 1 target not found, 64 usage, 65 refused by pinboard (400), \
-                  69 pinboard unreachable or failing (5xx), 70 unexpected answer, 77 token refused."
+                  69 pinboard unreachable or failing (5xx), 70 unexpected answer, 75 conflict (409: not \
+                  parked, paused, a Python owner, a newer owner), 77 token refused."
 )]
 pub struct OperatorArgs {
     /// pinboard's base URL.
@@ -138,6 +142,12 @@ pub enum Command {
         /// Most moves (1 to 256).
         #[arg(long, default_value_t = crate::operator::DEFAULT_MOVES_LIMIT)]
         limit: usize,
+    },
+    /// The storage inspector and the per-key controls.
+    State {
+        /// What to see or do.
+        #[command(subcommand)]
+        command: state::StateCommand,
     },
 }
 
@@ -388,6 +398,7 @@ pub async fn run(args: OperatorArgs) -> Result<String, CliError> {
                 ]],
             ))
         }
+        Command::State { command } => state::run(&client, json, command).await,
         Command::Moves { limit } => {
             let limit = limit.to_string();
             let answer: Value = client.get(paths::MOVES, &[("limit", &limit)]).await?;

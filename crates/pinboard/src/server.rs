@@ -108,6 +108,14 @@ pub mod paths {
     pub const SWEEPER: &str = "/registry/sweeper";
     /// `GET` (operator): recent re-placements seen by this node.
     pub const MOVES: &str = "/registry/moves";
+    /// `GET` (operator): a page of a namespace's ids with durable state.
+    pub const STATE_IDS: &str = "/registry/state/ids";
+    /// `GET` (operator): one id's rows decoded.
+    pub const STATE_SHOW: &str = "/registry/state/show";
+    /// `POST` (operator): a per-key control through the id's owner.
+    pub const STATE_ACT: &str = "/registry/state/act";
+    /// `GET` (operator): the state controls asked for on this node.
+    pub const STATE_AUDIT: &str = "/registry/state/audit";
     /// `GET`: the dashboard page (or its login form).
     pub const DASHBOARD: &str = "/dashboard";
     /// `GET`: the dashboard's script.
@@ -122,6 +130,12 @@ pub mod paths {
     pub const DASHBOARD_STATE: &str = "/dashboard/api/state";
     /// `POST` (session, CSRF header): drain, undrain, wind down.
     pub const DASHBOARD_PUSH: &str = "/dashboard/api/push";
+    /// `GET` (session): [`STATE_IDS`] for the dashboard.
+    pub const DASHBOARD_STATE_IDS: &str = "/dashboard/api/inspect/ids";
+    /// `GET` (session): [`STATE_SHOW`] for the dashboard.
+    pub const DASHBOARD_STATE_SHOW: &str = "/dashboard/api/inspect/show";
+    /// `POST` (session, CSRF header): [`STATE_ACT`] for the dashboard.
+    pub const DASHBOARD_STATE_ACT: &str = "/dashboard/api/inspect/act";
     /// `GET`: liveness.
     pub const HEALTHZ: &str = "/healthz";
     /// `GET`: readiness (store reachable, no quarantine).
@@ -129,7 +143,7 @@ pub mod paths {
     /// `GET`: Prometheus metrics.
     pub const METRICS: &str = "/metrics";
     /// Every path above.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 28] = [
         REGISTER,
         HEARTBEAT,
         RELEASE,
@@ -141,6 +155,10 @@ pub mod paths {
         PLACEMENTS,
         SWEEPER,
         MOVES,
+        STATE_IDS,
+        STATE_SHOW,
+        STATE_ACT,
+        STATE_AUDIT,
         DASHBOARD,
         DASHBOARD_JS,
         DASHBOARD_CSS,
@@ -148,6 +166,9 @@ pub mod paths {
         DASHBOARD_LOGOUT,
         DASHBOARD_STATE,
         DASHBOARD_PUSH,
+        DASHBOARD_STATE_IDS,
+        DASHBOARD_STATE_SHOW,
+        DASHBOARD_STATE_ACT,
         HEALTHZ,
         READYZ,
         METRICS,
@@ -176,6 +197,10 @@ pub fn router<S: PlacementStore>(app: Arc<App<S>>) -> Router {
         .route(paths::PLACEMENTS, get(operator::http::placements::<S>))
         .route(paths::SWEEPER, get(operator::http::sweeper::<S>))
         .route(paths::MOVES, get(operator::http::moves::<S>))
+        .route(paths::STATE_IDS, get(operator::http::state_ids::<S>))
+        .route(paths::STATE_SHOW, get(operator::http::state_show::<S>))
+        .route(paths::STATE_ACT, post(operator::http::state_act::<S>))
+        .route(paths::STATE_AUDIT, get(operator::http::state_audit::<S>))
         .route(paths::DASHBOARD, get(dashboard::http::page::<S>))
         .route(paths::DASHBOARD_JS, get(dashboard::http::script))
         .route(paths::DASHBOARD_CSS, get(dashboard::http::style))
@@ -183,6 +208,18 @@ pub fn router<S: PlacementStore>(app: Arc<App<S>>) -> Router {
         .route(paths::DASHBOARD_LOGOUT, post(dashboard::http::logout::<S>))
         .route(paths::DASHBOARD_STATE, get(dashboard::http::state::<S>))
         .route(paths::DASHBOARD_PUSH, post(dashboard::http::push::<S>))
+        .route(
+            paths::DASHBOARD_STATE_IDS,
+            get(dashboard::http::inspect_ids::<S>),
+        )
+        .route(
+            paths::DASHBOARD_STATE_SHOW,
+            get(dashboard::http::inspect_show::<S>),
+        )
+        .route(
+            paths::DASHBOARD_STATE_ACT,
+            post(dashboard::http::inspect_act::<S>),
+        )
         .route(paths::HEALTHZ, get(healthz))
         .route(paths::READYZ, get(readyz::<S>))
         .route(paths::METRICS, get(metrics::<S>))

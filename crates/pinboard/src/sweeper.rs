@@ -68,6 +68,7 @@
 //! | 503 `released placement epoch` | — | `Replace` |
 //! | 503 stale epoch, closing, lease expired, any other 503 | — | re-read the placement next lap |
 //! | 403 `invalid attestation` / `invalid proxy secret` | our worker view is stale | refresh workers next lap |
+//! | 503 `instance paused by an operator; …` | an operator paused the id (`pinboard state pause`) | no failure; called again next lap, refused until resumed |
 //! | 404 / 405 | the worker has no such route (the Python reference has no `_alarm`) | logged once; that worker is skipped for that call, and never chosen for new placements made for it |
 //! | 500 | the handler failed | call again next lap (at-least-once) |
 //! | connect failure / timeout | — | drop the cached route; next lap re-reads (a dead worker's record lapses and the id is re-placed) |
@@ -722,6 +723,10 @@ async fn deliver<S: PlacementStore>(
                     session,
                     epoch,
                 })
+            }
+            Outcome::Paused => {
+                tracing::debug!(target: "pinboard::sweeper", call, ns, id, session, "paused by an operator; again next lap");
+                None
             }
             Outcome::Unsupported => {
                 metrics.sweep_failures.inc();

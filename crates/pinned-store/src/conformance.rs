@@ -152,7 +152,8 @@ macro_rules! conformance_tests {
             due_alarms_limit_and_changes,
             due_alarms_at_range,
             marked_instances_paginate,
-            delete_instance_empties_one_instance
+            delete_instance_empties_one_instance,
+            peek_and_instance_ids_read_without_fencing
         );
     };
     (@cases $fixture:path; $($case:ident),* $(,)?) => {
@@ -1327,6 +1328,73 @@ async fn page_through(store: &dyn StateStore, ns: &str, page: usize) -> Vec<(Str
         }
         after = last;
     }
+}
+
+/// `instance_ids` pages one namespace's ids holding rows in byte order;
+/// `peek` reads an instance's rows and epoch without moving the epoch, so
+/// an owner at that epoch is not fenced out by it.
+pub async fn peek_and_instance_ids_read_without_fencing(store: Arc<dyn StateStore>, ns: &str) {
+    let s = store.as_ref();
+    for (id, epoch) in [("b", 5), ("a", 2), ("c~", 1)] {
+        s.set_tray(
+            InstanceKey::new(ns, id),
+            TrayKey::singleton("t"),
+            id == "a",
+            doc(json!({"id": id})),
+            epoch,
+        )
+        .await
+        .unwrap();
+    }
+    // An id only ever read holds no row: not listed.
+    s.get_tray(
+        InstanceKey::new(ns, "read-only"),
+        TrayKey::singleton("t"),
+        1,
+    )
+    .await
+    .unwrap();
+    // Below `ns`, so the Postgres fixture cleans it up too.
+    let other = format!("{ns}/other");
+    s.set_tray(
+        InstanceKey::new(&other, "a"),
+        TrayKey::singleton("t"),
+        false,
+        doc(json!({})),
+        1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        s.instance_ids(ns, None, 10).await.unwrap(),
+        ["a", "b", "c~"]
+    );
+    assert_eq!(s.instance_ids(ns, None, 2).await.unwrap(), ["a", "b"]);
+    assert_eq!(s.instance_ids(ns, Some("b"), 2).await.unwrap(), ["c~"]);
+    assert!(s.instance_ids(ns, Some("c~"), 2).await.unwrap().is_empty());
+
+    let peek = s.peek(InstanceKey::new(ns, "b")).await.unwrap();
+    assert_eq!(peek.epoch, Some(5));
+    assert_eq!(peek.rows.len(), 1);
+    assert_eq!(peek.rows[0].row.doc, doc(json!({"id": "b"})));
+    assert!(!peek.rows[0].row.marked);
+    let nothing = s.peek(InstanceKey::new(ns, "never")).await.unwrap();
+    assert_eq!((nothing.epoch, nothing.rows.len()), (None, 0));
+    // The owner at epoch 5 still writes: the peek fenced nothing.
+    s.set_tray(
+        InstanceKey::new(ns, "b"),
+        TrayKey::singleton("t"),
+        false,
+        doc(json!({})),
+        5,
+    )
+    .await
+    .unwrap();
+    // And a peek of a never-written id left no fence row behind.
+    assert_eq!(
+        s.peek(InstanceKey::new(ns, "never")).await.unwrap().epoch,
+        None
+    );
 }
 
 /// `delete_instance` removes every row of one instance (trays, marked ones, the alarm) and

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::{
-    BatchOp, Doc, DueAlarm, InstanceKey, MarkedInstance, StateStore, StoreError, Tray, TrayKey,
-    TrayRow,
+    BatchOp, Doc, DueAlarm, InstanceKey, MarkedInstance, Peek, StateStore, StoreError, Tray,
+    TrayKey, TrayRow,
 };
 
 /// The source of every error an [`Outage`] answers: it names a database
@@ -194,6 +194,21 @@ impl<S: StateStore> StateStore for FailingStore<S> {
     ) -> Result<Vec<MarkedInstance>, StoreError> {
         self.reachable(false)?;
         self.inner.marked_instances(after, limit).await
+    }
+
+    async fn instance_ids(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.reachable(false)?;
+        self.inner.instance_ids(ns, after, limit).await
+    }
+
+    async fn peek(&self, instance: InstanceKey<'_>) -> Result<Peek, StoreError> {
+        self.reachable(false)?;
+        self.inner.peek(instance).await
     }
 
     async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {

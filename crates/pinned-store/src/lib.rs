@@ -101,6 +101,6 @@ pub use postgres::{
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sqlite::{SqliteOptions, SqliteStore, SyncMode};
 pub use store::{
-    BatchOp, Doc, DueAlarm, MarkedInstance, StateStore, Tray, TrayRow, WorldStamp, ALARM_TRAY,
-    ALARM_TRAY_ID, ALARM_TRAY_NS,
+    BatchOp, Doc, DueAlarm, MarkedInstance, Peek, PeekedRow, StateStore, Tray, TrayRow, WorldStamp,
+    ALARM_TRAY, ALARM_TRAY_ID, ALARM_TRAY_NS,
 };

@@ -10,8 +10,8 @@ use parking_lot::Mutex;
 
 use crate::store::{alarm_at, alarm_nonce, check_epoch};
 use crate::{
-    BatchOp, Doc, DueAlarm, InstanceKey, MarkedInstance, StateStore, StoreError, Tray, TrayKey,
-    TrayRow, WorldStamp, ALARM_TRAY,
+    BatchOp, Doc, DueAlarm, InstanceKey, MarkedInstance, Peek, PeekedRow, StateStore, StoreError,
+    Tray, TrayKey, TrayRow, WorldStamp, ALARM_TRAY,
 };
 
 /// A `StateStore` held in memory. Cheap to create; every operation completes without
@@ -222,6 +222,53 @@ impl StateStore for MemoryStore {
                 world: WorldStamp::any(),
             })
             .collect())
+    }
+
+    async fn instance_ids(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut ids: Vec<String> = {
+            let instances = self.instances.lock();
+            instances
+                .iter()
+                .filter(|((i_ns, id), instance)| {
+                    i_ns == ns
+                        && after.is_none_or(|after| id.as_str() > after)
+                        && !instance.trays.is_empty()
+                })
+                .map(|((_, id), _)| id.clone())
+                .collect()
+        };
+        ids.sort_unstable();
+        ids.truncate(limit);
+        Ok(ids)
+    }
+
+    async fn peek(&self, instance: InstanceKey<'_>) -> Result<Peek, StoreError> {
+        let instances = self.instances.lock();
+        let key = (instance.ns.to_owned(), instance.id.to_owned());
+        let Some(stored) = instances.get(&key) else {
+            return Ok(Peek::default());
+        };
+        Ok(Peek {
+            epoch: Some(stored.epoch),
+            rows: stored
+                .trays
+                .iter()
+                .map(|((tray_ns, tray_id), (marked, doc))| PeekedRow {
+                    row: TrayRow {
+                        tray_ns: tray_ns.clone(),
+                        tray_id: tray_id.clone(),
+                        marked: *marked,
+                        doc: doc.clone(),
+                    },
+                    world: WorldStamp::any(),
+                })
+                .collect(),
+        })
     }
 
     async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {

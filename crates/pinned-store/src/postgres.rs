@@ -37,8 +37,8 @@ use crate::error::postgres_transient;
 use crate::locks::InstanceLocks;
 use crate::store::{check_epoch, sql_limit};
 use crate::{
-    BatchOp, Doc, DocText, DueAlarm, InstanceKey, MarkedInstance, StateStore, StoreError, Tray,
-    TrayKey, TrayRow, WorldStamp,
+    BatchOp, Doc, DocText, DueAlarm, InstanceKey, MarkedInstance, Peek, PeekedRow, StateStore,
+    StoreError, Tray, TrayKey, TrayRow, WorldStamp,
 };
 
 /// Default number of pooled connections.
@@ -96,6 +96,15 @@ WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
 const LIST_TRAYS: &str = "SELECT tray_ns, tray_id, marked, doc FROM pinned_tray_index \
 WHERE ns = $1 AND id = $2 AND ($3::text IS NULL OR tray_ns = $3) \
 AND ($4::boolean IS NULL OR marked = $4) ORDER BY tray_ns COLLATE \"C\", tray_id COLLATE \"C\"";
+/// One page of a namespace's ids holding rows (`StateStore::instance_ids`), byte order.
+const INSTANCE_IDS: &str = "SELECT DISTINCT id COLLATE \"C\" AS id FROM pinned_tray_index \
+WHERE ns = $1 AND ($2::text IS NULL OR id > $2 COLLATE \"C\") ORDER BY 1 LIMIT $3";
+/// An instance's fence and rows, unlocked (`StateStore::peek`): one row with null tray
+/// columns when it holds none.
+const PEEK: &str = "SELECT e.epoch, t.tray_ns, t.tray_id, t.marked, t.doc, t.hostname, t.env \
+FROM (SELECT 1) AS one LEFT JOIN pinned_epoch e ON e.ns = $1 AND e.id = $2 \
+LEFT JOIN pinned_tray_index t ON t.ns = $1 AND t.id = $2 \
+ORDER BY t.tray_ns COLLATE \"C\", t.tray_id COLLATE \"C\"";
 /// Fence rows of instances with no row, below an epoch (`StateStore::reclaim_fences`).
 /// `SKIP LOCKED` passes over an instance whose operation holds its fence row: that
 /// operation may be writing its first row.
@@ -1069,6 +1078,42 @@ impl StateStore for PostgresStore {
                 })
             })
             .collect()
+    }
+
+    async fn instance_ids(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let limit = sql_limit(limit);
+        let rows = self.scan(INSTANCE_IDS, &[&ns, &after, &limit]).await?;
+        rows.iter().map(|row| Ok(row.try_get(0)?)).collect()
+    }
+
+    async fn peek(&self, instance: InstanceKey<'_>) -> Result<Peek, StoreError> {
+        let InstanceKey { ns, id } = instance;
+        let rows = self.scan(PEEK, &[&ns, &id]).await?;
+        let mut peek = Peek::default();
+        for row in rows {
+            let epoch: Option<i64> = row.try_get(0)?;
+            peek.epoch = epoch.and_then(|e| u64::try_from(e).ok());
+            let Some(tray_ns) = row.try_get::<_, Option<String>>(1)? else {
+                continue;
+            };
+            let tray_id: String = row.try_get(2)?;
+            let doc = as_doc(row.try_get(4)?, || format!("{ns}/{id} {tray_ns}/{tray_id}"))?;
+            peek.rows.push(PeekedRow {
+                row: TrayRow {
+                    tray_ns,
+                    tray_id,
+                    marked: row.try_get(3)?,
+                    doc,
+                },
+                world: WorldStamp::new(row.try_get::<_, String>(5)?, row.try_get::<_, String>(6)?),
+            });
+        }
+        Ok(peek)
     }
 
     async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {

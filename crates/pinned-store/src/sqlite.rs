@@ -20,8 +20,8 @@ use tokio::sync::oneshot;
 
 use crate::store::{check_epoch, sql_limit};
 use crate::{
-    BatchOp, Doc, DocText, DueAlarm, InstanceKey, MarkedInstance, StateStore, StoreError, Tray,
-    TrayKey, TrayRow, WorldStamp,
+    BatchOp, Doc, DocText, DueAlarm, InstanceKey, MarkedInstance, Peek, PeekedRow, StateStore,
+    StoreError, Tray, TrayKey, TrayRow, WorldStamp,
 };
 
 /// Most operations committed together in one group transaction.
@@ -103,6 +103,15 @@ const MARKED_AFTER: &str = concat!(
     " FROM (SELECT DISTINCT ns, id FROM pinned_tray_index \
      WHERE marked AND (ns, id) > (?1, ?2) ORDER BY ns, id LIMIT ?3) AS m ORDER BY ns, id"
 );
+
+/// One page of a namespace's ids holding rows (`StateStore::instance_ids`), byte order.
+const INSTANCE_IDS: &str = "SELECT DISTINCT id FROM pinned_tray_index \
+WHERE ns = ?1 AND (?2 IS NULL OR id > ?2) ORDER BY id LIMIT ?3";
+/// An instance's fence and rows (`StateStore::peek`): one row with null tray columns
+/// when it holds none.
+const PEEK: &str = "SELECT e.epoch, t.tray_ns, t.tray_id, t.marked, t.doc, t.hostname, t.env \
+FROM (SELECT 1) AS one LEFT JOIN pinned_epoch e ON e.ns = ?1 AND e.id = ?2 \
+LEFT JOIN pinned_tray_index t ON t.ns = ?1 AND t.id = ?2 ORDER BY t.tray_ns, t.tray_id";
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -661,6 +670,77 @@ impl StateStore for SqliteStore {
                     .collect::<Result<Vec<_>, _>>()?,
             };
             Ok(rows)
+        })
+        .await
+    }
+
+    async fn instance_ids(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let limit = sql_limit(limit);
+        let (ns, after) = (ns.to_owned(), after.map(str::to_owned));
+        self.run(move |conn, _| {
+            let ids = conn
+                .prepare_cached(INSTANCE_IDS)?
+                .query_map(params![ns, after, limit], |row| row.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(ids)
+        })
+        .await
+    }
+
+    async fn peek(&self, instance: InstanceKey<'_>) -> Result<Peek, StoreError> {
+        let (ns, id) = (instance.ns.to_owned(), instance.id.to_owned());
+        self.run(move |conn, _| {
+            type Raw = (
+                Option<i64>,
+                Option<String>,
+                Option<String>,
+                Option<bool>,
+                Option<String>,
+                Option<String>,
+                Option<String>,
+            );
+            let raw = conn
+                .prepare_cached(PEEK)?
+                .query_map(params![ns, id], |row| {
+                    Ok::<Raw, _>((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                        row.get(5)?,
+                        row.get(6)?,
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut peek = Peek::default();
+            for (epoch, tray_ns, tray_id, marked, doc, hostname, env) in raw {
+                peek.epoch = epoch.and_then(|e| u64::try_from(e).ok());
+                let (Some(tray_ns), Some(tray_id)) = (tray_ns, tray_id) else {
+                    continue;
+                };
+                let doc = parse_doc(doc.as_deref().unwrap_or("{}"), || {
+                    format!("{ns}/{id} {tray_ns}/{tray_id}")
+                })?;
+                peek.rows.push(PeekedRow {
+                    row: TrayRow {
+                        tray_ns,
+                        tray_id,
+                        marked: marked.unwrap_or(false),
+                        doc,
+                    },
+                    world: WorldStamp::new(
+                        hostname.unwrap_or_else(|| WorldStamp::ANY.to_owned()),
+                        env.unwrap_or_else(|| WorldStamp::ANY.to_owned()),
+                    ),
+                });
+            }
+            Ok(peek)
         })
         .await
     }

@@ -143,6 +143,25 @@ impl MarkedInstance {
     }
 }
 
+/// One row as [`StateStore::peek`] reads it: the row and the world that wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeekedRow {
+    /// The row.
+    pub row: TrayRow,
+    /// The world of the worker that last wrote it.
+    pub world: WorldStamp,
+}
+
+/// An instance's rows and fence as [`StateStore::peek`] reads them, unfenced.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Peek {
+    /// The instance's stored epoch, `None` when it has no fence row (never
+    /// written, or its fence was reclaimed).
+    pub epoch: Option<u64>,
+    /// Every row, ordered by `(tray_ns, tray_id)` (byte order).
+    pub rows: Vec<PeekedRow>,
+}
+
 /// One step of [`StateStore::apply_batch`]: the reference's `("tray", tray_ns, tray_id,
 /// marked, doc)` op, where `marked = None` deletes the row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -341,6 +360,24 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
         limit: usize,
     ) -> Result<Vec<MarkedInstance>, StoreError>;
 
+    /// The distinct ids of namespace `ns` holding at least one row, ordered by id (byte
+    /// order), starting strictly after `after` when given (keyset pagination), at most
+    /// `limit` of them. For the operator's storage inspector.
+    ///
+    /// Unfenced and read-only, like [`due_alarms`](Self::due_alarms).
+    async fn instance_ids(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Every row of `instance` with the world that wrote it, and its stored epoch,
+    /// read without acquiring the instance: a peek neither reads at nor advances any
+    /// epoch, so it never fences out the instance's owner. For the operator's storage
+    /// inspector; what it reads may change right after.
+    async fn peek(&self, instance: InstanceKey<'_>) -> Result<Peek, StoreError>;
+
     /// Deletes the epoch (fence) rows of instances that hold no row at all and whose
     /// stored epoch is below `below_epoch`, at most `limit` of them; answers how many
     /// went. An instance with an operation under way is left for a later call.
@@ -433,6 +470,19 @@ impl<S: StateStore + ?Sized> StateStore for std::sync::Arc<S> {
         limit: usize,
     ) -> Result<Vec<MarkedInstance>, StoreError> {
         (**self).marked_instances(after, limit).await
+    }
+
+    async fn instance_ids(
+        &self,
+        ns: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        (**self).instance_ids(ns, after, limit).await
+    }
+
+    async fn peek(&self, instance: InstanceKey<'_>) -> Result<Peek, StoreError> {
+        (**self).peek(instance).await
     }
 
     async fn reclaim_fences(&self, below_epoch: u64, limit: usize) -> Result<u64, StoreError> {

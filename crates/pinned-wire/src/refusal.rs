@@ -28,6 +28,11 @@ pub const INVALID_ATTESTATION_DETAIL: &str = "invalid attestation";
 /// `detail` of the 403 answer to a `/_pinned/*` probe without secret or token.
 pub const INVALID_PROXY_SECRET_DETAIL: &str = "invalid proxy secret";
 
+/// The 503 `detail` of a request (or a wake, an alarm) to an id an operator
+/// paused (pinboard's storage inspector): not a refusal to re-place, the
+/// id is refused wherever it goes until resumed.
+pub const PAUSED_DETAIL: &str = "instance paused by an operator; resume it to serve";
+
 /// `detail` of the 404 answer to a challenge value that does not match.
 pub const UNKNOWN_CHALLENGE_DETAIL: &str = "unknown challenge";
 

@@ -2,8 +2,9 @@
 //! receipts, ordered at-least-once dispatch with `on_ack` edits landing
 //! with the ack, parking and unparking, cancel, keyed trays (create, get,
 //! passivate, delete), ad-hoc storage, schema versions, refusal of rows
-//! that match no declaration, and resuming marked work in a new worker
-//! with no request arriving.
+//! that match no declaration, resuming marked work in a new worker
+//! with no request arriving, and the worker's storage inspector
+//! (`/_pinned/state/…`: list, show, skip, unpark, pause, resume, delete).
 #![allow(clippy::unwrap_used)] // tests may panic on the unexpected
 
 mod support;
@@ -1198,4 +1199,220 @@ async fn a_keyed_admission_admits_once_across_a_restart_within_its_window() {
         body["detail"],
         json!("an admission key must be 1 to 200 bytes long")
     );
+}
+
+/// `/_pinned/state/<op>?<query>` on `w`, authenticated with its secret.
+async fn state(w: &TestWorker, post: bool, op_query: &str) -> (u16, serde_json::Value) {
+    let url = w.url(&format!("/_pinned/state/{op_query}"));
+    let request = if post {
+        w.client.post(url)
+    } else {
+        w.client.get(url)
+    };
+    json(
+        request
+            .header("pinboard-proxy-secret", w.worker.secret())
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_storage_inspector_lists_shows_and_steers_one_key_on_the_embedded_store() {
+    let setup = sqlite().await;
+    let lab = Lab::default();
+    lab.fail.store(true, Ordering::SeqCst);
+    let w = worker(setup.store.clone(), &lab).await;
+    assert_eq!(json(w.post("/runners/p/enqueue/poison").await).await.0, 200);
+    assert_eq!(json(w.post("/runners/p/enqueue/next").await).await.0, 200);
+    eventually("the tray parked", PATIENCE, || async {
+        (done_list(&w, "p").await["parked"] == json!(true)).then_some(())
+    })
+    .await;
+    // Two more ids with rows: one at rest, one with a due alarm.
+    seed(&setup.store, "a", "jobs", false, json!({"done": ["x"]})).await;
+    let due = json!({"at": 1, "nonce": "n"}).as_object().cloned().unwrap();
+    setup
+        .store
+        .set_tray(
+            InstanceKey::new("/runners", "z"),
+            TrayKey::new("pinned", "alarm"),
+            false,
+            due,
+            0,
+        )
+        .await
+        .unwrap();
+
+    // Lists: every id, each filter, and pages by the cursor.
+    let ids = |body: &serde_json::Value| -> Vec<String> {
+        body["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (status, all) = state(&w, false, "ids?ns=/runners").await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(ids(&all), ["a", "p", "z"]);
+    assert_eq!(all["next"], json!(null), "one page holds them all");
+    let (_, parked) = state(&w, false, "ids?ns=/runners&filter=parked").await;
+    assert_eq!(ids(&parked), ["p"]);
+    let (_, marked) = state(&w, false, "ids?ns=/runners&filter=marked").await;
+    assert_eq!(ids(&marked), ["p"]);
+    let (_, due) = state(&w, false, "ids?ns=/runners&filter=alarm-due").await;
+    assert_eq!(ids(&due), ["z"]);
+    let (_, first) = state(&w, false, "ids?ns=/runners&limit=2").await;
+    assert_eq!(
+        (ids(&first), &first["next"]),
+        (vec!["a".to_owned(), "p".to_owned()], &json!("p"))
+    );
+    let (_, second) = state(&w, false, "ids?ns=/runners&limit=2&after=p").await;
+    assert_eq!(
+        (ids(&second), &second["next"]),
+        (vec!["z".to_owned()], &json!(null))
+    );
+
+    // Bad input: a precise 4xx each.
+    for (query, status, detail) in [
+        (
+            "ids?ns=/nowhere",
+            404,
+            "unknown namespace \"/nowhere\": this worker does not host it",
+        ),
+        (
+            "ids?ns=/runners&limit=0",
+            400,
+            "limit must be an integer from 1 to 200, got \"0\"",
+        ),
+        (
+            "ids?ns=/runners&limit=201",
+            400,
+            "limit must be an integer from 1 to 200, got \"201\"",
+        ),
+        (
+            "ids?ns=/runners&after=a%2Fb",
+            400,
+            "malformed cursor: pass the `next` of the previous page",
+        ),
+        (
+            "ids?ns=/runners&filter=odd",
+            400,
+            "unknown filter \"odd\": one of all, marked, parked, alarm-due",
+        ),
+        (
+            "show?ns=/runners&id=a%20b",
+            400,
+            "malformed id: id must contain only [A-Za-z0-9._~-]",
+        ),
+        ("ids", 400, "missing query parameter \"ns\""),
+    ] {
+        let (got, body) = state(&w, false, query).await;
+        assert_eq!(
+            (got, body["detail"].as_str().unwrap_or_default()),
+            (status, detail),
+            "{query}"
+        );
+    }
+    let (got, _) = state(&w, true, "act?ns=/runners&id=p&action=explode").await;
+    assert_eq!(got, 400);
+    let (got, body) = state(&w, true, "act?ns=/runners&id=p&action=skip").await;
+    assert_eq!(
+        (got, body["detail"].clone()),
+        (400, json!("skip needs a tray (query parameter \"tray\")"))
+    );
+    let anonymous = w
+        .client
+        .get(w.url("/_pinned/state/ids?ns=/runners"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 403);
+
+    // Show: the parked tray's fields and bookkeeping.
+    let (_, shown) = state(&w, false, "show?ns=/runners&id=p").await;
+    let tray = &shown["trays"][0];
+    assert_eq!(
+        (&tray["tray"], &tray["key"]),
+        (&json!("jobs"), &json!("~")),
+        "{shown}"
+    );
+    assert_eq!(
+        (&tray["parked"], &tray["attempts"], &tray["marked"]),
+        (&json!(true), &json!(3), &json!(true))
+    );
+    assert_eq!(tray["fields"]["queue"], json!(["poison", "next"]));
+    assert_eq!(shown["epoch"], json!(0));
+    let (_, z) = state(&w, false, "show?ns=/runners&id=z").await;
+    assert_eq!(
+        (&z["alarm"]["atMs"], &z["alarm"]["due"]),
+        (&json!(1), &json!(true)),
+        "{z}"
+    );
+
+    // Skip the poison: it lands in the dead letters, the next item runs.
+    lab.fail.store(false, Ordering::SeqCst);
+    let (status, body) = state(
+        &w,
+        true,
+        "act?ns=/runners&id=p&action=skip&tray=jobs&by=alice",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["outcome"]["skipped"]["fieldsBefore"]["queue"],
+        json!(["poison", "next"])
+    );
+    eventually("the next item done", PATIENCE, || async {
+        (done_list(&w, "p").await["done"] == json!(["next"])).then_some(())
+    })
+    .await;
+    let (_, shown) = state(&w, false, "show?ns=/runners&id=p").await;
+    let dead = &shown["trays"][0]["dead"];
+    assert_eq!(
+        (dead[0]["by"].clone(), dead[0]["attempts"].clone()),
+        (json!("alice"), json!(3)),
+        "{shown}"
+    );
+    assert_eq!(shown["trays"][0]["parked"], json!(false));
+    let (status, body) = state(&w, true, "act?ns=/runners&id=p&action=unpark&tray=jobs").await;
+    assert_eq!(
+        (status, body["detail"].clone()),
+        (409, json!("tray jobs/~ is not parked"))
+    );
+
+    // Pause: the id leaves and its requests answer 503 until resumed.
+    let (status, body) = state(&w, true, "act?ns=/runners&id=p&action=pause&by=alice").await;
+    assert_eq!(
+        (status, &body["closedInstance"]),
+        (200, &json!(true)),
+        "{body}"
+    );
+    let (status, body) = json(w.get("/runners/p/done").await).await;
+    assert_eq!(
+        (status, body["detail"].clone()),
+        (
+            503,
+            json!("instance paused by an operator; resume it to serve")
+        )
+    );
+    let (_, listed) = state(&w, false, "ids?ns=/runners").await;
+    assert_eq!(listed["ids"][1]["paused"], json!(true), "{listed}");
+    let (status, _) = state(&w, true, "act?ns=/runners&id=p&action=resume").await;
+    assert_eq!(status, 200);
+    assert_eq!(done_list(&w, "p").await["done"], json!(["next"]));
+
+    // Delete: every row goes, the id starts afresh.
+    let (status, body) = state(&w, true, "act?ns=/runners&id=p&action=delete").await;
+    assert_eq!(
+        (status, &body["closedInstance"]),
+        (200, &json!(true)),
+        "{body}"
+    );
+    let (_, shown) = state(&w, false, "show?ns=/runners&id=p").await;
+    assert_eq!(shown["rows"], json!(0), "{shown}");
+    assert_eq!(done_list(&w, "p").await["done"], json!([]));
 }

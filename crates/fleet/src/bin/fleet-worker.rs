@@ -13,7 +13,8 @@
 //! `FLEET_HEARTBEAT_MS`, `FLEET_LEASE_BUFFER_MS`, `FLEET_DRAIN_MS` (the
 //! SIGTERM drain deadline), `FLEET_IDLE_MS`, `FLEET_SWEEP_MS`, and
 //! `FLEET_NS` (the namespace, default `/counter`), `FLEET_GUARDED_NS` (also
-//! host the `authorize`-guarded object there), `FLEET_MAX_INSTANCES`,
+//! host the `authorize`-guarded object there), `FLEET_JOBS_NS` (also host
+//! the job queue of `pinned_fleet::jobs` there), `FLEET_MAX_INSTANCES`,
 //! `FLEET_PG_IDLE_TXN_MS` (the store's idle-in-transaction timeout),
 //! `PINNED_LOG_FORMAT` / `PINNED_LOG_REPEAT_MS` (the logs: `text` or
 //! `json`, and how often a repeated failure is logged again),
@@ -81,6 +82,9 @@ async fn main() -> anyhow::Result<()> {
     let mut options = Options::from_env().host_with::<Counter>(&ns, host);
     if let Ok(guarded) = std::env::var("FLEET_GUARDED_NS") {
         options = options.host::<Guarded>(&guarded);
+    }
+    if let Ok(jobs) = std::env::var("FLEET_JOBS_NS") {
+        options = options.host::<pinned_fleet::jobs::Jobs>(&jobs);
     }
     let mut options = options.pinboard(
         std::env::var("PINBOARD_URL")?,

@@ -23,8 +23,10 @@ use pinned_wire::registry::PushRequest;
 use serde::{Deserialize, Serialize};
 
 use crate::app::App;
+use crate::operator::http::{state_ids_answer, StateIdsQuery, StateShowQuery};
 use crate::operator::moves::Move;
 use crate::operator::placements::{PlacementPage, PlacementQuery};
+use crate::operator::state::ActRequest;
 use crate::operator::sweeper_status::SweeperStatus;
 use crate::operator::traffic::{NamespaceTraffic, LATENCY_BUCKETS_MS};
 use crate::placement::PlacementStore;
@@ -389,6 +391,71 @@ pub async fn push<S: PlacementStore>(State(app): State<Arc<App<S>>>, req: Reques
             secured(e.into_response())
         }
     }
+}
+
+/// `GET /dashboard/api/inspect/ids?ns=&filter=&after=&limit=` (session):
+/// as `GET /registry/state/ids`.
+pub async fn inspect_ids<S: PlacementStore>(
+    State(app): State<Arc<App<S>>>,
+    headers: HeaderMap,
+    q: Result<Query<StateIdsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    if session(&app, &headers).is_none() {
+        return json_error(StatusCode::UNAUTHORIZED, "log in first");
+    }
+    match q {
+        Ok(Query(q)) => {
+            let (status, body) = state_ids_answer(&app, &q).await;
+            secured((status, Json(body)).into_response())
+        }
+        Err(e) => json_error(StatusCode::BAD_REQUEST, &e.body_text()),
+    }
+}
+
+/// `GET /dashboard/api/inspect/show?ns=&id=` (session): as
+/// `GET /registry/state/show`.
+pub async fn inspect_show<S: PlacementStore>(
+    State(app): State<Arc<App<S>>>,
+    headers: HeaderMap,
+    q: Result<Query<StateShowQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    if session(&app, &headers).is_none() {
+        return json_error(StatusCode::UNAUTHORIZED, "log in first");
+    }
+    match q {
+        Ok(Query(q)) => {
+            let (status, body) = crate::operator::state::show(&app, &q.ns, &q.id).await;
+            secured((status, Json(body)).into_response())
+        }
+        Err(e) => json_error(StatusCode::BAD_REQUEST, &e.body_text()),
+    }
+}
+
+/// `POST /dashboard/api/inspect/act` (session, CSRF header): as
+/// `POST /registry/state/act`, recorded as asked by
+/// `dashboard:<the session id's first 8 characters>`.
+pub async fn inspect_act<S: PlacementStore>(
+    State(app): State<Arc<App<S>>>,
+    req: Request,
+) -> Response {
+    let session_id = match checked_post(&app, req.headers()) {
+        Ok(id) => id,
+        Err((status, detail)) => return json_error(status, detail),
+    };
+    let body = match read_body(req, app.registry_body).await {
+        Ok(body) => body,
+        Err(e) => return secured(e.into_response()),
+    };
+    let mut request: ActRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &format!("malformed body: {e}")),
+    };
+    request.by = Some(format!(
+        "dashboard:{}",
+        session_id.chars().take(8).collect::<String>()
+    ));
+    let (status, body) = crate::operator::state::act(&app, request).await;
+    secured((status, Json(body)).into_response())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! HTTP shell of the operator views: `GET /registry/placements`,
-//! `/registry/sweeper` and `/registry/moves`, each behind the operator
-//! credential (the same check as `/registry/workers`).
+//! `/registry/sweeper`, `/registry/moves` and the storage inspector's
+//! `/registry/state/{ids,show,audit}` and `POST /registry/state/act`, each
+//! behind the operator credential (the same check as `/registry/workers`).
 //!
 //! Owns the query decoding (a bad query is a 400 with a JSON `detail`,
 //! like every registry error); the answers come from the sibling modules.
@@ -19,7 +20,7 @@ use super::sweeper_status::SweeperStatus;
 use super::DEFAULT_MOVES_LIMIT;
 use crate::app::App;
 use crate::placement::PlacementStore;
-use crate::registry::http::{fail, Operator};
+use crate::registry::http::{fail, Operator, OperatorBody};
 use crate::registry::RegistryError;
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, RegistryError> {
@@ -80,6 +81,106 @@ pub async fn moves<S: PlacementStore>(
     });
     match limit {
         Ok(limit) => Json(serde_json::json!({ "moves": app.moves.recent(limit) })).into_response(),
+        Err(e) => fail(&app, e),
+    }
+}
+
+/// Query of `GET /registry/state/ids`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateIdsQuery {
+    /// The namespace, with its slash.
+    pub ns: String,
+    /// `all` (default), `marked`, `parked` or `alarm-due`.
+    pub filter: Option<String>,
+    /// The previous page's `next`.
+    pub after: Option<String>,
+    /// Ids scanned (the worker's default and bound apply).
+    pub limit: Option<String>,
+}
+
+/// Query of `GET /registry/state/show`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateShowQuery {
+    /// The namespace, with its slash.
+    pub ns: String,
+    /// The instance id.
+    pub id: String,
+}
+
+fn state_answer((status, body): super::state::Answer) -> Response {
+    (status, Json(body)).into_response()
+}
+
+/// A page of ids as the worker answers it, for the operator views.
+pub async fn state_ids_answer<S: PlacementStore>(
+    app: &App<S>,
+    q: &StateIdsQuery,
+) -> super::state::Answer {
+    let mut query = vec![("ns", q.ns.as_str())];
+    for (name, value) in [
+        ("filter", &q.filter),
+        ("after", &q.after),
+        ("limit", &q.limit),
+    ] {
+        if let Some(value) = value {
+            query.push((name, value.as_str()));
+        }
+    }
+    super::state::view(app, "ids", &q.ns, &query).await
+}
+
+/// `GET /registry/state/ids?ns=&filter=&after=&limit=` (operator).
+pub async fn state_ids<S: PlacementStore>(
+    State(app): State<Arc<App<S>>>,
+    _: Operator,
+    q: Result<Query<StateIdsQuery>, QueryRejection>,
+) -> Response {
+    match query(q) {
+        Ok(q) => state_answer(state_ids_answer(&app, &q).await),
+        Err(e) => fail(&app, e),
+    }
+}
+
+/// `GET /registry/state/show?ns=&id=` (operator).
+pub async fn state_show<S: PlacementStore>(
+    State(app): State<Arc<App<S>>>,
+    _: Operator,
+    q: Result<Query<StateShowQuery>, QueryRejection>,
+) -> Response {
+    match query(q) {
+        Ok(q) => state_answer(super::state::show(&app, &q.ns, &q.id).await),
+        Err(e) => fail(&app, e),
+    }
+}
+
+/// `POST /registry/state/act` with an [`ActRequest`](super::state::ActRequest) (operator).
+pub async fn state_act<S: PlacementStore>(
+    State(app): State<Arc<App<S>>>,
+    OperatorBody(request): OperatorBody<super::state::ActRequest>,
+) -> Response {
+    state_answer(super::state::act(&app, request).await)
+}
+
+/// `GET /registry/state/audit?limit=` (operator): newest first.
+pub async fn state_audit<S: PlacementStore>(
+    State(app): State<Arc<App<S>>>,
+    _: Operator,
+    q: Result<Query<MovesQuery>, QueryRejection>,
+) -> Response {
+    use super::state::{AUDIT_CAPACITY, DEFAULT_AUDIT_LIMIT};
+    let limit = query(q).and_then(|q| match q.limit {
+        None => Ok(DEFAULT_AUDIT_LIMIT),
+        Some(n) if (1..=AUDIT_CAPACITY).contains(&n) => Ok(n),
+        Some(n) => Err(RegistryError::Malformed(format!(
+            "limit must be between 1 and {AUDIT_CAPACITY}, got {n}"
+        ))),
+    });
+    match limit {
+        Ok(limit) => {
+            Json(serde_json::json!({ "actions": app.state_audit.recent(limit) })).into_response()
+        }
         Err(e) => fail(&app, e),
     }
 }

@@ -123,6 +123,9 @@ pub enum MovedBy {
     /// A sweeper call: a `_wake` (an orphan, a marked or unsettled id) or
     /// an `_alarm`, with no client asking.
     Sweeper,
+    /// An operator's state control (`pinboard state …`) placing an id
+    /// with no live owner so that an owner acts on it.
+    Operator,
 }
 
 impl MovedBy {
@@ -131,6 +134,7 @@ impl MovedBy {
         match self {
             Self::Request => "request",
             Self::Sweeper => "sweeper",
+            Self::Operator => "operator",
         }
     }
 }

@@ -83,6 +83,7 @@ impl OperatorClient {
             400 | 413 => Err(CliError::Refused(detail(&body))),
             401 | 403 => Err(CliError::NoPermission(status.as_u16())),
             404 => Err(CliError::NotFound(format!("{what}: {}", detail(&body)))),
+            409 => Err(CliError::Conflict(detail(&body))),
             500..=599 => Err(CliError::Unavailable(format!(
                 "{what}: pinboard answered {status}: {}",
                 detail(&body)

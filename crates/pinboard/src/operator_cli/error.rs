@@ -15,6 +15,9 @@ pub const EXIT_REFUSED: u8 = 65;
 pub const EXIT_UNAVAILABLE: u8 = 69;
 /// pinboard answered something this command does not understand (`EX_SOFTWARE`).
 pub const EXIT_UNEXPECTED: u8 = 70;
+/// pinboard refused as conflicting with the state, 409: a tray not
+/// parked, a paused id, a Python owner, a newer owner (`EX_TEMPFAIL`).
+pub const EXIT_CONFLICT: u8 = 75;
 /// The operator token was refused, 401/403 (`EX_NOPERM`).
 pub const EXIT_NO_PERMISSION: u8 = 77;
 
@@ -30,6 +33,9 @@ pub enum CliError {
     /// pinboard answered 400 (its `detail`).
     #[error("refused: {0}")]
     Refused(String),
+    /// pinboard answered 409 (its `detail`).
+    #[error("conflict: {0}")]
+    Conflict(String),
     /// The token was refused.
     #[error("operator token refused ({0}): check PINBOARD_OPERATOR_TOKEN")]
     NoPermission(u16),
@@ -48,6 +54,7 @@ impl CliError {
             Self::Usage(_) => EXIT_USAGE,
             Self::NotFound(_) => EXIT_NOT_FOUND,
             Self::Refused(_) => EXIT_REFUSED,
+            Self::Conflict(_) => EXIT_CONFLICT,
             Self::NoPermission(_) => EXIT_NO_PERMISSION,
             Self::Unavailable(_) => EXIT_UNAVAILABLE,
             Self::Unexpected(_) => EXIT_UNEXPECTED,

@@ -82,6 +82,9 @@ pub enum Outcome {
     /// 500: the handler (or activation) failed. The row stays; next lap
     /// calls again (at-least-once).
     HandlerFailed,
+    /// 503 [`PAUSED_DETAIL`](pinned_wire::refusal::PAUSED_DETAIL): an
+    /// operator paused the id. No failure; next lap calls again.
+    Paused,
     /// Any other answer: logged; next lap calls again.
     Unexpected,
 }
@@ -120,6 +123,9 @@ pub fn classify_answer(
             ) => Outcome::Retry(RetryAction::RefreshWorkers),
             _ => Outcome::Unexpected,
         },
+        StatusCode::SERVICE_UNAVAILABLE if detail == Some(pinned_wire::refusal::PAUSED_DETAIL) => {
+            Outcome::Paused
+        }
         StatusCode::SERVICE_UNAVAILABLE => match classify(status, false, detail, 0) {
             Verdict::Retry { action, .. } => Outcome::Retry(action),
             // Refusals the proxy relays (`activation queue full`, `instance
@@ -360,6 +366,10 @@ mod tests {
             answer(w, 202, false, json!({"activating": true})),
             Outcome::Pending
         );
+        for call in [w, Call::Alarm] {
+            let paused = json!({"detail": pinned_wire::refusal::PAUSED_DETAIL});
+            assert_eq!(answer(call, 503, false, paused), Outcome::Paused);
+        }
         assert_eq!(
             answer(
                 w,

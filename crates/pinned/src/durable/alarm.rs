@@ -148,6 +148,9 @@ pub(crate) enum RunError {
     Closed,
     #[error("alarm handler failed: {0}")]
     Handler(String),
+    /// An operator paused the id: it fires once resumed.
+    #[error("{}", pinned_wire::refusal::PAUSED_DETAIL)]
+    Paused,
 }
 
 /// A timer armed for one id.
@@ -654,11 +657,16 @@ async fn fire(host: Arc<Namespace>, id: Arc<str>, at: i64) {
                 run(&slot, true).await
             }
             Err(Admission::Refused(refusal)) => Err(RunError::Handler(refusal.detail().to_owned())),
+            Err(Admission::Paused) => Err(RunError::Paused),
             Err(_) => Err(RunError::Handler("activation failed".to_owned())),
         }
     };
     if let Err(error) = outcome {
-        tracing::error!(namespace = %host.ns, id = %id, error = %pinned_edge::logging::Chain(&error), "alarm run failed; it fires again");
+        if matches!(error, RunError::Paused) {
+            tracing::debug!(namespace = %host.ns, id = %id, "alarm due on a paused instance; it fires once resumed");
+        } else {
+            tracing::error!(namespace = %host.ns, id = %id, error = %pinned_edge::logging::Chain(&error), "alarm run failed; it fires again");
+        }
         if host.control.fires_evicted_alarms() {
             let retry = wall_ms(&host)
                 + i64::try_from(host.options.sweep_interval.as_millis()).unwrap_or(i64::MAX);

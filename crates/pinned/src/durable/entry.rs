@@ -34,6 +34,7 @@ fn admission(refused: Admission) -> Response {
     match refused {
         Admission::Refused(refusal) => response::refusal(refusal),
         Admission::ActivationFailed | Admission::ShutDown => response::internal_error(),
+        Admission::Paused => crate::durable::inspect::paused_response(),
     }
 }
 

@@ -25,6 +25,7 @@ use crate::BoxError;
 
 pub(crate) mod alarm;
 pub(crate) mod entry;
+pub(crate) mod inspect;
 pub(crate) mod reclaim;
 pub(crate) mod store;
 pub mod tray;
@@ -41,6 +42,8 @@ pub(crate) struct Durable {
     pub(crate) declared: Arc<Declared>,
     /// Armed alarm timers by id.
     pub(crate) timers: DashMap<Arc<str>, Timer>,
+    /// Ids an operator action holds on this worker.
+    pub(crate) holds: inspect::Holds,
 }
 
 impl Durable {
@@ -51,6 +54,7 @@ impl Durable {
             store,
             declared,
             timers: DashMap::new(),
+            holds: inspect::Holds::default(),
         }
     }
 
@@ -61,6 +65,10 @@ impl Durable {
 }
 
 impl Durability for Durable {
+    fn admits<'a>(&'a self, record: &'a Arc<Record>) -> BoxFuture<'a, Result<bool, BoxError>> {
+        inspect::admits(&self.holds, &*self.store, record)
+    }
+
     fn opening(&self, record: &Arc<Record>) {
         if !self.declared.is_empty() {
             record.set_trays(InstanceTrays::new(

@@ -48,6 +48,9 @@ pub(crate) enum Activation {
     Failed,
     /// The instance was aborted before its activation finished: answer 503.
     Aborted,
+    /// An operator paused the id (or holds it for an action): answer 503
+    /// with [`PAUSED_DETAIL`](crate::durable::inspect::PAUSED_DETAIL).
+    Paused,
 }
 
 pub(crate) type ActivationFuture = Shared<BoxFuture<'static, Activation>>;

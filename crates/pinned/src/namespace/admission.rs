@@ -62,6 +62,9 @@ pub(crate) enum Admission {
     ActivationFailed,
     /// The worker was closed: 500.
     ShutDown,
+    /// An operator paused the id, or holds it for an action under way:
+    /// 503 with [`PAUSED_DETAIL`](crate::durable::inspect::PAUSED_DETAIL).
+    Paused,
 }
 
 impl From<Refusal> for Admission {
@@ -356,6 +359,18 @@ impl Namespace {
             let slot = task_slot;
             let _entry = entry;
             if let Some(durable) = &host.durable {
+                let admits = durable.admits(&slot).await;
+                if !matches!(admits, Ok(true)) {
+                    if let Err(error) = &admits {
+                        tracing::error!(namespace = %host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&**error), "cannot read whether the instance is paused");
+                    }
+                    slot.cancel();
+                    host.remove(&slot);
+                    return match admits {
+                        Ok(_) => Activation::Paused,
+                        Err(_) => Activation::Failed,
+                    };
+                }
                 durable.opening(&slot);
             }
             let activate = AssertUnwindSafe(async {
@@ -434,11 +449,12 @@ impl Namespace {
             Activation::Ready(instance) => Ok((busy, instance)),
             Activation::Failed => Err(Admission::ActivationFailed),
             Activation::Aborted => Err(Refusal::Aborted.into()),
+            Activation::Paused => Err(Admission::Paused),
         }
     }
 
     /// Waits until `slot` has left the map.
-    async fn wait_gone(&self, slot: &Arc<Record>) {
+    pub(crate) async fn wait_gone(&self, slot: &Arc<Record>) {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);

@@ -17,6 +17,11 @@ use crate::BoxError;
 
 /// The durable layer's side of one namespace.
 pub(crate) trait Durability: Any + Send + Sync {
+    /// Before anything of an activation runs: false when the id is paused
+    /// by an operator or held by an operator action under way (the
+    /// activation is then refused with [`Admission::Paused`](super::Admission::Paused)).
+    fn admits<'a>(&'a self, record: &'a Arc<Record>) -> BoxFuture<'a, Result<bool, BoxError>>;
+
     /// Before the object activates: hang what the instance will hold (its
     /// trays) on its record.
     fn opening(&self, record: &Arc<Record>);

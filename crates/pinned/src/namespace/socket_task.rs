@@ -250,6 +250,7 @@ fn refused(admission: &Admission) -> Ended {
         }
         Admission::ShutDown => Ended::new(CLOSE_GOING_AWAY, "worker closing"),
         Admission::ActivationFailed => Ended::new(1011, "instance activation failed"),
+        Admission::Paused => Ended::new(CLOSE_TRY_AGAIN_LATER, "instance paused"),
         Admission::Refused(_) => Ended::new(CLOSE_TRY_AGAIN_LATER, "instance unavailable; retry"),
     }
 }

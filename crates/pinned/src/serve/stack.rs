@@ -76,6 +76,7 @@ fn admission_refused(refused: Admission) -> Response {
     match refused {
         Admission::Refused(refusal) => response::refusal(refusal),
         Admission::ActivationFailed | Admission::ShutDown => response::internal_error(),
+        Admission::Paused => crate::durable::inspect::paused_response(),
     }
 }
 

@@ -199,6 +199,19 @@ impl Worker {
                 async move { worker.stats_route(&headers) }
             }),
         );
+        let state_worker = self.clone();
+        router = router.route(
+            "/_pinned/state/{op}",
+            axum::routing::any(
+                move |axum::extract::Path(op): axum::extract::Path<String>,
+                      method: http::Method,
+                      headers: HeaderMap,
+                      query: axum::extract::Query<HashMap<String, String>>| {
+                    let worker = state_worker.clone();
+                    async move { worker.state_route(&op, &method, &headers, &query).await }
+                },
+            ),
+        );
         if self.inner.control.pinboard().is_some() {
             let challenge_worker = self.clone();
             router = router.route(
@@ -574,6 +587,30 @@ impl Worker {
             return response::detail(StatusCode::FORBIDDEN, "invalid proxy secret");
         }
         axum::Json(self.stats()).into_response()
+    }
+
+    /// `/_pinned/state/{ids,show,act}?ns=…`: the storage inspector
+    /// ([`crate::durable::inspect`]).
+    async fn state_route(
+        &self,
+        op: &str,
+        method: &http::Method,
+        headers: &HeaderMap,
+        query: &HashMap<String, String>,
+    ) -> Response {
+        if !self.authorized(headers) {
+            return response::detail(StatusCode::FORBIDDEN, "invalid proxy secret");
+        }
+        let Some(ns) = query.get("ns") else {
+            return response::detail(StatusCode::BAD_REQUEST, "missing query parameter \"ns\"");
+        };
+        let Some(host) = self.inner.hosts.find(ns) else {
+            return response::detail(
+                StatusCode::NOT_FOUND,
+                &format!("unknown namespace {ns:?}: this worker does not host it"),
+            );
+        };
+        crate::durable::inspect::routes::serve(host, op, method, query, headers).await
     }
 
     fn challenge_route(&self, headers: &HeaderMap, query: &HashMap<String, String>) -> Response {

@@ -1,6 +1,7 @@
 // pinboard dashboard: polls /dashboard/api/state every two seconds and
-// renders it; actions POST to /dashboard/api/push with the session's CSRF
-// token in a header. No framework, no build step: this file is served as is.
+// renders it; actions POST to /dashboard/api/push (workers) and
+// /dashboard/api/inspect/act (storage) with the session's CSRF token in a
+// header; the storage inspector reads /dashboard/api/inspect/{ids,show}. No framework, no build step: this file is served as is.
 "use strict";
 
 const POLL_MS = 2000;
@@ -243,6 +244,91 @@ async function poll() {
   }
   timer = setTimeout(poll, POLL_MS);
 }
+
+// The storage inspector: a page of ids, one id's rows, its controls.
+let inspectAfter = null;
+
+async function getJson(path, params) {
+  const res = await fetch(path + "?" + new URLSearchParams(params), { credentials: "same-origin" });
+  if (res.status === 401) { location.reload(); return null; }
+  const body = await res.json().catch(() => ({}));
+  if (!res.ok) throw new Error(body.detail || res.statusText);
+  return body;
+}
+
+function flag(on) { return el("td", { class: on ? "flag-yes" : "" }, on ? "yes" : "–"); }
+
+async function inspectList(after) {
+  const ns = document.getElementById("inspect-ns").value.trim();
+  if (!ns) return;
+  const params = { ns, filter: document.getElementById("inspect-filter").value };
+  if (after) params.after = after;
+  try {
+    const page = await getJson("/dashboard/api/inspect/ids", params);
+    if (!page) return;
+    inspectAfter = page.next;
+    document.getElementById("inspect-next").classList.toggle("hidden", !page.next);
+    document.getElementById("inspect-count").textContent = `(${page.ids.length} on this page)`;
+    document.querySelector("#inspect-ids tbody").replaceChildren(...page.ids.map((s) => el("tr", { "data-id": s.id },
+      el("td", { class: "mono" }, s.id),
+      el("td", { class: "num" }, s.rows),
+      el("td", { class: "mono" }, s.epoch === null ? "–" : s.epoch),
+      flag(s.marked), flag(s.parked), flag(s.paused),
+      el("td", {}, s.alarmAtMs === null ? "–" : new Date(s.alarmAtMs).toLocaleString() + (s.alarmDue ? " (due)" : "")),
+      el("td", {}, el("button", { class: "inspect-show", type: "button", onclick: () => inspectShow(ns, s.id) }, "Show")))));
+  } catch (e) {
+    status("storage: " + e.message);
+  }
+}
+
+async function inspectAct(ns, id, action, tray, key, text) {
+  if ((await confirmAction(text)) === undefined) return;
+  try {
+    await post("/dashboard/api/inspect/act", tray ? { ns, id, action, tray, key } : { ns, id, action });
+    status(`${action} ${ns}/${id}: done`);
+  } catch (e) {
+    status(`${action} ${ns}/${id} refused: ` + e.message);
+  }
+  await inspectShow(ns, id);
+  await inspectList(null);
+}
+
+async function inspectShow(ns, id) {
+  const box = document.getElementById("inspect-detail");
+  try {
+    const v = await getJson("/dashboard/api/inspect/show", { ns, id });
+    if (!v) return;
+    const owner = v.placement ? `owner ${short(v.placement.owner)} at epoch ${v.placement.epoch}` : "not placed";
+    const paused = v.paused !== null;
+    const head = el("h3", { "data-id": id },
+      el("span", { class: "mono" }, `${ns}/${id}`),
+      el("span", { class: "hint" }, `${v.rows} rows · stored epoch ${v.epoch === null ? "–" : v.epoch} · ${owner}` + (paused ? ` · paused by ${v.paused.by}` : "")),
+      paused
+        ? el("button", { class: "inspect-resume", type: "button", onclick: () => inspectAct(ns, id, "resume", null, null, `Resume ${ns}/${id}? It activates again on its next request.`) }, "Resume")
+        : el("button", { class: "inspect-pause danger", type: "button", onclick: () => inspectAct(ns, id, "pause", null, null, `Pause ${ns}/${id}? It is closed now and refuses activation until resumed.`) }, "Pause"),
+      el("button", { class: "inspect-delete danger", type: "button", onclick: () => inspectAct(ns, id, "delete", null, null, `Delete every row of ${ns}/${id}? This cannot be undone.`) }, "Delete state"));
+    const trays = el("table", { id: "inspect-trays" },
+      el("thead", {}, el("tr", {}, ...["Tray", "Key", "Marked", "Parked", "Attempts", "Fields", "Dead letters", ""].map((h) => el("th", {}, h)))),
+      el("tbody", {}, ...v.trays.map((t) => el("tr", { "data-tray": t.tray + "/" + t.key },
+        el("td", { class: "mono" }, t.tray),
+        el("td", { class: "mono" }, t.key),
+        flag(t.marked), flag(t.parked),
+        el("td", { class: "num" }, t.attempts),
+        el("td", { class: "mono fields" }, JSON.stringify(t.fields).slice(0, 400)),
+        el("td", { class: "num dead" }, t.dead.length),
+        el("td", {},
+          t.parked ? el("button", { class: "inspect-unpark", type: "button", onclick: () => inspectAct(ns, id, "unpark", t.tray, t.key, `Unpark ${t.tray}/${t.key} of ${ns}/${id}? Its head item is delivered afresh.`) }, "Unpark") : "",
+          " ",
+          el("button", { class: "inspect-skip danger", type: "button", onclick: () => inspectAct(ns, id, "skip", t.tray, t.key, `Skip the head item of ${t.tray}/${t.key} of ${ns}/${id}? It goes to the tray's dead letters unhandled.`) }, "Skip head"))))));
+    const alarm = v.alarm ? el("p", { class: "hint" }, `alarm at ${new Date(v.alarm.atMs).toLocaleString()}` + (v.alarm.due ? " (due)" : "") + `; schedules ${JSON.stringify(v.alarm.schedules)}`) : "";
+    box.replaceChildren(head, trays, alarm);
+  } catch (e) {
+    box.replaceChildren(el("p", { class: "error" }, e.message));
+  }
+}
+
+document.getElementById("inspect-form").addEventListener("submit", (e) => { e.preventDefault(); inspectList(null); });
+document.getElementById("inspect-next").addEventListener("click", () => inspectList(inspectAfter));
 
 document.getElementById("search").addEventListener("input", () => poll());
 document.getElementById("search").addEventListener("submit", (e) => { e.preventDefault(); poll(); });

@@ -40,6 +40,10 @@ impl<T: Tray> Opened for OpenTray<T> {
         self.start_courier();
     }
 
+    fn operated(self: Arc<Self>) -> Arc<dyn super::operate::Operated> {
+        self
+    }
+
     fn pending(&self) -> bool {
         let state = self.state.lock();
         state.marked && !state.parked && state.retired.is_none()

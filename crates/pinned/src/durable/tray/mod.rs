@@ -122,7 +122,7 @@ mod pages;
 
 mod spec;
 
-mod machine;
+pub(crate) mod machine;
 
 mod courier;
 mod dispatch;
@@ -136,6 +136,7 @@ mod message;
 
 mod declare;
 
+pub(crate) mod operate;
 pub(crate) mod wake;
 
 pub use declare::Trays;

@@ -93,6 +93,20 @@ impl InstanceTrays {
         })
     }
 
+    /// The open tray `tray_ns` under `key` for the operator's controls,
+    /// whatever its type; `None` when it is not open (or deleted).
+    pub(crate) fn operated(
+        &self,
+        tray_ns: &str,
+        key: &str,
+    ) -> Option<Arc<dyn super::operate::Operated>> {
+        let open = self.open.lock();
+        let (_, opened) = open
+            .iter()
+            .find(|((name, open_key), _)| *name == tray_ns && open_key == key)?;
+        (!opened.deleted()).then(|| opened.clone().operated())
+    }
+
     fn lookup<T: Tray>(&self, key: &str) -> Option<Arc<OpenTray<T>>> {
         let opened = self.open.lock().get(&(T::NAME, key.to_owned())).cloned()?;
         if opened.deleted() {

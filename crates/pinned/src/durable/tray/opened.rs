@@ -38,6 +38,8 @@ pub(crate) trait Opened: Send + Sync {
     /// Releases a keyed admission's `key` from the tray's `~ignore`
     /// (phase two of the dispatch that admitted it).
     fn release(&self, key: &Json) -> Result<(), TrayError>;
+    /// The operator's controls on this tray.
+    fn operated(self: Arc<Self>) -> Arc<dyn super::operate::Operated>;
     /// Runs `on_close` (after `open`), logging a failure.
     fn close(self: Arc<Self>, instance: Instance, ctx: Context) -> BoxFuture<'static, ()>;
 }
