@@ -1,5 +1,5 @@
 //! The output gate across real crashes: the agent example, a real process on
-//! a real SQLite file, pushes each reply to its session's WebSocket once the
+//! a real SQLite file (and again on Postgres), pushes each reply to its session's WebSocket once the
 //! reply's ack (which appends it to the history) is durable. Clients hold
 //! one socket per session while messages are sent and worked; the worker is
 //! SIGKILLed after the k-th reply of a run reached the clients (k varied
@@ -22,14 +22,13 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use futures_util::StreamExt;
-use pinned::pinned_store::{InstanceKey, SqliteOptions, SqliteStore, StateStore};
+use pinned::pinned_store::{InstanceKey, StateStore, StoreConfig};
 use serde_json::{json, Value};
-use std::sync::Mutex;
-use support::jobs::drained;
+use support::jobs::wait;
 use support::{start_example, terminate, PATIENCE};
 use tokio::process::Child;
 use tokio::sync::Notify;
@@ -41,6 +40,33 @@ const MESSAGES: usize = 40;
 /// Replies received in a run before its SIGKILL, one run each; a last run
 /// then finishes the work and ends with SIGTERM.
 const KILL_AFTER: [usize; 4] = [1, 4, 9, 15];
+
+/// The store the worker runs on, and the session ids it is given.
+struct Where {
+    /// The worker's environment: its store and its think time.
+    env: Vec<(&'static str, String)>,
+    /// `DATABASE_URL`, when Postgres.
+    location: Option<String>,
+    /// The SQLite file otherwise.
+    file: std::path::PathBuf,
+    /// Before every session id: unique per test run on a shared database.
+    prefix: String,
+}
+
+impl Where {
+    fn id(&self, session: usize) -> String {
+        format!("{}s{session}", self.prefix)
+    }
+
+    /// The store, opened by the test beside the worker.
+    async fn open(&self) -> anyhow::Result<Arc<dyn StateStore>> {
+        Ok(
+            StoreConfig::from_location(self.location.as_deref(), &self.file)?
+                .open()
+                .await?,
+        )
+    }
+}
 
 /// A reply as a client received it: (session, key, text).
 type Pushed = (usize, String, String);
@@ -64,12 +90,18 @@ fn text(n: usize) -> String {
 
 /// Sends session `session`'s messages from its first unanswered one, each
 /// after the previous one was answered, until all are or the process dies.
-async fn send_rest(client: reqwest::Client, base: String, session: usize, seen: Arc<Seen>) {
+async fn send_rest(
+    client: reqwest::Client,
+    base: String,
+    id: String,
+    session: usize,
+    seen: Arc<Seen>,
+) {
     let from = seen.answered.lock().expect("lock")[session];
     for n in from..MESSAGES {
         let answer = async {
             client
-                .post(format!("{base}/sessions/s{session}/messages"))
+                .post(format!("{base}/sessions/{id}/messages"))
                 .header("idempotency-key", key(session, n))
                 .json(&json!({ "text": text(n) }))
                 .send()
@@ -88,20 +120,27 @@ async fn send_rest(client: reqwest::Client, base: String, session: usize, seen: 
     }
 }
 
+/// One run's count of replies, and its signal to kill.
+struct ThisRun {
+    seen: Arc<Seen>,
+    /// Replies received in this run, across the sessions.
+    count: Mutex<usize>,
+    /// The count at which `reached` is notified.
+    kill_after: Option<usize>,
+    reached: Notify,
+}
+
 /// Reads session `session`'s socket until it ends (the process died or
-/// closed it), recording each reply; `reached` is notified once this run's
-/// replies across the sessions number `kill_after`.
+/// closed it), recording each reply.
 async fn listen(
     address: String,
+    id: String,
     session: usize,
-    seen: Arc<Seen>,
-    run_count: Arc<Mutex<usize>>,
-    kill_after: Option<usize>,
-    reached: Arc<Notify>,
+    run: Arc<ThisRun>,
     connected: tokio::sync::oneshot::Sender<()>,
 ) -> anyhow::Result<()> {
     let (mut socket, _) =
-        tokio_tungstenite::connect_async(format!("ws://{address}/sessions/s{session}/ws")).await?;
+        tokio_tungstenite::connect_async(format!("ws://{address}/sessions/{id}/ws")).await?;
     let _ = connected.send(());
     loop {
         let next = timeout(PATIENCE, socket.next())
@@ -118,11 +157,11 @@ async fn listen(
             reply["key"].as_str().context("key")?.to_owned(),
             reply["text"].as_str().context("text")?.to_owned(),
         );
-        seen.replies.lock().expect("lock").push(pushed);
-        let mut count = run_count.lock().expect("lock");
+        run.seen.replies.lock().expect("lock").push(pushed);
+        let mut count = run.count.lock().expect("lock");
         *count += 1;
-        if Some(*count) == kill_after {
-            reached.notify_one();
+        if Some(*count) == run.kill_after {
+            run.reached.notify_one();
         }
     }
 }
@@ -140,11 +179,11 @@ fn turns_in(value: &Value, into: &mut Vec<Value>) {
 
 /// Read from the store's rows directly: per session, the replies it holds
 /// (key → text) and how many user turns it holds.
-async fn stored(db: &std::path::Path) -> anyhow::Result<Vec<(HashMap<String, String>, usize)>> {
-    let store = SqliteStore::open(db, SqliteOptions::default()).await?;
+async fn stored(at: &Where) -> anyhow::Result<Vec<(HashMap<String, String>, usize)>> {
+    let store = at.open().await?;
     let mut sessions = Vec::new();
     for s in 0..SESSIONS {
-        let id = format!("s{s}");
+        let id = at.id(s);
         // Local mode writes at epoch 0; nothing runs now to be fenced.
         let rows = store
             .list(InstanceKey::new("/sessions", &id), 0, None, None)
@@ -176,27 +215,25 @@ async fn stored(db: &std::path::Path) -> anyhow::Result<Vec<(HashMap<String, Str
 /// last run left off, and the process ends — SIGKILLed once `kill_after`
 /// replies of this run were received, or (`None`) SIGTERMed once every
 /// message is answered and worked. Answers when every socket has ended.
-async fn run(
-    env: &[(&str, &str)],
-    db: &std::path::Path,
-    kill_after: Option<usize>,
-    seen: &Arc<Seen>,
-) -> anyhow::Result<()> {
-    let (mut child, address) = start_example("agent", env).await?;
+async fn run(at: &Where, kill_after: Option<usize>, seen: &Arc<Seen>) -> anyhow::Result<()> {
+    let env: Vec<(&str, &str)> = at.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (mut child, address) = start_example("agent", &env).await?;
     let base = format!("http://{address}");
     let client = reqwest::Client::new();
-    let run_count = Arc::new(Mutex::new(0));
-    let reached = Arc::new(Notify::new());
+    let this_run = Arc::new(ThisRun {
+        seen: seen.clone(),
+        count: Mutex::new(0),
+        kill_after,
+        reached: Notify::new(),
+    });
     let mut listeners = Vec::new();
     for s in 0..SESSIONS {
         let (connected, is_connected) = tokio::sync::oneshot::channel();
         listeners.push(tokio::spawn(listen(
             address.clone(),
+            at.id(s),
             s,
-            seen.clone(),
-            run_count.clone(),
-            kill_after,
-            reached.clone(),
+            this_run.clone(),
             connected,
         )));
         timeout(PATIENCE, is_connected)
@@ -204,11 +241,19 @@ async fn run(
             .context("a socket did not connect")??;
     }
     let senders: Vec<_> = (0..SESSIONS)
-        .map(|s| tokio::spawn(send_rest(client.clone(), base.clone(), s, seen.clone())))
+        .map(|s| {
+            tokio::spawn(send_rest(
+                client.clone(),
+                base.clone(),
+                at.id(s),
+                s,
+                seen.clone(),
+            ))
+        })
         .collect();
     match kill_after {
         Some(k) => {
-            timeout(PATIENCE, reached.notified())
+            timeout(PATIENCE, this_run.reached.notified())
                 .await
                 .with_context(|| format!("{k} replies did not arrive"))?;
             kill(&mut child).await?;
@@ -217,9 +262,15 @@ async fn run(
             for sender in senders {
                 sender.await?;
             }
-            let store = SqliteStore::open(db, SqliteOptions::default()).await?;
-            drained("every message worked", &store).await?;
-            let history = history(&client, &base).await?;
+            // A reply is in the history exactly when its message was acked.
+            let history = wait("every message worked", || async {
+                let history = history(&client, &base, at).await?;
+                Ok(history
+                    .iter()
+                    .all(|replies| replies.len() == MESSAGES)
+                    .then_some(history))
+            })
+            .await?;
             for (s, replies) in history.iter().enumerate() {
                 let keys: Vec<String> = (0..MESSAGES).map(|n| key(s, n)).collect();
                 assert_eq!(replies, &keys, "session s{s}: each reply once, in order");
@@ -248,11 +299,18 @@ async fn kill(child: &mut Child) -> anyhow::Result<()> {
 
 /// Each session's replies as its history endpoint lists them: keys in
 /// order.
-async fn history(client: &reqwest::Client, base: &str) -> anyhow::Result<Vec<Vec<String>>> {
+async fn history(
+    client: &reqwest::Client,
+    base: &str,
+    at: &Where,
+) -> anyhow::Result<Vec<Vec<String>>> {
     let mut sessions = Vec::new();
     for s in 0..SESSIONS {
         let page: Value = client
-            .get(format!("{base}/sessions/s{s}/history?from=0&limit=1000"))
+            .get(format!(
+                "{base}/sessions/{}/history?from=0&limit=1000",
+                at.id(s)
+            ))
             .send()
             .await?
             .error_for_status()?
@@ -287,20 +345,13 @@ fn check_received(seen: &Seen, rows: &[(HashMap<String, String>, usize)], after:
     }
 }
 
-#[tokio::test]
-async fn a_sigkill_never_leaves_a_client_holding_a_reply_the_store_lacks() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let db = dir.path().join("agent.db");
-    let db_path = db.to_str().context("utf-8 path")?.to_owned();
-    let env = [
-        ("PINNED_DB_PATH", db_path.as_str()),
-        ("AGENT_THINK_MS", "2"),
-    ];
+/// The kills and the last run on `at`, with every check.
+async fn crash_and_check(at: &Where) -> anyhow::Result<()> {
     let seen = Arc::new(Seen::default());
     let mut cut_short = 0;
     for (n, k) in KILL_AFTER.into_iter().enumerate() {
-        run(&env, &db, Some(k), &seen).await?;
-        let rows = stored(&db).await?;
+        run(at, Some(k), &seen).await?;
+        let rows = stored(at).await?;
         check_received(&seen, &rows, &format!("kill {n} (after {k} replies)"));
         // Admitted (a user turn) and not yet answered: work the kill cut.
         let waiting: usize = rows.iter().map(|(r, users)| users - r.len()).sum();
@@ -318,8 +369,8 @@ async fn a_sigkill_never_leaves_a_client_holding_a_reply_the_store_lacks() -> an
         "no kill landed while messages waited for their reply"
     );
 
-    run(&env, &db, None, &seen).await?;
-    let rows = stored(&db).await?;
+    run(at, None, &seen).await?;
+    let rows = stored(at).await?;
     check_received(&seen, &rows, "the last run");
     for (s, (replies, users)) in rows.iter().enumerate() {
         assert_eq!(*users, MESSAGES, "session s{s}: each message once");
@@ -339,4 +390,41 @@ async fn a_sigkill_never_leaves_a_client_holding_a_reply_the_store_lacks() -> an
         KILL_AFTER.len()
     );
     Ok(())
+}
+
+#[tokio::test]
+async fn a_sigkill_never_leaves_a_client_holding_a_reply_the_store_lacks() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("agent.db");
+    let path = file.to_str().context("utf-8 path")?.to_owned();
+    crash_and_check(&Where {
+        env: vec![("PINNED_DB_PATH", path), ("AGENT_THINK_MS", "2".into())],
+        location: None,
+        file,
+        prefix: String::new(),
+    })
+    .await
+}
+
+/// The same on Postgres (`PINNED_TEST_DATABASE_URL`, shared: the session
+/// ids are this run's own).
+#[tokio::test]
+async fn on_postgres_a_sigkill_never_leaves_a_client_holding_a_reply_the_store_lacks(
+) -> anyhow::Result<()> {
+    let url = std::env::var("PINNED_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:5432/test".to_owned());
+    let dir = tempfile::tempdir()?;
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
+    crash_and_check(&Where {
+        env: vec![
+            ("DATABASE_URL", url.clone()),
+            ("AGENT_THINK_MS", "2".into()),
+        ],
+        location: Some(url),
+        file: dir.path().join("unused.db"),
+        prefix: format!("gate-{run}-"),
+    })
+    .await
 }
