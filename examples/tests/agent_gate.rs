@@ -1,6 +1,7 @@
 //! The output gate across real crashes: the agent example, a real process on
-//! a real SQLite file (and again on Postgres), pushes each reply to its session's WebSocket once the
-//! reply's ack (which appends it to the history) is durable. Clients hold
+//! a real SQLite file (and again on Postgres), pushes each reply to its
+//! session's WebSocket once the reply's ack (which appends it to the
+//! history) is durable. Clients hold
 //! one socket per session while messages are sent and worked; the worker is
 //! SIGKILLed after the k-th reply of a run reached the clients (k varied
 //! per run), and after each kill the store's rows are read directly, before
