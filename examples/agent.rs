@@ -5,8 +5,17 @@
 //! milliseconds, default 0, where a real agent would call its model) and
 //! appends the reply, exactly once, in order, across crashes.
 //!
+//! A client that holds the session's WebSocket (`/sessions/<id>/ws`, a
+//! hibernatable socket) is pushed each reply as it is produced, as JSON
+//! `{"key": …, "text": …}`, through the tray's output gate
+//! ([`TrayCtx::after_ack`]): a reply leaves only once the store holds it,
+//! so a crash never leaves a client holding a reply the history lacks, and
+//! none is pushed twice. A reply whose push a crash or a closed socket cut
+//! off is in the history, where a reconnecting client reads it.
+//!
 //! ```text
 //! PORT=8080 cargo run --example agent
+//! websocat ws://localhost:8080/sessions/s1/ws
 //! curl -X POST localhost:8080/sessions/s1/messages -H 'idempotency-key: m1' \
 //!      -H 'content-type: application/json' -d '{"text":"hello"}'
 //! curl 'localhost:8080/sessions/s1/history?from=0&limit=50'
@@ -33,6 +42,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use pinned::pinned_store::StoreConfig;
 use pinned::tray::{Fields, Log, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays};
+use pinned::ws::{Accept, SocketError, WebSocketUpgrade};
 use pinned::{BoxError, Context, Object, Options};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -103,6 +113,7 @@ impl Object for Agent {
         Router::new()
             .route("/messages", post(send))
             .route("/history", get(history))
+            .route("/ws", get(watch))
     }
 
     fn trays() -> Trays<Self> {
@@ -125,10 +136,18 @@ impl TrayHandler<Session> for Agent {
             text: reply_to(&message.text),
             key: message.key,
         };
+        let pushed = json!({ "key": reply.key, "text": reply.text }).to_string();
         // Lands in the same row write as the message's ack: a reply is in
         // the history exactly when its message has left the inbox.
         ctx.on_ack(move |session| {
             session.history.append(reply);
+        });
+        // Pushed only once that write landed: pushed from here, it could
+        // reach a client and then be lost with a crash, and be pushed again
+        // when the message is redelivered.
+        let session = ctx.context().clone();
+        ctx.after_ack(move || {
+            session.broadcast(None, pushed);
         });
         Ok(())
     }
@@ -179,6 +198,12 @@ async fn admit(ctx: &Context, key: &str, text: String) -> Result<Value, TrayErro
     let repeat = admission.is_repeat();
     admission.receipt().await?;
     Ok(json!({ "admitted": key, "repeat": repeat }))
+}
+
+/// A client's socket: it hears every reply of the session from now on
+/// (earlier ones are in the history). It says nothing the session reads.
+async fn watch(ws: WebSocketUpgrade) -> Result<Response, SocketError> {
+    ws.accept(Accept::new())
 }
 
 #[derive(Deserialize)]

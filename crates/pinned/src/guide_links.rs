@@ -51,6 +51,7 @@ macro_rules! rustdoc_links {
             "[`TrayHandler`]: crate::tray::TrayHandler\n",
             "[`TrayHandle`]: crate::tray::TrayHandle\n",
             "[`TrayCtx`]: crate::tray::TrayCtx\n",
+            "[`Receipt`]: crate::tray::Receipt\n",
             "[`KeyedTrays`]: crate::tray::KeyedTrays\n",
             "[`pinned::ws`]: crate::ws\n",
             "[`Accept`]: crate::ws::Accept\n",
