@@ -11,68 +11,12 @@
 
 mod support;
 
-use std::process::Command;
-use std::time::Duration;
-
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::{Client, Locator};
 use pinned_store::conformance::{database_url, unique_ns, PostgresCleanup};
 use serde_json::{json, Value};
-use support::{client, eventually, pinboard, rust_worker, wait_workers, Proc, TOKEN};
-
-/// How long the page or the tray may take on a loaded machine.
-const PATIENCE: Duration = Duration::from_secs(30);
-
-/// `chromedriver` on a port it chooses, killed on drop.
-fn chromedriver() -> Proc {
-    let bin = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
-    if Command::new(&bin).arg("--version").output().is_err() {
-        panic!(
-            "cannot start {bin}: run scripts/browser (apt-get install chromium chromium-driver)"
-        );
-    }
-    let mut command = Command::new(&bin);
-    command.arg("--port=0");
-    Proc::spawn(command, "chromedriver", |line| {
-        let port = line
-            .strip_prefix("ChromeDriver was started successfully on port ")?
-            .trim_end_matches('.');
-        Some(format!("http://127.0.0.1:{port}"))
-    })
-}
-
-async fn browser(driver: &Proc) -> Client {
-    let c = client();
-    eventually("chromedriver ready", PATIENCE, || async {
-        let res = c.get(format!("{}/status", driver.url)).send().await.ok()?;
-        let v: Value = res.json().await.ok()?;
-        (v["value"]["ready"] == true).then_some(())
-    })
-    .await;
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        json!({ "args": [
-            "--headless=new", "--no-sandbox", "--disable-gpu",
-            "--disable-dev-shm-usage", "--window-size=1500,1350",
-        ]}),
-    );
-    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(caps)
-        .connect(&driver.url)
-        .await
-        .expect("a chromium session")
-}
-
-async fn click(b: &Client, css: &str) {
-    b.wait()
-        .at_most(PATIENCE)
-        .for_element(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("{css}: {e}"))
-        .click()
-        .await
-        .unwrap_or_else(|e| panic!("click {css}: {e}"));
-}
+use support::{client, eventually, pinboard, rust_worker, wait_workers, TOKEN};
+use test_support::browser::{self, click};
+use test_support::PATIENCE;
 
 async fn text(b: &Client, css: &str) -> Option<String> {
     b.find(Locator::Css(css)).await.ok()?.text().await.ok()
@@ -113,8 +57,8 @@ async fn the_storage_inspector_page_shows_and_skips_a_poisoned_job() {
     })
     .await;
 
-    let driver = chromedriver();
-    let b = browser(&driver).await;
+    let driver = browser::chromedriver();
+    let b = browser::session(&driver).await;
     b.goto(&format!("{}/dashboard", pb.url))
         .await
         .expect("goto");
@@ -225,17 +169,6 @@ async fn the_storage_inspector_page_shows_and_skips_a_poisoned_job() {
     assert!(by.iter().all(|by| by.starts_with("dashboard:")), "{audit}");
 
     // Never into the checkout: a test leaves `git status` clean.
-    let kept;
-    let dir = match std::env::var_os("PINBOARD_SCREENSHOT_DIR") {
-        Some(dir) => std::path::PathBuf::from(dir),
-        None => {
-            kept = tempfile::tempdir().expect("screenshot dir");
-            kept.path().to_path_buf()
-        }
-    };
-    std::fs::create_dir_all(&dir).expect("screenshot dir");
-    let path = dir.join("inspector.png");
-    std::fs::write(&path, &shot).expect("save the screenshot");
-    eprintln!("inspector screenshot: {}", path.display());
+    browser::ScreenshotDir::from_env().save("inspector.png", &shot);
     b.close().await.expect("close the browser");
 }

@@ -11,65 +11,15 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
-use fantoccini::{Client, ClientBuilder, Locator};
+use fantoccini::Locator;
 use serde_json::{json, Value};
-use support::{client, eventually, get_json, pinboard, python_worker, Proc};
+use support::{client, eventually, get_json, pinboard, python_worker};
+use test_support::browser::{self, texts};
 use test_support::PATIENCE;
 
 const OPERATOR: &str = "dashboard-operator-token";
-
-/// `chromedriver` on a port of its own choosing (`--port=0`; it reports
-/// the port it bound), killed on drop.
-fn chromedriver() -> Proc {
-    let bin = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
-    if Command::new(&bin).arg("--version").output().is_err() {
-        panic!(
-            "cannot start {bin}: run scripts/browser (apt-get install chromium chromium-driver)"
-        );
-    }
-    let mut command = Command::new(&bin);
-    command.arg("--port=0");
-    Proc::spawn(command, "chromedriver", |line| {
-        let port = line
-            .strip_prefix("ChromeDriver was started successfully on port ")?
-            .trim_end_matches('.');
-        Some(format!("http://127.0.0.1:{port}"))
-    })
-}
-
-async fn browser(driver: &Proc) -> Client {
-    let c = client();
-    eventually("chromedriver ready", PATIENCE, || async {
-        let res = c.get(format!("{}/status", driver.url)).send().await.ok()?;
-        let v: Value = res.json().await.ok()?;
-        (v["value"]["ready"] == true).then_some(())
-    })
-    .await;
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        json!({ "args": [
-            "--headless=new", "--no-sandbox", "--disable-gpu",
-            "--disable-dev-shm-usage", "--window-size=1500,1350",
-        ]}),
-    );
-    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
-        .capabilities(caps)
-        .connect(&driver.url)
-        .await
-        .expect("a chromium session")
-}
-
-async fn texts(b: &Client, css: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in b.find_all(Locator::Css(css)).await.unwrap_or_default() {
-        out.push(e.text().await.unwrap_or_default());
-    }
-    out
-}
 
 /// The session owning `/counter/<id>` (operator placements search).
 async fn owner_of(c: &reqwest::Client, pb: &str, id: &str) -> String {
@@ -107,7 +57,7 @@ async fn log_in_see_workers_and_placements_drain_one_and_log_out() {
     // can move to the other.
     let _first = python_worker(&pb.url).start();
     let _second = python_worker(&pb.url).start();
-    let driver = chromedriver();
+    let driver = browser::chromedriver();
     let c = client();
     let workers = eventually("two workers", PATIENCE, || async {
         let rows = operator_workers(&c, &pb.url).await;
@@ -188,7 +138,7 @@ async fn log_in_see_workers_and_placements_drain_one_and_log_out() {
     assert_eq!(res.status(), 401);
 
     // The browser.
-    let b = browser(&driver).await;
+    let b = browser::session(&driver).await;
     b.goto(&format!("{}/dashboard", pb.url))
         .await
         .expect("goto");
@@ -299,18 +249,7 @@ async fn log_in_see_workers_and_placements_drain_one_and_log_out() {
     .await;
     let png = b.screenshot().await.expect("screenshot");
     // Never into the checkout: a test leaves `git status` clean.
-    let kept;
-    let dir = match std::env::var_os("PINBOARD_SCREENSHOT_DIR") {
-        Some(dir) => std::path::PathBuf::from(dir),
-        None => {
-            kept = tempfile::tempdir().expect("screenshot dir");
-            kept.path().to_path_buf()
-        }
-    };
-    std::fs::create_dir_all(&dir).expect("screenshot dir");
-    let shot = dir.join("dashboard.png");
-    std::fs::write(&shot, &png).expect("save the screenshot");
-    eprintln!("dashboard screenshot: {}", shot.display());
+    browser::ScreenshotDir::from_env().save("dashboard.png", &png);
 
     // Log out: back to the form, and the session is gone.
     b.find(Locator::Id("logout"))

@@ -20,6 +20,21 @@ use support::{eventually, start, PATIENCE};
 #[derive(Clone, Default)]
 struct Lines(Arc<Mutex<Vec<u8>>>);
 
+impl Lines {
+    /// Lines at `level` and above, collected while the guard is held
+    /// (this thread's default subscriber).
+    fn capture(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
+        let lines = Self::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(level)
+            .finish();
+        (lines, tracing::subscriber::set_default(subscriber))
+    }
+}
+
 impl Write for Lines {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         self.0.lock().extend_from_slice(bytes);
@@ -54,15 +69,8 @@ impl Object for Chatty {
 
 #[tokio::test]
 async fn log_lines_carry_the_instance_and_the_request() {
-    let lines = Lines::default();
-    let writer = lines.clone();
     // The request span is at debug (as tower-http's).
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (lines, _guard) = Lines::capture(tracing::Level::DEBUG);
     let w = start(Options::new().host::<Chatty>("/chatty")).await;
     let answer = w
         .client
@@ -93,14 +101,7 @@ async fn log_lines_carry_the_instance_and_the_request() {
 /// still name their instance.
 #[tokio::test]
 async fn at_info_handler_lines_carry_the_instance_without_a_request_span() {
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (lines, _guard) = Lines::capture(tracing::Level::INFO);
     let w = start(Options::new().host::<Chatty>("/chatty")).await;
     let answer = w
         .client
@@ -131,14 +132,7 @@ async fn at_info_handler_lines_carry_the_instance_without_a_request_span() {
 /// line names the epoch its request was served under.
 #[tokio::test]
 async fn a_kept_instance_span_names_the_newest_epoch() {
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (lines, _guard) = Lines::capture(tracing::Level::INFO);
     let w = start(Options::new().host::<Chatty>("/chatty")).await;
     for epoch in ["3", "3", "5"] {
         let answer = w
@@ -248,14 +242,7 @@ impl pinned::tray::TrayHandler<Notes> for Durable {
 /// it once per hop), and at debug carry the work's own span.
 #[tokio::test]
 async fn tray_handler_and_alarm_lines_name_their_instance_once() {
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::DEBUG)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (lines, _guard) = Lines::capture(tracing::Level::DEBUG);
     let store: Arc<dyn pinned::pinned_store::StateStore> =
         Arc::new(pinned::pinned_store::MemoryStore::new());
     let w = start(Options::new().host::<Durable>("/durable").store(store)).await;
@@ -293,14 +280,7 @@ fn field(line: &str, name: &str) -> u64 {
 #[tokio::test]
 async fn churn_past_the_budget_is_counted_not_written_line_by_line() {
     const IDS: u64 = 12;
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (lines, _guard) = Lines::capture(tracing::Level::INFO);
     let options = HostOptions::default()
         .churn_lines_per_second(3)
         .sweep_interval(std::time::Duration::from_millis(50));

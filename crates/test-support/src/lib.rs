@@ -6,14 +6,16 @@
 //! with TLS from a private CA), the Python reference's interpreter, and HTTP
 //! helpers for pinboard's registry and a worker's answers, and reading
 //! `/metrics` scrapes (`metrics`: assert a family moved), and raw client
-//! connections held idle or mid-head for edge tests (`sockets`), and an
-//! OTLP/HTTP trace receiver (`otlp`).
+//! connections held idle or mid-head for edge tests (`sockets`), an
+//! OTLP/HTTP trace receiver (`otlp`), and a headless browser for the
+//! dashboard (`browser`).
 //!
 //! A dev-dependency only (`publish = false`). Each suite's own `support`
 //! module adds its defaults (which binary, which environment) and what only
 //! it needs. Nothing here reads a secret; it must never hold product logic.
 #![forbid(unsafe_code)]
 
+pub mod browser;
 mod http;
 pub mod metrics;
 pub mod otlp;
