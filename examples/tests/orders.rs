@@ -5,6 +5,12 @@
 //! then drain the receiver's owner so the ledger moves. Every time, each
 //! order is booked in the ledger exactly once, in the order taken.
 //!
+//! A kill from outside rarely lands between the ledger's admission write
+//! and its answer, so one test aims there: the example's crash point
+//! (`ORDERS_DIE_AFTER_BOOKING`) aborts the process right after a booking's
+//! admission landed and before it is answered; after the restart its
+//! sender delivers it again, and the ledger must answer a repeat.
+//!
 //! The fleet test needs Postgres at `PINNED_TEST_DATABASE_URL` (set by
 //! `scripts/test`).
 
@@ -210,6 +216,79 @@ async fn orders_sent_around_a_sigkill_are_booked_exactly_once_in_order() -> anyh
     }
     assert_booked_once_in_order(&client, &base, "main", &shops).await?;
     support::jobs::drained("every order sent and booked", &store).await?;
+    child.start_kill()?;
+    child.wait().await?;
+    Ok(())
+}
+
+/// The booking whose admission write is the crash point.
+const DIE_AFTER_BOOKING: u64 = 20;
+
+#[tokio::test]
+async fn a_booking_admitted_but_not_answered_before_a_crash_is_answered_as_a_repeat(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("orders.db");
+    let db_path = db.to_str().context("utf-8 path")?.to_owned();
+    let die_after = DIE_AFTER_BOOKING.to_string();
+    let env = [
+        ("PINNED_DB_PATH", db_path.as_str()),
+        ("ORDERS_DIE_AFTER_BOOKING", die_after.as_str()),
+    ];
+    let (mut child, address) = start_example("orders", &env).await?;
+    let base = format!("http://{address}");
+    let client = reqwest::Client::new();
+    let shops: Vec<String> = (0..SHOPS).map(|s| format!("s{s}")).collect();
+
+    // Orders are placed side by side until the process is gone: it aborts
+    // by itself once the ledger's admission of booking 20 has landed.
+    let answered = Answered::default();
+    let runs = shops
+        .iter()
+        .map(|id| place_until_gone(&client, &base, id, "main", &answered));
+    let placed: u64 = futures_util::future::join_all(runs).await.iter().sum();
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .context("the process aborts at its crash point")??;
+    {
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(
+            status.signal(),
+            Some(6),
+            "aborted (SIGABRT) at the crash point, not {status}"
+        );
+    }
+    eprintln!("{placed} orders answered before the crash point");
+
+    // Restarted without the crash point, every order is placed again (a
+    // repeat for those answered before); the booking admitted but never
+    // answered comes again, first of its shop's.
+    let env = [("PINNED_DB_PATH", db_path.as_str())];
+    let (mut child, address) = start_example("orders", &env).await?;
+    let base = format!("http://{address}");
+    let again = Answered::default();
+    let runs = shops
+        .iter()
+        .map(|id| place_all(&client, &base, id, "main", &again));
+    for shop in futures_util::future::join_all(runs).await {
+        shop?;
+    }
+    assert_booked_once_in_order(&client, &base, "main", &shops).await?;
+    let answer = lines(&client, &base, "main").await?;
+    assert_eq!(
+        answer["received"],
+        json!(SHOPS as u64 * ORDERS),
+        "each booking admitted once: {answer}"
+    );
+    let repeats = wait("the unanswered booking answered as a repeat", || async {
+        let Some(scrape) = test_support::metrics::try_scrape(&client, &base).await else {
+            return Ok(None);
+        };
+        let repeats = scrape.value(r#"pinned_tray_messages{side="received",outcome="repeat"}"#);
+        Ok((repeats >= 1.0).then_some(repeats))
+    })
+    .await?;
+    eprintln!("the restarted ledger answered {repeats} repeats");
     child.start_kill()?;
     child.wait().await?;
     Ok(())
