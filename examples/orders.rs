@@ -241,6 +241,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn die_after_booking<S: pinned::pinned_store::StateStore>(store: S, n: u64) -> AbortAfterWrite<S> {
     AbortAfterWrite::new(store, move |instance, tray, doc| {
         let received = doc.get("received").and_then(serde_json::Value::as_u64);
-        instance.ns == LEDGERS && tray.tray_ns == Book::NAME && received >= Some(n)
+        instance.ns == LEDGERS && tray.tray_ns == Book::NAME && received.is_some_and(|r| r >= n)
     })
 }
