@@ -20,6 +20,13 @@
 //! `PINBOARD_URL`, `PINBOARD_TOKEN` and `ADVERTISE_URL` put it behind
 //! pinboard. `ORDERS_WORK_MS` (default 0) is how long a shop's handler
 //! works on an order before sending it.
+//!
+//! Test fixture, off unless set: `ORDERS_DIE_AFTER_BOOKING=<n>` aborts the
+//! process right after the write that admits the ledger's n-th booking
+//! has landed, before the ledger answers its sender (the store is wrapped
+//! in [`AbortAfterWrite`]). The sender is left without its answer and
+//! delivers the booking again once the process restarts (without the
+//! variable): the ledger answers it as a repeat and books it once.
 
 use std::time::Duration;
 
@@ -32,6 +39,7 @@ use pinned::tray::{
     Fields, Queue, Receive, Recipient, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value,
 };
 use pinned::{BoxError, Context, Object, Options};
+use pinned_examples::crash_point::AbortAfterWrite;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -79,6 +87,8 @@ impl Tray for Orders {
 struct Book {
     inbox: Queue<Booking>,
     lines: Value<Vec<String>>,
+    /// Bookings admitted, ever: one per message, a repeat not counted.
+    received: Value<u64>,
 }
 
 impl Tray for Book {
@@ -88,6 +98,7 @@ impl Tray for Book {
     fn fields(&mut self, fields: &mut Fields<'_>) {
         fields.field("inbox", &mut self.inbox);
         fields.field("lines", &mut self.lines);
+        fields.field("received", &mut self.received);
     }
 
     fn head(&self) -> Option<Booking> {
@@ -104,6 +115,7 @@ impl Receive for Book {
 
     fn receive(&mut self, booking: Booking) {
         self.inbox.push_back(booking);
+        *self.received += 1;
     }
 }
 
@@ -196,8 +208,13 @@ impl TrayHandler<Book> for Ledger {
 
 async fn lines(ctx: Context) -> Result<Json<serde_json::Value>, TrayError> {
     let book = ctx.tray::<Book>().await?;
-    let (lines, waiting) = book.read(|book| ((*book.lines).clone(), book.inbox.len()));
-    Ok(Json(json!({ "lines": lines, "waiting": waiting })))
+    let (lines, waiting, received) = book.read(|book| {
+        let lines = (*book.lines).clone();
+        (lines, book.inbox.len(), *book.received)
+    });
+    Ok(Json(
+        json!({ "lines": lines, "waiting": waiting, "received": received }),
+    ))
 }
 
 #[tokio::main]
@@ -210,8 +227,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let options = Options::from_env()
         .host::<Shop>("/shops")
-        .host::<Ledger>(LEDGERS)
-        .store(store);
+        .host::<Ledger>(LEDGERS);
+    let options = match std::env::var("ORDERS_DIE_AFTER_BOOKING") {
+        Ok(n) => options.store(die_after_booking(store, n.parse()?)),
+        Err(_) => options.store(store),
+    };
     pinned::serve(options).await?;
     Ok(())
+}
+
+/// `store`, aborting the process once a ledger's row that admitted its
+/// `n`-th booking has landed (the `ORDERS_DIE_AFTER_BOOKING` fixture).
+fn die_after_booking<S: pinned::pinned_store::StateStore>(store: S, n: u64) -> AbortAfterWrite<S> {
+    AbortAfterWrite::new(store, move |instance, tray, doc| {
+        let received = doc.get("received").and_then(serde_json::Value::as_u64);
+        instance.ns == LEDGERS && tray.tray_ns == Book::NAME && received.is_some_and(|r| r >= n)
+    })
 }

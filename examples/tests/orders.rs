@@ -5,6 +5,12 @@
 //! then drain the receiver's owner so the ledger moves. Every time, each
 //! order is booked in the ledger exactly once, in the order taken.
 //!
+//! A kill from outside rarely lands between the ledger's admission write
+//! and its answer, so one test aims there: the example's crash point
+//! (`ORDERS_DIE_AFTER_BOOKING`) aborts the process right after a booking's
+//! admission landed and before it is answered; after the restart its
+//! sender delivers it again, and the ledger must answer a repeat.
+//!
 //! The fleet test needs Postgres at `PINNED_TEST_DATABASE_URL` (set by
 //! `scripts/test`).
 
@@ -215,6 +221,84 @@ async fn orders_sent_around_a_sigkill_are_booked_exactly_once_in_order() -> anyh
     Ok(())
 }
 
+/// The booking whose admission write is the crash point.
+const DIE_AFTER_BOOKING: u64 = 20;
+
+#[tokio::test]
+async fn a_booking_admitted_but_not_answered_before_a_crash_is_answered_as_a_repeat(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("orders.db");
+    let db_path = db.to_str().context("utf-8 path")?.to_owned();
+    let die_after = DIE_AFTER_BOOKING.to_string();
+    let env = [
+        ("PINNED_DB_PATH", db_path.as_str()),
+        ("ORDERS_DIE_AFTER_BOOKING", die_after.as_str()),
+    ];
+    let (mut child, address) = start_example("orders", &env).await?;
+    let base = format!("http://{address}");
+    let client = reqwest::Client::new();
+    let shops: Vec<String> = (0..SHOPS).map(|s| format!("s{s}")).collect();
+
+    // Orders are placed side by side until the process is gone: it aborts
+    // by itself once the ledger's admission of booking 20 has landed.
+    let answered = Answered::default();
+    let runs = shops
+        .iter()
+        .map(|id| place_until_gone(&client, &base, id, "main", &answered));
+    let placed: u64 = futures_util::future::join_all(runs).await.iter().sum();
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .context("the process aborts at its crash point")??;
+    {
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(
+            status.signal(),
+            Some(6),
+            "aborted (SIGABRT) at the crash point, not {status}"
+        );
+    }
+    eprintln!("{placed} orders answered before the crash point");
+
+    // Restarted without the crash point, every order is placed again (a
+    // repeat for those answered before); the booking admitted but never
+    // answered comes again, first of its shop's.
+    let env = [("PINNED_DB_PATH", db_path.as_str())];
+    let (mut child, address) = start_example("orders", &env).await?;
+    let base = format!("http://{address}");
+    let again = Answered::default();
+    let runs = shops
+        .iter()
+        .map(|id| place_all(&client, &base, id, "main", &again));
+    for shop in futures_util::future::join_all(runs).await {
+        shop?;
+    }
+    assert_booked_once_in_order(&client, &base, "main", &shops).await?;
+    let answer = lines(&client, &base, "main").await?;
+    assert_eq!(
+        answer["received"],
+        json!(SHOPS as u64 * ORDERS),
+        "each booking admitted once: {answer}"
+    );
+    let repeats = wait("the unanswered booking answered as a repeat", || async {
+        let Some(scrape) = test_support::metrics::try_scrape(&client, &base).await else {
+            return Ok(None);
+        };
+        let repeats = scrape.value(r#"pinned_tray_messages{side="received",outcome="repeat"}"#);
+        Ok((repeats >= 1.0).then_some(repeats))
+    })
+    .await?;
+    eprintln!("the restarted ledger answered {repeats} repeats");
+    child.start_kill()?;
+    child.wait().await?;
+    Ok(())
+}
+
+/// Held by each test behind pinboard on Postgres: their pinboards sweep
+/// one database, so one would wake the other's marked instances on its own
+/// workers (fencing the other's out) if they ran side by side.
+static POSTGRES_FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn database_url() -> String {
     std::env::var("PINNED_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:5432/test".to_owned())
@@ -231,6 +315,11 @@ async fn start_pinboard() -> anyhow::Result<Proc> {
 
 /// An orders worker on `PORT=0`, advertising the port it bound.
 async fn start_worker(pinboard: &str) -> anyhow::Result<Proc> {
+    start_worker_with(pinboard, &[]).await
+}
+
+/// An orders worker as [`start_worker`], with `extra` set.
+async fn start_worker_with(pinboard: &str, extra: &[(&str, &str)]) -> anyhow::Result<Proc> {
     Ok(RustWorker::new(example_binary("orders").await?, pinboard)
         .envs(&[
             ("PORT", "0"),
@@ -239,6 +328,7 @@ async fn start_worker(pinboard: &str) -> anyhow::Result<Proc> {
             ("DATABASE_URL", &database_url()),
             ("ORDERS_WORK_MS", "10"),
         ])
+        .envs(extra)
         .name("orders-fleet-worker")
         .start())
 }
@@ -299,6 +389,7 @@ async fn marked(store: &PostgresStore, tag: &str) -> anyhow::Result<Vec<String>>
 #[tokio::test]
 async fn across_two_workers_orders_survive_kills_of_either_side_and_a_move_of_the_ledger(
 ) -> anyhow::Result<()> {
+    let _fleet = POSTGRES_FLEET.lock().await;
     let pinboard = start_pinboard().await?;
     let pb = pinboard.url.clone();
     let client = reqwest::Client::new();
@@ -389,5 +480,81 @@ async fn across_two_workers_orders_survive_kills_of_either_side_and_a_move_of_th
         answer["lines"].as_array().map(Vec::len),
         Some(SHOPS * ORDERS as usize)
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn across_two_workers_a_booking_whose_answer_died_with_the_ledgers_owner_is_a_repeat(
+) -> anyhow::Result<()> {
+    let _fleet = POSTGRES_FLEET.lock().await;
+    let pinboard = start_pinboard().await?;
+    let pb = pinboard.url.clone();
+    let client = reqwest::Client::new();
+    let tag = format!("{}-{}", std::process::id(), rand::random::<u32>());
+    let ledger = format!("ledger-{tag}");
+    let shops: Vec<String> = (0..SHOPS).map(|s| format!("shop-{tag}-{s}")).collect();
+
+    // The first worker, alone, takes the ledger (with the first order);
+    // it carries the crash point.
+    let die_after = DIE_AFTER_BOOKING.to_string();
+    let mut doomed =
+        start_worker_with(&pb, &[("ORDERS_DIE_AFTER_BOOKING", die_after.as_str())]).await?;
+    wait("the first worker registered", || async {
+        let live = overview(&client, &pb).await?["workers"]
+            .as_array()
+            .map_or(0, Vec::len);
+        Ok((live == 1).then_some(()))
+    })
+    .await?;
+    wait("the first order placed", || async {
+        Ok(place(&client, &pb, &shops[0], &ledger, 1).await.ok())
+    })
+    .await?;
+    let url = owner(&client, &pb, &ledger, std::slice::from_ref(&doomed)).await?;
+    anyhow::ensure!(url == doomed.url, "the ledger is on the first worker");
+    let survivor = start_worker(&pb).await?;
+
+    // Orders keep coming while the ledger's owner aborts once booking 20's
+    // admission landed: its sender never got the answer.
+    let answered = Answered::default();
+    let runs = shops
+        .iter()
+        .map(|id| place_all(&client, &pb, id, &ledger, &answered));
+    let all = futures_util::future::join_all(runs);
+    let crash = async {
+        let status = doomed.wait_exit(PATIENCE * 2).await;
+        let status = status.context("the ledger's owner aborts at its crash point")?;
+        use std::os::unix::process::ExitStatusExt as _;
+        anyhow::ensure!(
+            status.signal() == Some(6),
+            "aborted (SIGABRT) at the crash point, not {status}"
+        );
+        eprintln!("the ledger's owner aborted at its crash point");
+        anyhow::Ok(())
+    };
+    let (placed, crash) = tokio::join!(all, crash);
+    crash?;
+    for shop in placed {
+        shop?;
+    }
+
+    assert_booked_once_in_order(&client, &pb, &ledger, &shops).await?;
+    let answer = lines(&client, &pb, &ledger).await?;
+    assert_eq!(
+        answer["received"],
+        json!(SHOPS as u64 * ORDERS),
+        "each booking admitted once: {answer}"
+    );
+    // The ledger now lives on the survivor, the only worker left: it
+    // answered the booking that came again.
+    let repeats = wait("the unanswered booking answered as a repeat", || async {
+        let Some(scrape) = test_support::metrics::try_scrape(&client, &survivor.url).await else {
+            return Ok(None);
+        };
+        let repeats = scrape.value(r#"pinned_tray_messages{side="received",outcome="repeat"}"#);
+        Ok((repeats >= 1.0).then_some(repeats))
+    })
+    .await?;
+    eprintln!("the surviving worker answered {repeats} repeats");
     Ok(())
 }
