@@ -330,6 +330,24 @@ pub fn own_cpu_time() -> Option<Duration> {
     proc_stat("self").map(|(_, ticks)| Duration::from_millis(ticks * 1000 / CLOCK_TICKS))
 }
 
+/// The CPU time (user and system) used so far by every process whose command
+/// name is `comm` (`postgres`: the server and all its backends, other
+/// clients' included), from `/proc` (Linux; zero elsewhere).
+pub fn cpu_time_of(comm: &str) -> Duration {
+    let ticks: u64 = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            std::fs::read_to_string(entry.path().join("comm"))
+                .is_ok_and(|name| name.trim_end() == comm)
+        })
+        .filter_map(|entry| proc_stat(&entry.file_name().to_string_lossy()))
+        .map(|(_, ticks)| ticks)
+        .sum();
+    Duration::from_millis(ticks * 1000 / CLOCK_TICKS)
+}
+
 fn proc_stat(pid: &str) -> Option<(u32, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command (which may hold spaces) start at field 3.
