@@ -286,8 +286,8 @@ where
     let mut buf = BytesMut::with_capacity(READ_ROOM);
     let mut out = Vec::with_capacity(1024);
     let mut fields = Fields::default();
-    // The last response's field map, emptied: the next head's fields go
-    // into it.
+    // The last response's field map: the next head's fields go into it
+    // (emptied first).
     let mut spare = http::HeaderMap::new();
     loop {
         // How much of the buffer the last parse of this head saw.
