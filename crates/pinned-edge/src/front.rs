@@ -286,6 +286,9 @@ where
     let mut buf = BytesMut::with_capacity(READ_ROOM);
     let mut out = Vec::with_capacity(1024);
     let mut fields = Fields::default();
+    // The last response's field map: the next head's fields go into it
+    // (emptied first).
+    let mut spare = http::HeaderMap::new();
     loop {
         // How much of the buffer the last parse of this head saw.
         let mut seen = 0;
@@ -329,7 +332,8 @@ where
             }
         };
         let head = buf.split_to(line.len).freeze();
-        let Some(own) = sort::sort(&head, &line, &fields, limits.max_body, |path| {
+        let taken = std::mem::take(&mut spare);
+        let Some(own) = sort::sort(&head, &line, &fields, limits.max_body, taken, |path| {
             service.takes(path)
         }) else {
             return Ended::HandOff(handed(rejoin(&head, &buf), io, phase));
@@ -372,7 +376,8 @@ where
             answer.await
         };
         close |= stop.load(Ordering::Acquire);
-        let after = write::response(&mut io, &mut out, res, asked, close).await;
+        let (after, kept) = write::response_keeping(&mut io, &mut out, res, asked, close).await;
+        spare = kept;
         drop(busy);
         if after == After::Close {
             let _ = io.shutdown().await;

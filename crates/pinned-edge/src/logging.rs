@@ -9,8 +9,9 @@
 //!   subscriber, writing to stderr, with ANSI colours only when stderr is a
 //!   terminal (never into a file or a pipe) and `NO_COLOR` is unset. Beside
 //!   the console it installs the OTLP layer when the `OTEL_*` variables ask
-//!   ([`crate::trace`]); each layer has its own filter, so exporting debug
-//!   spans never turns the console up.
+//!   ([`crate::trace`]); each layer then has its own filter, so exporting
+//!   debug spans never turns the console up (alone, the console's filter
+//!   is the subscriber's).
 //! - [`Chain`]: `error = %Chain(&e)` logs `e` with every `source()`.
 //! - [`Repeats`] / [`repeats`]: a failure repeated by a retry loop is
 //!   logged when it starts, when it changes, once per period while it
@@ -164,19 +165,6 @@ impl LogSettings {
         repeats().set_period(self.repeat_period);
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&self.default_filter));
-        // The console's filter is its own (a per-layer filter): the OTLP
-        // layer may ask for debug spans without the console printing them.
-        let console = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-        let console = match self.format {
-            LogFormat::Text => console.with_ansi(colours()).with_filter(filter).boxed(),
-            LogFormat::Json => console
-                .json()
-                .flatten_event(true)
-                .with_current_span(true)
-                .with_span_list(true)
-                .with_filter(filter)
-                .boxed(),
-        };
         let otlp = crate::trace::Otlp::from_env(&self.service_name())?;
         let (otlp, unbuilt) = match otlp {
             crate::trace::Otlp::Off => (None, false),
@@ -194,11 +182,53 @@ impl LogSettings {
         let otlp: Option<
             Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>,
         > = otlp;
-        tracing_subscriber::registry()
-            .with(otlp)
-            .with(console)
-            .try_init()
-            .map_err(|_| LogError::Installed)?;
+        // Made in each arm: the layer's type names the subscriber under it.
+        macro_rules! console {
+            () => {
+                tracing_subscriber::fmt::layer().with_writer(std::io::stderr)
+            };
+        }
+        match otlp {
+            // The console alone: its filter is the subscriber's. A per-layer
+            // one looks every span up again on each enter and exit, which
+            // cost a warm request at `info` about 270 instructions
+            // (`worker-bench`).
+            None => {
+                let console = match self.format {
+                    LogFormat::Text => console!().with_ansi(colours()).boxed(),
+                    LogFormat::Json => console!()
+                        .json()
+                        .flatten_event(true)
+                        .with_current_span(true)
+                        .with_span_list(true)
+                        .boxed(),
+                };
+                tracing_subscriber::registry()
+                    .with(filter)
+                    .with(console)
+                    .try_init()
+            }
+            // The console's filter is its own (a per-layer filter): the OTLP
+            // layer may ask for debug spans without the console printing
+            // them.
+            Some(otlp) => {
+                let console = match self.format {
+                    LogFormat::Text => console!().with_ansi(colours()).with_filter(filter).boxed(),
+                    LogFormat::Json => console!()
+                        .json()
+                        .flatten_event(true)
+                        .with_current_span(true)
+                        .with_span_list(true)
+                        .with_filter(filter)
+                        .boxed(),
+                };
+                tracing_subscriber::registry()
+                    .with(otlp)
+                    .with(console)
+                    .try_init()
+            }
+        }
+        .map_err(|_| LogError::Installed)?;
         if unbuilt {
             tracing::warn!(error = %crate::trace::OtlpError::NotBuilt, "traces are not exported");
         }

@@ -9,7 +9,7 @@
 //! it would have from the connection's first byte.
 
 use bytes::Bytes;
-use http::Method;
+use http::{HeaderMap, Method};
 
 use crate::h1::head::{self, Fields, RequestLine};
 
@@ -33,12 +33,14 @@ pub struct Own {
 /// request on. The front serves a request when it is HTTP/1.1 in origin
 /// form for a path `takes` accepts, with no body or a single
 /// `Content-Length` one of at most `body_limit` bytes, and asks for no
-/// upgrade and no `100 Continue`.
+/// upgrade and no `100 Continue`. Its fields go into `spare` (emptied
+/// first): a map with room is reused rather than allocated again.
 pub fn sort(
     head: &Bytes,
     line: &RequestLine,
     fields: &Fields,
     body_limit: usize,
+    spare: HeaderMap,
     takes: impl FnOnce(&str) -> bool,
 ) -> Option<Own> {
     if line.minor != 1 {
@@ -59,6 +61,7 @@ pub fn sort(
         return None;
     }
     let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.headers = spare;
     let notes = head::request_head_into(head, line, fields, &mut parts).ok()?;
     if notes.transfer_encoding || notes.upgrade || notes.expect || notes.length_lines > 1 {
         return None;
@@ -86,7 +89,9 @@ mod tests {
             panic!("not a complete head: {text:?}");
         };
         let head = Bytes::copy_from_slice(&text.as_bytes()[..line.len]);
-        sort(&head, &line, &fields, 1024, |path| path != "/healthz")
+        sort(&head, &line, &fields, 1024, HeaderMap::new(), |path| {
+            path != "/healthz"
+        })
     }
 
     #[test]

@@ -113,8 +113,36 @@ impl Fields {
         self.build(head, Some(notes))
     }
 
-    fn build(&self, head: &Bytes, mut notes: Option<&mut Notes>) -> Result<HeaderMap, HeadError> {
-        let mut map = HeaderMap::with_capacity(self.0.len());
+    /// [`to_map`](Self::to_map) into `map`, emptied first and grown only
+    /// when its room is short (a server reuses its last response's map).
+    ///
+    /// # Errors
+    ///
+    /// As [`to_map`](Self::to_map).
+    pub fn to_map_into(
+        &self,
+        head: &Bytes,
+        notes: &mut Notes,
+        map: &mut HeaderMap,
+    ) -> Result<(), HeadError> {
+        self.build_into(head, Some(notes), map)
+    }
+
+    fn build(&self, head: &Bytes, notes: Option<&mut Notes>) -> Result<HeaderMap, HeadError> {
+        let mut map = HeaderMap::new();
+        self.build_into(head, notes, &mut map)?;
+        Ok(map)
+    }
+
+    fn build_into(
+        &self,
+        head: &Bytes,
+        mut notes: Option<&mut Notes>,
+        map: &mut HeaderMap,
+    ) -> Result<(), HeadError> {
+        map.clear();
+        map.try_reserve(self.0.len())
+            .map_err(|_| HeadError::TooManyFields)?;
         for (name, value) in &self.0 {
             let name = HeaderName::from_bytes(name.bytes(head))
                 .map_err(|_| HeadError::Malformed("field name"))?;
@@ -125,7 +153,7 @@ impl Fields {
             }
             map.append(name, value);
         }
-        Ok(map)
+        Ok(())
     }
 }
 
@@ -432,8 +460,9 @@ pub fn request_head(
 }
 
 /// [`request_head`] into the caller's `parts` (a head is a few hundred
-/// bytes: built where it stays, not moved out of a result), answering the
-/// notes.
+/// bytes: built where it stays, not moved out of a result), its fields
+/// into `parts.headers` emptied first (a map with room is reused, see
+/// [`Fields::to_map_into`]), answering the notes.
 ///
 /// # Errors
 ///
@@ -449,7 +478,7 @@ pub fn request_head_into(
     parts.uri = Uri::from_maybe_shared(line.share_target(head))
         .map_err(|_| HeadError::Malformed("request target"))?;
     let mut notes = Notes::default();
-    parts.headers = fields.to_map(head, &mut notes)?;
+    fields.to_map_into(head, &mut notes, &mut parts.headers)?;
     parts.version = if line.minor == 0 {
         Version::HTTP_10
     } else {

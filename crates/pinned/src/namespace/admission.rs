@@ -172,7 +172,7 @@ impl Namespace {
             }
             let resident = self.slot(id);
             let Some(slot) = resident else {
-                match self.create(id, epoch)? {
+                match self.create(id, epoch, now_ms)? {
                     Some(busy) => return Ok(Attempt::Entered(Entered::Activating(busy))),
                     None => continue,
                 }
@@ -222,9 +222,14 @@ impl Namespace {
         }
     }
 
-    /// Creates and starts activating a record for `id`; `None` when another
-    /// request created one first.
-    fn create(self: &Arc<Self>, id: &str, epoch: Option<u64>) -> Result<Option<Busy>, Refusal> {
+    /// Creates and starts activating a record for `id`, arrived at
+    /// `now_ms`; `None` when another request created one first.
+    fn create(
+        self: &Arc<Self>,
+        id: &str,
+        epoch: Option<u64>,
+        now_ms: u64,
+    ) -> Result<Option<Busy>, Refusal> {
         // Existing instances keep serving; only new activations refuse.
         if !self.control.lease_healthy() {
             return Err(Refusal::LeaseUnhealthy);
@@ -243,7 +248,7 @@ impl Namespace {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         // The requester's entry; the activation task takes its own when it
         // starts.
-        let slot = Arc::new(Record::new(id, self.clone(), seq, 1));
+        let slot = Arc::new(Record::new(id, self.clone(), seq, 1, now_ms));
         // The activation (and the store reads it makes) runs at the
         // admitted epoch.
         if let Some(epoch) = epoch {
@@ -357,7 +362,7 @@ impl Namespace {
         let span = slot.task_span(crate::namespace::record::Work::Activation);
         let run = async move {
             let slot = task_slot;
-            let _entry = entry;
+            let entry = entry;
             if let Some(durable) = &host.durable {
                 let admits = durable.admits(&slot).await;
                 if !matches!(admits, Ok(true)) {
@@ -395,14 +400,18 @@ impl Namespace {
                     if !activated {
                         return Activation::Aborted;
                     }
-                    host.went_live(&slot);
+                    // One clock read for the sweep's index and the
+                    // activation's own entry, which leaves below.
+                    let now = host.elapsed_ms();
+                    host.went_live(&slot, now);
                     host.activations.fetch_add(1, Ordering::Relaxed);
                     host.metrics.activations.inc();
                     host.metrics.active_instances.inc();
                     if let Some(durable) = &host.durable {
                         durable.activated(&host, &slot);
                     }
-                    churn_line!(host, Churn::Activated, slot.id, "activated instance");
+                    churn_line!(host, Churn::Activated, slot.id, "activated instance", at now);
+                    entry.leave_at(now);
                     return Activation::Ready(instance);
                 }
                 Ok(Err(error)) => error.to_string(),

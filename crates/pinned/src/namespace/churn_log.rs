@@ -154,12 +154,16 @@ impl ChurnLog {
 /// budget, else at `debug` (and counted).
 ///
 /// `churn_line!(host, Churn::Activated, id, "activated instance")`, where
-/// `host` is the [`Namespace`](crate::namespace::Namespace).
+/// `host` is the [`Namespace`](crate::namespace::Namespace); a trailing
+/// `at now_ms` gives the time when the caller has read it already.
 macro_rules! churn_line {
-    ($host:expr, $kind:expr, $id:expr, $message:literal) => {{
+    ($host:expr, $kind:expr, $id:expr, $message:literal) => {
+        churn_line!($host, $kind, $id, $message, at $host.elapsed_ms())
+    };
+    ($host:expr, $kind:expr, $id:expr, $message:literal, at $now:expr) => {{
         let host = &$host;
         if tracing::level_enabled!(tracing::Level::INFO) {
-            let (loud, overflow) = host.churn.admit($kind, host.elapsed_ms());
+            let (loud, overflow) = host.churn.admit($kind, $now);
             if let Some(overflow) = overflow {
                 overflow.log(&host.ns);
             }

@@ -63,9 +63,10 @@ impl Deref for Record {
 
 impl Record {
     /// A record in `Activating` holding `initial` in-flight entries (the
-    /// requester's and the activation task's).
-    pub(crate) fn new(id: &str, host: Arc<Namespace>, seq: u32, initial: u64) -> Self {
-        let slot = Slot::new(host.elapsed_ms(), host.options.exclusive, initial);
+    /// requester's and the activation task's), last active at `now_ms` (on
+    /// the host's clock: the request's arrival).
+    pub(crate) fn new(id: &str, host: Arc<Namespace>, seq: u32, initial: u64, now_ms: u64) -> Self {
+        let slot = Slot::new(now_ms, host.options.exclusive, initial);
         Self {
             id: Id::new(id),
             host,
