@@ -357,10 +357,17 @@ impl<S: PlacementStore> Routes<S> {
     /// next claim here shows as a move: a wind-down when the operator asked
     /// for one through this node ([`MoveLog::winding_down`]), a takeover
     /// when a newer deployment is winding the owner down, a drain when the
-    /// owner is draining in the local view, else an idle release. Reads no
-    /// store.
-    pub fn note_released<'a>(&self, released: impl IntoIterator<Item = (&'a str, &'a str)>) {
-        let snap = self.snapshot.read().clone();
+    /// owner is draining in the local view, else an idle release. The view
+    /// is read again first when it is stale: a drain pushed through this
+    /// node marks it so, and a draining worker's first releases (its idle
+    /// instances close at once) can come before any request re-read it;
+    /// read then, they showed as idle releases. A failed read keeps the
+    /// view held.
+    pub async fn note_released<'a>(&self, released: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let snap = match self.workers(false).await {
+            Ok(snap) => snap,
+            Err(_) => self.snapshot.read().clone(),
+        };
         for (key, session) in released {
             let reason = snap.letting_go(session, MoveReason::Released);
             self.counters.moves.released(key, session, reason);

@@ -228,11 +228,13 @@ pub async fn release<S: PlacementStore>(
             .iter()
             .map(|i| format!("{}/{}", i.namespace, i.id))
             .collect();
-        app.routes.note_released(
-            keys.iter()
-                .zip(&items)
-                .map(|(k, i)| (k.as_str(), i.session_id.as_str())),
-        );
+        app.routes
+            .note_released(
+                keys.iter()
+                    .zip(&items)
+                    .map(|(k, i)| (k.as_str(), i.session_id.as_str())),
+            )
+            .await;
         let freed = app.registry.release(items).await?;
         for k in keys {
             app.routes.invalidate(&k);

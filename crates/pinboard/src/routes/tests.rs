@@ -439,7 +439,8 @@ async fn releases_say_idle_wind_down_or_drain_and_sessions_that_end_say_so() {
         }
     };
     for id in ["idle", "wound"] {
-        dir.note_released([(format!("/c/{id}").as_str(), "a")]);
+        dir.note_released([(format!("/c/{id}").as_str(), "a")])
+            .await;
         release(id).await;
         dir.invalidate(&format!("/c/{id}"));
     }
@@ -449,10 +450,11 @@ async fn releases_say_idle_wind_down_or_drain_and_sessions_that_end_say_so() {
         .await
         .expect("drain");
     dir.workers_changed();
-    resolve_id(&dir, "ended").await;
-    dir.note_released([("/c/drained", "a")]);
+    // Its first release comes before any request re-read the view.
+    dir.note_released([("/c/drained", "a")]).await;
     release("drained").await;
     dir.invalidate("/c/drained");
+    resolve_id(&dir, "ended").await;
     // Then it deregisters (a drain that ended), and another session ends
     // without one.
     store.remove_worker("a").await.expect("deregister");
