@@ -6,8 +6,9 @@
 //! each item's outcome (`admitted`, or `absorbed` for a re-run that found
 //! its admission already made) under `relayed`; the sink records each
 //! delivery as `{"n", "attempts"}` under `log`, with a `done` cursor.
-//! `RELAY_WORK_MS` (default 0) is how long the relay's handler waits
-//! between the hand-over and its ack.
+//! `RELAY_HOLD=1` (a test fixture, off unless set) makes the relay's
+//! handler stop for good once its hand-over is written, before its ack:
+//! its item stays mid-dispatch for a test to kill the process in.
 //!
 //! ```text
 //! PORT=8080 cargo run --example relay
@@ -22,7 +23,6 @@
 //! database takes over its dispatching trays, and the other way round.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -73,17 +73,14 @@ pipe!(RelayTray, "relay");
 pipe!(SinkTray, "sink");
 
 struct Relay {
-    work: Duration,
+    /// `RELAY_HOLD`: the relay's handler never acks (see the module docs).
+    hold: bool,
 }
 
 impl Object for Relay {
     async fn activate(_ctx: &Context) -> Result<Self, BoxError> {
-        let ms = std::env::var("RELAY_WORK_MS")
-            .ok()
-            .and_then(|ms| ms.parse().ok())
-            .unwrap_or(0);
         Ok(Relay {
-            work: Duration::from_millis(ms),
+            hold: std::env::var("RELAY_HOLD").is_ok_and(|v| v == "1"),
         })
     }
 
@@ -113,8 +110,8 @@ impl TrayHandler<RelayTray> for Relay {
         relayed.insert(n.to_string(), outcome);
         let _ = relay.storage_set("relayed", &relayed)?;
         ctx.written().await?;
-        if !self.work.is_zero() {
-            tokio::time::sleep(self.work).await;
+        if self.hold {
+            std::future::pending::<()>().await;
         }
         Ok(())
     }

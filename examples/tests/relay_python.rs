@@ -33,13 +33,14 @@ fn database_url() -> String {
         .unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:5432/test".to_owned())
 }
 
-fn start_python(work_ms: &str) -> Proc {
+/// The Python relay app; `hold`: its relay handler never acks (`RELAY_HOLD`).
+fn start_python(hold: bool) -> Proc {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py");
     PythonWorker::local()
         .app(dir, "relay_app:app")
         .envs(&[
             ("DATABASE_URL", &database_url()),
-            ("RELAY_WORK_MS", work_ms),
+            ("RELAY_HOLD", if hold { "1" } else { "0" }),
         ])
         .name("relay-python")
         .start()
@@ -175,7 +176,7 @@ async fn a_rust_worker_finishes_the_dispatches_a_python_worker_was_killed_in() -
     let id = unique_id("py2rs");
     let client = reqwest::Client::new();
     let store = store().await?;
-    let mut python = start_python("150");
+    let mut python = start_python(true);
     let mut acked = relay(&client, &python.url, &id, 1..=ITEMS).await?;
     until_mid_dispatch(&store, &id).await?;
     python.kill();
@@ -204,7 +205,7 @@ async fn a_python_worker_finishes_the_dispatches_a_rust_worker_was_killed_in() -
     let url = database_url();
     let (mut rust, address) = start_example(
         "relay",
-        &[("DATABASE_URL", url.as_str()), ("RELAY_WORK_MS", "150")],
+        &[("DATABASE_URL", url.as_str()), ("RELAY_HOLD", "1")],
     )
     .await?;
     let mut acked = relay(&client, &format!("http://{address}"), &id, 1..=ITEMS).await?;
@@ -217,7 +218,7 @@ async fn a_python_worker_finishes_the_dispatches_a_rust_worker_was_killed_in() -
 
     // The reference resumes marked trays when the id activates: the next
     // admission activates it.
-    let mut python = start_python("0");
+    let mut python = start_python(false);
     acked.extend(relay(&client, &python.url, &id, [ITEMS + 1]).await?);
     drained(&store, &id).await?;
     let rows = reference_contract(&store, &id, &acked, &acked).await?;
@@ -236,7 +237,7 @@ async fn a_rust_worker_finishes_the_dispatches_another_rust_worker_was_killed_in
     let url = database_url();
     let (mut first, address) = start_example(
         "relay",
-        &[("DATABASE_URL", url.as_str()), ("RELAY_WORK_MS", "150")],
+        &[("DATABASE_URL", url.as_str()), ("RELAY_HOLD", "1")],
     )
     .await?;
     let mut acked = relay(&client, &format!("http://{address}"), &id, 1..=ITEMS).await?;

@@ -2,7 +2,8 @@
 (`pinned.sim.workload.SweepLane`) on the Python reference (pinned 0.16.0),
 over Postgres, in local mode: the counterpart of `examples/relay.rs` for
 the cross-language takeover tests of dispatching trays. The relay's
-handler waits RELAY_WORK_MS between its dispatch and its ack. Serve it
+handler stops for good after its dispatch, before its ack, when RELAY_HOLD
+is 1 (its item stays mid-dispatch for a test to kill the process in). Serve it
 with `uvicorn relay_app:app`; DATABASE_URL names the database."""
 
 import asyncio
@@ -14,7 +15,7 @@ from pinned import PinnedAPI, PinnedHost, PinnedWorker, route, tray
 from pinned.durability.postgres import PostgresStateStore
 from pinned.sim.workload import PipeTray
 
-WORK = int(os.environ.get("RELAY_WORK_MS", "0")) / 1000
+HOLD = os.environ.get("RELAY_HOLD") == "1"
 
 
 class Relay(PinnedAPI):
@@ -25,8 +26,8 @@ class Relay(PinnedAPI):
         relayed = ctx.tray.storage.get("relayed", {})
         ctx.tray.storage.set("relayed", {**relayed, str(item["n"]): outcome})
         await self.frontier.wait()
-        if WORK:
-            await asyncio.sleep(WORK)
+        if HOLD:
+            await asyncio.Event().wait()
 
     @tray(PipeTray)
     async def sink(self, item: dict, ctx) -> None:
