@@ -24,8 +24,6 @@ use tokio_tungstenite::tungstenite::Message;
 
 /// Sockets per room.
 const PER_ROOM: usize = 10;
-/// The pause between a client's answered message and its next one.
-const PACE: Duration = Duration::from_millis(200);
 
 #[derive(Default)]
 struct Log {
@@ -62,6 +60,7 @@ impl Client {
 async fn connect(
     pb: &str,
     room: usize,
+    pace: Duration,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) -> (Client, tokio::task::JoinHandle<()>) {
     let url = format!("{}/rooms/r{room}/ws", pb.replacen("http", "ws", 1));
@@ -137,7 +136,8 @@ async fn connect(
                     let mut log = log.lock();
                     log.longest = log.longest.max(waited);
                 }
-                tokio::time::sleep(PACE).await;
+                // The pause between an answered message and the next one.
+                tokio::time::sleep(pace).await;
             }
         })
     };
@@ -223,7 +223,7 @@ async fn metric(c: &reqwest::Client, pb: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in pinboard's metrics"))
 }
 
-async fn survive(sockets: usize) {
+async fn survive(sockets: usize, pace: Duration) {
     let pb = pinboard().start();
     let worker = |name: &str| {
         rust_worker(&pb.url)
@@ -240,7 +240,7 @@ async fn survive(sockets: usize) {
     let mut clients = Vec::new();
     let mut senders = Vec::new();
     for i in 0..sockets {
-        let (client, sender) = connect(&pb.url, i % rooms, stop.clone()).await;
+        let (client, sender) = connect(&pb.url, i % rooms, pace, stop.clone()).await;
         clients.push(client);
         senders.push(sender);
     }
@@ -343,5 +343,12 @@ async fn survive(sockets: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_sockets_survive_a_drain_and_a_failover() {
-    survive(50).await;
+    survive(50, Duration::from_millis(200)).await;
+}
+
+/// The figure: 1 000 sockets (100 rooms), each client sending
+/// about once a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_held_sockets_survive_a_drain_and_a_failover() {
+    survive(1_000, Duration::from_secs(1)).await;
 }

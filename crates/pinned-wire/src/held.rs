@@ -21,8 +21,8 @@
 //!    `POST /<ns>/<id>`[`EVENT_PATH`] through pinboard's proxy to the id's
 //!    owner (placed again if it has none), with [`SOCKET_EVENT`] naming the
 //!    socket and an [`Event`] body; one in flight per socket, in order,
-//!    retried until answered `2xx` ([`EventAnswer`]) or the wake deadline
-//!    passes.
+//!    retried until answered `2xx` ([`EventAnswer`], which carries what the
+//!    event's handler sent) or the wake deadline passes.
 //! 4. **Sends.** The owner sends to one socket or to the id's sockets with a
 //!    tag by `POST` [`SEND_PATH`] ([`Sends`]) to the pinboard node it is
 //!    registered with, bearing its registration token; pinboard delivers
@@ -116,6 +116,12 @@ pub struct EventAnswer {
     /// pinboard keeps it for the socket's next events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attachment: Option<Box<serde_json::value::RawValue>>,
+    /// What the event's handler sent (to this socket or any of the id's),
+    /// at most [`MAX_SENDS_PER_CALL`]: pinboard delivers them as it takes
+    /// the answer, so an owner that dies before answering loses none (the
+    /// event is delivered again, and its sends made again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sends: Vec<Send>,
 }
 
 /// A worker's sends to held sockets, in order.

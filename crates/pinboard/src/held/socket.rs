@@ -20,7 +20,7 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use pinned_wire::held::{Event, EventAnswer, EventKind};
+use pinned_wire::held::{Event, EventAnswer, EventKind, Sends};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
@@ -28,6 +28,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 use super::door::{Door, EventMark};
+use super::fanout;
 use super::registry::{HeldSocket, HeldSockets, Outgoing, CLOSE_TRY_AGAIN_LATER};
 
 /// Bounds every write to the client and the wait for its connection after
@@ -301,6 +302,17 @@ async fn deliver(
                 if let Ok(answer) = serde_json::from_slice::<EventAnswer>(&body.to_bytes()) {
                     if let Some(attachment) = answer.attachment {
                         socket.set_attachment(attachment);
+                    }
+                    let sends = Sends {
+                        sends: answer.sends,
+                    };
+                    match fanout::check(&sends) {
+                        Ok(()) => {
+                            fanout::deliver(&sockets, &sends);
+                        }
+                        Err(error) => {
+                            tracing::warn!(target: "pinboard::held", socket = %socket.id, %error, "an event's answer carried bad sends; dropped");
+                        }
                     }
                 }
             }

@@ -26,6 +26,24 @@ use tokio::sync::Notify;
 use super::sockets::{SocketError, SocketOptions, MAX_SOCKET_TAGS, MAX_SOCKET_TAG_LEN};
 use crate::plane::pinboard::Plane;
 
+tokio::task_local! {
+    /// The sends of the event being handled: they ride its answer
+    /// ([`pinned_wire::held::EventAnswer::sends`]) instead of the queue.
+    static EVENT_SENDS: std::cell::RefCell<Vec<Send>>;
+}
+
+/// Runs `handler` (an event's), answering what it sent on held sockets
+/// from its own task (a task it spawns sends through the queue).
+pub(crate) async fn capturing<F: std::future::Future>(handler: F) -> (F::Output, Vec<Send>) {
+    EVENT_SENDS
+        .scope(std::cell::RefCell::new(Vec::new()), async move {
+            let output = handler.await;
+            let sends = EVENT_SENDS.with(|sends| std::mem::take(&mut *sends.borrow_mut()));
+            (output, sends)
+        })
+        .await
+}
+
 /// Default bound on the sends a namespace queues for pinboard; one more
 /// fails with [`SocketError::OutboxFull`].
 pub const DEFAULT_HELD_SEND_QUEUE: usize = 65_536;
@@ -147,6 +165,18 @@ pub(crate) struct HeldSender {
 
 impl HeldSender {
     fn push(self: &Arc<Self>, send: Send) -> Result<(), SocketError> {
+        let mut send = Some(send);
+        let _ = EVENT_SENDS.try_with(|sends| {
+            let mut sends = sends.borrow_mut();
+            if sends.len() < MAX_SENDS_PER_CALL {
+                if let Some(send) = send.take() {
+                    sends.push(send);
+                }
+            }
+        });
+        let Some(send) = send else {
+            return Ok(());
+        };
         {
             let mut queue = self.queue.lock();
             if queue.len() >= self.max {

@@ -3,6 +3,9 @@
 //! through the request stack (admitted, activated, in its turn, shielded),
 //! and handed to the object as `on_socket_message` / `on_socket_close`.
 //!
+//! What the handler sends from its own task rides the answer (so an owner
+//! that dies before answering loses none of it: the event comes again).
+//!
 //! Owns reading and checking the event and its answer; never
 //! deduplicates (the object sees `seq`), and never authorizes it again:
 //! the stack skips `authorize` for an event pinboard marked
@@ -21,7 +24,7 @@ use http::StatusCode;
 use http_body_util::BodyExt;
 use pinned_wire::held::{Event, EventAnswer, EventKind, EVENT_PATH, SOCKET_EVENT};
 
-use crate::namespace::held_sockets::raw;
+use crate::namespace::held_sockets::{capturing, raw};
 use crate::namespace::sockets::{Socket, SocketClose, SocketEvent, SocketMessage};
 use crate::namespace::{panic_message, Namespace};
 use crate::object::call::Admitted;
@@ -151,7 +154,8 @@ async fn event(request: Request) -> Response {
         Socket::held(held.clone()),
         socket_event,
     );
-    let error = match AssertUnwindSafe(handler).catch_unwind().await {
+    let (outcome, sends) = capturing(AssertUnwindSafe(handler).catch_unwind()).await;
+    let error = match outcome {
         Ok(Ok(())) => None,
         Ok(Err(error)) => Some(error.to_string()),
         Err(panic) => Some(panic_message(panic.as_ref())),
@@ -173,5 +177,5 @@ async fn event(request: Request) -> Response {
     } else {
         None
     };
-    axum::Json(EventAnswer { attachment }).into_response()
+    axum::Json(EventAnswer { attachment, sends }).into_response()
 }
