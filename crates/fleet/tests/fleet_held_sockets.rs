@@ -18,6 +18,7 @@ use futures_util::{SinkExt, StreamExt};
 use parking_lot::Mutex;
 use serde_json::Value;
 use support::{client, pinboard, rust_worker, until_explained, wait_workers};
+use test_support::metrics;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -205,24 +206,6 @@ async fn broadcast_reaches_all(
     .await;
 }
 
-async fn metric(c: &reqwest::Client, pb: &str, name: &str) -> f64 {
-    let text = c
-        .get(format!("{pb}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text");
-    text.lines()
-        .find_map(|line| {
-            line.strip_prefix(name)
-                .and_then(|rest| rest.strip_prefix(' '))
-        })
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in pinboard's metrics"))
-}
-
 async fn survive(sockets: usize, pace: Duration) {
     let pb = pinboard().start();
     let worker = |name: &str| {
@@ -235,6 +218,7 @@ async fn survive(sockets: usize, pace: Duration) {
     let c = client();
     wait_workers(&c, &pb.url, 1).await;
 
+    let before = metrics::scrape(&c, &pb.url).await;
     let rooms = sockets.div_ceil(PER_ROOM);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut clients = Vec::new();
@@ -246,10 +230,8 @@ async fn survive(sockets: usize, pace: Duration) {
     }
     every_client_acked_more(&clients, "every socket answered through the first owner", 1).await;
     broadcast_reaches_all(&c, &pb.url, &clients, rooms, "b-first-owner").await;
-    assert_eq!(
-        metric(&c, &pb.url, "pinboard_held_sockets").await as usize,
-        sockets
-    );
+    let holding = metrics::scrape(&c, &pb.url).await;
+    assert_eq!(holding.value("pinboard_held_sockets"), sockets as f64);
 
     // A deploy: B registers, A is drained (SIGTERM) and exits.
     let mut b = worker("held-b").start();
@@ -328,15 +310,14 @@ async fn survive(sockets: usize, pace: Duration) {
             "room r{room}: the last owner's seqs per socket"
         );
     }
-    assert!(metric(&c, &pb.url, "pinboard_held_socket_events_total").await >= sockets as f64 * 5.0);
-    assert!(metric(&c, &pb.url, "pinboard_held_socket_sends_total").await >= sockets as f64 * 5.0);
+    let after = metrics::scrape(&c, &pb.url).await;
+    let moved = |family| metrics::moved(&before, &after, family);
+    assert_eq!(moved("pinboard_held_sockets"), sockets as f64);
+    assert!(moved("pinboard_held_socket_events") >= sockets as f64 * 5.0);
+    assert!(moved("pinboard_held_socket_sends") >= sockets as f64 * 5.0);
     assert!(
-        metric(&c, &pb.url, "pinboard_held_socket_event_retries_total").await >= 1.0,
+        moved("pinboard_held_socket_event_retries") >= 1.0,
         "events waited for the failover"
-    );
-    assert_eq!(
-        metric(&c, &pb.url, "pinboard_held_sockets_closed_total").await,
-        0.0
     );
     eprintln!("held sockets: {sockets} sockets, longest pause a client saw: {longest:?}");
 }

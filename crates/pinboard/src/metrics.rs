@@ -33,9 +33,6 @@ pub struct Metrics {
     /// Messages, closes and attachments queued to held sockets by their
     /// workers' sends.
     pub held_sends: Counter,
-    /// Held sockets this node closed itself with 1013 (a bound or the
-    /// event deadline).
-    pub held_closed: Counter,
     /// New placements claimed by this node.
     pub placements: Counter,
     /// Successful registrations.
@@ -124,7 +121,6 @@ impl Metrics {
             held_events: Counter::default(),
             held_event_retries: Counter::default(),
             held_sends: Counter::default(),
-            held_closed: Counter::default(),
             placements: Counter::default(),
             registrations: Counter::default(),
             heartbeats: Counter::default(),
@@ -201,11 +197,6 @@ impl Metrics {
             "pinboard_held_socket_sends",
             "Sends queued to held sockets by their workers",
             m.held_sends.clone(),
-        );
-        registry.register(
-            "pinboard_held_sockets_closed",
-            "Held sockets this node closed with 1013 (a bound or the event deadline)",
-            m.held_closed.clone(),
         );
         registry.register(
             "pinboard_placements",

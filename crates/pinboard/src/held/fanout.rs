@@ -130,8 +130,6 @@ pub fn deliver(sockets: &HeldSockets, sends: &Sends) -> usize {
             };
             if taken {
                 delivered += 1;
-            } else {
-                sockets.metrics.closed.inc();
             }
         }
     }

@@ -67,7 +67,6 @@ pub struct HeldMetrics {
     pub(crate) events: Counter,
     pub(crate) retries: Counter,
     pub(crate) sends: Counter,
-    pub(crate) closed: Counter,
 }
 
 /// One socket this node holds.
@@ -173,7 +172,6 @@ impl HeldSockets {
                 events: metrics.held_events.clone(),
                 retries: metrics.held_event_retries.clone(),
                 sends: metrics.held_sends.clone(),
-                closed: metrics.held_closed.clone(),
             },
         }
     }

@@ -126,9 +126,6 @@ pub async fn run(spawn: Spawn, upgrade: hyper::upgrade::OnUpgrade) {
             }
         }
         if let Some((code, reason)) = goodbye {
-            if code == CLOSE_TRY_AGAIN_LATER {
-                sockets.metrics.closed.inc();
-            }
             say_goodbye(&mut ws, code, reason).await;
             sockets.remove(&socket);
             return;
@@ -204,9 +201,6 @@ pub async fn run(spawn: Spawn, upgrade: hyper::upgrade::OnUpgrade) {
         }
     };
     if let Some(ended) = ended {
-        if ended.code == CLOSE_TRY_AGAIN_LATER {
-            sockets.metrics.closed.inc();
-        }
         tracing::debug!(target: "pinboard::held", socket = %socket.id, code = ended.code, reason = ended.reason, "closing a held socket");
         say_goodbye(&mut ws, ended.code, ended.reason.to_owned()).await;
     }
