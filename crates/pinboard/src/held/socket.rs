@@ -38,6 +38,10 @@ const WRITE_DEADLINE: Duration = Duration::from_secs(10);
 /// the socket idles, so small (tungstenite's default is 128 KiB); a
 /// frame's known length grows it as needed.
 const READ_BUFFER: usize = 128;
+/// The largest client message a held socket takes (an event carries it
+/// base64 for binary): a larger one ends the socket (1009 from
+/// tungstenite, then a close event with 1006).
+const MAX_MESSAGE: usize = 1024 * 1024;
 /// The largest owner answer to an event read.
 const MAX_EVENT_ANSWER: usize = 64 * 1024;
 /// The first pause before an event is tried again; doubled up to
@@ -98,7 +102,10 @@ pub async fn run(spawn: Spawn, upgrade: hyper::upgrade::OnUpgrade) {
             return;
         }
     };
-    let config = WebSocketConfig::default().read_buffer_size(READ_BUFFER);
+    let config = WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
+        .max_message_size(Some(MAX_MESSAGE))
+        .max_frame_size(Some(MAX_MESSAGE));
     let mut ws =
         WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
     let buffer = sockets.settings.buffer.max(1);
