@@ -8,9 +8,14 @@
 //! message wakes it on this worker. A `ping` text is answered `pong`
 //! without waking the room.
 //!
-//! On SIGTERM the worker drains: every socket is closed at once with 1012
-//! "service restart", so clients reconnect elsewhere and the process exits
-//! in milliseconds instead of waiting out the 30 s drain deadline.
+//! Its sockets survive moves (`SocketOptions::survive_moves`): behind
+//! pinboard, pinboard holds each client's socket and delivers its messages
+//! to whichever worker owns the room, so a `pinboard drain <session>
+//! --deadline 2s`, a deploy or a crash of the room's owner closes none of
+//! them: the next message goes to the room's new owner. Served alone (dev
+//! mode, as below) the sockets are the worker's: on SIGTERM it drains and
+//! closes each at once with 1012 "service restart", so clients reconnect
+//! and the process exits in milliseconds.
 //!
 //! ```text
 //! PORT=8080 cargo run --example chat
@@ -53,9 +58,14 @@ impl Object for Room {
     }
 }
 
-/// The room's hosting: its sockets answer a `ping` without waking it.
+/// The room's hosting: its sockets answer a `ping` without waking it, and
+/// behind pinboard they survive moves of the room.
 pub(crate) fn hosting() -> HostOptions {
-    HostOptions::default().sockets(SocketOptions::default().auto_response("ping", "pong"))
+    HostOptions::default().sockets(
+        SocketOptions::default()
+            .auto_response("ping", "pong")
+            .survive_moves(),
+    )
 }
 
 async fn members(call: Call) -> Json<Value> {

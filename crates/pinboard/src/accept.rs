@@ -302,6 +302,10 @@ impl<S: PlacementStore> Connection for Client<S> {
             if request.headers().contains_key(http::header::UPGRADE) {
                 let hold: Arc<dyn Send + Sync> = hold.clone();
                 request.extensions_mut().insert(UpgradeHold(hold));
+                // A WebSocket handshake may be held here (`crate::held`):
+                // its events then enter the proxy through this node.
+                let door: Arc<dyn crate::held::Door> = handler.clone();
+                request.extensions_mut().insert(crate::held::HeldDoor(door));
             }
             let (app, control, client) = (handler.clone(), control.clone(), client.clone());
             let requests = requests.clone();

@@ -16,6 +16,7 @@ use crate::challenge::HttpProver;
 use crate::clock::{Clock, Entropy, EpochFloor};
 use crate::config::{BodyLimits, Config, ProxySettings};
 use crate::dashboard::{Dashboard, DashboardSettings};
+use crate::held::{HeldSettings, HeldSockets};
 use crate::metrics::Metrics;
 use crate::operator::moves::MoveLog;
 use crate::operator::traffic::{Traffic, TrafficMetrics};
@@ -56,6 +57,8 @@ pub struct App<S> {
     pub dashboard: Dashboard,
     /// The operator's state controls asked for on this node.
     pub state_audit: crate::operator::audit::StateAudit,
+    /// The WebSockets this node holds for their workers.
+    pub held: Arc<HeldSockets>,
 }
 
 impl<S> std::fmt::Debug for App<S> {
@@ -125,6 +128,11 @@ impl<S: PlacementStore> App<S> {
         metrics.register_collector(Box::new(TrafficMetrics(traffic.clone())));
         let moves = Arc::new(MoveLog::counting(metrics.failovers.clone()));
         let entropy_for_dashboard = entropy.clone();
+        let held = Arc::new(HeldSockets::new(
+            entropy.token_hex(6),
+            HeldSettings::default(),
+            &metrics,
+        ));
         let prover = HttpProver::new(
             outbound.clone(),
             Duration::from_millis(config.challenge_timeout_ms),
@@ -172,6 +180,7 @@ impl<S: PlacementStore> App<S> {
             registry_body: config.registry_body_limits(),
             moves,
             state_audit: crate::operator::audit::StateAudit::default(),
+            held,
             sweeper_enabled: config.database_url.is_some(),
             traffic,
             dashboard: Dashboard::new(

@@ -48,6 +48,7 @@ pub mod config;
 pub mod dashboard;
 pub mod epoch_mark;
 pub mod front;
+pub mod held;
 pub mod metrics;
 pub mod operator;
 pub mod operator_cli;

@@ -24,6 +24,15 @@ pub struct Metrics {
     pub proxy_unavailable: Counter,
     /// WebSocket upgrades passed through.
     pub proxy_upgrades: Counter,
+    /// WebSockets this node holds for their workers now (`crate::held`).
+    pub held_sockets: Gauge,
+    /// Held sockets' events answered by their owner.
+    pub held_events: Counter,
+    /// Held sockets' event deliveries tried again (no owner answered 2xx).
+    pub held_event_retries: Counter,
+    /// Messages, closes and attachments queued to held sockets by their
+    /// workers' sends.
+    pub held_sends: Counter,
     /// New placements claimed by this node.
     pub placements: Counter,
     /// Successful registrations.
@@ -108,6 +117,10 @@ impl Metrics {
             proxy_upstream_errors: Counter::default(),
             proxy_unavailable: Counter::default(),
             proxy_upgrades: Counter::default(),
+            held_sockets: Gauge::default(),
+            held_events: Counter::default(),
+            held_event_retries: Counter::default(),
+            held_sends: Counter::default(),
             placements: Counter::default(),
             registrations: Counter::default(),
             heartbeats: Counter::default(),
@@ -164,6 +177,26 @@ impl Metrics {
             "pinboard_proxy_upgrades",
             "WebSocket upgrades passed through",
             m.proxy_upgrades.clone(),
+        );
+        registry.register(
+            "pinboard_held_sockets",
+            "WebSockets this node holds for their workers",
+            m.held_sockets.clone(),
+        );
+        registry.register(
+            "pinboard_held_socket_events",
+            "Held sockets' events answered by their owner",
+            m.held_events.clone(),
+        );
+        registry.register(
+            "pinboard_held_socket_event_retries",
+            "Held sockets' event deliveries tried again",
+            m.held_event_retries.clone(),
+        );
+        registry.register(
+            "pinboard_held_socket_sends",
+            "Sends queued to held sockets by their workers",
+            m.held_sends.clone(),
         );
         registry.register(
             "pinboard_placements",

@@ -14,7 +14,7 @@
 //! | resolve | [`resolve`](mod@resolve) | the route of this attempt (`crate::routes`: cached, else the store, else a claim) |
 //! | stamp | [`send`](mod@send) | the attempt's target, attestation, epoch and forwarding fields |
 //! | send | [`send`](mod@send) | the request out, its response head back within the deadline |
-//! | classify | [`answer`](mod@answer) | the answer read through [`classify`](mod@classify)'s table: relayed, switched, or a refusal to retry |
+//! | classify | [`answer`](mod@answer) | the answer read through [`classify`](mod@classify)'s table: relayed, switched, held ([`hold`](mod@hold)), or a refusal to retry |
 //! | retry-or-respond | [`retry`](mod@retry) | the next attempt set up, or the request ended on its error |
 //!
 //! Then every request, answered or not, ends in the same place: a refused
@@ -68,6 +68,7 @@ pub mod cluster;
 pub mod context;
 pub mod error;
 pub mod headers;
+pub mod hold;
 pub mod path;
 pub mod pause;
 pub mod prepare;

@@ -136,6 +136,9 @@ pub mod paths {
     pub const DASHBOARD_STATE_SHOW: &str = "/dashboard/api/inspect/show";
     /// `POST` (session, CSRF header): [`STATE_ACT`] for the dashboard.
     pub const DASHBOARD_STATE_ACT: &str = "/dashboard/api/inspect/act";
+    /// `POST` (worker token): sends to the sockets pinboard holds
+    /// (`pinned_wire::held::SEND_PATH`).
+    pub const SOCKETS_SEND: &str = pinned_wire::held::SEND_PATH;
     /// `GET`: liveness.
     pub const HEALTHZ: &str = "/healthz";
     /// `GET`: readiness (store reachable, no quarantine).
@@ -143,8 +146,9 @@ pub mod paths {
     /// `GET`: Prometheus metrics.
     pub const METRICS: &str = "/metrics";
     /// Every path above.
-    pub const ALL: [&str; 28] = [
+    pub const ALL: [&str; 29] = [
         REGISTER,
+        SOCKETS_SEND,
         HEARTBEAT,
         RELEASE,
         DEREGISTER,
@@ -191,6 +195,7 @@ pub fn router<S: PlacementStore>(app: Arc<App<S>>) -> Router {
         .route(paths::RELEASE, post(registry::http::release::<S>))
         .route(paths::DEREGISTER, post(registry::http::deregister::<S>))
         .route(paths::TAG, post(registry::http::tag::<S>))
+        .route(paths::SOCKETS_SEND, post(registry::http::sockets_send::<S>))
         .route(paths::PUSH, post(registry::http::push::<S>))
         .route(paths::WORKERS, get(registry::http::workers::<S>))
         .route(paths::OVERVIEW, get(registry::http::overview::<S>))

@@ -126,6 +126,10 @@ async fn streamed_response_and_websocket_echo_pass_through() {
         metrics::moved(&before, &upgraded, "pinboard_proxy_upgrades"),
         1.0
     );
+    // pinboard offered to hold the socket (every WebSocket handshake is
+    // offered); the Python reference worker does not know the offer and
+    // switched protocols itself: spliced byte-for-byte, not held.
+    assert_eq!(upgraded.value("pinboard_held_sockets"), 0.0);
     for word in ["one", "two", "three"] {
         ws.send(Message::text(word)).await.expect("send");
         let got = tokio::time::timeout(Duration::from_secs(5), ws.next())

@@ -83,6 +83,10 @@ async fn main() -> anyhow::Result<()> {
     if let Ok(guarded) = std::env::var("FLEET_GUARDED_NS") {
         options = options.host::<Guarded>(&guarded);
     }
+    if let Ok(rooms) = std::env::var("FLEET_ROOMS_NS") {
+        options =
+            options.host_with::<pinned_fleet::rooms::Room>(&rooms, pinned_fleet::rooms::hosting());
+    }
     if let Ok(jobs) = std::env::var("FLEET_JOBS_NS") {
         options = options.host::<pinned_fleet::jobs::Jobs>(&jobs);
     }

@@ -12,6 +12,7 @@ use http::StatusCode;
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use pinned_wire::headers::REFUSAL;
+use pinned_wire::held::SOCKET_HELD;
 use pinned_wire::refusal::Refusal;
 
 use super::classify::{
@@ -19,6 +20,7 @@ use super::classify::{
 };
 use super::context::RequestCtx;
 use super::error::{ErrorKind, ProxyError, ProxyResult};
+use super::hold::take;
 use super::respond::{relay, relay_buffered, switch, Buffered};
 use crate::app::App;
 use crate::outbound::ResBody;
@@ -43,6 +45,12 @@ pub async fn classify<S: PlacementStore>(
         app.routes
             .settle(ctx.target.ns(), ctx.target.id(), route)
             .await;
+    }
+    if ctx.held_offer.is_some()
+        && res.status() == StatusCode::OK
+        && res.headers().contains_key(SOCKET_HELD)
+    {
+        return take(app, ctx, res).await;
     }
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {
         return switch(app, res, ctx.client_upgrade.take())

@@ -72,6 +72,11 @@ impl IdTarget {
         }
     }
 
+    /// `/<ns>/<id>` as the client sent it (escapes kept).
+    pub fn raw_key(&self) -> &str {
+        &self.path_and_query.as_str()[..self.key_len]
+    }
+
     /// The id, unescaped.
     pub fn id(&self) -> &str {
         &self.key()[self.ns_len + 1..]
@@ -176,6 +181,9 @@ pub struct RequestCtx<'c> {
     pub upgrade: bool,
     /// The client side of that switch, while not yet taken.
     pub client_upgrade: Option<ClientUpgrade>,
+    /// The socket id offered for holding on this handshake
+    /// (`pinned_wire::held::SOCKET_OFFER`), if it was.
+    pub held_offer: Option<Box<str>>,
     /// The attempts so far.
     pub attempts: Attempts,
     /// When the request arrived, on the app's monotonic clock.

@@ -27,6 +27,7 @@
 //! | [`SessionChanged`](ErrorKind::SessionChanged) | 503 | `owner session changed; retry` |
 //! | [`Refused`](ErrorKind::Refused) | the worker's | the worker's answer, relayed |
 //! | [`NoUpgrade`](ErrorKind::NoUpgrade) | 400 | `connection cannot be upgraded` |
+//! | [`BadHold`](ErrorKind::BadHold) | 502 | `worker's answer to a socket offer is not a hold` |
 //!
 //! Every 503 carries `Retry-After: 1`.
 
@@ -122,6 +123,11 @@ pub enum ErrorKind {
     /// The worker switched protocols for a client connection that cannot.
     #[error("connection cannot be upgraded")]
     NoUpgrade,
+    /// The worker answered a socket offer with `pinboard-socket-held` but
+    /// no valid hold (`pinned_wire::held::Hold`), or a handshake pinboard
+    /// cannot complete.
+    #[error("worker's answer to a socket offer is not a hold")]
+    BadHold,
 }
 
 impl ErrorKind {
@@ -145,6 +151,7 @@ impl ErrorKind {
             | Self::BrokeMidRequest(_)
             | Self::BrokeMidResponse
             | Self::SessionChanged
+            | Self::BadHold
             | Self::Refused(_) => Source::Worker,
         }
     }
@@ -165,9 +172,10 @@ impl ErrorKind {
             Self::Unresolved(_) | Self::FleetFull | Self::Unreachable(_) | Self::SessionChanged => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            Self::BadWorkerAddress | Self::BrokeMidRequest(_) | Self::BrokeMidResponse => {
-                StatusCode::BAD_GATEWAY
-            }
+            Self::BadWorkerAddress
+            | Self::BrokeMidRequest(_)
+            | Self::BrokeMidResponse
+            | Self::BadHold => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::Refused(answer) => answer.head.status,
         }
@@ -430,6 +438,11 @@ mod tests {
                 "owner session changed; retry",
             ),
             (ErrorKind::NoUpgrade, 400, "connection cannot be upgraded"),
+            (
+                ErrorKind::BadHold,
+                502,
+                "worker's answer to a socket offer is not a hold",
+            ),
         ];
         for (kind, status, detail) in cases {
             let (got_status, got_detail, retry_after, close) = answer(kind).await;

@@ -11,6 +11,7 @@
 use http::uri::PathAndQuery;
 use http::{header, Version};
 use pinned_wire::headers::HOSTNAME;
+use pinned_wire::held::{SOCKET_EVENT, SOCKET_OFFER};
 use pinned_wire::ids::decode_id_segment;
 
 use super::body;
@@ -22,6 +23,7 @@ use super::path;
 use super::respond::{ClientUpgrade, UpgradeHold};
 use super::Inbound;
 use crate::app::App;
+use crate::held::{EventMark, HeldDoor};
 use crate::placement::PlacementStore;
 use crate::routes::{ResolveError, View};
 use crate::world::{cluster_world, host_names, World, ENV_HEADER};
@@ -73,6 +75,7 @@ pub async fn prepare<'c, S: PlacementStore>(
             .map(|on| ClientUpgrade {
                 on,
                 hold: parts.extensions.remove::<UpgradeHold>(),
+                door: parts.extensions.remove::<HeldDoor>(),
             })
     } else {
         None
@@ -86,6 +89,7 @@ pub async fn prepare<'c, S: PlacementStore>(
     let mut head = parts;
     head.version = Version::HTTP_11;
     sanitize_request(&mut head.headers, &scan, upgrade);
+    let held_offer = offer(app, &mut head, &asker, client_upgrade.as_ref());
     let forwarding = client.and_then(|c| add_forwarded(&mut head.headers, &scan, c));
     let retries = if body.replayable() {
         app.proxy.retries
@@ -102,6 +106,7 @@ pub async fn prepare<'c, S: PlacementStore>(
         watch,
         upgrade,
         client_upgrade,
+        held_offer,
         attempts: Attempts {
             retries,
             ..Attempts::default()
@@ -109,6 +114,31 @@ pub async fn prepare<'c, S: PlacementStore>(
         arrived_mono_ms,
         head_timer: None,
     })
+}
+
+/// Marks what this node adds after the client's `pinboard-*` fields are
+/// gone (`crate::held`): a held socket's event names its socket; a
+/// WebSocket handshake from a client (not a cluster caller) through a door
+/// that can hold it is offered for holding, under a fresh socket id.
+fn offer<S: PlacementStore>(
+    app: &App<S>,
+    head: &mut http::request::Parts,
+    asker: &Asker,
+    upgrade: Option<&ClientUpgrade>,
+) -> Option<Box<str>> {
+    if let Some(EventMark(socket)) = head.extensions.remove::<EventMark>() {
+        head.headers.insert(SOCKET_EVENT, socket);
+        return None;
+    }
+    let door = upgrade.and_then(|upgrade| upgrade.door.as_ref());
+    let websocket = head.headers.contains_key(header::SEC_WEBSOCKET_KEY);
+    if door.is_none() || !websocket || matches!(asker, Asker::Caller(_)) {
+        return None;
+    }
+    let id = app.held.mint_id();
+    let value = http::HeaderValue::from_str(&id).ok()?;
+    head.headers.insert(SOCKET_OFFER, value);
+    Some(id.into_boxed_str())
 }
 
 /// The id `uri` names.

@@ -40,6 +40,9 @@ pub struct ClientUpgrade {
     pub on: hyper::upgrade::OnUpgrade,
     /// What the server keeps alive while it is spliced.
     pub hold: Option<UpgradeHold>,
+    /// The node's door, when the handshake may be offered for holding
+    /// (`crate::held`).
+    pub door: Option<crate::held::HeldDoor>,
 }
 
 /// The worker's answer as the client gets it: its headers cleaned, its
@@ -81,7 +84,9 @@ pub fn switch<S: PlacementStore>(
     client: Option<ClientUpgrade>,
 ) -> Option<Response> {
     let upstream = hyper::upgrade::on(&mut res);
-    let ClientUpgrade { on: client, hold } = client?;
+    let ClientUpgrade {
+        on: client, hold, ..
+    } = client?;
     app.metrics.proxy_upgrades.inc();
     tokio::spawn(async move {
         let _hold = hold;

@@ -273,6 +273,21 @@ pub async fn tag<S: PlacementStore>(
     }
 }
 
+/// `POST /registry/sockets/send`: a worker's sends to the sockets pinboard
+/// holds (`pinned_wire::held::Sends`), checked whole, then handed to this
+/// node's sockets in order. Answers `{"delivered": n}`; a bad send answers
+/// 400 naming it, and nothing of the call is delivered.
+pub async fn sockets_send<S: PlacementStore>(
+    State(app): State<Arc<App<S>>>,
+    Authorized(sends): Authorized<pinned_wire::held::Sends>,
+) -> Response {
+    if let Err(e) = crate::held::fanout::check(&sends) {
+        return fail(&app, RegistryError::Malformed(e.to_string()));
+    }
+    let delivered = crate::held::fanout::deliver(&app.held, &sends);
+    Json(pinned_wire::held::Delivered { delivered }).into_response()
+}
+
 /// `POST /registry/push` (operator).
 pub async fn push<S: PlacementStore>(
     State(app): State<Arc<App<S>>>,

@@ -241,6 +241,13 @@ impl Context {
     /// those tagged `tag` when given, oldest first. They belong to the id:
     /// the list is the same before and after a hibernation.
     ///
+    /// In a namespace whose sockets survive moves
+    /// ([`SocketOptions::survive_moves`](crate::ws::SocketOptions::survive_moves)),
+    /// the sockets pinboard holds are listed as this instance heard of
+    /// them: accepted by it, or named by an event it handled since it
+    /// activated. A socket of the id that has not spoken to this instance
+    /// is not listed (a broadcast still reaches it).
+    ///
     /// ```
     /// # fn demo(ctx: pinned::Context) {
     /// let everyone = ctx.sockets(None).len();
@@ -249,23 +256,49 @@ impl Context {
     /// # }
     /// ```
     pub fn sockets(&self, tag: Option<&str>) -> Vec<super::sockets::Socket> {
-        self.slot.host.sockets.list(&self.slot.id, tag)
+        let host = &self.slot.host;
+        let mut sockets = host.sockets.list(&self.slot.id, tag);
+        if host.options.sockets.survive_moves {
+            sockets.extend(
+                host.held
+                    .list(&self.slot.id, tag)
+                    .into_iter()
+                    .map(super::sockets::Socket::held),
+            );
+        }
+        sockets
     }
 
     /// Sends `message` to every open hibernatable socket of the instance
     /// (those tagged `tag` when given) and answers how many took it. A
     /// socket whose outbox is full is closed with 1013 instead
     /// ([`SocketOptions::outbox`](crate::ws::SocketOptions::outbox)).
+    ///
+    /// In a namespace whose sockets survive moves, one send to pinboard
+    /// reaches every socket of the id it holds (with `tag` when given),
+    /// heard of or not, on every pinboard node; the count then includes
+    /// the held sockets this instance heard of
+    /// ([`sockets`](Self::sockets)).
     pub fn broadcast(
         &self,
         tag: Option<&str>,
         message: impl Into<axum::extract::ws::Message>,
     ) -> usize {
         let message = message.into();
-        self.sockets(tag)
+        let host = &self.slot.host;
+        let local = host
+            .sockets
+            .list(&self.slot.id, tag)
             .iter()
             .filter(|socket| socket.send(message.clone()).is_ok())
-            .count()
+            .count();
+        if !host.options.sockets.survive_moves {
+            return local;
+        }
+        match host.held.broadcast(&self.slot.id, tag, message) {
+            Ok(()) => local + host.held.list(&self.slot.id, tag).len(),
+            Err(_) => local,
+        }
     }
 
     /// Whether the instance is winding down (its own wind-down, or its host

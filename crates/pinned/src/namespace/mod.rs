@@ -56,6 +56,7 @@ pub(crate) mod context;
 mod deadlines;
 mod drain;
 mod durability;
+pub(crate) mod held_sockets;
 pub(crate) mod hooks;
 mod lifecycle;
 pub(crate) mod options;
@@ -206,6 +207,9 @@ pub(crate) struct Namespace {
     pub(crate) domain: crate::time::Domain,
     /// The hibernatable sockets, by id: they outlive the records.
     pub(crate) sockets: self::sockets::Sockets,
+    /// The sockets pinboard holds that the instances heard of, and the
+    /// sends to them.
+    pub(crate) held: self::held_sockets::HeldSockets,
 }
 
 /// What a host is built from, besides its options.
@@ -248,6 +252,8 @@ impl Namespace {
             worker_sockets,
         } = parts;
         let duration = metrics.duration_for(&ns);
+        let held_plane = control.pinboard().cloned();
+        let held = self::held_sockets::HeldSockets::new(&ns, held_plane, domain.clone());
         let deadlines = Deadlines::new(options.sweep_interval);
         let churn = ChurnLog::new(options.churn_lines_per_second);
         Self {
@@ -286,6 +292,7 @@ impl Namespace {
             states,
             domain,
             sockets: self::sockets::Sockets::new(worker_sockets.0, worker_sockets.1),
+            held,
         }
     }
 

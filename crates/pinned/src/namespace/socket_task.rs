@@ -226,7 +226,7 @@ async fn deliver(
         SocketEvent::Message(_) => "on_socket_message",
         SocketEvent::Close(_) => "on_socket_close",
     };
-    let handler = (host.lifecycle.on_socket)(instance, slot.clone(), Socket { shared }, event);
+    let handler = (host.lifecycle.on_socket)(instance, slot.clone(), Socket::local(shared), event);
     let outcome = tokio::select! {
         outcome = AssertUnwindSafe(handler).catch_unwind() => outcome,
         () = slot.cancelled() => return Ok(()),

@@ -71,6 +71,7 @@ pub struct SocketOptions {
     pub(crate) max_attachment: usize,
     pub(crate) outbox: usize,
     pub(crate) auto_response: Option<(Utf8Bytes, Utf8Bytes)>,
+    pub(crate) survive_moves: bool,
 }
 
 impl Default for SocketOptions {
@@ -82,6 +83,7 @@ impl Default for SocketOptions {
             max_attachment: DEFAULT_MAX_ATTACHMENT,
             outbox: DEFAULT_SOCKET_OUTBOX,
             auto_response: None,
+            survive_moves: false,
         }
     }
 }
@@ -131,6 +133,19 @@ impl SocketOptions {
     /// a keep-alive ping costs no wake-up. Off by default.
     pub fn auto_response(mut self, request: impl Into<String>, reply: impl Into<String>) -> Self {
         self.auto_response = Some((request.into().into(), reply.into().into()));
+        self
+    }
+
+    /// Sockets that survive moves and deploys: behind pinboard, a socket
+    /// this namespace accepts is held by pinboard, which delivers its
+    /// events to whichever worker owns the id when they happen. A drain,
+    /// a wind-down, a new deployment or a crash of the owner then never
+    /// closes it: the id is placed again and the next event goes to the
+    /// new owner. Off by default; without pinboard (dev mode) sockets are
+    /// the worker's as without it. See the sockets chapter of the guide for
+    /// the exchange and its limits.
+    pub fn survive_moves(mut self) -> Self {
+        self.survive_moves = true;
         self
     }
 }
@@ -319,15 +334,49 @@ impl SocketShared {
 /// Sends are queued and return at once; the worker writes them in order.
 #[derive(Clone)]
 pub struct Socket {
-    pub(crate) shared: Arc<SocketShared>,
+    pub(crate) transport: Transport,
+}
+
+/// Where a socket's connection is.
+#[derive(Clone)]
+pub(crate) enum Transport {
+    /// On this worker (its task writes it).
+    Local(Arc<SocketShared>),
+    /// Held at pinboard (`survive_moves`): sends go to pinboard.
+    Held(Arc<super::held_sockets::HeldSocket>),
 }
 
 impl std::fmt::Debug for Socket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Socket")
-            .field("number", &self.shared.number)
-            .field("tags", &self.shared.tags)
-            .finish()
+            .field("number", &self.number())
+            .field("held", &self.held_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Socket {
+    pub(crate) fn local(shared: Arc<SocketShared>) -> Self {
+        Self {
+            transport: Transport::Local(shared),
+        }
+    }
+
+    pub(crate) fn held(held: Arc<super::held_sockets::HeldSocket>) -> Self {
+        Self {
+            transport: Transport::Held(held),
+        }
+    }
+
+    /// pinboard's id of a socket it holds
+    /// ([`SocketOptions::survive_moves`]); `None` for a socket on this
+    /// worker. Unlike [`number`](Self::number), it is the same on every
+    /// worker that owns the id.
+    pub fn held_id(&self) -> Option<&str> {
+        match &self.transport {
+            Transport::Local(_) => None,
+            Transport::Held(held) => Some(&held.id),
+        }
     }
 }
 
@@ -335,22 +384,36 @@ impl Socket {
     /// The socket's number, unique within its namespace on this worker for
     /// the worker's life.
     pub fn number(&self) -> u64 {
-        self.shared.number
+        match &self.transport {
+            Transport::Local(shared) => shared.number,
+            Transport::Held(held) => held.number,
+        }
     }
 
     /// The tags it was accepted with.
     pub fn tags(&self) -> impl Iterator<Item = &str> {
-        self.shared.tags.iter().map(|tag| &**tag)
+        let tags = match &self.transport {
+            Transport::Local(shared) => &shared.tags[..],
+            Transport::Held(held) => held.tags(),
+        };
+        tags.iter().map(|tag| &**tag)
     }
 
     /// Whether it carries `tag`.
     pub fn has_tag(&self, tag: &str) -> bool {
-        self.shared.has_tag(tag)
+        match &self.transport {
+            Transport::Local(shared) => shared.has_tag(tag),
+            Transport::Held(held) => held.has_tag(tag),
+        }
     }
 
-    /// The sequence number of the last event handed out on this socket.
+    /// The sequence number of the last event handed out on this socket
+    /// (for a held socket: the last one delivered to this worker).
     pub fn last_seq(&self) -> u64 {
-        self.shared.seq.load(Ordering::SeqCst)
+        match &self.transport {
+            Transport::Local(shared) => shared.seq.load(Ordering::SeqCst),
+            Transport::Held(held) => held.seq.load(Ordering::SeqCst),
+        }
     }
 
     /// Its attachment: `None` when it has none.
@@ -359,7 +422,10 @@ impl Socket {
     ///
     /// When the stored attachment does not deserialize as `T`.
     pub fn attachment<T: DeserializeOwned>(&self) -> Result<Option<T>, serde_json::Error> {
-        let stored = self.shared.attachment.lock();
+        let stored = match &self.transport {
+            Transport::Local(shared) => shared.attachment.lock().clone(),
+            Transport::Held(held) => held.attachment_bytes(),
+        };
         stored
             .as_deref()
             .map(serde_json::from_slice::<T>)
@@ -367,16 +433,25 @@ impl Socket {
     }
 
     /// Replaces its attachment: it survives hibernation (it is kept with
-    /// the socket, not with the instance).
+    /// the socket, not with the instance), and for a held socket moves
+    /// (pinboard keeps it).
     ///
     /// # Errors
     ///
     /// When `value` does not serialize or serializes to more than
     /// [`SocketOptions::max_attachment`] bytes; the old attachment stays.
     pub fn set_attachment<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), SocketError> {
-        let bytes = encode_attachment(value, self.shared.max_attachment as usize)?;
-        *self.shared.attachment.lock() = Some(bytes);
-        Ok(())
+        match &self.transport {
+            Transport::Local(shared) => {
+                let bytes = encode_attachment(value, shared.max_attachment as usize)?;
+                *shared.attachment.lock() = Some(bytes);
+                Ok(())
+            }
+            Transport::Held(held) => {
+                let bytes = encode_attachment(value, held.max_attachment as usize)?;
+                held.set_attachment(bytes)
+            }
+        }
     }
 
     /// Queues `message` to be sent.
@@ -385,21 +460,33 @@ impl Socket {
     ///
     /// [`SocketError::Closed`] once the socket closed;
     /// [`SocketError::OutboxFull`] when its client fell a whole outbox
-    /// behind (the socket is then closed with 1013).
+    /// behind (the socket is then closed with 1013), or for a held socket
+    /// when the namespace's queue of sends to pinboard is full.
     pub fn send(&self, message: impl Into<Message>) -> Result<(), SocketError> {
-        self.shared.push(message.into())
+        match &self.transport {
+            Transport::Local(shared) => shared.push(message.into()),
+            Transport::Held(held) => held.send(message.into()),
+        }
     }
 
     /// Closes the socket with `code` and `reason` (after what is queued).
     /// No close event is delivered for a close the object asked for.
     pub fn close(&self, code: u16, reason: &str) {
-        self.shared.close(code, reason);
+        match &self.transport {
+            Transport::Local(shared) => shared.close(code, reason),
+            Transport::Held(held) => held.close(code, reason),
+        }
     }
 
     /// Whether the socket is still open (no close sent or received).
     pub fn is_open(&self) -> bool {
-        let outbox = self.shared.outbox.lock();
-        !outbox.closed && outbox.close.is_none()
+        match &self.transport {
+            Transport::Local(shared) => {
+                let outbox = shared.outbox.lock();
+                !outbox.closed && outbox.close.is_none()
+            }
+            Transport::Held(held) => held.is_open(),
+        }
     }
 }
 
@@ -498,9 +585,7 @@ impl Sockets {
         let mut sockets: Vec<Socket> = members
             .values()
             .filter(|shared| tag.is_none_or(|tag| shared.has_tag(tag)))
-            .map(|shared| Socket {
-                shared: shared.clone(),
-            })
+            .map(|shared| Socket::local(shared.clone()))
             .collect();
         sockets.sort_unstable_by_key(Socket::number);
         sockets

@@ -184,6 +184,9 @@ async fn teardown(slot: Arc<Record>, close: Close) {
     // hold a `Context`); the state must not. Dropping it here breaks any
     // cycle user code built through a `Context`.
     drop(slot.take_instance());
+    // What the instance heard of the sockets pinboard holds goes with it:
+    // they stay open there, and the next owner hears of them as they speak.
+    host.held.forget(&slot.id);
     if slot.releasing.load(Ordering::SeqCst) {
         // Its sockets cannot outlive a placement that goes.
         host.sockets.close_id(&slot.id, 1012, "service restart");

@@ -100,6 +100,9 @@ pub use crate::namespace::sockets::{
     MAX_SOCKET_TAG_LEN,
 };
 
+pub use crate::namespace::held_sockets::DEFAULT_HELD_SEND_QUEUE;
+
+use crate::namespace::held_sockets::raw as raw_attachment;
 use crate::namespace::socket_task::{self, Membership};
 use crate::namespace::sockets::{bounded_attachment, Accepting};
 use crate::namespace::Record;
@@ -171,6 +174,10 @@ impl Accept {
 pub struct WebSocketUpgrade {
     inner: axum_ws::WebSocketUpgrade,
     slot: Arc<Record>,
+    /// pinboard's offer to hold the socket (`pinned_wire::held`): read
+    /// only behind pinboard, where every instance request is attested
+    /// and pinboard strips a client's copy.
+    offer: Option<String>,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for WebSocketUpgrade {
@@ -180,10 +187,19 @@ impl<S: Send + Sync> FromRequestParts<S> for WebSocketUpgrade {
         let slot = Admitted::of(&parts.extensions)
             .map(|admitted| admitted.call.ctx.slot().clone())
             .ok_or_else(|| NotAnInstanceRoute("pinned::ws::WebSocketUpgrade").into_response())?;
+        let offer = match slot.host.control.pinboard() {
+            Some(_) => parts
+                .headers
+                .get(pinned_wire::held::SOCKET_OFFER)
+                .and_then(|value| value.to_str().ok())
+                .filter(|id| id.len() <= pinned_wire::held::MAX_SOCKET_ID_LEN)
+                .map(str::to_owned),
+            None => None,
+        };
         let inner = axum_ws::WebSocketUpgrade::from_request_parts(parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
-        Ok(Self { inner, slot })
+        Ok(Self { inner, slot, offer })
     }
 }
 
@@ -223,6 +239,9 @@ impl WebSocketUpgrade {
             Some(Err(error)) => return Err(SocketError::Attachment(error)),
             Some(Ok(bytes)) => Some(bounded_attachment(bytes, options.max_attachment)?),
         };
+        if let Some(offer) = self.offer.filter(|_| options.survive_moves) {
+            return hold(&self.slot, &offer, accept.tags, attachment);
+        }
         let shared = host.sockets.reserve(
             &self.slot.id,
             options,
@@ -244,6 +263,13 @@ impl WebSocketUpgrade {
             .inner
             .read_buffer_size(SOCKET_READ_BUFFER)
             .on_upgrade(move |socket| socket_task::run(membership, socket)))
+    }
+
+    /// Whether pinboard offered to hold this socket: [`accept`](Self::accept)
+    /// in a namespace whose sockets survive moves
+    /// ([`SocketOptions::survive_moves`]) then leaves it to pinboard.
+    pub fn held_by_pinboard(&self) -> bool {
+        self.offer.is_some() && self.slot.host.options.sockets.survive_moves
     }
 
     /// Completes the handshake and runs `callback` with the socket, keeping
@@ -272,6 +298,37 @@ impl WebSocketUpgrade {
             }
         })
     }
+}
+
+/// Takes pinboard's offer: the socket is the instance's as a held one
+/// (`pinned_wire::held`), and the answer asks pinboard to complete the
+/// client's handshake and hold it.
+fn hold(
+    slot: &Arc<Record>,
+    offer: &str,
+    tags: Vec<Box<str>>,
+    attachment: Option<Box<[u8]>>,
+) -> Result<Response, SocketError> {
+    let host = &slot.host;
+    let options = &host.options.sockets;
+    let tags: Vec<String> = tags.into_iter().map(String::from).collect();
+    let raw = attachment.as_deref().map(raw_attachment).transpose()?;
+    host.held
+        .learn(&slot.id, offer, &tags, attachment, options)?;
+    let body = pinned_wire::held::Hold {
+        tags,
+        attachment: raw,
+        auto_response: options
+            .auto_response
+            .as_ref()
+            .map(|(request, reply)| (request.to_string(), reply.to_string())),
+    };
+    let mut response = axum::Json(body).into_response();
+    response.headers_mut().insert(
+        pinned_wire::held::SOCKET_HELD,
+        http::HeaderValue::from_static("1"),
+    );
+    Ok(response)
 }
 
 /// An accepted WebSocket of an instance: a `Stream` of messages and a

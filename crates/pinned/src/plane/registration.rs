@@ -732,6 +732,13 @@ impl Plane {
             .await;
     }
 
+    /// Sends to the sockets pinboard holds (`pinned_wire::held::Sends`),
+    /// with the registration's retries; whether pinboard took them.
+    pub(crate) async fn send_to_held(&self, sends: &pinned_wire::held::Sends) -> bool {
+        self.post_with_retries("socket sends", pinned_wire::held::SEND_PATH, sends)
+            .await
+    }
+
     /// Ends the session (after every instance closed).
     pub(crate) async fn deregister(&self) {
         let Some(session) = self.session() else {

@@ -69,7 +69,7 @@ pub(crate) struct HostSpec {
     /// The object's hooks, for the namespace layer.
     pub(crate) lifecycle: Lifecycle,
     /// The object's routes behind the request stack.
-    pub(crate) routes: fn(std::sync::Weak<crate::namespace::Namespace>) -> axum::Router,
+    pub(crate) routes: fn(std::sync::Weak<crate::namespace::Namespace>, bool) -> axum::Router,
     /// The object's trays, for the durable layer.
     pub(crate) trays: std::sync::Arc<crate::durable::tray::Declared>,
 }

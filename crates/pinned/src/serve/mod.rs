@@ -18,6 +18,7 @@ pub(crate) mod config;
 pub(crate) mod dispatch;
 pub(crate) mod edge;
 pub(crate) mod exchange;
+pub(crate) mod held_event;
 pub(crate) mod namespaces;
 pub(crate) mod requests;
 pub(crate) mod stack;

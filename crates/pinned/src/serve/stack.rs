@@ -405,7 +405,12 @@ pub(crate) fn serve<T: Object>(
             // 3: authorization, on the constructed record, before a cold
             // instance activates, on every request.
             let ctx = Context::new(slot.clone());
-            if let Err(refusal) = T::authorize(&ctx, &parts).await {
+            // A held socket's event was authorized with its handshake.
+            let authorize = !crate::serve::held_event::is_event(&host, &parts);
+            if let Err(refusal) = match authorize {
+                true => T::authorize(&ctx, &parts).await,
+                false => Ok(()),
+            } {
                 if let Entered::Activating(busy) = entered {
                     Namespace::discard(busy);
                 }
@@ -537,9 +542,10 @@ fn message_route<S: Clone + Send + Sync + 'static>(
     )
 }
 
-/// `T`'s routes as the worker serves them, for namespace `ns`: the one
-/// place the request stack is assembled.
-pub(crate) fn routes<T: Object>(ns: Weak<Namespace>) -> Router {
+/// `T`'s routes as the worker serves them, for namespace `ns` (with the
+/// events of the sockets pinboard holds when its sockets survive moves,
+/// `held`): the one place the request stack is assembled.
+pub(crate) fn routes<T: Object>(ns: Weak<Namespace>, held: bool) -> Router {
     let routes = T::routes();
     // Messages between objects: the worker's own route, behind the same
     // stack, for an object whose trays receive them.
@@ -548,6 +554,12 @@ pub(crate) fn routes<T: Object>(ns: Weak<Namespace>) -> Router {
         routes
     } else {
         routes.merge(message_route(receivers))
+    };
+    // Events of the sockets pinboard holds, for a namespace whose sockets
+    // survive moves.
+    let routes = match held {
+        true => routes.merge(crate::serve::held_event::route()),
+        false => routes,
     };
     let routes = if routes.has_routes() {
         // Around each matched route only (see the module docs): the

@@ -144,11 +144,12 @@ impl Options {
                 // The namespace's router holds it weakly (its stack serves
                 // that namespace), so it is built with the namespace.
                 Arc::new_cyclic(|ns| {
+                    let held = spec.options.sockets.survive_moves;
                     Namespace::new(NamespaceParts {
                         ns: Arc::from(spec.ns.as_str()),
                         options: spec.options,
                         lifecycle: spec.lifecycle,
-                        router: (spec.routes)(ns.clone()),
+                        router: (spec.routes)(ns.clone(), held),
                         durable: store.clone().map(|store| {
                             Arc::new(Durable::new(store, spec.trays)) as Arc<dyn Durability>
                         }),
