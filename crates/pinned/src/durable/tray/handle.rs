@@ -123,7 +123,7 @@ impl<T: Tray> TrayHandle<T> {
             self.tray.writable(&state)?;
             OpenTray::<T>::set_marked(&mut state, true);
             self.tray.segment(&mut state, edit)?;
-            self.tray.commit(&mut state)?
+            self.tray.commit_admission(&mut state)?
         };
         self.tray.start_pump();
         Ok(receipt)
@@ -166,7 +166,7 @@ impl<T: Tray> TrayHandle<T> {
             }
             state.admitted.push_back(key.to_owned());
             state.changed = true;
-            Admission::Admitted(self.tray.commit(&mut state)?)
+            Admission::Admitted(self.tray.commit_admission(&mut state)?)
         };
         self.tray.start_pump();
         Ok(admission)
@@ -214,7 +214,7 @@ impl<T: Tray> TrayHandle<T> {
             state.attempts = 0;
             state.changed = true;
             OpenTray::<T>::set_marked(&mut state, true);
-            self.tray.commit(&mut state)?
+            self.tray.commit_admission(&mut state)?
         };
         self.tray.start_pump();
         Ok(receipt)
