@@ -559,11 +559,12 @@ impl Bench<'_> {
 impl Bench<'_> {
     /// `VACUUM pinned_tray_index, pinned_epoch` (outside the clock, before
     /// each server's backlog and before its admissions) when the server's
-    /// autovacuum is off, as the test database's is. Every tray row write is
-    /// a non-HOT update (the alarm index reads `doc`), so without it each
-    /// run leaves tens of thousands of dead versions and index entries that
-    /// every later write wades through: the figures would fall from run to
-    /// run and with the order of the servers, whoever is measured.
+    /// autovacuum is off, as the test database's is. A tray row write that
+    /// moves the mark is a non-HOT update (the marked index's predicate
+    /// reads `marked`), so without it each run leaves thousands of dead
+    /// versions and index entries that every later write wades through: the
+    /// figures would fall from run to run and with the order of the servers,
+    /// whoever is measured.
     async fn vacuum_unless_autovacuum(&self) -> anyhow::Result<()> {
         let client = postgres(&self.cli.database_url).await?;
         let on: String = client.query_one("SHOW autovacuum", &[]).await?.get(0);
