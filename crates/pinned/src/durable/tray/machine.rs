@@ -118,6 +118,10 @@ pub(crate) struct Delivery<T: Tray> {
     /// The `on_ack` edits and `after_ack` hooks the handler stages.
     pub(crate) staged: Arc<Mutex<Staged<T>>>,
     pub(crate) cancel: tokio_util::sync::CancellationToken,
+    /// Set once the run ended (returned, failed, timed out, cancelled):
+    /// what the handler left behind (a task holding its `TrayCtx`) may no
+    /// longer dispatch in its name.
+    pub(crate) ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How a tray stopped taking writes.

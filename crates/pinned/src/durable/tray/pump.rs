@@ -380,6 +380,7 @@ impl<T: Tray> OpenTray<T> {
             None => None,
         };
         let state = self.state.lock().dispatch_state.clone();
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let delivery = Delivery {
             tray: self.clone(),
             ctx: Context::new(slot.clone()),
@@ -387,8 +388,11 @@ impl<T: Tray> OpenTray<T> {
             state,
             staged,
             cancel: cancel.clone(),
+            ended: ended.clone(),
         };
         let handler = AssertUnwindSafe((self.handler)(instance, delivery, item)).catch_unwind();
+        // However the run ends, before its phase two and its ack.
+        let _ended = EndsRun(ended);
         tokio::select! {
             ran = tokio::time::timeout(T::DISPATCH_TIMEOUT, handler) => match ran {
                 Ok(Ok(Ok(()))) => Outcome::Done,
@@ -427,6 +431,16 @@ impl<T: Tray> OpenTray<T> {
         }
         self.stopped();
         self.freed.send_replace(true);
+    }
+}
+
+/// Marks a run ended when dropped: on every way out of
+/// [`run`](OpenTray::run), an abort's included.
+struct EndsRun(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for EndsRun {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
