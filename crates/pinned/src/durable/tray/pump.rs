@@ -118,7 +118,7 @@ impl<T: Tray> OpenTray<T> {
             // The last ack, when no next delivery's write carried it:
             // nobody waits for it, so it may wait for company.
             if state.changed {
-                if let Err(error) = self.commit_with(&mut state, Urgency::Soon) {
+                if let Err(error) = self.commit_with(&mut state, Urgency::Idle) {
                     tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not write a tray's ack");
                 }
             }
@@ -171,7 +171,7 @@ impl<T: Tray> OpenTray<T> {
             Self::set_marked(state, !state.sends.is_empty());
             // The last ack and the unmark: nobody waits for them, and the
             // next admission (a steady stream's usual case) carries them.
-            if let Err(error) = self.commit_with(state, Urgency::Soon) {
+            if let Err(error) = self.commit_with(state, Urgency::Idle) {
                 tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not unmark a dry tray");
             }
             // The open map's reference and the pump's.
