@@ -134,15 +134,13 @@ hostname COLLATE \"C\", env COLLATE \"C\") WHERE marked";
 /// integer within `bigint`. Ordered by the subquery's `at` (not the output column of that
 /// name, its `bigint` cast) so that [`ALARM_DUE_INDEX`] gives the order and the scan stops
 /// after `$2` rows; the two orders agree because every row left is integer-valued.
-pub(super) const DUE_ALARMS: &str = concat!(
-    "SELECT ns, id, at::bigint, nonce, hostname, env FROM (\
+pub(super) const DUE_ALARMS: &str = "SELECT ns, id, at::bigint, nonce, hostname, env FROM (\
 SELECT ns, id, hostname, env, alarm_at AS at, \
 CASE WHEN jsonb_typeof(doc->'nonce') = 'string' THEN doc->>'nonce' END AS nonce \
 FROM pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm') AS alarms \
 WHERE alarms.at <= $1::bigint AND alarms.at >= -9223372036854775808 \
 AND alarms.at = trunc(alarms.at) \
-ORDER BY alarms.at, ns COLLATE \"C\", id COLLATE \"C\" LIMIT $2::bigint"
-);
+ORDER BY alarms.at, ns COLLATE \"C\", id COLLATE \"C\" LIMIT $2::bigint";
 /// The first page of distinct instances with a marked row (`StateStore::marked_instances`),
 /// byte-ordered, each with the world of one of its marked rows: one naming a hostname
 /// before `'*'`, then the smallest `(hostname, env)`. [`MARKED_INDEX`] holds exactly this

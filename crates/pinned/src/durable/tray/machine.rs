@@ -446,7 +446,7 @@ impl<T: Tray> OpenTray<T> {
         state.retired.is_none()
             && state.inbox.is_empty()
             && !state.parked
-            && !(slot.winding_down() && !T::DRAIN_ON_EVICTION)
+            && (T::DRAIN_ON_EVICTION || !slot.winding_down())
             && state.tray.head().is_some()
     }
 
