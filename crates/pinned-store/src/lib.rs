@@ -93,9 +93,10 @@ pub use open::StoreConfig;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{
     ConnectionString, IndexState, PlanChoice, PostgresOptions, PostgresStore, SslMode,
-    SweepIndexBuild, SweepIndexes, SweepScan, ALARM_DUE_INDEX, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, DEFAULT_INDEX_BUILD_DEADLINE, DEFAULT_LOCK_TIMEOUT,
-    DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE, MARKED_INDEX,
+    SweepIndexBuild, SweepIndexes, SweepScan, ALARM_AT_COLUMN, ALARM_AT_TRIGGER, ALARM_DUE_INDEX,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT, DEFAULT_INDEX_BUILD_DEADLINE,
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_STATEMENT_TIMEOUT, DEFAULT_TXN_DEADLINE,
+    MARKED_INDEX, RETIRED_ALARM_INDEX, TRAY_INDEX_FILLFACTOR,
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]

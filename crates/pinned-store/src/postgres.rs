@@ -27,7 +27,8 @@ mod tls;
 
 pub use self::connection::{ConnectionString, SslMode};
 pub use self::sweep::{
-    IndexState, PlanChoice, SweepIndexBuild, SweepIndexes, SweepScan, ALARM_DUE_INDEX, MARKED_INDEX,
+    IndexState, PlanChoice, SweepIndexBuild, SweepIndexes, SweepScan, ALARM_AT_COLUMN,
+    ALARM_AT_TRIGGER, ALARM_DUE_INDEX, MARKED_INDEX, RETIRED_ALARM_INDEX, TRAY_INDEX_FILLFACTOR,
 };
 
 use self::begin::{Begin, LZ4_OFFERED};
@@ -64,7 +65,8 @@ pub const DEFAULT_TXN_DEADLINE: Duration = Duration::from_secs(30);
 /// twice and first waits for every transaction older than it in the database.
 pub const DEFAULT_INDEX_BUILD_DEADLINE: Duration = Duration::from_secs(3600);
 
-/// Both tables of wire.md §12.2, verbatim.
+/// Both tables of wire.md §12.2, verbatim (the store adds `alarm_at` to the second in
+/// `setup`: see `sweep::migrate`).
 const CREATE_EPOCH: &str = "CREATE TABLE IF NOT EXISTS pinned_epoch (\
 ns TEXT NOT NULL, id TEXT NOT NULL, epoch BIGINT NOT NULL, PRIMARY KEY (ns, id))";
 const CREATE_TRAY_INDEX: &str = "CREATE TABLE IF NOT EXISTS pinned_tray_index (\
@@ -384,6 +386,14 @@ impl PostgresStore {
     /// from then on stores large documents `lz4`-compressed where the server offers it
     /// (see `begin.rs`). Safe to call from many processes at once.
     ///
+    /// In the same transaction it brings a table without them the store's additions:
+    /// the column [`ALARM_AT_COLUMN`] with its trigger [`ALARM_AT_TRIGGER`] (filled on the
+    /// alarm rows there, once: the table is locked while they are found, through the
+    /// retired alarm index where it exists), and a fill factor of
+    /// [`TRAY_INDEX_FILLFACTOR`] where none is set (for pages written from then on).
+    /// Rows a writer that knows nothing of them (the Python reference) writes get the
+    /// column from the trigger.
+    ///
     /// When the sweeper's indexes ([`sweep_indexes`](Self::sweep_indexes)) are not all
     /// built, it starts [`build_sweep_indexes`](Self::build_sweep_indexes) in a task of
     /// its own and returns without waiting for it: a build reads the whole table and
@@ -402,6 +412,7 @@ impl PostgresStore {
             conn.batch_execute(QUIET_DDL).await?;
             conn.batch_execute(CREATE_EPOCH).await?;
             conn.batch_execute(CREATE_TRAY_INDEX).await?;
+            sweep::migrate(conn).await?;
             let indexes = sweep::status(conn, "pinned_tray_index").await?;
             let lz4 = conn.query_opt(LZ4_OFFERED, &[]).await?.is_some();
             Ok::<_, StoreError>((indexes, lz4))

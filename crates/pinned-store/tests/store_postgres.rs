@@ -171,6 +171,9 @@ async fn setup_creates_the_reference_tables_exactly() -> anyhow::Result<()> {
         "pinned_tray_index.doc jsonb NO ",
         "pinned_tray_index.env text NO '*'::text",
         "pinned_tray_index.hostname text NO '*'::text",
+        // The store's own, nullable and never named by the reference's statements:
+        // the alarm index's key, kept by a trigger (see `ALARM_AT_COLUMN`).
+        "pinned_tray_index.alarm_at numeric YES ",
     ];
     assert_eq!(got, want);
     let pk = client

@@ -1,8 +1,10 @@
 //! The sweeper's indexes on `PostgresStore` (real Postgres at `PINNED_TEST_DATABASE_URL`):
 //! built by `setup`, named by the plan of both scans (custom and generic) over enough rows
 //! that the server would scan the table otherwise, a page reading about `limit` rows, the
-//! same answers with and without them, concurrent builds, and the repair of what a failed
-//! build left behind.
+//! same answers with and without them, concurrent builds, the repair of what a failed
+//! build left behind, the migration of a table in the earlier layout (the alarm index on
+//! an expression over `doc`), and tray row writes that are HOT updates, the store's and
+//! the Python reference's statements alike.
 //!
 //! Each test works in a schema of its own (the store's transaction hook sets the
 //! `search_path`), dropped at the end, so its rows never meet other tests' or a sweeper's.
@@ -14,8 +16,9 @@ use std::time::Duration;
 
 use pinned_store::conformance::database_url;
 use pinned_store::{
-    IndexState, PlanChoice, PostgresOptions, PostgresStore, StateStore, SweepIndexBuild, SweepScan,
-    ALARM_DUE_INDEX, MARKED_INDEX,
+    IndexState, InstanceKey, PlanChoice, PostgresOptions, PostgresStore, StateStore,
+    SweepIndexBuild, SweepScan, TrayKey, ALARM_DUE_INDEX, MARKED_INDEX, RETIRED_ALARM_INDEX,
+    TRAY_INDEX_FILLFACTOR,
 };
 use serde_json::Value;
 use tokio_postgres::NoTls;
@@ -389,7 +392,7 @@ async fn an_index_a_failed_build_left_invalid_is_built_again() -> anyhow::Result
         .await?
         .get(0);
     assert!(
-        definition.contains("jsonb_typeof") && !definition.contains("UNIQUE"),
+        definition.contains("alarm_at") && !definition.contains("UNIQUE"),
         "the leftover was replaced by the sweeper's index: {definition}"
     );
     assert_eq!(build(&store).await?, SweepIndexBuild::AlreadyReady);
@@ -413,5 +416,238 @@ async fn a_name_taken_by_another_relation_fails_the_build_with_its_reason() -> a
         "{err}"
     );
     assert_eq!(store.sweep_indexes().await?.marked, IndexState::Missing);
+    Ok(())
+}
+
+/// The Python reference's row write (`pinned/durability/postgres.py`, `_apply_tray`),
+/// verbatim but for the placeholders.
+const PYTHON_UPSERT: &str = "INSERT INTO pinned_tray_index \
+(ns, id, tray_ns, tray_id, marked, doc, env, hostname) \
+VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, '*', '*') \
+ON CONFLICT (ns, id, tray_ns, tray_id) \
+DO UPDATE SET marked = EXCLUDED.marked, doc = EXCLUDED.doc, \
+env = EXCLUDED.env, hostname = EXCLUDED.hostname";
+
+impl Schema {
+    /// Writes a row as the Python reference does.
+    async fn python_write(&self, id: &str, tray: (&str, &str), marked: bool, doc: &Value) {
+        self.client
+            .batch_execute(&format!("SET search_path = {}", self.name))
+            .await
+            .unwrap();
+        self.client
+            .execute(
+                PYTHON_UPSERT,
+                &[&"/mig", &id, &tray.0, &tray.1, &marked, &doc.to_string()],
+            )
+            .await
+            .unwrap();
+    }
+
+    /// `(n_tup_upd, n_tup_hot_upd)` of the schema's tray table, as the statistics
+    /// collector has them so far.
+    async fn updates(&self) -> (i64, i64) {
+        self.client
+            .batch_execute("SELECT pg_stat_force_next_flush(); SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        let row = self
+            .client
+            .query_one(
+                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
+                 WHERE schemaname = $1 AND relname = 'pinned_tray_index'",
+                &[&self.name],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    }
+
+    /// The table's storage options (`reloptions`), as one string.
+    async fn reloptions(&self) -> String {
+        self.client
+            .query_one(
+                "SELECT coalesce(array_to_string(reloptions, ','), '') FROM pg_class \
+                 WHERE oid = ($1 || '.pinned_tray_index')::regclass",
+                &[&self.name],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+fn doc(value: Value) -> pinned_store::Doc {
+    match value {
+        Value::Object(doc) => doc,
+        other => panic!("a doc is an object, not {other}"),
+    }
+}
+
+#[tokio::test]
+async fn tray_row_writes_are_hot_updates_the_stores_and_the_references_alike() -> anyhow::Result<()>
+{
+    let schema = Schema::new("sweep_hot").await;
+    let store = schema.store().await;
+    indexes_built(&store).await;
+    assert_eq!(
+        schema.reloptions().await,
+        format!("fillfactor={TRAY_INDEX_FILLFACTOR}")
+    );
+    // A tray row written 200 times by the store, its doc growing, its mark kept (the
+    // marked index reads `marked`, so a write moving the mark is never HOT).
+    let instance = InstanceKey::new("/mig", "hot");
+    let tray = TrayKey::singleton("jobs");
+    let mut done = Vec::new();
+    for n in 0..=200 {
+        done.push(format!("job-{n}"));
+        store
+            .set_tray(
+                instance,
+                tray,
+                true,
+                doc(serde_json::json!({ "done": done })),
+                1,
+            )
+            .await?;
+    }
+    // And 100 times by the Python reference's statement, on another row.
+    for n in 0..=100 {
+        schema
+            .python_write("py", ("jobs", "~"), true, &serde_json::json!({ "n": n }))
+            .await;
+    }
+    // The counters reach the collector when each backend next reports.
+    let (updates, hot) =
+        test_support::eventually("the 300 updates counted", BUILD_PATIENCE, || async {
+            let (updates, hot) = schema.updates().await;
+            (updates >= 300).then_some((updates, hot))
+        })
+        .await;
+    assert_eq!(updates, 300);
+    assert!(
+        hot >= 270,
+        "{hot} of {updates} updates were HOT: an index still reads a column the writes change"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_table_of_the_earlier_layout_is_migrated_once_and_python_rows_are_swept(
+) -> anyhow::Result<()> {
+    let schema = Schema::new("sweep_migrate").await;
+    // The table as the Python reference creates it, with the alarm index of the
+    // earlier layout and alarm rows written before the migration.
+    schema
+        .exec(&format!(
+            "CREATE TABLE pinned_tray_index (\
+             ns TEXT NOT NULL, id TEXT NOT NULL, tray_ns TEXT NOT NULL, tray_id TEXT NOT NULL, \
+             marked BOOLEAN NOT NULL, doc JSONB NOT NULL, \
+             env TEXT NOT NULL DEFAULT '*', hostname TEXT NOT NULL DEFAULT '*', \
+             PRIMARY KEY (ns, id, tray_ns, tray_id)); \
+             CREATE INDEX {RETIRED_ALARM_INDEX} ON pinned_tray_index ((CASE WHEN \
+             jsonb_typeof(doc->'at') = 'number' THEN (doc->>'at')::numeric END), \
+             ns COLLATE \"C\", id COLLATE \"C\") WHERE tray_ns = 'pinned' AND tray_id = 'alarm'"
+        ))
+        .await;
+    let alarm = ("pinned", "alarm");
+    schema
+        .python_write(
+            "old-due",
+            alarm,
+            false,
+            &serde_json::json!({"at": 1000, "nonce": "a"}),
+        )
+        .await;
+    schema
+        .python_write(
+            "old-late",
+            alarm,
+            false,
+            &serde_json::json!({"at": 9_000_000}),
+        )
+        .await;
+    schema
+        .python_write(
+            "old-due",
+            ("jobs", "~"),
+            true,
+            &serde_json::json!({"queue": [1]}),
+        )
+        .await;
+
+    let store = schema.store().await;
+    indexes_built(&store).await;
+    let indexes = schema.indexes().await;
+    assert_eq!(
+        indexes,
+        [
+            (ALARM_DUE_INDEX.to_owned(), true),
+            ("pinned_tray_index_marked".to_owned(), true),
+            ("pinned_tray_index_pkey".to_owned(), true),
+        ],
+        "the retired alarm index dropped once its successor was built"
+    );
+    assert_eq!(
+        schema.reloptions().await,
+        format!("fillfactor={TRAY_INDEX_FILLFACTOR}")
+    );
+    let due: Vec<String> = store
+        .due_alarms(5000, 10)
+        .await?
+        .into_iter()
+        .map(|alarm| alarm.id)
+        .collect();
+    assert_eq!(
+        due,
+        ["old-due"],
+        "a row written before the migration is found"
+    );
+
+    // Written by the reference after it: the trigger keeps the column.
+    schema
+        .python_write(
+            "new-due",
+            alarm,
+            false,
+            &serde_json::json!({"at": 2000, "nonce": "b"}),
+        )
+        .await;
+    schema
+        .python_write(
+            "old-due",
+            alarm,
+            false,
+            &serde_json::json!({"at": 8_000_000}),
+        )
+        .await;
+    let due: Vec<(String, i64, Option<String>)> = store
+        .due_alarms(5000, 10)
+        .await?
+        .into_iter()
+        .map(|alarm| (alarm.id, alarm.at, alarm.nonce))
+        .collect();
+    assert_eq!(due, [("new-due".to_owned(), 2000, Some("b".to_owned()))]);
+    // The reference's reads see its rows as before.
+    let listed = schema
+        .client
+        .query(
+            "SELECT tray_ns, tray_id, marked, doc FROM pinned_tray_index \
+             WHERE ns = $1 AND id = $2 ORDER BY tray_ns, tray_id",
+            &[&"/mig", &"old-due"],
+        )
+        .await?;
+    assert_eq!(listed.len(), 2);
+    let queued: Value = listed[0].get(3);
+    assert_eq!(queued, serde_json::json!({"queue": [1]}));
+
+    // Idempotent, and an operator's own fill factor stays.
+    schema
+        .exec("ALTER TABLE pinned_tray_index SET (fillfactor = 60)")
+        .await;
+    let again = schema.store().await;
+    assert!(again.sweep_indexes().await?.ready());
+    assert_eq!(schema.reloptions().await, "fillfactor=60");
+    assert_eq!(again.due_alarms(5000, 10).await?.len(), 1);
     Ok(())
 }

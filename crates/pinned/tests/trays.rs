@@ -40,6 +40,8 @@ struct Lab {
     runs: Arc<Mutex<Vec<String>>>,
     /// `on_open`/`on_close` of keyed trays, as `"open <key>"`/`"close <key>"`.
     events: Arc<Mutex<Vec<String>>>,
+    /// Every run of the `jobs` handler with its delivery count, in order.
+    deliveries: Arc<Mutex<Vec<(String, u64)>>>,
 }
 
 impl Default for Lab {
@@ -50,6 +52,7 @@ impl Default for Lab {
             release: Arc::new(tokio::sync::Semaphore::new(0)),
             runs: Arc::default(),
             events: Arc::default(),
+            deliveries: Arc::default(),
         }
     }
 }
@@ -188,6 +191,10 @@ impl Runner {
 
 impl TrayHandler<Jobs> for Runner {
     async fn handle(&self, ctx: TrayCtx<Jobs>, name: String) -> Result<(), BoxError> {
+        self.lab
+            .deliveries
+            .lock()
+            .push((name.clone(), ctx.attempts()));
         self.work(&name).await?;
         ctx.on_ack(move |jobs| jobs.done.push(name));
         Ok(())
@@ -1054,6 +1061,148 @@ async fn a_write_that_changes_nothing_goes_nowhere() {
         before,
         "no row write for an unchanged tray"
     );
+}
+
+/// The `jobs` row of `/runners/<id>` on a memory store, as `(marked, doc)`.
+async fn memory_row(store: &MemoryStore, id: &str) -> Option<(bool, serde_json::Value)> {
+    store
+        .get_tray(
+            InstanceKey::new("/runners", id),
+            TrayKey::singleton("jobs"),
+            0,
+        )
+        .await
+        .unwrap()
+        .map(|row| (row.marked, serde_json::Value::Object(row.doc)))
+}
+
+#[tokio::test]
+async fn an_admission_to_an_idle_tray_takes_one_store_write_before_its_handler_runs() {
+    let inner = Arc::new(MemoryStore::new());
+    let counting = Arc::new(FailingStore::passing(inner.clone()));
+    let lab = Lab::default();
+    lab.hold.store(true, Ordering::SeqCst);
+    let w = start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(lab.clone())
+            .store(counting.clone()),
+    )
+    .await;
+    assert_eq!(json(w.get("/runners/one/done").await).await.0, 200);
+    for round in 0..3 {
+        let name = format!("j{round}");
+        // The tray rests dry and unmarked: the last round's ack landed.
+        eventually("the tray at rest", PATIENCE, || async {
+            let row = memory_row(&inner, "one").await;
+            (round == 0
+                || row.is_some_and(|(marked, doc)| {
+                    !marked && doc["done"].as_array().map(Vec::len) == Some(round)
+                }))
+            .then_some(())
+        })
+        .await;
+        let before = counting.writes();
+        let admitted = json(w.post(&format!("/runners/one/enqueue/{name}")).await).await;
+        assert_eq!(admitted, (200, json!({ "admitted": name })));
+        eventually("the handler running", PATIENCE, || async {
+            lab.runs.lock().contains(&name).then_some(())
+        })
+        .await;
+        // The handler holds: nothing else can write until it is released.
+        assert_eq!(
+            counting.writes() - before,
+            1,
+            "round {round}: the admission and its delivery's count in one write"
+        );
+        let (marked, doc) = memory_row(&inner, "one").await.unwrap();
+        assert!(marked, "round {round}");
+        assert_eq!(doc["queue"], json!([name]), "round {round}");
+        assert_eq!(
+            doc["~attempts"],
+            json!(1),
+            "round {round}: counted before the run"
+        );
+        lab.release.add_permits(1);
+    }
+    eventually("the last ack landed", PATIENCE, || async {
+        memory_row(&inner, "one")
+            .await
+            .filter(|(marked, _)| !marked)
+    })
+    .await;
+    let (_, doc) = memory_row(&inner, "one").await.unwrap();
+    assert_eq!(doc, json!({ "done": ["j0", "j1", "j2"] }));
+    assert_eq!(
+        *lab.deliveries.lock(),
+        [
+            ("j0".to_owned(), 1),
+            ("j1".to_owned(), 1),
+            ("j2".to_owned(), 1)
+        ]
+    );
+    w.worker.close().await;
+}
+
+#[tokio::test]
+async fn a_crash_right_after_an_idle_admissions_write_redelivers_with_the_attempt_counted() {
+    // A clean run finds the admission's write number: activation writes
+    // the same every time.
+    let probe = Arc::new(FailingStore::passing(Arc::new(MemoryStore::new())));
+    let w = start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(Lab::default())
+            .store(probe.clone()),
+    )
+    .await;
+    assert_eq!(json(w.get("/runners/c/done").await).await.0, 200);
+    let admission = probe.writes() + 1;
+    w.worker.close().await;
+
+    // The write lands and its answer is lost: the instance aborts before
+    // the handler could run, as a crash right after the write.
+    let inner = Arc::new(MemoryStore::new());
+    let flaky = Arc::new(FailingStore::new(inner.clone(), admission, true));
+    let lab = Lab::default();
+    let first = start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(lab.clone())
+            .store(flaky.clone()),
+    )
+    .await;
+    assert_eq!(json(first.get("/runners/c/done").await).await.0, 200);
+    let response = first.post("/runners/c/enqueue/j0").await;
+    assert_ne!(
+        response.status(),
+        200,
+        "the failed write is not acknowledged"
+    );
+    assert!(flaky.failed());
+    first.worker.close().await;
+    assert!(lab.runs.lock().is_empty(), "no run on a write that failed");
+    let (marked, doc) = memory_row(&inner, "c").await.unwrap();
+    assert!(marked);
+    assert_eq!(doc, json!({ "queue": ["j0"], "~attempts": 1 }));
+
+    // The next worker redelivers it as the second attempt.
+    let lab = Lab::default();
+    let second = start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(lab.clone())
+            .store(inner.clone()),
+    )
+    .await;
+    eventually("the item redelivered and acked", PATIENCE, || async {
+        memory_row(&inner, "c").await.filter(|(marked, _)| !marked)
+    })
+    .await;
+    assert_eq!(*lab.deliveries.lock(), [("j0".to_owned(), 2)]);
+    let (_, doc) = memory_row(&inner, "c").await.unwrap();
+    assert_eq!(doc, json!({ "done": ["j0"] }));
+    second.worker.close().await;
 }
 
 #[tokio::test]

@@ -324,9 +324,29 @@ const HELD: u64 = 1000;
 /// dispatch.
 const FAILING: u64 = 500;
 
+/// The relay item [`LATE`] leaves a task holding its `TrayCtx` that
+/// dispatches once a permit here lets it, after the run ended; its answer
+/// goes to [`LATE_ANSWER`].
+static LATE_GO: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+static LATE_ANSWER: parking_lot::Mutex<Option<Result<Dispatched, String>>> =
+    parking_lot::Mutex::new(None);
+const LATE: u64 = 2000;
+
 impl TrayHandler<Relay> for SweepLane {
     async fn handle(&self, ctx: TrayCtx<Relay>, item: Item) -> Result<(), BoxError> {
         let sink = ctx.context().tray::<Sink>().await?;
+        if item.n == LATE {
+            tokio::spawn(async move {
+                if let Ok(permit) = LATE_GO.acquire().await {
+                    permit.forget();
+                }
+                let answer = ctx.dispatch(&sink, &("late", item.n), |sink| {
+                    sink.queue.push_back(item.clone());
+                });
+                *LATE_ANSWER.lock() = Some(answer.map_err(|error| error.to_string()));
+            });
+            return Ok(());
+        }
         let admitted = item.clone();
         let outcome = ctx.dispatch(&sink, &("r", item.n), move |sink| {
             sink.queue.push_back(admitted);
@@ -705,6 +725,38 @@ async fn a_redelivered_item_answers_its_recorded_outcome_and_admits_nothing_agai
         "admitted once"
     );
     assert!(sink.get("~ignore").is_none(), "{sink}");
+    w.worker.close().await;
+}
+
+#[tokio::test]
+async fn a_dispatch_after_the_handlers_run_ended_is_refused() {
+    let store = Arc::new(MemoryStore::new());
+    let w = worker(store.clone(), NS).await;
+    let id = "late";
+    assert_eq!(
+        w.post(&format!("{NS}/{id}/relay/{LATE}")).await.status(),
+        200
+    );
+    eventually("the relay item acked", PATIENCE, || async {
+        row(&*store, id, "relay")
+            .await
+            .filter(|(marked, _)| !marked)
+    })
+    .await;
+    LATE_GO.add_permits(1);
+    let answer = eventually("the late dispatch answered", PATIENCE, || async {
+        LATE_ANSWER.lock().take()
+    })
+    .await;
+    let refusal = answer.expect_err("a dispatch after the run ended is refused");
+    assert!(
+        refusal.contains("dispatch after this dispatch settled"),
+        "{refusal}"
+    );
+    // Nothing reached the sink, nor the relay's ledger.
+    assert_eq!(row(&*store, id, "sink").await, None);
+    let (_, relay) = row(&*store, id, "relay").await.unwrap();
+    assert!(relay.get("~dispatch").is_none(), "{relay}");
     w.worker.close().await;
 }
 

@@ -32,6 +32,12 @@
 //! `/proc/<pid>/stat`) per operation over the same window (for admissions
 //! also this process's, the load generator's, and every `postgres`
 //! process's), and the Rust / Python ratios on Postgres close the run.
+//! On Postgres each window also shows the server's WAL flushes
+//! (`pg_stat_wal.wal_sync`, the whole server's, so other users of it
+//! count too) and `pinned_tray_index`'s row updates per operation and the
+//! share of them that were HOT (`pg_stat_user_tables`); the statistics
+//! reach those views up to a second late, so over a short window they are
+//! approximate.
 //! When the database server's autovacuum is off (the test database's),
 //! `pinned_tray_index` and `pinned_epoch` are vacuumed before each server's
 //! backlog and before its admissions, outside the clock, as autovacuum
@@ -178,6 +184,10 @@ struct Figures {
     admission_cpu_us: Option<f64>,
     /// Postgres's CPU (every `postgres` process) per admission, microseconds.
     admission_pg_cpu_us: Option<f64>,
+    /// Postgres's counters over the admissions window.
+    admission_pg: Option<PgCounters>,
+    /// Postgres's counters over the drain.
+    drain_pg: Option<PgCounters>,
 }
 
 /// CPU per admission over the measured window, microseconds.
@@ -189,6 +199,72 @@ struct AdmissionCpu {
     client: Option<f64>,
     /// Every `postgres` process's (other users of the database included).
     postgres: Option<f64>,
+    /// Postgres's counters over the same window.
+    counters: Option<PgCounters>,
+}
+
+/// Postgres's counters over a window: WAL flushes (`pg_stat_wal.wal_sync`,
+/// the whole server's: other users of it included) and the updates of
+/// `pinned_tray_index` (`pg_stat_user_tables`), all as the statistics have
+/// them, which backends report up to a second late.
+#[derive(Clone, Copy, Default)]
+struct PgCounters {
+    wal_syncs: i64,
+    updates: i64,
+    hot_updates: i64,
+}
+
+impl PgCounters {
+    /// Reads them; `None` when the server has no such views (before PG 14).
+    async fn read(url: &str) -> Option<Self> {
+        let client = postgres(url).await.ok()?;
+        let row = client
+            .query_one(
+                "SELECT (SELECT wal_sync FROM pg_stat_wal), \
+                 coalesce((SELECT n_tup_upd FROM pg_stat_user_tables \
+                  WHERE relid = to_regclass('pinned_tray_index')), 0), \
+                 coalesce((SELECT n_tup_hot_upd FROM pg_stat_user_tables \
+                  WHERE relid = to_regclass('pinned_tray_index')), 0)",
+                &[],
+            )
+            .await
+            .ok()?;
+        Some(Self {
+            wal_syncs: row.try_get(0).ok()?,
+            updates: row.try_get(1).ok()?,
+            hot_updates: row.try_get(2).ok()?,
+        })
+    }
+
+    /// `after` less `before`.
+    fn delta(before: Option<Self>, after: Option<Self>) -> Option<Self> {
+        let (before, after) = (before?, after?);
+        Some(Self {
+            wal_syncs: after.wal_syncs - before.wal_syncs,
+            updates: after.updates - before.updates,
+            hot_updates: after.hot_updates - before.hot_updates,
+        })
+    }
+
+    /// `, WAL flushes/op 1.02, tray row updates HOT 35 %`, or nothing.
+    fn show(counters: Option<Self>, operations: usize) -> String {
+        let Some(counters) = counters else {
+            return String::new();
+        };
+        let hot = if counters.updates > 0 {
+            format!(
+                "{:.0} %",
+                counters.hot_updates as f64 * 100.0 / counters.updates as f64
+            )
+        } else {
+            "-".to_owned()
+        };
+        format!(
+            ", WAL flushes/op {:.2}, tray row updates/op {:.2}, HOT {hot}",
+            counters.wal_syncs as f64 / operations.max(1) as f64,
+            counters.updates as f64 / operations.max(1) as f64,
+        )
+    }
 }
 
 /// The gated server's admission of the backlog.
@@ -460,7 +536,8 @@ impl Bench<'_> {
         server: &Server,
     ) -> anyhow::Result<(Report, AdmissionCpu)> {
         let warmup = Duration::from_secs(self.cli.warmup);
-        let (report, (cpu_before, client_before, pg_before)) = tokio::join!(
+        let on_postgres = kind != Kind::RustSqlite;
+        let (report, (cpu_before, client_before, pg_before, counters_before)) = tokio::join!(
             load::run(Load {
                 addr: server.addr,
                 connections: self.cli.clients,
@@ -481,6 +558,7 @@ impl Bench<'_> {
                     server.cpu_time(),
                     child::own_cpu_time(),
                     child::cpu_time_of("postgres"),
+                    self.pg_counters(on_postgres).await,
                 )
             }
         );
@@ -488,6 +566,7 @@ impl Bench<'_> {
         let cpu_after = server.cpu_time();
         let client_after = child::own_cpu_time();
         let pg_after = child::cpu_time_of("postgres");
+        let counters = PgCounters::delta(counters_before, self.pg_counters(on_postgres).await);
         let requests = usize::try_from(report.ok + report.errors).unwrap_or(usize::MAX);
         let cpu = AdmissionCpu {
             server: cpu_us(spent(cpu_before, cpu_after), requests),
@@ -495,6 +574,7 @@ impl Bench<'_> {
             postgres: (kind != Kind::RustSqlite)
                 .then(|| cpu_us(pg_after.checked_sub(pg_before), requests))
                 .flatten(),
+            counters,
         };
         Ok((report, cpu))
     }
@@ -514,7 +594,10 @@ impl Bench<'_> {
             refused(backlog.refusals),
         );
         let mut server = self.start(kind, "0", "serve").await?;
+        let on_postgres = kind != Kind::RustSqlite;
+        let pg_before = self.pg_counters(on_postgres).await;
         let drain = self.drain(&server, &plan).await?;
+        let drain_pg = PgCounters::delta(pg_before, self.pg_counters(on_postgres).await);
         println!(
             "  dispatch   {:>7.0} jobs/s  {} jobs drained in {:.2} s ({} done before the first read{}){}  cpu/dispatch {}  [load {}]",
             drain.rate(),
@@ -526,6 +609,12 @@ impl Bench<'_> {
             show_cpu(drain.cpu_us),
             load_average(),
         );
+        if on_postgres {
+            println!(
+                "            {}",
+                PgCounters::show(drain_pg, drain.drained).trim_start_matches(", ")
+            );
+        }
         if drain.wrong.is_empty() {
             println!("             every done list holds exactly its jobs, in admission order");
         } else {
@@ -544,6 +633,14 @@ impl Bench<'_> {
             show_cpu(cpu.postgres),
             load_average(),
         );
+        if on_postgres {
+            let operations =
+                usize::try_from(admissions.ok + admissions.errors).unwrap_or(usize::MAX);
+            println!(
+                "            {}",
+                PgCounters::show(cpu.counters, operations).trim_start_matches(", ")
+            );
+        }
         server.kill().await?;
         Ok(Figures {
             kind,
@@ -552,18 +649,29 @@ impl Bench<'_> {
             admissions,
             admission_cpu_us: cpu.server,
             admission_pg_cpu_us: cpu.postgres,
+            admission_pg: cpu.counters,
+            drain_pg,
         })
     }
 }
 
 impl Bench<'_> {
+    /// Postgres's counters now, when `on_postgres`.
+    async fn pg_counters(&self, on_postgres: bool) -> Option<PgCounters> {
+        if !on_postgres {
+            return None;
+        }
+        PgCounters::read(&self.cli.database_url).await
+    }
+
     /// `VACUUM pinned_tray_index, pinned_epoch` (outside the clock, before
     /// each server's backlog and before its admissions) when the server's
-    /// autovacuum is off, as the test database's is. Every tray row write is
-    /// a non-HOT update (the alarm index reads `doc`), so without it each
-    /// run leaves tens of thousands of dead versions and index entries that
-    /// every later write wades through: the figures would fall from run to
-    /// run and with the order of the servers, whoever is measured.
+    /// autovacuum is off, as the test database's is. A tray row write that
+    /// moves the mark is a non-HOT update (the marked index's predicate
+    /// reads `marked`), so without it each run leaves thousands of dead
+    /// versions and index entries that every later write wades through: the
+    /// figures would fall from run to run and with the order of the servers,
+    /// whoever is measured.
     async fn vacuum_unless_autovacuum(&self) -> anyhow::Result<()> {
         let client = postgres(&self.cli.database_url).await?;
         let on: String = client.query_one("SHOW autovacuum", &[]).await?.get(0);
@@ -702,6 +810,15 @@ fn summary(figures: &[Figures]) {
             ratio(rust.drain.rate(), python.drain.rate()),
             cpu_ratio(rust.admission_cpu_us, python.admission_cpu_us),
             cpu_ratio(rust.drain.cpu_us, python.drain.cpu_us),
+        );
+    }
+    for f in figures.iter().filter(|f| f.kind != Kind::RustSqlite) {
+        let admitted = usize::try_from(f.admissions.ok + f.admissions.errors).unwrap_or(usize::MAX);
+        println!(
+            "  {:<18} Postgres per admission{}; per dispatch{}",
+            f.kind.label(),
+            PgCounters::show(f.admission_pg, admitted).trim_start_matches(','),
+            PgCounters::show(f.drain_pg, f.drain.drained).trim_start_matches(','),
         );
     }
     println!("load average at end: {}", load_average());

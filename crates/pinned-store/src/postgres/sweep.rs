@@ -2,10 +2,12 @@
 //! §14.2), the two partial indexes that let them read only the rows that are due or
 //! marked, the build of those indexes, and `EXPLAIN` of the scans.
 //!
-//! Owns the scans' SQL and the index definitions. The alarm index's key is the scan's
-//! own `at` expression, spliced into both from one macro, and both orders are the
-//! scans' `ORDER BY`s, so the planner matches them and a page stops after `limit`
-//! entries. The build runs `CREATE INDEX CONCURRENTLY` (writers are never blocked) on a
+//! Owns the scans' SQL, the index definitions, and the store's additions to the shared
+//! table: the `alarm_at` column the alarm index and scan read, kept by a trigger for
+//! every writer (the Python reference knows nothing of it), and a fill factor, so that
+//! a tray row's write (its `doc` changes, its alarm time does not) can be a HOT update.
+//! Both index orders are the scans' `ORDER BY`s, so the planner matches them and a page
+//! stops after `limit` entries. The build runs `CREATE INDEX CONCURRENTLY` (writers are never blocked) on a
 //! connection of its own, outside any transaction, where that statement must run; one
 //! process builds a table's indexes at a time (a session advisory lock) and first drops
 //! what a failed build left behind (an index marked invalid, which `IF NOT EXISTS` would
@@ -24,49 +26,121 @@ use crate::error::postgres_transient;
 use crate::store::sql_limit;
 use crate::StoreError;
 
-/// An alarm row's due time, as a number only when `doc.at` is a JSON number, so the
-/// cast never fails whatever a writer (the Python reference included) stored: an index
+/// An alarm row's due time, as a number only when `$doc->'at'` is a JSON number, so the
+/// cast never fails whatever a writer (the Python reference included) stored: an
 /// expression that could fail would fail the write.
 macro_rules! alarm_at {
-    () => {
-        "CASE WHEN jsonb_typeof(doc->'at') = 'number' THEN (doc->>'at')::numeric END"
+    ($doc:literal) => {
+        concat!(
+            "CASE WHEN jsonb_typeof(",
+            $doc,
+            "->'at') = 'number' THEN (",
+            $doc,
+            "->>'at')::numeric END"
+        )
     };
 }
 
+/// The column holding an alarm row's due time ([`alarm_at!`] of its `doc`; null on every
+/// other row), kept by [`ALARM_AT_TRIGGER`] for every writer, the Python reference
+/// included. The alarm index is on it rather than on the expression over `doc`:
+/// Postgres counts every column an index reads as indexed, so an index reading `doc`
+/// made every row write a non-HOT update (a new index entry in every index, the table
+/// and its indexes bloating); the column changes only when an alarm's time does.
+pub const ALARM_AT_COLUMN: &str = "alarm_at";
+/// The trigger that keeps [`ALARM_AT_COLUMN`], firing on alarm rows only.
+pub const ALARM_AT_TRIGGER: &str = "pinned_tray_index_alarm_at";
+/// The alarm index of earlier versions, on the expression over `doc`: dropped once
+/// [`ALARM_DUE_INDEX`] is built, since while it exists no row write is a HOT update.
+pub const RETIRED_ALARM_INDEX: &str = "pinned_tray_index_alarm_due";
+/// The fill factor the store gives `pinned_tray_index` when none is set: room on each
+/// page for a row's next version, so that a write can be a HOT update.
+pub const TRAY_INDEX_FILLFACTOR: u32 = 80;
+
+/// Where the store's additions to `pinned_tray_index` stand: the column, the trigger
+/// and whether a fill factor is set.
+const MIGRATION_STATUS: &str = "SELECT \
+EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'pinned_tray_index'::regclass \
+AND attname = 'alarm_at' AND NOT attisdropped), \
+EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = 'pinned_tray_index'::regclass \
+AND tgname = 'pinned_tray_index_alarm_at'), \
+EXISTS (SELECT 1 FROM pg_class WHERE oid = 'pinned_tray_index'::regclass \
+AND array_to_string(reloptions, ',') LIKE '%fillfactor=%')";
+
+/// Adds [`ALARM_AT_COLUMN`] (nullable, no default: a catalog change, no table rewrite),
+/// its trigger, and fills it on the alarm rows already there (the retired index, where
+/// present, finds them without reading the table).
+const MIGRATE_ALARM_AT: &str = concat!(
+    "ALTER TABLE pinned_tray_index ADD COLUMN IF NOT EXISTS alarm_at numeric; \
+CREATE OR REPLACE FUNCTION pinned_tray_index_alarm_at() RETURNS trigger LANGUAGE plpgsql AS \
+$pinned$ BEGIN NEW.alarm_at := ",
+    alarm_at!("NEW.doc"),
+    "; RETURN NEW; END $pinned$; \
+DROP TRIGGER IF EXISTS pinned_tray_index_alarm_at ON pinned_tray_index; \
+CREATE TRIGGER pinned_tray_index_alarm_at BEFORE INSERT OR UPDATE ON pinned_tray_index \
+FOR EACH ROW WHEN (NEW.tray_ns = 'pinned' AND NEW.tray_id = 'alarm') \
+EXECUTE FUNCTION pinned_tray_index_alarm_at(); \
+UPDATE pinned_tray_index SET alarm_at = ",
+    alarm_at!("doc"),
+    " WHERE tray_ns = 'pinned' AND tray_id = 'alarm' AND alarm_at IS DISTINCT FROM (",
+    alarm_at!("doc"),
+    ")"
+);
+
+/// Brings `pinned_tray_index` (as the `search_path` finds it) to the store's layout,
+/// inside the caller's setup transaction, which holds the setup lock: [`ALARM_AT_COLUMN`]
+/// and its trigger where either is missing, and the fill factor where none is set (an
+/// operator's own is kept). Idempotent: a table already migrated costs one catalog
+/// read and takes no lock. The indexes are the builder's ([`IndexBuilder`]).
+pub(super) async fn migrate(client: &tokio_postgres::Client) -> Result<(), StoreError> {
+    let row = client.query_one(MIGRATION_STATUS, &[]).await?;
+    let (column, trigger, fillfactor): (bool, bool, bool) =
+        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    if !(column && trigger) {
+        tracing::info!(
+            column,
+            trigger,
+            "postgres store: adding pinned_tray_index.alarm_at and its trigger"
+        );
+        client.batch_execute(MIGRATE_ALARM_AT).await?;
+    }
+    if !fillfactor {
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE pinned_tray_index SET (fillfactor = {TRAY_INDEX_FILLFACTOR})"
+            ))
+            .await?;
+    }
+    Ok(())
+}
+
 /// Name of the index serving the due-alarms scan.
-pub const ALARM_DUE_INDEX: &str = "pinned_tray_index_alarm_due";
+pub const ALARM_DUE_INDEX: &str = "pinned_tray_index_alarm_at";
 /// Name of the index serving the marked-instances scan.
 pub const MARKED_INDEX: &str = "pinned_tray_index_marked";
 
 /// The alarm rows by due time, then `(ns, id)` in byte order: [`DUE_ALARMS`]'s order,
 /// its rows' predicate.
-const ALARM_DUE_DEFINITION: &str = concat!(
-    "((",
-    alarm_at!(),
-    "), ns COLLATE \"C\", id COLLATE \"C\") WHERE tray_ns = 'pinned' AND tray_id = 'alarm'"
-);
+const ALARM_DUE_DEFINITION: &str = "(alarm_at, ns COLLATE \"C\", id COLLATE \"C\") \
+WHERE tray_ns = 'pinned' AND tray_id = 'alarm'";
 /// The marked rows in [`MARKED_FIRST`]'s order, key and world together, so a page
 /// reads its rows in order from the index alone (an index-only scan where the table's
 /// visibility map allows).
 const MARKED_DEFINITION: &str = "(ns COLLATE \"C\", id COLLATE \"C\", (hostname = '*'), \
 hostname COLLATE \"C\", env COLLATE \"C\") WHERE marked";
 
-/// Due alarm rows (`StateStore::due_alarms`). The `CASE`s make sure only JSON numbers are
-/// cast, whatever order the planner evaluates the conditions in; `at` must then be an
+/// Due alarm rows (`StateStore::due_alarms`). `alarm_at` holds JSON numbers only (see
+/// [`alarm_at!`]), and the nonce's `CASE` casts only strings; `at` must then be an
 /// integer within `bigint`. Ordered by the subquery's `at` (not the output column of that
 /// name, its `bigint` cast) so that [`ALARM_DUE_INDEX`] gives the order and the scan stops
 /// after `$2` rows; the two orders agree because every row left is integer-valued.
-pub(super) const DUE_ALARMS: &str = concat!(
-    "SELECT ns, id, at::bigint, nonce, hostname, env FROM (\
-SELECT ns, id, hostname, env, ",
-    alarm_at!(),
-    " AS at, \
+pub(super) const DUE_ALARMS: &str = "SELECT ns, id, at::bigint, nonce, hostname, env FROM (\
+SELECT ns, id, hostname, env, alarm_at AS at, \
 CASE WHEN jsonb_typeof(doc->'nonce') = 'string' THEN doc->>'nonce' END AS nonce \
 FROM pinned_tray_index WHERE tray_ns = 'pinned' AND tray_id = 'alarm') AS alarms \
 WHERE alarms.at <= $1::bigint AND alarms.at >= -9223372036854775808 \
 AND alarms.at = trunc(alarms.at) \
-ORDER BY alarms.at, ns COLLATE \"C\", id COLLATE \"C\" LIMIT $2::bigint"
-);
+ORDER BY alarms.at, ns COLLATE \"C\", id COLLATE \"C\" LIMIT $2::bigint";
 /// The first page of distinct instances with a marked row (`StateStore::marked_instances`),
 /// byte-ordered, each with the world of one of its marked rows: one naming a hostname
 /// before `'*'`, then the smallest `(hostname, env)`. [`MARKED_INDEX`] holds exactly this
@@ -84,12 +158,15 @@ ORDER BY ns COLLATE \"C\", id COLLATE \"C\", hostname = '*', hostname COLLATE \"
 env COLLATE \"C\" LIMIT $3::bigint";
 
 /// The schema of `$1` (a table name as `regclass` reads it, so unqualified names follow
-/// the `search_path`) and whether each sweeper index on it is valid (`NULL`: absent).
+/// the `search_path`), whether each sweeper index on it is valid (`NULL`: absent), and
+/// whether the retired alarm index is still there.
 const STATUS: &str = "SELECT quote_ident(n.nspname), \
 (SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
-WHERE i.indrelid = t.oid AND c.relname = 'pinned_tray_index_alarm_due'), \
+WHERE i.indrelid = t.oid AND c.relname = 'pinned_tray_index_alarm_at'), \
 (SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
-WHERE i.indrelid = t.oid AND c.relname = 'pinned_tray_index_marked') \
+WHERE i.indrelid = t.oid AND c.relname = 'pinned_tray_index_marked'), \
+EXISTS (SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+WHERE i.indrelid = t.oid AND c.relname = 'pinned_tray_index_alarm_due') \
 FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace WHERE t.oid = $1::text::regclass";
 
 /// How many times a build is tried when the server breaks it off with a transient error
@@ -131,12 +208,17 @@ pub struct SweepIndexes {
     pub alarm_due: IndexState,
     /// [`MARKED_INDEX`], serving `marked_instances`.
     pub marked: IndexState,
+    /// [`RETIRED_ALARM_INDEX`] is still on the table (valid or not): until the builder
+    /// drops it, no row write is a HOT update.
+    pub retired_alarm: bool,
 }
 
 impl SweepIndexes {
-    /// Whether both are built.
+    /// Whether both are built and the retired alarm index is gone.
     pub fn ready(&self) -> bool {
-        self.alarm_due == IndexState::Ready && self.marked == IndexState::Ready
+        self.alarm_due == IndexState::Ready
+            && self.marked == IndexState::Ready
+            && !self.retired_alarm
     }
 
     /// Each index with its name and definition.
@@ -205,6 +287,7 @@ pub(super) async fn status(
         schema: row.try_get(0)?,
         alarm_due: IndexState::from_valid(row.try_get(1)?),
         marked: IndexState::from_valid(row.try_get(2)?),
+        retired_alarm: row.try_get(3)?,
     })
 }
 
@@ -324,6 +407,15 @@ impl IndexBuilder {
                             .await?;
                     }
                 }
+                // Only once its successor is built: the scans never lack an index.
+                if indexes.retired_alarm {
+                    tracing::info!(index = RETIRED_ALARM_INDEX, %table, "dropping the retired alarm index");
+                    client
+                        .batch_execute(&format!(
+                            "DROP INDEX CONCURRENTLY IF EXISTS {schema}.{RETIRED_ALARM_INDEX}"
+                        ))
+                        .await?;
+                }
                 Ok::<_, StoreError>(())
             }
             .await;
@@ -418,10 +510,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_alarm_index_is_keyed_by_the_scans_own_expression() {
-        let key = alarm_at!();
-        assert!(DUE_ALARMS.contains(&format!("{key} AS at")));
-        assert!(ALARM_DUE_DEFINITION.starts_with(&format!("(({key}), ")));
+    fn the_alarm_index_is_keyed_by_the_column_the_scan_reads() {
+        assert!(DUE_ALARMS.contains(&format!("{ALARM_AT_COLUMN} AS at")));
+        assert!(ALARM_DUE_DEFINITION.starts_with(&format!("({ALARM_AT_COLUMN}, ")));
+        // The trigger and the backfill compute the column with one expression.
+        assert!(MIGRATE_ALARM_AT.contains(&format!(":= {}", alarm_at!("NEW.doc"))));
+        assert!(MIGRATE_ALARM_AT.contains(&format!("SET alarm_at = {} ", alarm_at!("doc"))));
+        assert!(!ALARM_DUE_DEFINITION.contains("doc") && !DUE_ALARMS.contains("doc->'at'"));
         // Both filter the alarm rows with the same words, so the predicate is implied.
         let rows = "WHERE tray_ns = 'pinned' AND tray_id = 'alarm'";
         assert!(DUE_ALARMS.contains(rows) && ALARM_DUE_DEFINITION.ends_with(rows));

@@ -15,6 +15,13 @@
 //! drops the records in the same row write as the item's pop, so a re-run
 //! after a crash before the ack still finds them.
 //!
+//! Nobody waits for these writes, so they are enlisted to land soon, not
+//! now: under a handler that makes its admissions and returns, phase one,
+//! phase two and the ack leave the log in one batch, one store write for
+//! the item. A batch lands whole or not at all and in enlist order, so
+//! every state a crash can leave is one the write-by-write order could
+//! leave too (or the state before the item ran, which redelivers it).
+//!
 //! It owns those two entries and nothing else: it never acks an item, and
 //! it reaches other trays only through the open map the tray was given.
 
@@ -24,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 use super::field::{Entry, Fields};
-use super::frontier::Receipt;
+use super::frontier::{Receipt, Urgency};
 use super::keyed::KeyedAdmission;
 use super::machine::{OpenTray, TrayState};
 use super::row::Entries;
@@ -155,7 +162,9 @@ impl<T: Tray> OpenTray<T> {
                 ignored.push(key.clone());
                 put(&mut state, IGNORE_KEY, &ignored)?;
             }
-            let _receipt = self.commit(&mut state)?;
+            // Counts the target's next delivery with it when its pump is idle;
+            // the write lands with the source's record (see `record_dispatch`).
+            let _receipt = self.commit_admission(&mut state)?;
             outcome
         };
         self.start_pump();
@@ -170,7 +179,10 @@ impl<T: Tray> OpenTray<T> {
         let mut records = self.records(&state)?;
         records.push(record);
         put(&mut state, DISPATCH_KEY, &records)?;
-        self.commit(&mut state)
+        // Nobody waits for it (a handler that must, awaits `written`): it
+        // leaves with the next write that must land now, at the latest the
+        // item's ack with the next delivery's count.
+        self.commit_with(&mut state, Urgency::Soon)
     }
 
     /// Phase two on the target: releases `key` from `~ignore`.
@@ -184,7 +196,8 @@ impl<T: Tray> OpenTray<T> {
         }
         self.writable(&state)?;
         put(&mut state, IGNORE_KEY, &ignored)?;
-        let _receipt = self.commit(&mut state)?;
+        // Phase two leaves with the source's ack, in one batch.
+        let _receipt = self.commit_with(&mut state, Urgency::Soon)?;
         Ok(())
     }
 
@@ -214,7 +227,7 @@ impl<T: Tray> OpenTray<T> {
                 }
             }
             put(&mut state, DISPATCH_KEY, &records)?;
-            let _receipt = self.commit(&mut state)?;
+            let _receipt = self.commit_with(&mut state, Urgency::Soon)?;
         }
         Ok(())
     }

@@ -9,12 +9,15 @@
 //! ahead of the store. The log never does anything but write; what goes in
 //! it is the trays' business.
 //!
-//! An effect nobody waits for (a pump's last ack, the unmark of a tray that
-//! went dry) may be enlisted to land [`Soon`](Urgency::Soon): the log then
-//! lingers up to [`LINGER`] for company before it flushes, so that under a
-//! steady stream of admissions the ack of one item and the admission of the
-//! next leave as one row write instead of two. Anything enlisted to land
-//! [`Now`](Urgency::Now), and anyone awaiting a receipt, ends the linger.
+//! An effect nobody waits for (a dispatch's ledger entries, a courier's
+//! bookkeeping) may be enlisted to land [`Soon`](Urgency::Soon): the log then
+//! lingers up to [`LINGER`] for company before it flushes. The last write of
+//! a tray that went dry (its ack, its unmark) lingers longer
+//! ([`Idle`](Urgency::Idle), up to [`IDLE_LINGER`]): under a steady stream
+//! of admissions, whose next one is a client's round trip away, the ack of
+//! one item and the admission of the next leave as one row write instead of
+//! two. Anything enlisted to land [`Now`](Urgency::Now), and anyone awaiting
+//! a receipt, ends the linger.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::{Future, IntoFuture};
@@ -42,6 +45,15 @@ const FLUSH_DEADLINE: Duration = Duration::from_secs(60);
 /// once, and the handler's edits it carries are redone with it).
 pub(crate) const LINGER: Duration = Duration::from_millis(5);
 
+/// Longest an effect enlisted to land [`Idle`](Urgency::Idle) waits for
+/// company: the last write of a tray that went dry (its ack, its unmark).
+/// Under a stream of admissions whose clients take longer than [`LINGER`]
+/// to send the next (a loaded machine, a slow network), the ack still
+/// rides in the next admission's write instead of taking the instance's
+/// one write in flight, a flush of its own, just before it. As safe as
+/// [`LINGER`]: nobody was told it landed.
+pub(crate) const IDLE_LINGER: Duration = Duration::from_millis(25);
+
 /// When an enlisted effect should leave.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Urgency {
@@ -49,6 +61,8 @@ pub(crate) enum Urgency {
     Now,
     /// Within [`LINGER`], or with the next effect to land now.
     Soon,
+    /// Within [`IDLE_LINGER`], or with the next effect to land now.
+    Idle,
 }
 
 /// One enlisted effect.
@@ -76,6 +90,8 @@ struct Log {
     flushing: bool,
     /// Something waiting must leave without lingering.
     urgent: bool,
+    /// How long what waits may linger: the shortest its effects asked for.
+    linger: Option<Duration>,
     failure: Option<Arc<str>>,
 }
 
@@ -150,6 +166,14 @@ impl Frontier {
             log.enlisted += 1;
         }
         let position = log.enlisted;
+        let linger = match urgency {
+            Urgency::Now => None,
+            Urgency::Soon => Some(LINGER),
+            Urgency::Idle => Some(IDLE_LINGER),
+        };
+        if let Some(linger) = linger {
+            log.linger = Some(log.linger.map_or(linger, |held| held.min(linger)));
+        }
         if urgency == Urgency::Now && !log.urgent {
             log.urgent = true;
             self.hurry.notify_one();
@@ -214,11 +238,11 @@ impl Frontier {
                     log.flushing = false;
                     return;
                 }
-                !log.urgent
+                (!log.urgent).then(|| log.linger.unwrap_or(LINGER))
             };
-            if linger {
+            if let Some(linger) = linger {
                 // A permit left by an earlier hurry only shortens this wait.
-                let _ = tokio::time::timeout(LINGER, self.hurry.notified()).await;
+                let _ = tokio::time::timeout(linger, self.hurry.notified()).await;
             }
             let (work, count) = {
                 let mut log = self.log.lock();
@@ -239,6 +263,7 @@ impl Frontier {
                 // Whatever stays behind keeps its urgency.
                 if log.pending.is_empty() {
                     log.urgent = false;
+                    log.linger = None;
                 }
                 taken
             };

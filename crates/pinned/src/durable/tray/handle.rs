@@ -123,7 +123,7 @@ impl<T: Tray> TrayHandle<T> {
             self.tray.writable(&state)?;
             OpenTray::<T>::set_marked(&mut state, true);
             self.tray.segment(&mut state, edit)?;
-            self.tray.commit(&mut state)?
+            self.tray.commit_admission(&mut state)?
         };
         self.tray.start_pump();
         Ok(receipt)
@@ -166,7 +166,7 @@ impl<T: Tray> TrayHandle<T> {
             }
             state.admitted.push_back(key.to_owned());
             state.changed = true;
-            Admission::Admitted(self.tray.commit(&mut state)?)
+            Admission::Admitted(self.tray.commit_admission(&mut state)?)
         };
         self.tray.start_pump();
         Ok(admission)
@@ -214,7 +214,7 @@ impl<T: Tray> TrayHandle<T> {
             state.attempts = 0;
             state.changed = true;
             OpenTray::<T>::set_marked(&mut state, true);
-            self.tray.commit(&mut state)?
+            self.tray.commit_admission(&mut state)?
         };
         self.tray.start_pump();
         Ok(receipt)
@@ -387,6 +387,8 @@ pub struct TrayCtx<T: Tray> {
     state: Option<Json>,
     pub(super) staged: Arc<Mutex<Staged<T>>>,
     cancel: CancellationToken,
+    /// The run ended (see [`dispatch`](Self::dispatch)).
+    ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<T: Tray> std::fmt::Debug for TrayCtx<T> {
@@ -409,6 +411,7 @@ impl<T: Tray> TrayCtx<T> {
             state: delivery.state,
             staged: delivery.staged,
             cancel: delivery.cancel,
+            ended: delivery.ended,
         }
     }
 
@@ -620,8 +623,9 @@ impl<T: Tray> TrayCtx<T> {
     /// # Errors
     ///
     /// [`TrayError::AdmissionKey`] for a key longer than the limit;
-    /// [`TrayError::Dispatch`] for a target on another instance, or a key
-    /// this item recorded against another tray; [`TrayError::Malformed`]
+    /// [`TrayError::Dispatch`] for a target on another instance, a key
+    /// this item recorded against another tray, or a call after the
+    /// handler's run ended (from a task it left behind); [`TrayError::Malformed`]
     /// for a `~dispatch` or `~ignore` entry that does not decode; and as
     /// [`TrayHandle::admit`] on either tray.
     pub fn dispatch<U: Tray, K: Serialize + ?Sized>(
@@ -630,6 +634,14 @@ impl<T: Tray> TrayCtx<T> {
         key: &K,
         edit: impl FnOnce(&mut U),
     ) -> Result<Dispatched, TrayError> {
+        // The ledger is the run's: once it ended (its phase two may have
+        // released its keys, its ack dropped its records), an admission in
+        // its name would land outside both (the reference refuses it too).
+        if self.ended.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(TrayError::Dispatch(
+                "dispatch after this dispatch settled: the handler's run ended".to_owned(),
+            ));
+        }
         let key =
             serde_json::to_value(key).map_err(|error| TrayError::Encode(error.to_string()))?;
         let length = serde_json::to_string(&key).map_or(usize::MAX, |text| text.len());

@@ -118,6 +118,10 @@ pub(crate) struct Delivery<T: Tray> {
     /// The `on_ack` edits and `after_ack` hooks the handler stages.
     pub(crate) staged: Arc<Mutex<Staged<T>>>,
     pub(crate) cancel: tokio_util::sync::CancellationToken,
+    /// Set once the run ended (returned, failed, timed out, cancelled):
+    /// what the handler left behind (a task holding its `TrayCtx`) may no
+    /// longer dispatch in its name.
+    pub(crate) ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How a tray stopped taking writes.
@@ -155,6 +159,10 @@ pub(crate) struct TrayState<T: Tray> {
     pub(crate) sends: super::sends::Sends,
     pub(crate) retired: Option<Retired>,
     pub(crate) pumping: bool,
+    /// An admission found the pump idle and counted the head item's next
+    /// delivery (in `attempts`) in its own row write: the pump runs that
+    /// delivery once the write landed, with no write of its own before it.
+    pub(crate) primed: bool,
     pub(crate) active: Option<Active>,
 }
 
@@ -345,6 +353,7 @@ pub(crate) fn restore<T: Tray>(
             sends,
             retired: None,
             pumping: false,
+            primed: false,
             active: None,
         }),
         freed: watch::Sender::new(false),
@@ -428,6 +437,42 @@ impl<T: Tray> OpenTray<T> {
             // nothing reaches one; refuse rather than write behind a reopen.
             Some(Retired::Closed) => Err(TrayError::Closed),
         }
+    }
+
+    /// Whether the pump, deciding now, would deliver the head item: the
+    /// tray is live, holds no built-in command, is not parked, and the
+    /// instance does not wind down (unless the tray drains on eviction).
+    pub(crate) fn deliverable(slot: &Record, state: &TrayState<T>) -> bool {
+        state.retired.is_none()
+            && state.inbox.is_empty()
+            && !state.parked
+            && (T::DRAIN_ON_EVICTION || !slot.winding_down())
+            && state.tray.head().is_some()
+    }
+
+    /// Ends an admission's write segment as [`commit`](Self::commit) does;
+    /// when the pump is idle (not running, no delivery counted) and would
+    /// deliver the head item next, that delivery is counted in the same
+    /// row write ([`TrayState::primed`]). An admission to an idle tray then
+    /// costs one store write before its handler runs, not two in turn, and
+    /// the count is still durable before the handler runs. The caller
+    /// starts the pump after.
+    pub(crate) fn commit_admission(&self, state: &mut TrayState<T>) -> Result<Receipt, TrayError> {
+        let idle = !state.pumping
+            && !state.primed
+            && state.active.is_none()
+            && state.attempts < T::MAX_ATTEMPTS
+            && self.opened.load(std::sync::atomic::Ordering::SeqCst) == OPEN;
+        if idle {
+            if let Some(slot) = self.slot.upgrade() {
+                if Self::deliverable(&slot, state) {
+                    state.attempts += 1;
+                    state.primed = true;
+                    state.changed = true;
+                }
+            }
+        }
+        self.commit(state)
     }
 
     /// Ends a write segment: re-serializes the fields that changed, syncs

@@ -242,7 +242,7 @@ fn receive<R: Receive>(
                 marks.note(&sender, inbound.seq, window);
                 let entry = marks.entry()?;
                 state.changed |= state.doc.put(RECEIVED_KEY, entry);
-                (true, tray.commit(&mut state)?)
+                (true, tray.commit_admission(&mut state)?)
             }
         };
         if admitted {

@@ -367,7 +367,8 @@ pub enum TrayError {
         bytes: usize,
     },
     /// [`TrayCtx::dispatch`] was refused: the target tray is on another
-    /// instance, or the key was recorded against another tray.
+    /// instance, the key was recorded against another tray, or the
+    /// handler's run had ended.
     #[error("tray dispatch refused: {0}")]
     Dispatch(String),
 }

@@ -110,6 +110,8 @@ impl<T: Tray> Operated for OpenTray<T> {
                 })?;
                 let attempts = state.attempts;
                 state.attempts = 0;
+                // A delivery an admission counted was of this item.
+                state.primed = false;
                 state.parked = false;
                 state.dispatch_state = None;
                 state.changed = true;

@@ -4,6 +4,9 @@
 //! One step under the tray's lock decides what to do next (run a built-in
 //! command, stop parked or winding down, go dry, park, or record the next
 //! delivery); the handler then runs unlocked, after its attempt is durable.
+//! An admission to an idle tray records the next delivery itself, in its
+//! own row write (`OpenTray::commit_admission`), and the step then runs
+//! that delivery as counted: one store write before the handler, not two.
 //! Success settles the item's keyed dispatches (phase two, `dispatch`),
 //! then applies the handler's `on_ack` edits and the tray's ack in one
 //! write segment, so they land in one row write. Failure (an error, a
@@ -115,7 +118,7 @@ impl<T: Tray> OpenTray<T> {
             // The last ack, when no next delivery's write carried it:
             // nobody waits for it, so it may wait for company.
             if state.changed {
-                if let Err(error) = self.commit_with(&mut state, Urgency::Soon) {
+                if let Err(error) = self.commit_with(&mut state, Urgency::Idle) {
                     tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not write a tray's ack");
                 }
             }
@@ -128,6 +131,18 @@ impl<T: Tray> OpenTray<T> {
         slot: &Arc<Record>,
         state: &mut super::machine::TrayState<T>,
     ) -> Step<T> {
+        // A delivery an admission counted runs as counted; one that cannot
+        // run now (a delete, an edit that emptied the tray, a wind-down
+        // since) is uncounted, and the step below decides as usual.
+        let counted = std::mem::take(&mut state.primed);
+        let counted = counted && {
+            let deliverable = Self::deliverable(slot, state);
+            if !deliverable {
+                state.attempts = state.attempts.saturating_sub(1);
+                state.changed = true;
+            }
+            deliverable
+        };
         if state.retired.is_some() {
             return Step::Stop;
         }
@@ -156,7 +171,7 @@ impl<T: Tray> OpenTray<T> {
             Self::set_marked(state, !state.sends.is_empty());
             // The last ack and the unmark: nobody waits for them, and the
             // next admission (a steady stream's usual case) carries them.
-            if let Err(error) = self.commit_with(state, Urgency::Soon) {
+            if let Err(error) = self.commit_with(state, Urgency::Idle) {
                 tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not unmark a dry tray");
             }
             // The open map's reference and the pump's.
@@ -165,17 +180,22 @@ impl<T: Tray> OpenTray<T> {
             }
             return Step::Stop;
         };
-        if state.attempts >= T::MAX_ATTEMPTS {
-            state.parked = true;
-            state.changed = true;
-            tracing::error!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), attempts = state.attempts, "tray parked its head item after too many delivery attempts");
-            if let Err(error) = self.commit(state) {
-                tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not park the tray");
+        if !counted {
+            if state.attempts >= T::MAX_ATTEMPTS {
+                state.parked = true;
+                state.changed = true;
+                tracing::error!(namespace = %slot.host.ns, id = %slot.id, tray = %self.label(), attempts = state.attempts, "tray parked its head item after too many delivery attempts");
+                if let Err(error) = self.commit(state) {
+                    tracing::error!(tray = %self.label(), error = %pinned_edge::logging::Chain(&error), "could not park the tray");
+                }
+                return Step::Stop;
             }
-            return Step::Stop;
+            state.attempts += 1;
+            state.changed = true;
         }
-        state.attempts += 1;
-        state.changed = true;
+        // Counted by an admission, the attempt rides in that admission's
+        // write (enlisted already): this commit enlists nothing new, and
+        // its receipt covers that write.
         let receipt = match self.commit(state) {
             Ok(receipt) => receipt,
             Err(_) => return Step::Stop,
@@ -360,6 +380,7 @@ impl<T: Tray> OpenTray<T> {
             None => None,
         };
         let state = self.state.lock().dispatch_state.clone();
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let delivery = Delivery {
             tray: self.clone(),
             ctx: Context::new(slot.clone()),
@@ -367,8 +388,11 @@ impl<T: Tray> OpenTray<T> {
             state,
             staged,
             cancel: cancel.clone(),
+            ended: ended.clone(),
         };
         let handler = AssertUnwindSafe((self.handler)(instance, delivery, item)).catch_unwind();
+        // However the run ends, before its phase two and its ack.
+        let _ended = EndsRun(ended);
         tokio::select! {
             ran = tokio::time::timeout(T::DISPATCH_TIMEOUT, handler) => match ran {
                 Ok(Ok(Ok(()))) => Outcome::Done,
@@ -407,6 +431,16 @@ impl<T: Tray> OpenTray<T> {
         }
         self.stopped();
         self.freed.send_replace(true);
+    }
+}
+
+/// Marks a run ended when dropped: on every way out of
+/// [`run`](OpenTray::run), an abort's included.
+struct EndsRun(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for EndsRun {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
