@@ -108,17 +108,24 @@ fn template(ctx: &RequestCtx<'_>) -> ProxyResult<Template> {
     let uri: Uri = format!("{}{EVENT_PATH}", ctx.target.raw_key())
         .parse()
         .map_err(|_| ErrorKind::BadHold)?;
-    let mut headers = HeaderMap::new();
+    let mut headers = HeaderMap::with_capacity(3);
     if let Some(host) = ctx.head.headers.get(header::HOST) {
-        headers.insert(header::HOST, host.clone());
+        headers.insert(header::HOST, owned(host)?);
     }
     if let Asker::Named(named) = &ctx.asker {
         if let Some(hostname) = &named.hostname {
-            headers.insert(HOSTNAME, hostname.clone());
+            headers.insert(HOSTNAME, owned(hostname)?);
         }
         if let Some(env) = &named.env {
-            headers.insert(ENV_HEADER, env.clone());
+            headers.insert(ENV_HEADER, owned(env)?);
         }
     }
     Ok(Template { uri, headers })
+}
+
+/// A copy of `value` in its own allocation: a field of the handshake is a
+/// slice of the connection's whole read buffer (8 KiB and more), which a
+/// clone would keep for as long as the socket is held.
+fn owned(value: &HeaderValue) -> ProxyResult<HeaderValue> {
+    HeaderValue::from_bytes(value.as_bytes()).map_err(|_| ErrorKind::BadHold.into())
 }
