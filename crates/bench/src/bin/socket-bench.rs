@@ -327,9 +327,29 @@ async fn measure_pinboard(sockets: usize, bin: Option<std::path::PathBuf>) -> an
         "{} is missing: cargo build --release -p pinned-pinboard --bin pinboard",
         bin.display()
     );
-    // Every held socket is a connection: room for them under the
-    // open-file limit (pinboard takes half of it for connections).
-    let nofile = (sockets * 3).max(4_096);
+    // Every held socket is a connection, and pinboard takes at most half
+    // its open-file limit for connections: the hard limit (raising it needs
+    // privileges) caps the sockets, with room for the worker's and this
+    // run's own connections.
+    let hard: usize = String::from_utf8(
+        Command::new("sh")
+            .args(["-c", "ulimit -Hn"])
+            .output()?
+            .stdout,
+    )?
+    .trim()
+    .parse()
+    .unwrap_or(usize::MAX);
+    let nofile = (sockets * 3).max(4_096).min(hard);
+    // pinboard's cap is half the limit less 32 (`pinned_edge`'s); 16 more
+    // for the worker's, and this run's, own connections.
+    let carried = (nofile / 2).saturating_sub(48);
+    if carried < sockets {
+        println!(
+            "pinboard: the open-file hard limit ({hard}) carries {carried} held sockets, not {sockets}: measuring {carried}"
+        );
+    }
+    let sockets = sockets.min(carried);
     let mut pinboard = Command::new("sh")
         .arg("-c")
         .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
