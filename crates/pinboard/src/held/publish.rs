@@ -5,6 +5,8 @@
 //! Owns which sends leave this node and how they are cut into
 //! publications; never talks to Redis (the relay's publisher task does).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use bytes::Bytes;
 use pinned_wire::held::Send;
 use serde::{Deserialize, Serialize};
@@ -32,6 +34,8 @@ pub(crate) struct Relayed {
 pub struct Relay {
     queue: mpsc::Sender<Bytes>,
     node: Box<str>,
+    /// Whether the last publication was dropped: one WARN per run of drops.
+    dropping: AtomicBool,
 }
 
 impl Relay {
@@ -40,6 +44,7 @@ impl Relay {
         Self {
             queue,
             node: node.into(),
+            dropping: AtomicBool::new(false),
         }
     }
 }
@@ -58,8 +63,10 @@ impl Relay {
             })
             .collect();
         for payload in publications(&self.node, &theirs, MAX_PUBLICATION) {
-            if self.queue.try_send(payload).is_err() {
-                tracing::warn!(target: "pinboard::held", "the relay's queue is full or closed: a publication to the other nodes is dropped");
+            if self.queue.try_send(payload).is_ok() {
+                self.dropping.store(false, Ordering::Relaxed);
+            } else if !self.dropping.swap(true, Ordering::Relaxed) {
+                tracing::warn!(target: "pinboard::held", "the relay's queue is full or closed: publications to the other nodes are dropped until it takes them again");
             }
         }
     }
@@ -146,10 +153,7 @@ mod tests {
     #[tokio::test]
     async fn sends_to_this_nodes_sockets_are_not_published() {
         let (queue, mut pending) = mpsc::channel(8);
-        let relay = Relay {
-            queue,
-            node: "me".into(),
-        };
+        let relay = Relay::new("me", queue);
         relay.publish(&[
             text(Some("me-1"), "mine"),
             text(Some("you-1"), "yours"),
