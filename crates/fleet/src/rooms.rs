@@ -3,7 +3,8 @@
 //! answered on that socket with `ack <seq> m<n>` (the event's sequence
 //! number beside what was said, so a client checks delivery and order
 //! itself); `POST /broadcast` sends its body to every socket of the room
-//! and `GET /seen` lists the last sequence number this instance handled
+//! `POST /tell` with `<socket> <text>` sends the text to that one socket
+//! (pinboard's socket id), and `GET /seen` lists the last sequence number this instance handled
 //! per socket (pinboard's socket id).
 
 use std::collections::BTreeMap;
@@ -32,6 +33,7 @@ impl Object for Room {
         Router::new()
             .route("/ws", get(join))
             .route("/broadcast", post(broadcast))
+            .route("/tell", post(tell))
             .route("/seen", get(seen))
     }
 
@@ -69,6 +71,17 @@ async fn join(ws: WebSocketUpgrade) -> Result<Response, SocketError> {
 async fn broadcast(call: Call, body: String) -> Json<serde_json::Value> {
     let reached = call.ctx().broadcast(Some("members"), body);
     Json(serde_json::json!({ "reached": reached }))
+}
+
+async fn tell(call: Call, body: String) -> Json<serde_json::Value> {
+    let (to, text) = body.split_once(' ').unwrap_or((body.as_str(), ""));
+    let told = call
+        .ctx()
+        .sockets(None)
+        .into_iter()
+        .find(|socket| socket.held_id() == Some(to))
+        .is_some_and(|socket| socket.send(text.to_owned()).is_ok());
+    Json(serde_json::json!({ "told": told }))
 }
 
 async fn seen(this: This<Room>) -> Json<BTreeMap<String, u64>> {

@@ -8,12 +8,16 @@
 //! connection cap: a held socket keeps its connection's slot), their tasks
 //! ([`socket`]), and the sends that reach them ([`HeldSockets::deliver`]).
 //! Never resolves or places an id itself: an event is a request through
-//! the [`Door`] the proxy provides. A node that dies drops only the sockets
-//! it held; their clients reconnect through another node.
+//! the [`Door`] the proxy provides. Nodes sharing one Redis relay their
+//! sends to each other ([`relay`]), so a send reaches an id's sockets on
+//! every node. A node that dies drops only the sockets it held; their
+//! clients reconnect through another node.
 
 pub mod door;
 pub mod fanout;
+pub mod publish;
 pub mod registry;
+pub mod relay;
 pub mod socket;
 
 pub use self::door::{Door, EventMark, HeldDoor};

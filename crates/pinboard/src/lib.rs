@@ -144,6 +144,18 @@ async fn serve_with<S: PlacementStore>(
         upkeep::UpkeepSettings::from(config),
         stopped.clone(),
     );
+    let relay = relay_settings(config).map(|settings| {
+        held::relay::spawn(
+            &app.held,
+            settings,
+            held::relay::RelayMetrics {
+                published: app.metrics.held_relay_published.clone(),
+                received: app.metrics.held_relay_received.clone(),
+                losses: app.metrics.held_relay_losses.clone(),
+            },
+            stopped.clone(),
+        )
+    });
     let sweeper = match &config.database_url {
         Some(url) => Some(sweeper::spawn_postgres(
             app.clone(),
@@ -163,6 +175,10 @@ async fn serve_with<S: PlacementStore>(
     settings.tls = config.tls_server()?;
     let served = accept::serve(listener, app, settings, shutdown).await;
     upkeep.abort();
+    if let Some((publisher, subscriber)) = relay {
+        publisher.abort();
+        subscriber.abort();
+    }
     if let Some(sweeper) = sweeper {
         // The sender is gone or signalled: the sweeper stops after its
         // current lap and releases its lease (else the lease lapses).
@@ -170,6 +186,27 @@ async fn serve_with<S: PlacementStore>(
     }
     served?;
     Ok(())
+}
+
+/// Where held sockets' sends meet the other nodes: the placement's Redis
+/// (its URL, or a cluster's seeds), on `<prefix>held:sends`; none for
+/// in-process placement (one node).
+fn relay_settings(config: &Config) -> Option<held::relay::RelaySettings> {
+    let urls: Vec<String> = match (&config.redis_cluster_url, &config.redis_url) {
+        (Some(urls), _) => urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        (None, Some(url)) => vec![url.clone()],
+        (None, None) => return None,
+    };
+    Some(held::relay::RelaySettings {
+        urls,
+        channel: format!("{}held:sends", config.redis_prefix),
+        deadline: Duration::from_millis(config.redis_timeout_ms.max(1)),
+    })
 }
 
 /// Serve on `listener` until `shutdown` resolves: Redis Cluster placement

@@ -33,6 +33,13 @@ pub struct Metrics {
     /// Messages, closes and attachments queued to held sockets by their
     /// workers' sends.
     pub held_sends: Counter,
+    /// Publications of held-socket sends this node made to the other
+    /// nodes (`crate::held::relay`).
+    pub held_relay_published: Counter,
+    /// Publications of other nodes this node delivered to its sockets.
+    pub held_relay_received: Counter,
+    /// Times the relay lost its subscription (and made it again).
+    pub held_relay_losses: Counter,
     /// New placements claimed by this node.
     pub placements: Counter,
     /// Successful registrations.
@@ -121,6 +128,9 @@ impl Metrics {
             held_events: Counter::default(),
             held_event_retries: Counter::default(),
             held_sends: Counter::default(),
+            held_relay_published: Counter::default(),
+            held_relay_received: Counter::default(),
+            held_relay_losses: Counter::default(),
             placements: Counter::default(),
             registrations: Counter::default(),
             heartbeats: Counter::default(),
@@ -197,6 +207,21 @@ impl Metrics {
             "pinboard_held_socket_sends",
             "Sends queued to held sockets by their workers",
             m.held_sends.clone(),
+        );
+        registry.register(
+            "pinboard_held_relay_publications",
+            "Publications of held-socket sends this node made to the other nodes",
+            m.held_relay_published.clone(),
+        );
+        registry.register(
+            "pinboard_held_relay_deliveries",
+            "Publications of other nodes delivered to this node's held sockets",
+            m.held_relay_received.clone(),
+        );
+        registry.register(
+            "pinboard_held_relay_subscription_losses",
+            "Times the held-socket relay lost its Redis subscription",
+            m.held_relay_losses.clone(),
         );
         registry.register(
             "pinboard_placements",

@@ -2,8 +2,9 @@
 //! checked and handed to the sockets this node holds.
 //!
 //! Owns what a send may say and how it reaches a socket's outbox; never
-//! writes to a connection and never forwards to another node (the caller
-//! publishes to the others when placement runs on Redis).
+//! writes to a connection. The other nodes get a send through the relay's
+//! entry ([`super::publish::Relay`]) when placement runs on Redis; this
+//! module never talks to them itself.
 
 use base64::Engine as _;
 use pinned_wire::held::{Send, Sends, MAX_SENDS_PER_CALL, MAX_SOCKET_ID_LEN};
@@ -111,9 +112,20 @@ pub fn check(sends: &Sends) -> Result<(), SendError> {
     Ok(())
 }
 
+/// Hands `sends` (checked) to the sockets this node holds, in order, and
+/// to the other nodes' through the relay when there is one; answers how
+/// many socket outboxes of this node took one.
+pub fn deliver(sockets: &HeldSockets, sends: &Sends) -> usize {
+    let delivered = deliver_here(sockets, sends);
+    if let Some(relay) = sockets.relay() {
+        relay.publish(&sends.sends);
+    }
+    delivered
+}
+
 /// Hands `sends` (checked) to the sockets this node holds, in order;
 /// answers how many socket outboxes took one.
-pub fn deliver(sockets: &HeldSockets, sends: &Sends) -> usize {
+pub fn deliver_here(sockets: &HeldSockets, sends: &Sends) -> usize {
     let mut delivered = 0;
     for send in &sends.sends {
         let key = format!("{}/{}", send.ns, send.id);

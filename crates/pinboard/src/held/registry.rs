@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -16,6 +16,7 @@ use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::Message;
 
+use super::publish::Relay;
 use crate::metrics::Metrics;
 
 /// Default deadline for a held socket's event to be answered 2xx by an
@@ -146,6 +147,8 @@ pub struct HeldSockets {
     node: Box<str>,
     next: AtomicU64,
     by_key: Mutex<HashMap<Box<str>, Vec<Arc<HeldSocket>>>>,
+    /// The other nodes, when placement runs on Redis (`super::relay`).
+    relay: OnceLock<Relay>,
     /// The bounds and deadline.
     pub settings: HeldSettings,
     pub(crate) metrics: HeldMetrics,
@@ -166,6 +169,7 @@ impl HeldSockets {
             node: node.into_boxed_str(),
             next: AtomicU64::new(1),
             by_key: Mutex::new(HashMap::new()),
+            relay: OnceLock::new(),
             settings,
             metrics: HeldMetrics {
                 open: metrics.held_sockets.clone(),
@@ -179,6 +183,17 @@ impl HeldSockets {
     /// This node's part of socket ids.
     pub fn node(&self) -> &str {
         &self.node
+    }
+
+    /// Publishes this node's sends to the other nodes through `relay` from
+    /// now on (once; a second relay is ignored).
+    pub fn relay_through(&self, relay: Relay) {
+        let _ = self.relay.set(relay);
+    }
+
+    /// The other nodes' entry, when there are others.
+    pub fn relay(&self) -> Option<&Relay> {
+        self.relay.get()
     }
 
     /// A fresh socket id: `<node>-<n>`.

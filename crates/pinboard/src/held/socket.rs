@@ -17,7 +17,7 @@ use axum::body::Body;
 use base64::Engine as _;
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, SinkExt, StreamExt};
-use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri};
+use http::{HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use pinned_wire::held::{Event, EventAnswer, EventKind, Sends};
@@ -53,13 +53,15 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
 const CLOSE_SERVICE_RESTART: u16 = 1012;
 
 /// What every event request of a socket carries: its target and the
-/// client's world (`Host`, `Pinboard-Hostname`, `Pinboard-Env`).
+/// client's world (`Host`, `Pinboard-Hostname`, `Pinboard-Env`). Kept for
+/// the socket's life, so compact: the fields in one shared slice (a
+/// `HeaderMap` would hold room for more).
 #[derive(Clone, Debug)]
 pub struct Template {
     /// `/<ns>/<id>/_pinned/sockets/event`, the id as the client sent it.
     pub uri: Uri,
     /// The fields naming the client's world.
-    pub headers: HeaderMap,
+    pub headers: Arc<[(HeaderName, HeaderValue)]>,
 }
 
 /// Everything a held socket's task needs.
@@ -95,7 +97,10 @@ pub async fn run(spawn: Spawn, upgrade: hyper::upgrade::OnUpgrade) {
         keep,
     } = spawn;
     let _keep = keep;
-    let upgraded = match tokio::time::timeout(WRITE_DEADLINE, upgrade).await {
+    // The task lives as long as its socket: the futures it awaits rarely
+    // (the hand-over, a write, the goodbye, the close's delivery) are
+    // boxed, so its state stays the size of its idle wait.
+    let upgraded = match Box::pin(tokio::time::timeout(WRITE_DEADLINE, upgrade)).await {
         Ok(Ok(upgraded)) => upgraded,
         _ => {
             sockets.remove(&socket);
@@ -128,12 +133,12 @@ pub async fn run(spawn: Spawn, upgrade: hyper::upgrade::OnUpgrade) {
                     }
                 }
             }
-            if !messages.is_empty() && write_all(&mut ws, messages).await.is_err() {
+            if !messages.is_empty() && Box::pin(write_all(&mut ws, messages)).await.is_err() {
                 peer_closed.get_or_insert((1006, String::new()));
             }
         }
         if let Some((code, reason)) = goodbye {
-            say_goodbye(&mut ws, code, reason).await;
+            Box::pin(say_goodbye(&mut ws, code, reason)).await;
             sockets.remove(&socket);
             return;
         }
@@ -159,6 +164,7 @@ pub async fn run(spawn: Spawn, upgrade: hyper::upgrade::OnUpgrade) {
                     template.clone(),
                     close,
                 )
+                .boxed()
                 .await;
                 break None;
             }
@@ -209,7 +215,7 @@ pub async fn run(spawn: Spawn, upgrade: hyper::upgrade::OnUpgrade) {
     };
     if let Some(ended) = ended {
         tracing::debug!(target: "pinboard::held", socket = %socket.id, code = ended.code, reason = ended.reason, "closing a held socket");
-        say_goodbye(&mut ws, ended.code, ended.reason.to_owned()).await;
+        Box::pin(say_goodbye(&mut ws, ended.code, ended.reason.to_owned())).await;
     }
     sockets.remove(&socket);
 }
@@ -282,7 +288,10 @@ async fn deliver(
         let mut request = Request::new(Body::from(body));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = template.uri.clone();
-        *request.headers_mut() = template.headers.clone();
+        let headers = request.headers_mut();
+        for (name, value) in template.headers.iter() {
+            headers.insert(name.clone(), value.clone());
+        }
         request.headers_mut().insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),

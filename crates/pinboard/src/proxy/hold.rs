@@ -12,7 +12,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::response::Response;
 use futures_util::future::BoxFuture;
-use http::{header, HeaderMap, HeaderValue, Request, StatusCode, Uri};
+use http::{header, HeaderValue, Request, StatusCode, Uri};
 use http_body_util::BodyExt;
 use pinned_wire::headers::HOSTNAME;
 use pinned_wire::held::{Hold, EVENT_PATH};
@@ -108,17 +108,27 @@ fn template(ctx: &RequestCtx<'_>) -> ProxyResult<Template> {
     let uri: Uri = format!("{}{EVENT_PATH}", ctx.target.raw_key())
         .parse()
         .map_err(|_| ErrorKind::BadHold)?;
-    let mut headers = HeaderMap::new();
+    let mut headers = Vec::with_capacity(3);
     if let Some(host) = ctx.head.headers.get(header::HOST) {
-        headers.insert(header::HOST, host.clone());
+        headers.push((header::HOST, owned(host)?));
     }
     if let Asker::Named(named) = &ctx.asker {
         if let Some(hostname) = &named.hostname {
-            headers.insert(HOSTNAME, hostname.clone());
+            headers.push((HOSTNAME, owned(hostname)?));
         }
         if let Some(env) = &named.env {
-            headers.insert(ENV_HEADER, env.clone());
+            headers.push((ENV_HEADER, owned(env)?));
         }
     }
-    Ok(Template { uri, headers })
+    Ok(Template {
+        uri,
+        headers: headers.into(),
+    })
+}
+
+/// A copy of `value` in its own allocation: a field of the handshake is a
+/// slice of the connection's whole read buffer (8 KiB and more), which a
+/// clone would keep for as long as the socket is held.
+fn owned(value: &HeaderValue) -> ProxyResult<HeaderValue> {
+    HeaderValue::from_bytes(value.as_bytes()).map_err(|_| ErrorKind::BadHold.into())
 }

@@ -36,6 +36,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for Rewind<T> {
             let n = self.prefix.len().min(buf.remaining());
             buf.put_slice(&self.prefix[..n]);
             self.prefix.advance(n);
+            if self.prefix.is_empty() {
+                // An empty slice still keeps the whole read buffer it was
+                // cut from (8 KiB and more) for the connection's life: an
+                // upgraded connection would carry it while it idles.
+                self.prefix = Bytes::new();
+            }
             return Poll::Ready(Ok(()));
         }
         Pin::new(&mut self.inner).poll_read(cx, buf)
@@ -91,5 +97,17 @@ mod tests {
         let mut rest = Vec::new();
         io.read_to_end(&mut rest).await.expect("read");
         assert_eq!(rest, b"lo world");
+    }
+
+    #[tokio::test]
+    async fn a_read_prefix_lets_its_buffer_go() {
+        let mut buffer = bytes::BytesMut::with_capacity(8 * 1024);
+        buffer.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
+        let read = buffer.freeze();
+        let (_near, far) = tokio::io::duplex(64);
+        let mut io = Rewind::new(read.clone(), far);
+        let mut head = vec![0u8; read.len()];
+        io.read_exact(&mut head).await.expect("read");
+        assert!(read.is_unique(), "the rewind still holds the read buffer");
     }
 }
