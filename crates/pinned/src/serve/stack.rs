@@ -313,30 +313,29 @@ fn panicked(
     response::internal_error()
 }
 
-/// The request span (see [`serve`]): at debug, as tower-http's, so at the
-/// usual `info` a handler's lines carry the instance span alone: the one
-/// the record keeps, shared, not a span of the request's own. With nothing
-/// listening at `info` there is none, not even a disabled one: no span is
-/// cloned, entered on every poll, or dropped.
+/// The request span (see [`serve`]): at debug, as tower-http's, inside
+/// the instance span (debug too, the one the record keeps, shared, see
+/// `Record::shared_span`). With nothing listening at `debug` there is
+/// none, not even a disabled one: no span is cloned, entered on every
+/// poll, or dropped.
 ///
 /// While traces are exported the request span continues the trace of the
 /// request's `traceparent` (pinboard's attempt span, or a client's).
 fn request_span(slot: &Record, parts: &Parts) -> Option<WorkSpan> {
     // The global level hint first: a load and a compare when nothing
-    // listens at `info`.
-    if !tracing::level_enabled!(tracing::Level::INFO) {
+    // listens at `debug` (the examples' default `info` included).
+    if !tracing::level_enabled!(tracing::Level::DEBUG) {
         return None;
     }
     let instance = slot.shared_span();
-    if tracing::enabled!(tracing::Level::DEBUG) {
-        let none = tracing::Span::none();
-        let parent = instance.as_deref().unwrap_or(&none);
-        let span = tracing::debug_span!(parent: parent, "request", method = %parts.method, path = %parts.uri.path());
-        pinned_edge::trace::continue_from(&span, &parts.headers);
-        Some(WorkSpan::new(instance, span))
-    } else {
-        Some(WorkSpan::new(instance, tracing::Span::none()))
+    let none = tracing::Span::none();
+    let parent = instance.as_deref().unwrap_or(&none);
+    let span = tracing::debug_span!(parent: parent, "request", method = %parts.method, path = %parts.uri.path());
+    if span.is_disabled() && instance.is_none() {
+        return None;
     }
+    pinned_edge::trace::continue_from(&span, &parts.headers);
+    Some(WorkSpan::new(instance, span))
 }
 
 /// One request through the stack (see the module docs for its steps).
