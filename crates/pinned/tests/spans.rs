@@ -115,12 +115,13 @@ async fn at_info_lines_carry_no_span_and_the_activation_names_its_instance() {
         .await
         .expect("send");
     assert_eq!(answer.status(), 200);
-    let (handler, activated) = eventually("the handler's and the activation's lines", PATIENCE, || {
-        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
-        let find = |what: &str| text.lines().find(|l| l.contains(what)).map(str::to_owned);
-        std::future::ready(find("from the handler").zip(find("activated instance")))
-    })
-    .await;
+    let (handler, activated) =
+        eventually("the handler's and the activation's lines", PATIENCE, || {
+            let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+            let find = |what: &str| text.lines().find(|l| l.contains(what)).map(str::to_owned);
+            std::future::ready(find("from the handler").zip(find("activated instance")))
+        })
+        .await;
     assert!(
         !handler.contains("instance{") && !handler.contains("request{"),
         "{handler}"

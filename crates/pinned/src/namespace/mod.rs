@@ -78,7 +78,7 @@ pub(crate) use self::lifecycle::Lifecycle;
 pub(crate) use self::record::Record;
 pub(crate) use self::states::States;
 pub(crate) use self::wind_down::wind_down;
-pub(crate) use crate::task::{panic_message, spawn_detached};
+pub(crate) use crate::task::{panic_message, run_detached, spawn_detached};
 
 /// What one sweep pass does to a record.
 #[derive(Clone, Copy)]
