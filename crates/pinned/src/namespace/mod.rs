@@ -296,6 +296,7 @@ impl Namespace {
     /// `at` as the records' activity stamps count it: milliseconds since
     /// the host's clock base (no clock read: the request path stamps with
     /// instants it has already read).
+    #[inline]
     pub(crate) fn ms_at(&self, at: Instant) -> u64 {
         // In 64 bits: `as_millis` divides 128-bit nanoseconds, twice a
         // request.
