@@ -14,7 +14,7 @@ pub(crate) fn spawn_detached(
 /// it has to wait, in a task of `domain`'s (as an activation's first poll
 /// runs on its requester's task). Work that needs no wait, such as most
 /// idle closes, ends at once, without a task, its scheduling and its free
-/// (`worker-bench`: about 1 900 instructions of each new id's eviction).
+/// (`worker-bench`: about 2 200 instructions of each new id's eviction).
 /// A domain with a runtime of its own, or a caller outside any runtime,
 /// spawns as [`spawn_detached`] does. A panic in the first poll is caught
 /// and the work dropped, as a detached task's panic is.
