@@ -88,8 +88,8 @@ async fn one_trace_holds_pinboards_attempt_as_the_parent_of_the_workers_request(
     })
     .await;
     // Exporting debug spans did not turn the console (at info) up: the
-    // activation's line names its instance span alone, not the debug
-    // `activation` span it was logged in.
+    // activation's line names its instance in its own fields, not through
+    // the debug `instance` and `activation` spans it was logged in.
     let line = eventually("the activation's line", PATIENCE, || {
         let log = worker.log_text();
         std::future::ready(
@@ -100,7 +100,10 @@ async fn one_trace_holds_pinboards_attempt_as_the_parent_of_the_workers_request(
     })
     .await;
     assert!(
-        line.contains("instance{") && !line.contains(":activation") && !line.contains("DEBUG"),
+        line.contains("namespace=/counter")
+            && !line.contains("instance{")
+            && !line.contains("activation{")
+            && !line.contains("DEBUG"),
         "{line}"
     );
     Ok(())

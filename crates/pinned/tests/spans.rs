@@ -1,7 +1,10 @@
-//! Everything an instance does runs in its tracing span: a handler's log
-//! line carries the instance (namespace, id, epoch) and the request
-//! (method, path); background work carries the instance. The instance span
-//! is kept with the instance and made again when its epoch changes.
+//! At `debug`, everything an instance does runs in its tracing span: a
+//! handler's log line carries the instance (namespace, id, epoch) and the
+//! request (method, path); background work carries the instance. The
+//! instance span is kept with the instance and made again when its epoch
+//! changes. At `info` there are no such spans (both are debug, as
+//! tower-http's request spans): the lifecycle lines name the instance in
+//! their own fields.
 //! Churn lines (activations, evictions) are written at `info` up to the
 //! namespace's budget a second, the rest counted in one line.
 
@@ -97,10 +100,11 @@ async fn log_lines_carry_the_instance_and_the_request() {
     );
 }
 
-/// At `info` the request span (debug) is left out, and a handler's lines
-/// still name their instance.
+/// At `info` neither span is made (both are debug): a handler's line
+/// carries none, and the activation's line names its instance in its own
+/// fields.
 #[tokio::test]
-async fn at_info_handler_lines_carry_the_instance_without_a_request_span() {
+async fn at_info_lines_carry_no_span_and_the_activation_names_its_instance() {
     let (lines, _guard) = Lines::capture(tracing::Level::INFO);
     let w = start(Options::new().host::<Chatty>("/chatty")).await;
     let answer = w
@@ -111,19 +115,22 @@ async fn at_info_handler_lines_carry_the_instance_without_a_request_span() {
         .await
         .expect("send");
     assert_eq!(answer.status(), 200);
-    let handler = eventually("the handler's line", PATIENCE, || {
-        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
-        std::future::ready(
-            text.lines()
-                .find(|l| l.contains("from the handler"))
-                .map(str::to_owned),
-        )
-    })
-    .await;
+    let (handler, activated) =
+        eventually("the handler's and the activation's lines", PATIENCE, || {
+            let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+            let find = |what: &str| text.lines().find(|l| l.contains(what)).map(str::to_owned);
+            std::future::ready(find("from the handler").zip(find("activated instance")))
+        })
+        .await;
     assert!(
-        handler.contains("instance{namespace=/chatty id=b epoch=3}")
-            && !handler.contains("request{"),
+        !handler.contains("instance{") && !handler.contains("request{"),
         "{handler}"
+    );
+    assert!(
+        !activated.contains("instance{")
+            && activated.contains("namespace=/chatty")
+            && activated.contains("id=b"),
+        "{activated}"
     );
 }
 
@@ -132,7 +139,7 @@ async fn at_info_handler_lines_carry_the_instance_without_a_request_span() {
 /// line names the epoch its request was served under.
 #[tokio::test]
 async fn a_kept_instance_span_names_the_newest_epoch() {
-    let (lines, _guard) = Lines::capture(tracing::Level::INFO);
+    let (lines, _guard) = Lines::capture(tracing::Level::DEBUG);
     let w = start(Options::new().host::<Chatty>("/chatty")).await;
     for epoch in ["3", "3", "5"] {
         let answer = w

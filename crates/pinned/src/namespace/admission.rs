@@ -139,6 +139,7 @@ impl Namespace {
     /// admission checks, then one attempt to enter. A record of `id` that
     /// is closing comes back as [`Attempt::Closing`], to be waited out
     /// before trying again ([`admit`](Self::admit) does).
+    #[inline]
     pub(crate) fn try_admit(
         self: &Arc<Self>,
         id: &str,

@@ -33,6 +33,7 @@ impl Busy {
     /// time the caller has just worked out (a request's end, also observed
     /// by its duration histogram): the instance's activity is stamped with
     /// it instead of a clock read of its own.
+    #[inline]
     pub(crate) fn leave_at(mut self, now_ms: u64) {
         self.slot.touch_at(now_ms);
         self.stamped = true;
@@ -55,6 +56,7 @@ impl Record {
     /// Returns the phase seen on entry (`Activating` or `Live`). `now_ms`
     /// (on the host's clock, [`Namespace::ms_at`]) is when the request
     /// arrived.
+    #[inline]
     pub(crate) fn enter(self: &Arc<Self>, now_ms: u64) -> Result<(Busy, Stage), Stage> {
         // Built before the phase is judged: on a refusal, dropping it undoes
         // the count (and wakes a teardown waiting for it to reach zero).

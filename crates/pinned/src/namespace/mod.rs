@@ -79,7 +79,7 @@ pub(crate) use self::lifecycle::Lifecycle;
 pub(crate) use self::record::Record;
 pub(crate) use self::states::States;
 pub(crate) use self::wind_down::wind_down;
-pub(crate) use crate::task::{panic_message, spawn_detached};
+pub(crate) use crate::task::{panic_message, run_detached, spawn_detached};
 
 /// What one sweep pass does to a record.
 #[derive(Clone, Copy)]
@@ -303,6 +303,7 @@ impl Namespace {
     /// `at` as the records' activity stamps count it: milliseconds since
     /// the host's clock base (no clock read: the request path stamps with
     /// instants it has already read).
+    #[inline]
     pub(crate) fn ms_at(&self, at: Instant) -> u64 {
         // In 64 bits: `as_millis` divides 128-bit nanoseconds, twice a
         // request.

@@ -106,23 +106,29 @@ impl Record {
     /// inside one, so its logs carry the namespace, id and epoch. Always a
     /// root: work started from inside another instance span (a tray flush
     /// enlisted by a handler) names its instance once, not once per hop.
-    /// `None` when nothing listens at `info`.
+    /// `None` when nothing listens at `debug`.
+    ///
+    /// At `debug`, as the request spans (tower-http's are): with the
+    /// examples' `info` logging a new id made one, about 4 300
+    /// instructions of subscriber work, and every warm request entered it,
+    /// about 450 more (`worker-bench`: new ids 1.85x and warm 1.05x a bare
+    /// axum counter at `info`). Lifecycle lines at `info` (activation,
+    /// eviction) name the namespace and id in their own fields.
     ///
     /// Made once per instance, and again when its epoch changes (a span's
     /// fields are written when it is made), and kept with the instance
     /// while a subscriber listens: making one per request cost the
     /// subscriber a record and the fields formatted, about 4 000
-    /// instructions of a warm request at `info`, and a clone of its own
-    /// about 600 more (`worker-bench`).
+    /// instructions a request, and a clone of its own about 600 more.
     pub(crate) fn shared_span(&self) -> Option<Arc<tracing::Span>> {
-        if !tracing::level_enabled!(tracing::Level::INFO) {
+        if !tracing::level_enabled!(tracing::Level::DEBUG) {
             return None;
         }
         let epoch = self.slot.epoch();
         if let Some(span) = self.slot.kept_span(epoch) {
             return Some(span);
         }
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             parent: None,
             "instance",
             namespace = %self.host.ns,

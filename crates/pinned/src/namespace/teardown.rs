@@ -18,7 +18,7 @@ use futures_util::future::FutureExt;
 
 use super::churn_log::{churn_line, Churn};
 use super::Record;
-use super::{panic_message, spawn_detached, Namespace};
+use super::{panic_message, run_detached, spawn_detached, Namespace};
 use crate::instance::Stage;
 
 /// How long a closing instance waits for its placement release before the
@@ -64,10 +64,12 @@ impl Namespace {
         }
     }
 
-    /// Tears down `slot`, whose idle close already began.
+    /// Tears down `slot`, whose idle close already began: its first poll
+    /// here (most idle closes have nothing to wait for), the rest in a
+    /// task ([`run_detached`]).
     pub(super) fn close_begun(slot: &Arc<Record>) {
         slot.host.closing.fetch_add(1, Ordering::SeqCst);
-        spawn_detached(
+        run_detached(
             &slot.host.domain,
             slot.task_span(crate::namespace::record::Work::Teardown)
                 .instrument(teardown(slot.clone(), Close::Idle)),

@@ -1,18 +1,19 @@
-//! The spans an instance's work runs in: the instance span (info, a root:
-//! namespace, id, epoch) and, when debug spans are wanted (the console at
-//! debug, or traces exported), the work's own debug span under it
-//! (`request`, `activation`, `tray flush`, `alarm`, ...).
+//! The spans an instance's work runs in, when debug spans are wanted (the
+//! console at debug, or traces exported): the instance span (a root:
+//! namespace, id, epoch) and the work's own span under it (`request`,
+//! `activation`, `tray flush`, `alarm`, ...). Both are at `debug`, as
+//! tower-http's request spans: at the usual `info` there are none, and
+//! the lifecycle lines name their instance in their own fields.
 //!
 //! Both are entered, instance first: a layer that filters the work's span
-//! out (the console at info while the OTLP layer takes debug spans) still
-//! finds the instance span among the entered ones, so a line logged in the
-//! work names its instance. Owns no span's fields and never decides the
-//! trace's parent (that is `pinned_edge::trace`).
+//! out still finds the instance span among the entered ones. Owns no
+//! span's fields and never decides the trace's parent (that is
+//! `pinned_edge::trace`).
 //!
 //! The instance span is the one the record keeps (made once per instance
 //! and epoch, see `Record::shared_span`), shared by reference: a request
-//! at `info` enters it without a span clone of its own, which cost the
-//! subscriber about 600 instructions a warm request (`worker-bench`).
+//! enters it without a span clone of its own, which cost the subscriber
+//! about 600 instructions a request (`worker-bench`).
 
 use std::future::Future;
 use std::pin::Pin;

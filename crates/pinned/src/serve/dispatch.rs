@@ -155,26 +155,29 @@ fn closing(host: &Namespace, mut response: Response) -> Response {
 /// the path split and rewritten
 /// (with the connection's `rewrites`, if any) and the object's router
 /// called here, synchronously; the returned future only runs what that
-/// router started.
+/// router started. Inlined into its callers: the routing it answers is
+/// then built where they keep it, not copied out of a call.
+#[inline]
 pub(crate) fn route(
     host: &Arc<Namespace>,
-    request: Request,
+    mut request: Request,
     rewrites: Option<&Rewrites>,
 ) -> Routing {
-    let (mut parts, body) = request.into_parts();
-    let target = target(&host.ns, parts.uri.path());
+    // The request is edited where it lies, not split into its parts and
+    // joined again (each a copy of the head: `worker-bench`).
+    let target = target(&host.ns, request.uri().path());
     // pinboard's alarm delivery authenticates with the proxy secret, not a
     // token, so it is routed before the attestation gate.
     let durable = host.control.serves_durable_entry_points() && host.store.is_some();
     if durable && (target.rest == "/_alarm" || target.rest == "/_wake") {
         return Routing::Durable {
-            future: Box::pin(durable_entry(host.clone(), parts)),
+            future: Box::pin(durable_entry(host.clone(), request.into_parts().0)),
             host: host.clone(),
         };
     }
     let rewritten = match rewrites {
-        Some(rewrites) => rewrites.rewrite(target.rest, parts.uri.query()),
-        None => rewrite(target.rest, parts.uri.query()),
+        Some(rewrites) => rewrites.rewrite(target.rest, request.uri().query()),
+        None => rewrite(target.rest, request.uri().query()),
     };
     let uri = match rewritten {
         Ok(uri) => uri,
@@ -185,16 +188,16 @@ pub(crate) fn route(
             };
         }
     };
-    let original = std::mem::replace(&mut parts.uri, uri);
+    let original = std::mem::replace(request.uri_mut(), uri);
     // axum's `OriginalUri` is the URI the client sent, `/<ns>/<id>…`, as
     // through `Worker::router()`. Set here, it is a refcount on the bytes
     // hyper parsed; left to axum, a copy of the rewritten one. The stack
     // reads the id from it.
-    parts
-        .extensions
+    request
+        .extensions_mut()
         .insert(axum::extract::OriginalUri(original));
     // The router is always ready (axum's `poll_ready` answers at once).
-    let future = host.router.clone().call(Request::from_parts(parts, body));
+    let future = host.router.clone().call(request);
     Routing::Routed {
         future,
         host: host.clone(),

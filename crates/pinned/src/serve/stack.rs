@@ -32,7 +32,7 @@ use std::borrow::Cow;
 use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::{Arc, Weak};
 use std::task::{Context as TaskContext, Poll};
 
@@ -52,6 +52,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use crate::auth::AuthError;
+use crate::instance::abort::Cancelled;
 use crate::namespace::context::Context;
 use crate::namespace::work_span::WorkSpan;
 use crate::namespace::Record;
@@ -86,10 +87,12 @@ pub(crate) struct Target<'a> {
     pub(crate) rest: &'a str,
 }
 
-/// Splits `/<ns>/<id><rest>`; the route guarantees the `/<ns>/` prefix.
+/// Splits `/<ns>/<id><rest>`; the route guarantees the `/<ns>/` prefix,
+/// so it is skipped, not compared again.
+#[inline]
 pub(crate) fn target<'a>(ns: &str, path: &'a str) -> Target<'a> {
     let after = path
-        .strip_prefix(ns)
+        .get(ns.len()..)
         .and_then(|after| after.strip_prefix('/'))
         .unwrap_or("");
     // A byte search: the id is a few bytes, shorter than `find`'s set-up.
@@ -140,6 +143,7 @@ impl IntoResponse for Refused {
 /// The reference's checks before admission, in its order: attestation
 /// (required behind pinboard, read but optional in local mode), id,
 /// `Pinboard-Epoch`.
+#[inline]
 pub(crate) fn gate<'a>(
     host: &Namespace,
     headers: &HeaderMap,
@@ -202,7 +206,7 @@ impl<S, F: Clone> Layer<S> for StackLayer<F> {
 
     fn layer(&self, inner: S) -> Stack<S, F> {
         Stack {
-            inner,
+            inner: Some(inner),
             ns: self.ns.clone(),
             serve: self.serve.clone(),
         }
@@ -210,9 +214,14 @@ impl<S, F: Clone> Layer<S> for StackLayer<F> {
 }
 
 /// One matched route of an object behind the stack.
+///
+/// axum clones the route's service for every request and calls the clone
+/// once, so [`call`](Service::call) moves the inner route out of it
+/// rather than cloning it a second time (a boxed service's clone: an
+/// allocation and its free, `worker-bench`).
 #[derive(Clone)]
 pub(crate) struct Stack<S, F> {
-    inner: S,
+    inner: Option<S>,
     ns: Weak<Namespace>,
     serve: F,
 }
@@ -220,7 +229,7 @@ pub(crate) struct Stack<S, F> {
 impl<S, F, Fut> Service<Request> for Stack<S, F>
 where
     S: Clone,
-    F: Fn(Option<Arc<Namespace>>, S, Parts, Body) -> Fut,
+    F: Fn(Option<Arc<Namespace>>, Option<S>, Parts, Body) -> Fut,
     Fut: Future<Output = Result<Response, Infallible>>,
 {
     type Response = Response;
@@ -233,7 +242,9 @@ where
 
     fn call(&mut self, request: Request) -> Fut {
         let (parts, body) = request.into_parts();
-        (self.serve)(self.ns.upgrade(), self.inner.clone(), parts, body)
+        // A service called a second time (never by axum's routes, which
+        // call a fresh clone each request) answers 500.
+        (self.serve)(self.ns.upgrade(), self.inner.take(), parts, body)
     }
 }
 
@@ -266,7 +277,11 @@ impl IntoResponse for TurnedAway {
 
 /// Steps 1 and 2, fused (one synchronous step, see the module docs): the
 /// gate on the request's head, then one attempt to enter instance `id` at
-/// `arrived` (the namespace's milliseconds).
+/// `arrived` (the namespace's milliseconds). Inlined, as [`gate`],
+/// [`target`] and `dispatch::route` are: what each answers is then built
+/// in place, not copied out of a call (`worker-bench`: the four, about 90
+/// instructions of a warm request).
+#[inline]
 fn gate_and_enter<'a>(
     ns: &Arc<Namespace>,
     headers: &HeaderMap,
@@ -313,29 +328,44 @@ fn panicked(
     response::internal_error()
 }
 
-/// The request span (see [`serve`]): at debug, as tower-http's, so at the
-/// usual `info` a handler's lines carry the instance span alone: the one
-/// the record keeps, shared, not a span of the request's own. With nothing
-/// listening at `info` there is none, not even a disabled one: no span is
-/// cloned, entered on every poll, or dropped.
+/// The request span (see [`serve`]): at debug, as tower-http's, inside
+/// the instance span (debug too, the one the record keeps, shared, see
+/// `Record::shared_span`). With nothing listening at `debug` there is
+/// none, not even a disabled one: no span is cloned, entered on every
+/// poll, or dropped.
 ///
 /// While traces are exported the request span continues the trace of the
 /// request's `traceparent` (pinboard's attempt span, or a client's).
+#[inline]
 fn request_span(slot: &Record, parts: &Parts) -> Option<WorkSpan> {
     // The global level hint first: a load and a compare when nothing
-    // listens at `info`.
-    if !tracing::level_enabled!(tracing::Level::INFO) {
+    // listens at `debug` (the examples' default `info` included).
+    if !tracing::level_enabled!(tracing::Level::DEBUG) {
         return None;
     }
     let instance = slot.shared_span();
-    if tracing::enabled!(tracing::Level::DEBUG) {
-        let none = tracing::Span::none();
-        let parent = instance.as_deref().unwrap_or(&none);
-        let span = tracing::debug_span!(parent: parent, "request", method = %parts.method, path = %parts.uri.path());
-        pinned_edge::trace::continue_from(&span, &parts.headers);
-        Some(WorkSpan::new(instance, span))
-    } else {
-        Some(WorkSpan::new(instance, tracing::Span::none()))
+    let none = tracing::Span::none();
+    let parent = instance.as_deref().unwrap_or(&none);
+    let span = tracing::debug_span!(parent: parent, "request", method = %parts.method, path = %parts.uri.path());
+    if span.is_disabled() && instance.is_none() {
+        return None;
+    }
+    pinned_edge::trace::continue_from(&span, &parts.headers);
+    Some(WorkSpan::new(instance, span))
+}
+
+/// Polls `slot`'s abort, making its future in `abort` on the first poll.
+fn poll_abort<'a>(
+    slot: &'a Record,
+    mut abort: Pin<&mut Option<Cancelled<'a>>>,
+    cx: &mut TaskContext<'_>,
+) -> Poll<()> {
+    if abort.is_none() {
+        abort.set(Some(slot.cancelled()));
+    }
+    match abort.as_pin_mut() {
+        Some(cancelled) => cancelled.poll(cx),
+        None => Poll::Pending,
     }
 }
 
@@ -349,7 +379,7 @@ fn request_span(slot: &Record, parts: &Parts) -> Option<WorkSpan> {
 #[allow(clippy::manual_async_fn)] // an `async fn` would copy its arguments into the coroutine again
 pub(crate) fn serve<T: Object>(
     ns: Option<Arc<Namespace>>,
-    mut inner: Route,
+    inner: Option<Route>,
     mut parts: Parts,
     body: Body,
 ) -> impl Future<Output = Result<Response, Infallible>> + Send {
@@ -359,8 +389,9 @@ pub(crate) fn serve<T: Object>(
     async move {
         // The request's start: its duration and the instance's activity.
         let started = Instant::now();
-        let Some(host) = ns else {
-            // The worker was dropped while a connection still routed here.
+        // `None`: the worker was dropped while a connection still routed
+        // here, or the stack was called twice (see [`Stack`]).
+        let (Some(host), Some(mut inner)) = (ns, inner) else {
             return Ok(response::internal_error());
         };
         let arrived = host.ms_at(started);
@@ -452,15 +483,17 @@ pub(crate) fn serve<T: Object>(
             (slot, span, entry)
         };
 
+        // The abort's future, made when first polled: a handler that
+        // answers in its first poll never needs one.
+        let mut cancelled = pin!(None);
         // 4: the turn of an exclusive object, raced against the abort.
-        let mut cancelled = pin!(slot.cancelled());
         let _turn = match &slot.turn {
             None => None,
             Some(turn) => {
                 let mut acquire = pin!(turn.acquire());
                 let permit = poll_fn(|cx| {
                     let _in_span = span.as_ref().map(WorkSpan::enter);
-                    if cancelled.as_mut().poll(cx).is_ready() {
+                    if poll_abort(&slot, cancelled.as_mut(), cx).is_ready() {
                         return Poll::Ready(None);
                     }
                     acquire.as_mut().poll(cx).map(Result::ok)
@@ -494,7 +527,7 @@ pub(crate) fn serve<T: Object>(
             if let Poll::Ready(outcome) = handler.as_mut().poll(cx) {
                 return Poll::Ready(Some(outcome));
             }
-            cancelled.as_mut().poll(cx).map(|()| None)
+            poll_abort(&slot, cancelled.as_mut(), cx).map(|()| None)
         })
         .await;
         let Some(outcome) = outcome else {
