@@ -411,7 +411,7 @@ impl Namespace {
                     if let Some(durable) = &host.durable {
                         durable.activated(&host, &slot);
                     }
-                    churn_line!(host, Churn::Activated, slot.id, "activated instance", at now);
+                    churn_line!(host, Churn::Activated, slot.id, "activated instance", at now, epoch = slot.epoch());
                     entry.leave_at(now);
                     return Activation::Ready(instance);
                 }

@@ -155,12 +155,14 @@ impl ChurnLog {
 ///
 /// `churn_line!(host, Churn::Activated, id, "activated instance")`, where
 /// `host` is the [`Namespace`](crate::namespace::Namespace); a trailing
-/// `at now_ms` gives the time when the caller has read it already.
+/// `at now_ms` gives the time when the caller has read it already, and
+/// `name = value` pairs after it are more fields of the line (evaluated
+/// only when it is written).
 macro_rules! churn_line {
     ($host:expr, $kind:expr, $id:expr, $message:literal) => {
         churn_line!($host, $kind, $id, $message, at $host.elapsed_ms())
     };
-    ($host:expr, $kind:expr, $id:expr, $message:literal, at $now:expr) => {{
+    ($host:expr, $kind:expr, $id:expr, $message:literal, at $now:expr $(, $field:ident = $value:expr)*) => {{
         let host = &$host;
         if tracing::level_enabled!(tracing::Level::INFO) {
             let (loud, overflow) = host.churn.admit($kind, $now);
@@ -168,9 +170,9 @@ macro_rules! churn_line {
                 overflow.log(&host.ns);
             }
             if loud {
-                tracing::info!(namespace = %host.ns, id = %$id, $message);
+                tracing::info!(namespace = %host.ns, id = %$id, $($field = $value,)* $message);
             } else {
-                tracing::debug!(namespace = %host.ns, id = %$id, $message);
+                tracing::debug!(namespace = %host.ns, id = %$id, $($field = $value,)* $message);
             }
         }
     }};
