@@ -6,7 +6,7 @@
 //!
 //! Owns the sockets this node holds ([`HeldSockets`], bounded by the
 //! connection cap: a held socket keeps its connection's slot), their tasks
-//! ([`socket`]), and the sends that reach them ([`HeldSockets::deliver`]).
+//! ([`socket`]), and the sends that reach them ([`fanout::deliver`]).
 //! Never resolves or places an id itself: an event is a request through
 //! the [`Door`] the proxy provides. Nodes sharing one Redis relay their
 //! sends to each other ([`relay`]), so a send reaches an id's sockets on

@@ -41,7 +41,7 @@ macro_rules! alarm_at {
     };
 }
 
-/// The column holding an alarm row's due time ([`alarm_at!`] of its `doc`; null on every
+/// The column holding an alarm row's due time (the `alarm_at!` expression over its `doc`; null on every
 /// other row), kept by [`ALARM_AT_TRIGGER`] for every writer, the Python reference
 /// included. The alarm index is on it rather than on the expression over `doc`:
 /// Postgres counts every column an index reads as indexed, so an index reading `doc`
