@@ -148,13 +148,14 @@ fn rss_bytes(pid: u32) -> anyhow::Result<u64> {
     Ok(pages * 4096)
 }
 
+/// The worker's `name`, from the bench's `/bench/metrics`.
 async fn metric(client: &reqwest::Client, base: &str, name: &str) -> anyhow::Result<f64> {
-    let text = client
-        .get(format!("{base}/bench/metrics"))
-        .send()
-        .await?
-        .text()
-        .await?;
+    scraped(client, &format!("{base}/bench/metrics"), name).await
+}
+
+/// One sample's value in the Prometheus text at `url` (0 when absent).
+async fn scraped(client: &reqwest::Client, url: &str, name: &str) -> anyhow::Result<f64> {
+    let text = client.get(url).send().await?.text().await?;
     Ok(text
         .lines()
         .find_map(|line| {
@@ -282,20 +283,10 @@ fn listening(child: &mut Child) -> anyhow::Result<String> {
     anyhow::bail!("the child exited before listening")
 }
 
+/// pinboard's own `name`, from its `/metrics` (the worker's is under
+/// `/bench/metrics`, [`metric`]).
 async fn pinboard_metric(client: &reqwest::Client, base: &str, name: &str) -> anyhow::Result<f64> {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await?
-        .text()
-        .await?;
-    Ok(text
-        .lines()
-        .find_map(|line| {
-            let (key, value) = line.split_once(' ')?;
-            (key == name).then(|| value.trim().parse().ok())?
-        })
-        .unwrap_or(0.0))
+    scraped(client, &format!("{base}/metrics"), name).await
 }
 
 /// Waits (at most a minute) until pinboard's `name` is `value`.
