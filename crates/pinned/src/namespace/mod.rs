@@ -580,6 +580,7 @@ impl Namespace {
         self.sockets.close_all(1001, "worker closing", true);
         self.abort_all();
         self.wait_empty().await;
+        self.sockets.all_closed().await;
     }
 
     /// This namespace as the control plane commands it.

@@ -44,6 +44,10 @@ pub const MAX_SOCKET_TAGS: usize = 10;
 /// Bytes one socket tag may hold, at most.
 pub const MAX_SOCKET_TAG_LEN: usize = 256;
 
+/// How long a closing worker waits for its sockets' close frames to be
+/// written: a socket task's own bound on one write to its client.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(10);
+
 /// Close code when a bound ends a socket: its buffer or outbox overflowed,
 /// or its instance did not wake in time (RFC 6455's "try again later").
 pub const CLOSE_TRY_AGAIN_LATER: u16 = 1013;
@@ -549,6 +553,9 @@ pub(crate) struct Sockets {
     worker_max: usize,
     /// No new sockets (the worker is closing).
     shut: AtomicBool,
+    /// Woken whenever a socket leaves, for a closing worker that waits
+    /// for its close frames to be written ([`Sockets::all_closed`]).
+    left: Notify,
 }
 
 impl Sockets {
@@ -558,6 +565,7 @@ impl Sockets {
             next: AtomicU64::new(1),
             worker_open,
             worker_max,
+            left: Notify::new(),
             shut: AtomicBool::new(false),
         }
     }
@@ -655,7 +663,29 @@ impl Sockets {
             self.worker_open.fetch_sub(1, Ordering::SeqCst);
         }
         let epoch = set.epoch();
-        self.drop_if_empty(id).then_some(epoch)
+        let dropped = self.drop_if_empty(id);
+        self.left.notify_waiters();
+        dropped.then_some(epoch)
+    }
+
+    /// Waits until every socket has left (each one's task wrote its close
+    /// frame, or gave up on a client that does not read), at most
+    /// [`CLOSE_DEADLINE`]: a closing worker that exited at once would cut
+    /// the close frames it just queued, and its clients would see a reset
+    /// instead of the code that tells them to reconnect.
+    pub(crate) async fn all_closed(&self) {
+        let until = tokio::time::Instant::now() + CLOSE_DEADLINE;
+        loop {
+            let left = self.left.notified();
+            tokio::pin!(left);
+            left.as_mut().enable();
+            if self.sets.is_empty() {
+                return;
+            }
+            if tokio::time::timeout_at(until, left).await.is_err() {
+                return;
+            }
+        }
     }
 
     fn drop_if_empty(&self, id: &str) -> bool {
