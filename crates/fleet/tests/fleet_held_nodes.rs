@@ -93,33 +93,24 @@ async fn subscribers(url: &str, channel: &str) -> i64 {
 }
 
 async fn wait_subscribers(url: &str, channel: &str, n: i64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = subscribers(url, channel).await;
-        if now == n {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{channel}: {now} subscribers, never {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    test_support::eventually(
+        &format!("{n} subscribers of {channel}"),
+        Duration::from_secs(30),
+        || async { (subscribers(url, channel).await == n).then_some(()) },
+    )
+    .await;
 }
 
 async fn wait_held(c: &reqwest::Client, pb: &str, n: f64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = metrics::scrape(c, pb).await.value("pinboard_held_sockets");
-        if now == n {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{pb} holds {now} sockets, never {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    test_support::eventually(
+        &format!("{pb} to hold {n} sockets"),
+        Duration::from_secs(30),
+        || async {
+            let now = metrics::scrape(c, pb).await.value("pinboard_held_sockets");
+            (now == n).then_some(())
+        },
+    )
+    .await;
 }
 
 /// Broadcasts `text` to `room` through `pb` and waits until every one of

@@ -102,8 +102,13 @@ async fn connect(
     let sender = {
         let (log, heard) = (log.clone(), heard.clone());
         tokio::spawn(async move {
+            // Each client sends at most one message per `pace` (and the
+            // next only once the last was answered): the load's rate.
+            let mut ticks = tokio::time::interval(pace);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut n = 0usize;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                ticks.tick().await;
                 n += 1;
                 let text = format!("m{n}");
                 let sent = Instant::now();
@@ -137,8 +142,6 @@ async fn connect(
                     let mut log = log.lock();
                     log.longest = log.longest.max(waited);
                 }
-                // The pause between an answered message and the next one.
-                tokio::time::sleep(pace).await;
             }
         })
     };
