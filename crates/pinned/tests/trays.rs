@@ -196,6 +196,17 @@ impl TrayHandler<Jobs> for Runner {
             .lock()
             .push((name.clone(), ctx.attempts()));
         self.work(&name).await?;
+        if let Some(next) = name.strip_prefix("then-") {
+            // An admission made while this run is under way, as a client's
+            // arriving mid-run would be; the yields let the tray's store
+            // writer run before this run acks.
+            let jobs = ctx.context().tray::<Jobs>().await?;
+            let receipt = jobs.admit(|jobs| jobs.queue.push_back(next.to_owned()))?;
+            drop(receipt);
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+        }
         ctx.on_ack(move |jobs| jobs.done.push(name));
         Ok(())
     }
@@ -1140,6 +1151,56 @@ async fn an_admission_to_an_idle_tray_takes_one_store_write_before_its_handler_r
             ("j1".to_owned(), 1),
             ("j2".to_owned(), 1)
         ]
+    );
+    w.worker.close().await;
+}
+
+// One thread: the tray's store writer runs only when the handler yields,
+// so what it writes while the run is under way is deterministic.
+#[tokio::test(flavor = "current_thread")]
+async fn an_admission_during_a_quick_run_leaves_with_that_runs_ack_in_one_write() {
+    let inner = Arc::new(MemoryStore::new());
+    let counting = Arc::new(FailingStore::passing(inner.clone()));
+    let lab = Lab::default();
+    let w = start(
+        Options::new()
+            .host::<Runner>("/runners")
+            .state(lab.clone())
+            .store(counting.clone()),
+    )
+    .await;
+    let at_rest = |done: usize| {
+        let inner = inner.clone();
+        async move {
+            eventually("the tray at rest", PATIENCE, || async {
+                memory_row(&inner, "one")
+                    .await
+                    .filter(|(marked, doc)| {
+                        !marked && doc["done"].as_array().map(Vec::len) == Some(done)
+                    })
+                    .map(|_| ())
+            })
+            .await;
+        }
+    };
+    // A quick run first: the tray learns its runs end within the linger.
+    let admitted = json(w.post("/runners/one/enqueue/first").await).await;
+    assert_eq!(admitted, (200, json!({ "admitted": "first" })));
+    at_rest(1).await;
+    let before = counting.writes();
+    let admitted = json(w.post("/runners/one/enqueue/then-second").await).await;
+    assert_eq!(admitted, (200, json!({ "admitted": "then-second" })));
+    at_rest(3).await;
+    // The admission of `then-second` with its count; the ack of
+    // `then-second` with `second`'s admission (made during that run) and
+    // its count; `second`'s ack. Written alone, `second`'s admission
+    // would be a fourth.
+    assert_eq!(counting.writes() - before, 3);
+    let (_, doc) = memory_row(&inner, "one").await.unwrap();
+    assert_eq!(doc["done"], json!(["first", "then-second", "second"]));
+    assert_eq!(
+        lab.deliveries.lock().iter().map(|(_, n)| *n).collect::<Vec<_>>(),
+        [1, 1, 1]
     );
     w.worker.close().await;
 }

@@ -198,12 +198,22 @@ impl Frontier {
         Receipt {
             frontier: self.clone(),
             position,
+            patience: Duration::ZERO,
         }
     }
 
-    /// Waits until every effect up to `position` landed.
-    pub(crate) async fn wait(&self, position: u64) -> Result<(), TrayError> {
+    /// Waits until every effect up to `position` landed. For the first
+    /// `patience` the wait lets the log linger (another write may come to
+    /// carry the same row); after it, it hurries the log like any wait.
+    pub(crate) async fn wait(&self, position: u64, patience: Duration) -> Result<(), TrayError> {
         let mut progress = self.progress.subscribe();
+        if !patience.is_zero() && progress.borrow().flushed < position {
+            let _ = tokio::time::timeout(
+                patience,
+                progress.wait_for(|progress| progress.flushed >= position || progress.failed),
+            )
+            .await;
+        }
         if progress.borrow().flushed < position {
             // Someone waits: nothing lingers.
             let mut log = self.log.lock();
@@ -241,8 +251,17 @@ impl Frontier {
                 (!log.urgent).then(|| log.linger.unwrap_or(LINGER))
             };
             if let Some(linger) = linger {
-                // A permit left by an earlier hurry only shortens this wait.
-                let _ = tokio::time::timeout(linger, self.hurry.notified()).await;
+                // A permit left by a hurry whose effects have left already
+                // wakes this wait early: only a hurry still standing ends it.
+                let deadline = tokio::time::Instant::now() + linger;
+                while tokio::time::timeout_at(deadline, self.hurry.notified())
+                    .await
+                    .is_ok()
+                {
+                    if self.log.lock().urgent {
+                        break;
+                    }
+                }
             }
             let (work, count) = {
                 let mut log = self.log.lock();
@@ -358,6 +377,21 @@ fn coalesce(pending: &mut VecDeque<Effect>) -> (Vec<BatchOp>, u64) {
 pub struct Receipt {
     frontier: Arc<Frontier>,
     position: u64,
+    /// How long an awaiting caller lets the log linger before hurrying it
+    /// (see [`Receipt::patient`]).
+    patience: Duration,
+}
+
+impl Receipt {
+    /// This receipt, its awaiting caller letting the log linger up to
+    /// [`LINGER`] before hurrying it: an admission to a tray whose handler
+    /// is running a quick item waits for that run's ack to carry its row
+    /// (one row write for the two) instead of a write of its own just
+    /// before it.
+    pub(crate) fn patient(mut self) -> Self {
+        self.patience = LINGER;
+        self
+    }
 }
 
 impl std::fmt::Debug for Receipt {
@@ -373,7 +407,7 @@ impl IntoFuture for Receipt {
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move { self.frontier.wait(self.position).await })
+        Box::pin(async move { self.frontier.wait(self.position, self.patience).await })
     }
 }
 

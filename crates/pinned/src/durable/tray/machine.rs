@@ -164,6 +164,10 @@ pub(crate) struct TrayState<T: Tray> {
     /// delivery once the write landed, with no write of its own before it.
     pub(crate) primed: bool,
     pub(crate) active: Option<Active>,
+    /// The last handler run ended within the frontier's linger of its
+    /// start: an admission made while the next one runs waits for that
+    /// run's ack to carry its row.
+    pub(crate) quick: bool,
 }
 
 /// An open tray of type `T`.
@@ -354,6 +358,7 @@ pub(crate) fn restore<T: Tray>(
             retired: None,
             pumping: false,
             primed: false,
+            quick: false,
             active: None,
         }),
         freed: watch::Sender::new(false),
@@ -471,6 +476,12 @@ impl<T: Tray> OpenTray<T> {
                     state.changed = true;
                 }
             }
+        }
+        // A quick run under way acks within the linger: this row leaves
+        // with that ack (and the next delivery's count) in one write, not
+        // alone just before it. A slow run's admissions are written at once.
+        if state.active.is_some() && state.quick {
+            return Ok(self.commit_with(state, Urgency::Soon)?.patient());
         }
         self.commit(state)
     }

@@ -7,6 +7,9 @@
 //! An admission to an idle tray records the next delivery itself, in its
 //! own row write (`OpenTray::commit_admission`), and the step then runs
 //! that delivery as counted: one store write before the handler, not two.
+//! An admission made while a quick run is under way (the last run ended
+//! within the frontier's linger) lets its row linger for that run's ack,
+//! which then carries it and the next delivery's count in one row write.
 //! Success settles the item's keyed dispatches (phase two, `dispatch`),
 //! then applies the handler's `on_ack` edits and the tray's ack in one
 //! write segment, so they land in one row write. Failure (an error, a
@@ -230,9 +233,11 @@ impl<T: Tray> OpenTray<T> {
                 return self.stopped();
             }
             let staged: Arc<Mutex<Staged<T>>> = Arc::default();
+            let started = tokio::time::Instant::now();
             let outcome = self
                 .run(slot, item.clone(), attempts, cancel, staged.clone())
                 .await;
+            self.state.lock().quick = started.elapsed() < super::frontier::LINGER;
             match outcome {
                 Outcome::Done | Outcome::Consumed => {
                     // Phase two of the item's keyed dispatches, before its ack.
