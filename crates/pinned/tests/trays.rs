@@ -1199,7 +1199,11 @@ async fn an_admission_during_a_quick_run_leaves_with_that_runs_ack_in_one_write(
     let (_, doc) = memory_row(&inner, "one").await.unwrap();
     assert_eq!(doc["done"], json!(["first", "then-second", "second"]));
     assert_eq!(
-        lab.deliveries.lock().iter().map(|(_, n)| *n).collect::<Vec<_>>(),
+        lab.deliveries
+            .lock()
+            .iter()
+            .map(|(_, n)| *n)
+            .collect::<Vec<_>>(),
         [1, 1, 1]
     );
     w.worker.close().await;
