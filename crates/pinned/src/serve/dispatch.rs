@@ -104,10 +104,10 @@ pin_project_lite::pin_project! {
     /// synchronous, so the state kept while the object's routes run is
     /// their future alone, not the request again in every caller's frame
     /// (each copy of which is copied again whenever the future moves).
-    /// One enum for both destinations, not an `Either` around it: the
-    /// routed future is returned where the connection keeps it, not
-    /// copied into a wrapper on the way (`proxy-bench`: two copies of
-    /// some 350 bytes, about 90 instructions a warm request).
+    /// One enum for both destinations, not an `Either` around it, so the
+    /// routed future is not copied into a wrapper on its way to the
+    /// connection (`proxy-bench instructions`: 17 371 -> 17 329 a warm
+    /// request).
     #[project = RoutingProj]
     pub(crate) enum Routing {
         /// The object's routes (admission around each) are running.
@@ -215,7 +215,6 @@ pub(crate) fn route(
         .extensions_mut()
         .insert(axum::extract::OriginalUri(original));
     // The router is always ready (axum's `poll_ready` answers at once).
-    // Called where the answer is built, so its future is made in place.
     Routing::Routed {
         future: host.router.clone().call(request),
         host: host.clone(),
