@@ -19,6 +19,7 @@
 //! target/release/proxy-bench                          # about 1.5 minutes
 //! target/release/proxy-bench --rounds 1 --seconds 3   # quicker
 //! target/release/proxy-bench --no-instructions        # skip callgrind
+//! target/release/proxy-bench instructions             # the worker's callgrind figures alone
 //! ```
 //!
 //! It ends with instructions per request under callgrind (the same figure
@@ -108,6 +109,10 @@ struct Cli {
 enum Command {
     #[command(flatten)]
     Serve(Serve),
+    /// The pinned worker's and the bare axum counter's instructions per
+    /// warm request alone (callgrind, about a minute; outputs kept with
+    /// `--callgrind-dir`).
+    Instructions,
 }
 
 /// CPU time per measured request, microseconds.
@@ -562,9 +567,21 @@ async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<Option<[f64
         "  nginx {nginx:>7.0}   pinboard {pinboard:>7.0}   ratio {:.2}  (target <= 1.20)",
         pinboard / nginx
     );
-    // The worker's side of the issue: the counter served by a pinned
-    // worker on its own against the bare axum counter, warm, one id.
     let exe = bench.exe.to_str().context("exe path")?;
+    let (bare, pinned) = worker_instructions(exe, lengths, &scratch).await?;
+    Ok(Some([bare, pinned, nginx, pinboard]))
+}
+
+/// The worker's side of the issue: the counter served by a pinned worker
+/// on its own against the bare axum counter, warm, one id, the worker with
+/// no subscriber listening at `info` and with the examples' default
+/// logging; prints both ratios and answers the bare count and the first
+/// worker count. The callgrind outputs go to `scratch`.
+async fn worker_instructions(
+    exe: &str,
+    lengths: Lengths,
+    scratch: &std::path::Path,
+) -> anyhow::Result<(f64, f64)> {
     let warm_counter = |_: usize| "/counter/a/increment".to_owned();
     let both = [Logging::Quiet, Logging::Info];
     let (bare, pinned) = instructions::bare_and_pinned(
@@ -573,16 +590,39 @@ async fn instructions_per_request(warm: &Warm<'_>) -> anyhow::Result<Option<[f64
         (warm_counter, warm_counter),
         &both,
         lengths,
-        &scratch,
+        scratch,
     )
     .await?;
     for (log, count) in both.iter().zip(&pinned) {
         println!(
-            "  bare axum {bare:>7.0}   pinned worker {count:>7.0}   ratio {:.2}  (target <= 1.00; {log})",
+            "  bare axum {bare:>7.0}   pinned worker {count:>7.0}   ratio {:.3}  (target <= 1.00; {log})",
             count / bare
         );
     }
-    Ok(Some([bare, pinned[0], nginx, pinboard]))
+    Ok((bare, pinned[0]))
+}
+
+/// The `instructions` subcommand: [`worker_instructions`] alone, its
+/// callgrind outputs in `--callgrind-dir` (kept) or a scratch directory
+/// (removed after).
+async fn worker_instructions_alone(cli: &Cli) -> anyhow::Result<()> {
+    let lengths = Lengths::default();
+    println!(
+        "instructions per warm request, pinned worker and bare axum counter (callgrind, counted from after a warm-up request; Δ between {} and {} sequential requests on one connection; mimalloc)",
+        lengths.short, lengths.long
+    );
+    anyhow::ensure!(instructions::available(), "valgrind not found");
+    let scratch = match &cli.callgrind_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("proxy-bench-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&scratch)?;
+    let exe = std::env::current_exe()?;
+    let counted = worker_instructions(exe.to_str().context("exe path")?, lengths, &scratch).await;
+    if cli.callgrind_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+    counted.map(drop)
 }
 
 /// The worker's closed-loop figures for the hot-paths table: the counter
@@ -1011,6 +1051,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match &cli.command {
         Some(Command::Serve(serve)) => serve.run().await,
+        Some(Command::Instructions) => worker_instructions_alone(&cli).await,
         None => run(&cli).await,
     }
 }

@@ -95,13 +95,19 @@ pub(crate) fn host_of<'h>(hosts: &'h [Arc<Namespace>], path: &str) -> Option<&'h
 }
 
 pin_project_lite::pin_project! {
-    /// One request under a namespace on its way through [`route`]: the
-    /// object's routes running, or an answer that did not need them.
+    /// One request on its way through [`route`]: the object's routes
+    /// running, or an answer that did not need them; or, for a path under
+    /// no namespace, the application's router
+    /// ([`Requests`](crate::serve::requests::Requests) routes there).
     ///
     /// A named future rather than an `async fn`: the routing itself is
     /// synchronous, so the state kept while the object's routes run is
     /// their future alone, not the request again in every caller's frame
     /// (each copy of which is copied again whenever the future moves).
+    /// One enum for both destinations, not an `Either` around it, so the
+    /// routed future is not copied into a wrapper on its way to the
+    /// connection (`proxy-bench instructions`: 17 371 -> 17 329 a warm
+    /// request).
     #[project = RoutingProj]
     pub(crate) enum Routing {
         /// The object's routes (admission around each) are running.
@@ -117,8 +123,19 @@ pin_project_lite::pin_project! {
         },
         /// Answered at once (taken when polled).
         Ready { response: Option<Response> },
+        /// The application's router, for a path under no namespace.
+        App {
+            #[pin]
+            future: AppFuture,
+        },
     }
 }
+
+/// The application's router answering one request.
+pub(crate) type AppFuture = futures_util::future::Map<
+    tower::util::Oneshot<axum::Router, Request>,
+    fn(Result<Response, Infallible>) -> Response,
+>;
 
 impl Future for Routing {
     type Output = Response;
@@ -136,6 +153,7 @@ impl Future for Routing {
             RoutingProj::Ready { response } => {
                 response.take().unwrap_or_else(response::internal_error)
             }
+            RoutingProj::App { future } => ready!(future.poll(cx)),
         })
     }
 }
@@ -197,9 +215,8 @@ pub(crate) fn route(
         .extensions_mut()
         .insert(axum::extract::OriginalUri(original));
     // The router is always ready (axum's `poll_ready` answers at once).
-    let future = host.router.clone().call(request);
     Routing::Routed {
-        future,
+        future: host.router.clone().call(request),
         host: host.clone(),
     }
 }

@@ -17,7 +17,6 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::Response;
 use axum::Router;
-use futures_util::future::Either;
 use futures_util::FutureExt;
 use http::{Extensions, Request};
 use pinned_edge::front::{self, Arrived};
@@ -66,14 +65,8 @@ pub(crate) struct Requests {
 }
 
 /// A request's answer on its way: a namespace's dispatch, or the
-/// application's router.
-pub(crate) type Routed = Either<
-    dispatch::Routing,
-    futures_util::future::Map<
-        tower::util::Oneshot<Router, Request<Body>>,
-        fn(Result<Response, Infallible>) -> Response,
-    >,
->;
+/// application's router ([`dispatch::Routing::App`]).
+pub(crate) type Routed = dispatch::Routing;
 
 impl Requests {
     /// The routing of the connection from `peer`.
@@ -96,8 +89,10 @@ impl Requests {
         extensions.extend(own);
         *request.extensions_mut() = extensions;
         match dispatch::host_of(&self.hosts, request.uri().path()) {
-            Some(host) => Either::Left(dispatch::route(host, request, Some(&self.rewrites))),
-            None => Either::Right(self.app.clone().oneshot(request).map(answered)),
+            Some(host) => dispatch::route(host, request, Some(&self.rewrites)),
+            None => dispatch::Routing::App {
+                future: self.app.clone().oneshot(request).map(answered),
+            },
         }
     }
 }
@@ -123,9 +118,9 @@ impl front::Service for Requests {
             // answered as pinboard's front answers it should it come.
             Err(fault) => {
                 let answer = response::detail(fault.status(), &fault.to_string());
-                return Either::Left(dispatch::Routing::Ready {
+                return dispatch::Routing::Ready {
                     response: Some(answer),
-                });
+                };
             }
         };
         self.route(Request::from_parts(head, body), Extensions::new())
