@@ -6,17 +6,21 @@
 //! tower-http's request spans): the lifecycle lines name the instance in
 //! their own fields.
 //! Churn lines (activations, evictions) are written at `info` up to the
-//! namespace's budget a second, the rest counted in one line.
+//! namespace's budget a second, the rest counted in one line. The warning
+//! of a library error answered to a request (a store outage, a tray write
+//! cut short) names its instance in its own fields at `info` too.
 
 mod support;
 
 use std::io::Write;
 use std::sync::Arc;
 
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use parking_lot::Mutex;
-use pinned::{BoxError, Call, Context, HostOptions, Object, Options};
+use pinned::pinned_store::{FailingStore, MemoryStore, Outage};
+use pinned::tray::TrayError;
+use pinned::{BoxError, Call, Context, HostOptions, InstanceStoreError, Object, Options};
 use support::{eventually, start, PATIENCE};
 
 /// Collects formatted log lines.
@@ -226,6 +230,8 @@ impl Object for Durable {
                 Ok::<_, String>("noted")
             }),
         )
+        .route("/read", get(read))
+        .route("/admit", post(admit))
     }
 
     fn trays() -> pinned::tray::Trays<Self> {
@@ -242,6 +248,22 @@ impl pinned::tray::TrayHandler<Notes> for Durable {
         tracing::info!("from the tray handler");
         Ok(())
     }
+}
+
+/// A store read answered with the library's error (`?`).
+async fn read(ctx: Context) -> Result<String, InstanceStoreError> {
+    let store = ctx.store().expect("a store is configured");
+    let note: Option<String> = store.get("notes", "~").await?;
+    Ok(note.unwrap_or_default())
+}
+
+/// A tray admission answered with the library's error (`?`).
+async fn admit(ctx: Context) -> Result<&'static str, TrayError> {
+    let notes = ctx.tray::<Notes>().await?;
+    notes
+        .admit(|notes| notes.queue.push_back("n".into()))?
+        .await?;
+    Ok("admitted")
 }
 
 /// A tray handler's lines and an alarm run's name their instance once
@@ -322,4 +344,43 @@ async fn churn_past_the_budget_is_counted_not_written_line_by_line() {
         counted > 0 && written >= 3,
         "written {written}, counted {counted}"
     );
+}
+
+/// At `info` (no instance span) the warning of a library error that
+/// answered a request names the instance in its own fields: a store outage
+/// under a read (503 `state store unavailable; retry`) and a tray write the
+/// outage cut short (503 `instance aborted`).
+#[tokio::test]
+async fn at_info_a_failed_answer_names_its_instance() {
+    let (lines, _guard) = Lines::capture(tracing::Level::INFO);
+    let store = Arc::new(FailingStore::passing(Arc::new(MemoryStore::new())));
+    let w = start(Options::new().host::<Durable>("/durable").store(store.clone())).await;
+    assert_eq!(w.get("/durable/r/read").await.status(), 200);
+    assert_eq!(w.post("/durable/t/admit").await.status(), 200);
+
+    store.set_outage(Outage::All);
+    assert_eq!(w.get("/durable/r/read").await.status(), 503);
+    store.set_outage(Outage::Writes);
+    assert_eq!(w.post("/durable/t/admit").await.status(), 503);
+    store.set_outage(Outage::None);
+
+    let (unavailable, cut) = eventually("both warnings", PATIENCE, || {
+        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let find = |what: &str| text.lines().find(|l| l.contains(what)).map(str::to_owned);
+        std::future::ready(find("state store unavailable").zip(find("tray write cut short")))
+    })
+    .await;
+    for (line, id) in [(&unavailable, "id=r"), (&cut, "id=t")] {
+        assert!(
+            line.contains(" WARN ")
+                && line.contains("namespace=/durable")
+                && line.split_whitespace().any(|word| word == id)
+                && !line.contains("instance{"),
+            "{line}"
+        );
+    }
+    // The cause stays in the log, once.
+    assert!(unavailable.contains("error="), "{unavailable}");
+    let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+    assert_eq!(text.matches("state store unavailable").count(), 1, "{text}");
 }

@@ -10,6 +10,7 @@ use pinned_wire::attestation::Caller;
 use crate::instance::Instance;
 use crate::namespace::context::Context;
 use crate::plane::cluster::Cluster;
+use crate::object::error_response::with_failure;
 use crate::response::detail;
 
 /// What the request stack hands a request it admitted: the request's
@@ -111,7 +112,12 @@ pub struct NotAnInstanceRoute(pub(crate) &'static str);
 
 impl IntoResponse for NotAnInstanceRoute {
     fn into_response(self) -> Response {
-        tracing::error!(error = %self, "extractor misuse");
-        detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
+        // Written by the request stack, naming the instance.
+        with_failure(
+            detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error"),
+            tracing::Level::ERROR,
+            "extractor misuse",
+            &self,
+        )
     }
 }

@@ -4,7 +4,11 @@
 //! `Result<_, TrayError>` and uses `?`.
 //!
 //! Owns the choice of status and `detail` for each variant and the log line
-//! of each server-side failure. Every body is the reference's
+//! of each server-side failure. The line is not written here, where the
+//! instance is unknown (its span is DEBUG: at `info` there is none): the
+//! answer carries it as a [`Failure`] in its extensions, and the request
+//! stack writes it with the instance's `namespace` and `id` fields
+//! ([`log_failure`]); an answer that succeeds carries nothing. Every body is the reference's
 //! `{"detail": "<string>"}`; a failure on the server's side answers a
 //! generic detail and logs its cause chain, so no store text, SQL or path
 //! reaches a client. It must never decide policy (aborting an instance,
@@ -31,12 +35,17 @@
 //! The 503s are not pinboard's retryable refusals (pinboard relays them as
 //! they are): the client decides whether to send again.
 
+use std::fmt::Display;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use axum::response::{IntoResponse, Response};
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, StatusCode};
 use pinned_edge::logging::Chain;
 use pinned_store::StoreError;
 use pinned_wire::refusal::Refusal;
+use tracing::Level;
 
 use crate::durable::alarm::AlarmError;
 use crate::durable::store::InstanceStoreError;
@@ -58,10 +67,91 @@ fn unavailable(detail: &str) -> Response {
     answer
 }
 
-/// 500 `Internal Server Error`, after logging `error` with its causes.
+/// A server-side failure met while a request's answer was built, carried
+/// in the answer's extensions (an extension must be `Clone`: the clones
+/// share one line) until the request stack writes it with its instance
+/// ([`log_failure`]). A line the stack never took (a router served on its
+/// own, an answer a handler built and then dropped) is written when the
+/// last clone is dropped, without the instance: never lost.
+#[derive(Clone)]
+pub(crate) struct Failure(Arc<Line>);
+
+/// The line of a [`Failure`].
+struct Line {
+    level: Level,
+    message: &'static str,
+    /// The error's text (its cause chain): the error itself went with the
+    /// answer's making.
+    error: String,
+    /// Written already (by [`log_failure`]).
+    logged: AtomicBool,
+}
+
+impl Line {
+    /// Writes the line, with `instance`'s namespace and id when known.
+    /// The target stays this module's, where the lines were written before.
+    fn write(&self, instance: Option<(&dyn Display, &dyn Display)>) {
+        let (error, message) = (&self.error, self.message);
+        match (self.level == Level::ERROR, instance) {
+            (true, Some((ns, id))) => {
+                tracing::error!(namespace = %ns, id = %id, %error, "{message}");
+            }
+            (false, Some((ns, id))) => {
+                tracing::warn!(namespace = %ns, id = %id, %error, "{message}");
+            }
+            (true, None) => tracing::error!(%error, "{message}"),
+            (false, None) => tracing::warn!(%error, "{message}"),
+        }
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        if !*self.logged.get_mut() {
+            self.write(None);
+        }
+    }
+}
+
+/// `answer`, carrying the line `message` at `level` about `error` for the
+/// request stack to write (see [`Failure`]).
+pub(crate) fn with_failure(
+    mut answer: Response,
+    level: Level,
+    message: &'static str,
+    error: impl Display,
+) -> Response {
+    let line = Line {
+        level,
+        message,
+        error: error.to_string(),
+        logged: AtomicBool::new(false),
+    };
+    answer.extensions_mut().insert(Failure(Arc::new(line)));
+    answer
+}
+
+/// Writes the [`Failure`] `answer` carries, if any, naming instance `id`
+/// of namespace `ns`, and takes it out of the answer. The request stack
+/// calls it for a 5xx answer only (every failure answers one): a
+/// successful request does nothing more than compare its status.
+pub(crate) fn log_failure(answer: &mut Response, ns: &dyn Display, id: &dyn Display) {
+    if let Some(Failure(line)) = answer.extensions_mut().remove::<Failure>() {
+        if !line.logged.swap(true, Ordering::Relaxed) {
+            line.write(Some((ns, id)));
+        }
+    }
+}
+
+/// 500 `Internal Server Error`, carrying `error` with its causes as
+/// `request failed`.
 fn internal(error: &(dyn std::error::Error + 'static)) -> Response {
-    tracing::error!(error = %Chain(error), "request failed");
-    response::internal_error()
+    with_failure(
+        response::internal_error(),
+        Level::ERROR,
+        "request failed",
+        Chain(error),
+    )
 }
 
 /// The error's own text as a client's fault or a conflict.
@@ -75,12 +165,20 @@ fn store_failure(error: &StoreError) -> Response {
         // The store already aborted the instance (a newer activation owns
         // its rows): the request answers as the reference answers every
         // request cut short by an abort.
-        tracing::warn!(error = %Chain(error), "store fence lost under a request");
-        return response::refusal(Refusal::Aborted);
+        return with_failure(
+            response::refusal(Refusal::Aborted),
+            Level::WARN,
+            "store fence lost under a request",
+            Chain(error),
+        );
     }
     if error.retryable() {
-        tracing::warn!(error = %Chain(error), "state store unavailable");
-        return unavailable(STORE_UNAVAILABLE);
+        return with_failure(
+            unavailable(STORE_UNAVAILABLE),
+            Level::WARN,
+            "state store unavailable",
+            Chain(error),
+        );
     }
     internal(error)
 }
@@ -89,10 +187,12 @@ impl IntoResponse for TrayError {
     fn into_response(self) -> Response {
         match &self {
             TrayError::Store(error) => store_failure(error),
-            TrayError::Poisoned(_) | TrayError::Closed => {
-                tracing::warn!(error = %Chain(&self), "tray write cut short");
-                response::refusal(Refusal::Aborted)
-            }
+            TrayError::Poisoned(_) | TrayError::Closed => with_failure(
+                response::refusal(Refusal::Aborted),
+                Level::WARN,
+                "tray write cut short",
+                Chain(&self),
+            ),
             TrayError::NotFound { .. } => client(StatusCode::NOT_FOUND, &self),
             TrayError::EmptyKey
             | TrayError::InvalidName(_)
@@ -140,17 +240,19 @@ impl IntoResponse for AlarmError {
 impl IntoResponse for ClusterError {
     fn into_response(self) -> Response {
         match &self {
-            ClusterError::NoSession => {
-                tracing::warn!(error = %self, "cluster call without a pinboard session");
-                unavailable(&self.to_string())
-            }
+            ClusterError::NoSession => with_failure(
+                unavailable(&self.to_string()),
+                Level::WARN,
+                "cluster call without a pinboard session",
+                &self,
+            ),
             ClusterError::Transport(error) => {
-                tracing::warn!(error = %Chain(&self), "cluster call failed");
-                if error.is_timeout() {
+                let answer = if error.is_timeout() {
                     response::detail(StatusCode::GATEWAY_TIMEOUT, "cluster call timed out")
                 } else {
                     response::detail(StatusCode::BAD_GATEWAY, "cluster call failed")
-                }
+                };
+                with_failure(answer, Level::WARN, "cluster call failed", Chain(&self))
             }
             ClusterError::TooDeep { .. }
             | ClusterError::BadPath(_)
@@ -164,10 +266,12 @@ impl IntoResponse for ClusterError {
 impl IntoResponse for TagError {
     fn into_response(self) -> Response {
         match &self {
-            TagError::Unreachable => {
-                tracing::warn!(error = %self, "tag not accepted");
-                unavailable(&self.to_string())
-            }
+            TagError::Unreachable => with_failure(
+                unavailable(&self.to_string()),
+                Level::WARN,
+                "tag not accepted",
+                &self,
+            ),
             TagError::NotAdmitted => internal(&self),
         }
     }

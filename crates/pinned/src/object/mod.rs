@@ -17,7 +17,7 @@
 //! alive from inside it, and an evicted instance would never be freed.
 
 pub(crate) mod call;
-mod error_response;
+pub(crate) mod error_response;
 pub(crate) mod state;
 pub mod ws;
 

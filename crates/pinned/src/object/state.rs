@@ -19,6 +19,7 @@ use http::request::Parts;
 use http::StatusCode;
 
 use crate::object::call::Admitted;
+use crate::object::error_response::with_failure;
 use crate::response::detail;
 
 /// Extracts application state `S` (given with
@@ -74,8 +75,13 @@ pub struct MissingState(&'static str);
 
 impl IntoResponse for MissingState {
     fn into_response(self) -> Response {
-        tracing::error!(error = %self, "State extractor");
-        detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
+        // Written by the request stack, naming the instance.
+        with_failure(
+            detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error"),
+            tracing::Level::ERROR,
+            "State extractor",
+            &self,
+        )
     }
 }
 

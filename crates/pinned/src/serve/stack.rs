@@ -538,11 +538,16 @@ pub(crate) fn serve<T: Object>(
         let now = Instant::now();
         let elapsed = now.saturating_duration_since(started);
         host.duration.observe(elapsed.as_secs_f64());
-        let response = match outcome {
+        let mut response = match outcome {
             Ok(Ok(response)) => response.into_response(),
             Ok(Err(infallible)) => match infallible {},
             Err(panic) => return Ok(panicked(&host, &slot, span.as_ref(), panic.as_ref())),
         };
+        // A library error's line, named here (a status compare on success).
+        if response.status().is_server_error() {
+            let _in_span = span.as_ref().map(WorkSpan::enter);
+            crate::object::error_response::log_failure(&mut response, &host.ns, &slot.id);
+        }
         let body = response.body();
         if body.is_end_stream() || body.size_hint().exact().is_some() {
             // The namespace's milliseconds of `now`, from the arrival's
