@@ -210,28 +210,29 @@ impl Object for Durable {
     }
 
     fn routes() -> pinned::Routes<Self> {
-        Router::new().route(
-            "/note",
-            axum::routing::post(|call: Call| async move {
-                let notes = call
-                    .ctx()
-                    .tray::<Notes>()
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let receipt = notes
-                    .admit(|notes| notes.queue.push_back("n".into()))
-                    .map_err(|e| e.to_string())?;
-                receipt.await.map_err(|e| e.to_string())?;
-                call.ctx()
-                    .alarm()
-                    .set_in(std::time::Duration::from_millis(10))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                Ok::<_, String>("noted")
-            }),
-        )
-        .route("/read", get(read))
-        .route("/admit", post(admit))
+        Router::new()
+            .route(
+                "/note",
+                axum::routing::post(|call: Call| async move {
+                    let notes = call
+                        .ctx()
+                        .tray::<Notes>()
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let receipt = notes
+                        .admit(|notes| notes.queue.push_back("n".into()))
+                        .map_err(|e| e.to_string())?;
+                    receipt.await.map_err(|e| e.to_string())?;
+                    call.ctx()
+                        .alarm()
+                        .set_in(std::time::Duration::from_millis(10))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok::<_, String>("noted")
+                }),
+            )
+            .route("/read", get(read))
+            .route("/admit", post(admit))
     }
 
     fn trays() -> pinned::tray::Trays<Self> {
@@ -354,7 +355,12 @@ async fn churn_past_the_budget_is_counted_not_written_line_by_line() {
 async fn at_info_a_failed_answer_names_its_instance() {
     let (lines, _guard) = Lines::capture(tracing::Level::INFO);
     let store = Arc::new(FailingStore::passing(Arc::new(MemoryStore::new())));
-    let w = start(Options::new().host::<Durable>("/durable").store(store.clone())).await;
+    let w = start(
+        Options::new()
+            .host::<Durable>("/durable")
+            .store(store.clone()),
+    )
+    .await;
     assert_eq!(w.get("/durable/r/read").await.status(), 200);
     assert_eq!(w.post("/durable/t/admit").await.status(), 200);
 

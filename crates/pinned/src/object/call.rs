@@ -9,8 +9,8 @@ use pinned_wire::attestation::Caller;
 
 use crate::instance::Instance;
 use crate::namespace::context::Context;
-use crate::plane::cluster::Cluster;
 use crate::object::error_response::with_failure;
+use crate::plane::cluster::Cluster;
 use crate::response::detail;
 
 /// What the request stack hands a request it admitted: the request's
