@@ -276,3 +276,66 @@ impl IntoResponse for TagError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use parking_lot::Mutex;
+
+    use super::*;
+
+    /// Collects formatted log lines.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The lines `run` writes at `info` and above.
+    fn written(run: impl FnOnce()) -> Vec<String> {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(Level::INFO)
+            .finish();
+        tracing::subscriber::with_default(subscriber, run);
+        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        text.lines().map(str::to_owned).collect()
+    }
+
+    /// The stack writes a failure once, naming the instance, and takes it
+    /// out of the answer; one it never saw is written when dropped, without
+    /// the instance, never lost.
+    #[test]
+    fn a_failure_is_written_once_by_the_stack_or_when_dropped() {
+        let lines = written(|| {
+            let mut answer = TagError::Unreachable.into_response();
+            log_failure(&mut answer, &"/desks", &"a");
+            assert!(answer.extensions().get::<Failure>().is_none());
+            log_failure(&mut answer, &"/desks", &"a");
+            drop(answer);
+            drop(TagError::Unreachable.into_response());
+        });
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        assert!(
+            lines[0].contains(" WARN ")
+                && lines[0].contains("tag not accepted namespace=/desks id=a error="),
+            "{lines:#?}"
+        );
+        assert!(
+            lines[1].contains("tag not accepted error=") && !lines[1].contains("namespace="),
+            "{lines:#?}"
+        );
+    }
+}
