@@ -417,7 +417,7 @@ async fn sqlite() -> Setup {
     }
 }
 
-async fn worker(store: Arc<SqliteStore>, lab: &Lab) -> TestWorker {
+async fn worker(store: impl StateStore + 'static, lab: &Lab) -> TestWorker {
     start(
         Options::new()
             .host::<Runner>("/runners")
@@ -1162,13 +1162,7 @@ async fn an_admission_during_a_quick_run_leaves_with_that_runs_ack_in_one_write(
     let inner = Arc::new(MemoryStore::new());
     let counting = Arc::new(FailingStore::passing(inner.clone()));
     let lab = Lab::default();
-    let w = start(
-        Options::new()
-            .host::<Runner>("/runners")
-            .state(lab.clone())
-            .store(counting.clone()),
-    )
-    .await;
+    let w = worker(counting.clone(), &lab).await;
     let at_rest = |done: usize| {
         let inner = inner.clone();
         async move {
