@@ -12,46 +12,15 @@
 
 mod support;
 
-use std::io::Write;
 use std::sync::Arc;
 
 use axum::routing::{get, post};
 use axum::Router;
-use parking_lot::Mutex;
 use pinned::pinned_store::{FailingStore, MemoryStore, Outage};
 use pinned::tray::TrayError;
 use pinned::{BoxError, Call, Context, HostOptions, InstanceStoreError, Object, Options};
 use support::{eventually, start, PATIENCE};
-
-/// Collects formatted log lines.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Lines {
-    /// Lines at `level` and above, collected while the guard is held
-    /// (this thread's default subscriber).
-    fn capture(level: tracing::Level) -> (Self, tracing::subscriber::DefaultGuard) {
-        let lines = Self::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(level)
-            .finish();
-        (lines, tracing::subscriber::set_default(subscriber))
-    }
-}
-
-impl Write for Lines {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use test_support::LogLines;
 
 struct Chatty;
 
@@ -77,7 +46,7 @@ impl Object for Chatty {
 #[tokio::test]
 async fn log_lines_carry_the_instance_and_the_request() {
     // The request span is at debug (as tower-http's).
-    let (lines, _guard) = Lines::capture(tracing::Level::DEBUG);
+    let (lines, _guard) = LogLines::capture(tracing::Level::DEBUG);
     let w = start(Options::new().host::<Chatty>("/chatty")).await;
     let answer = w
         .client
@@ -88,7 +57,7 @@ async fn log_lines_carry_the_instance_and_the_request() {
         .expect("send");
     assert_eq!(answer.status(), 200);
     let (handler, background) = eventually("both log lines", PATIENCE, || {
-        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let text = lines.text();
         let line = |needle: &str| text.lines().find(|l| l.contains(needle)).map(str::to_owned);
         std::future::ready(line("from the handler").zip(line("from the background")))
     })
@@ -109,7 +78,7 @@ async fn log_lines_carry_the_instance_and_the_request() {
 /// fields.
 #[tokio::test]
 async fn at_info_lines_carry_no_span_and_the_activation_names_its_instance() {
-    let (lines, _guard) = Lines::capture(tracing::Level::INFO);
+    let (lines, _guard) = LogLines::capture(tracing::Level::INFO);
     let w = start(Options::new().host::<Chatty>("/chatty")).await;
     let answer = w
         .client
@@ -121,7 +90,7 @@ async fn at_info_lines_carry_no_span_and_the_activation_names_its_instance() {
     assert_eq!(answer.status(), 200);
     let (handler, activated) =
         eventually("the handler's and the activation's lines", PATIENCE, || {
-            let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+            let text = lines.text();
             let find = |what: &str| text.lines().find(|l| l.contains(what)).map(str::to_owned);
             std::future::ready(find("from the handler").zip(find("activated instance")))
         })
@@ -143,7 +112,7 @@ async fn at_info_lines_carry_no_span_and_the_activation_names_its_instance() {
 /// line names the epoch its request was served under.
 #[tokio::test]
 async fn a_kept_instance_span_names_the_newest_epoch() {
-    let (lines, _guard) = Lines::capture(tracing::Level::DEBUG);
+    let (lines, _guard) = LogLines::capture(tracing::Level::DEBUG);
     let w = start(Options::new().host::<Chatty>("/chatty")).await;
     for epoch in ["3", "3", "5"] {
         let answer = w
@@ -156,7 +125,7 @@ async fn a_kept_instance_span_names_the_newest_epoch() {
         assert_eq!(answer.status(), 200);
     }
     let handler = eventually("three handler lines", PATIENCE, || {
-        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let text = lines.text();
         let found: Vec<String> = text
             .lines()
             .filter(|l| l.contains("from the handler"))
@@ -272,7 +241,7 @@ async fn admit(ctx: Context) -> Result<&'static str, TrayError> {
 /// it once per hop), and at debug carry the work's own span.
 #[tokio::test]
 async fn tray_handler_and_alarm_lines_name_their_instance_once() {
-    let (lines, _guard) = Lines::capture(tracing::Level::DEBUG);
+    let (lines, _guard) = LogLines::capture(tracing::Level::DEBUG);
     let store: Arc<dyn pinned::pinned_store::StateStore> =
         Arc::new(pinned::pinned_store::MemoryStore::new());
     let w = start(Options::new().host::<Durable>("/durable").store(store)).await;
@@ -284,7 +253,7 @@ async fn tray_handler_and_alarm_lines_name_their_instance_once() {
         .expect("send");
     assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
     let (tray, alarm) = eventually("the tray handler's and the alarm's lines", PATIENCE, || {
-        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let text = lines.text();
         let line = |needle: &str| text.lines().find(|l| l.contains(needle)).map(str::to_owned);
         std::future::ready(line("from the tray handler").zip(line("from the alarm")))
     })
@@ -310,7 +279,7 @@ fn field(line: &str, name: &str) -> u64 {
 #[tokio::test]
 async fn churn_past_the_budget_is_counted_not_written_line_by_line() {
     const IDS: u64 = 12;
-    let (lines, _guard) = Lines::capture(tracing::Level::INFO);
+    let (lines, _guard) = LogLines::capture(tracing::Level::INFO);
     let options = HostOptions::default()
         .churn_lines_per_second(3)
         .sweep_interval(std::time::Duration::from_millis(50));
@@ -326,7 +295,7 @@ async fn churn_past_the_budget_is_counted_not_written_line_by_line() {
     }
     // The last window's count comes with a sweep once it closed.
     let (written, counted) = eventually("every activation accounted for", PATIENCE, || {
-        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let text = lines.text();
         let written = text
             .lines()
             .filter(|l| l.contains("activated instance"))
@@ -353,7 +322,7 @@ async fn churn_past_the_budget_is_counted_not_written_line_by_line() {
 /// outage cut short (503 `instance aborted`).
 #[tokio::test]
 async fn at_info_a_failed_answer_names_its_instance() {
-    let (lines, _guard) = Lines::capture(tracing::Level::INFO);
+    let (lines, _guard) = LogLines::capture(tracing::Level::INFO);
     let store = Arc::new(FailingStore::passing(Arc::new(MemoryStore::new())));
     let w = start(
         Options::new()
@@ -371,7 +340,7 @@ async fn at_info_a_failed_answer_names_its_instance() {
     store.set_outage(Outage::None);
 
     let (unavailable, cut) = eventually("both warnings", PATIENCE, || {
-        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+        let text = lines.text();
         let find = |what: &str| text.lines().find(|l| l.contains(what)).map(str::to_owned);
         std::future::ready(find("state store unavailable").zip(find("tray write cut short")))
     })
@@ -387,6 +356,6 @@ async fn at_info_a_failed_answer_names_its_instance() {
     }
     // The cause stays in the log, once.
     assert!(unavailable.contains("error="), "{unavailable}");
-    let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
+    let text = lines.text();
     assert_eq!(text.matches("state store unavailable").count(), 1, "{text}");
 }

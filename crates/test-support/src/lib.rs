@@ -17,6 +17,7 @@
 
 pub mod browser;
 mod http;
+mod logs;
 pub mod metrics;
 pub mod otlp;
 mod poll;
@@ -28,6 +29,7 @@ mod tls;
 pub use self::http::{
     client, get_json, get_json_with, json, metric, metric_grows, wait_workers, workers,
 };
+pub use self::logs::LogLines;
 pub use self::poll::{eventually, until, until_explained, PATIENCE, POLL};
 pub use self::process::{
     listening_line, redis_cpu_seconds, unique, unreachable_url, Exited, Pinboard, PostgresCluster,

@@ -279,39 +279,13 @@ impl IntoResponse for TagError {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-
-    use parking_lot::Mutex;
+    use test_support::LogLines;
 
     use super::*;
 
-    /// Collects formatted log lines.
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Lines {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// The lines `run` writes at `info` and above.
     fn written(run: impl FnOnce()) -> Vec<String> {
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(Level::INFO)
-            .finish();
-        tracing::subscriber::with_default(subscriber, run);
-        let text = String::from_utf8_lossy(&lines.0.lock()).into_owned();
-        text.lines().map(str::to_owned).collect()
+        LogLines::during(Level::INFO, run)
     }
 
     /// The stack writes a failure once, naming the instance, and takes it
