@@ -14,7 +14,9 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use parking_lot::Mutex;
 use serde_json::Value;
-use support::{client, pinboard, redis_prefix, rust_worker, until, wait_workers, RedisServer};
+use support::{
+    client, pinboard, redis_prefix, room_seen, rust_worker, until, wait_workers, RedisServer,
+};
 use test_support::metrics;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -176,14 +178,7 @@ async fn a_broadcast_reaches_held_sockets_on_every_node_and_a_dead_node_drops_on
         solo.heard("ack 1 m1")
     })
     .await;
-    let seen: Value = c
-        .get(format!("{}/rooms/solo/seen", a.url))
-        .send()
-        .await
-        .expect("seen")
-        .json()
-        .await
-        .expect("seen json");
+    let seen = room_seen(&c, &a.url, "solo").await;
     let id = seen
         .as_object()
         .and_then(|seen| seen.keys().next())

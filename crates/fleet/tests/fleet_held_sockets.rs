@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use parking_lot::Mutex;
-use serde_json::Value;
-use support::{client, pinboard, rust_worker, until_explained, wait_workers};
+use support::{client, pinboard, room_seen, rust_worker, until_explained, wait_workers};
 use test_support::metrics;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -292,14 +291,7 @@ async fn survive(sockets: usize, pace: Duration) {
     }
     // The last owner heard every socket of each room, up to its last message.
     for (room, sent) in last_sent.iter_mut().enumerate() {
-        let seen: Value = c
-            .get(format!("{}/rooms/r{room}/seen", pb.url))
-            .send()
-            .await
-            .expect("seen")
-            .json()
-            .await
-            .expect("seen json");
+        let seen = room_seen(&c, &pb.url, &format!("r{room}")).await;
         let mut heard: Vec<u64> = seen
             .as_object()
             .expect("seen map")

@@ -822,13 +822,7 @@ async fn crash_run(fail_at: usize, applied: bool) -> (Vec<String>, Vec<String>, 
     let inner = Arc::new(MemoryStore::new());
     let flaky = Arc::new(FailingStore::new(inner.clone(), fail_at, applied));
     let lab = Lab::default();
-    let first = start(
-        Options::new()
-            .host::<Runner>("/runners")
-            .state(lab.clone())
-            .store(flaky.clone()),
-    )
-    .await;
+    let first = worker(flaky.clone(), &lab).await;
     let mut acknowledged = Vec::new();
     for n in 0..5 {
         let name = format!("j{n}");
@@ -1055,13 +1049,7 @@ async fn a_write_that_changes_nothing_goes_nowhere() {
     let inner = Arc::new(MemoryStore::new());
     let counting = Arc::new(FailingStore::passing(inner));
     let lab = Lab::default();
-    let w = start(
-        Options::new()
-            .host::<Runner>("/runners")
-            .state(lab.clone())
-            .store(counting.clone()),
-    )
-    .await;
+    let w = worker(counting.clone(), &lab).await;
     assert_eq!(json(w.post("/runners/n/noop").await).await.0, 200);
     let before = counting.writes();
     for _ in 0..5 {
@@ -1093,13 +1081,7 @@ async fn an_admission_to_an_idle_tray_takes_one_store_write_before_its_handler_r
     let counting = Arc::new(FailingStore::passing(inner.clone()));
     let lab = Lab::default();
     lab.hold.store(true, Ordering::SeqCst);
-    let w = start(
-        Options::new()
-            .host::<Runner>("/runners")
-            .state(lab.clone())
-            .store(counting.clone()),
-    )
-    .await;
+    let w = worker(counting.clone(), &lab).await;
     assert_eq!(json(w.get("/runners/one/done").await).await.0, 200);
     for round in 0..3 {
         let name = format!("j{round}");
@@ -1224,13 +1206,7 @@ async fn a_crash_right_after_an_idle_admissions_write_redelivers_with_the_attemp
     let inner = Arc::new(MemoryStore::new());
     let flaky = Arc::new(FailingStore::new(inner.clone(), admission, true));
     let lab = Lab::default();
-    let first = start(
-        Options::new()
-            .host::<Runner>("/runners")
-            .state(lab.clone())
-            .store(flaky.clone()),
-    )
-    .await;
+    let first = worker(flaky.clone(), &lab).await;
     assert_eq!(json(first.get("/runners/c/done").await).await.0, 200);
     let response = first.post("/runners/c/enqueue/j0").await;
     assert_ne!(
@@ -1247,13 +1223,7 @@ async fn a_crash_right_after_an_idle_admissions_write_redelivers_with_the_attemp
 
     // The next worker redelivers it as the second attempt.
     let lab = Lab::default();
-    let second = start(
-        Options::new()
-            .host::<Runner>("/runners")
-            .state(lab.clone())
-            .store(inner.clone()),
-    )
-    .await;
+    let second = worker(inner.clone(), &lab).await;
     eventually("the item redelivered and acked", PATIENCE, || async {
         memory_row(&inner, "c").await.filter(|(marked, _)| !marked)
     })

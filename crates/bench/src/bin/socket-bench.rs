@@ -243,15 +243,7 @@ async fn measure(sockets: usize) -> anyhow::Result<()> {
     clients[0]
         .send(tokio_tungstenite::tungstenite::Message::text("hello"))
         .await?;
-    for socket in &mut clients {
-        loop {
-            match tokio::time::timeout(Duration::from_secs(30), socket.next()).await? {
-                Some(Ok(tokio_tungstenite::tungstenite::Message::Text(_))) => break,
-                Some(Ok(_)) => continue,
-                other => anyhow::bail!("a socket did not hear the broadcast: {other:?}"),
-            }
-        }
-    }
+    every_socket_hears(&mut clients).await?;
     let broadcast = woke.elapsed();
     wait_metric(&client, &base, "pinned_instance_hibernations_total", 3.0).await?;
     let again = rss_bytes(pid)?;
@@ -416,15 +408,7 @@ async fn measure_pinboard(sockets: usize, bin: Option<std::path::PathBuf>) -> an
     clients[0]
         .send(tokio_tungstenite::tungstenite::Message::text("hello"))
         .await?;
-    for socket in &mut clients {
-        loop {
-            match tokio::time::timeout(Duration::from_secs(30), socket.next()).await? {
-                Some(Ok(tokio_tungstenite::tungstenite::Message::Text(_))) => break,
-                Some(Ok(_)) => continue,
-                other => anyhow::bail!("a socket did not hear the broadcast: {other:?}"),
-            }
-        }
-    }
+    every_socket_hears(&mut clients).await?;
     let broadcast = woke.elapsed();
     let again = rss_bytes(pid)?;
     println!(
@@ -449,4 +433,27 @@ async fn main() -> anyhow::Result<()> {
         None if cli.pinboard => measure_pinboard(cli.sockets, cli.pinboard_bin).await,
         None => measure(cli.sockets).await,
     }
+}
+
+/// Waits (at most 30 s each) until every socket in `clients` has heard a
+/// text message: a broadcast reached them all.
+async fn every_socket_hears<S>(clients: &mut [S]) -> anyhow::Result<()>
+where
+    S: futures_util::Stream<
+            Item = Result<
+                tokio_tungstenite::tungstenite::Message,
+                tokio_tungstenite::tungstenite::Error,
+            >,
+        > + Unpin,
+{
+    for socket in clients {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(30), socket.next()).await? {
+                Some(Ok(tokio_tungstenite::tungstenite::Message::Text(_))) => break,
+                Some(Ok(_)) => continue,
+                other => anyhow::bail!("a socket did not hear the broadcast: {other:?}"),
+            }
+        }
+    }
+    Ok(())
 }

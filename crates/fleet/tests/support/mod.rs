@@ -62,3 +62,16 @@ pub async fn stats(c: &reqwest::Client, worker: &Proc) -> Value {
         .await
         .expect("stats json")
 }
+
+/// The `rooms` object's `GET /seen` through `base` (a pinboard): the last
+/// sequence number its current owner handled, per socket id.
+#[allow(dead_code)] // not every test binary that shares this module reads it
+pub async fn room_seen(c: &reqwest::Client, base: &str, room: &str) -> serde_json::Value {
+    c.get(format!("{base}/rooms/{room}/seen"))
+        .send()
+        .await
+        .expect("seen")
+        .json()
+        .await
+        .expect("seen json")
+}
