@@ -216,13 +216,7 @@ async fn measure(sockets: usize) -> anyhow::Result<()> {
     }
     let before = rss_bytes(pid)?;
     let opened = Instant::now();
-    let mut clients = Vec::with_capacity(sockets);
-    let mut connecting = futures_util::stream::iter(0..sockets)
-        .map(|_| tokio_tungstenite::connect_async(url.clone()))
-        .buffered(64);
-    while let Some(connected) = connecting.next().await {
-        clients.push(connected?.0);
-    }
+    let mut clients = open_sockets(&url, sockets).await?;
     let opened = opened.elapsed();
     wait_metric(&client, &base, "pinned_instance_hibernations_total", 2.0).await?;
     anyhow::ensure!(
@@ -384,13 +378,7 @@ async fn measure_pinboard(sockets: usize, bin: Option<std::path::PathBuf>) -> an
     }
     let before = rss_bytes(pid)?;
     let opened = Instant::now();
-    let mut clients = Vec::with_capacity(sockets);
-    let mut connecting = futures_util::stream::iter(0..sockets)
-        .map(|_| tokio_tungstenite::connect_async(url.clone()))
-        .buffered(64);
-    while let Some(connected) = connecting.next().await {
-        clients.push(connected?.0);
-    }
+    let mut clients = open_sockets(&url, sockets).await?;
     let opened = opened.elapsed();
     wait_pinboard_metric(&client, &base, "pinboard_held_sockets", sockets as f64).await?;
     let held = rss_bytes(pid)?;
@@ -456,4 +444,25 @@ where
         }
     }
     Ok(())
+}
+
+/// `count` WebSockets to `url`, opened 64 at a time.
+async fn open_sockets(
+    url: &str,
+    count: usize,
+) -> anyhow::Result<
+    Vec<
+        tokio_tungstenite::WebSocketStream<
+            tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+        >,
+    >,
+> {
+    let mut clients = Vec::with_capacity(count);
+    let mut connecting = futures_util::stream::iter(0..count)
+        .map(|_| tokio_tungstenite::connect_async(url))
+        .buffered(64);
+    while let Some(connected) = connecting.next().await {
+        clients.push(connected?.0);
+    }
+    Ok(clients)
 }
