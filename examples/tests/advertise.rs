@@ -15,11 +15,7 @@ async fn a_worker_on_port_zero_registers_the_port_it_bound_and_serves_through_pi
         .name("advertise-pinboard")
         .start();
     let worker = RustWorker::new(example_binary("counter").await?, &pinboard.url)
-        .envs(&[
-            ("PORT", "0"),
-            ("HOST", "127.0.0.1"),
-            ("ADVERTISE_URL", "http://127.0.0.1:0"),
-        ])
+        .on_any_port()
         .name("advertise-counter")
         .start();
     let bound = worker.addr().port();

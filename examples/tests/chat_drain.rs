@@ -154,10 +154,8 @@ async fn chat_sockets_stay_open_and_hear_broadcasts_through_an_operator_drain() 
     let worker = |name: &str| -> anyhow::Result<test_support::Proc> {
         let db = state.path().join(format!("{name}.db"));
         Ok(RustWorker::new(&chat, &pinboard.url)
+            .on_any_port()
             .envs(&[
-                ("HOST", "127.0.0.1"),
-                ("PORT", "0"),
-                ("ADVERTISE_URL", "http://127.0.0.1:0"),
                 ("DATABASE_URL", ""),
                 ("PINNED_DB_PATH", db.to_str().context("temp path")?),
             ])

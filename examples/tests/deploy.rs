@@ -168,10 +168,8 @@ async fn every_probe_names_an_endpoint_its_binary_serves() -> anyhow::Result<()>
     let state = tempfile::tempdir()?;
     let db = state.path().join("pinned.db");
     let worker = RustWorker::new(example_binary("worker").await?, &pinboard.url)
+        .on_any_port()
         .envs(&[
-            ("HOST", "127.0.0.1"),
-            ("PORT", "0"),
-            ("ADVERTISE_URL", "http://127.0.0.1:0"),
             ("DATABASE_URL", ""),
             ("PINNED_DB_PATH", db.to_str().context("temp path")?),
         ])

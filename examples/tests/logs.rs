@@ -21,12 +21,8 @@ async fn fleet(format: &str) -> anyhow::Result<(Proc, Proc)> {
         .name(&format!("logs-{format}-pinboard"))
         .start();
     let worker = RustWorker::new(example_binary("counter").await?, &pb.url)
-        .envs(&[
-            ("PORT", "0"),
-            ("HOST", "127.0.0.1"),
-            ("ADVERTISE_URL", "http://127.0.0.1:0"),
-            ("PINNED_LOG_FORMAT", format),
-        ])
+        .on_any_port()
+        .envs(&[("PINNED_LOG_FORMAT", format)])
         .name(&format!("logs-{format}-counter"))
         .start();
     let c = reqwest::Client::new();

@@ -94,10 +94,8 @@ async fn start_worker(side: Side, pinboard: &str, work_ms: &str) -> anyhow::Resu
             .name("migrate-python")
             .start(),
         Side::Rust => RustWorker::new(example_binary("worker").await?, pinboard)
+            .on_any_port()
             .envs(&[
-                ("HOST", "127.0.0.1"),
-                ("PORT", "0"),
-                ("ADVERTISE_URL", "http://127.0.0.1:0"),
                 ("DATABASE_URL", url.as_str()),
                 ("JOBS_WORK_MS", work_ms),
                 ("RUST_LOG", "warn"),

@@ -321,13 +321,8 @@ async fn start_worker(pinboard: &str) -> anyhow::Result<Proc> {
 /// An orders worker as [`start_worker`], with `extra` set.
 async fn start_worker_with(pinboard: &str, extra: &[(&str, &str)]) -> anyhow::Result<Proc> {
     Ok(RustWorker::new(example_binary("orders").await?, pinboard)
-        .envs(&[
-            ("PORT", "0"),
-            ("HOST", "127.0.0.1"),
-            ("ADVERTISE_URL", "http://127.0.0.1:0"),
-            ("DATABASE_URL", &database_url()),
-            ("ORDERS_WORK_MS", "10"),
-        ])
+        .on_any_port()
+        .envs(&[("DATABASE_URL", &database_url()), ("ORDERS_WORK_MS", "10")])
         .envs(extra)
         .name("orders-fleet-worker")
         .start())

@@ -129,10 +129,8 @@ async fn alarm_rows(url: &str) -> anyhow::Result<i64> {
 
 fn worker(binary: std::path::PathBuf, pb: &str, db: &str, name: &str) -> Proc {
     RustWorker::new(binary, pb)
+        .on_any_port()
         .envs(&[
-            ("PORT", "0"),
-            ("HOST", "127.0.0.1"),
-            ("ADVERTISE_URL", "http://127.0.0.1:0"),
             ("DATABASE_URL", db),
             ("JOBS_WORK_MS", "10"),
             ("RUST_LOG", "info"),

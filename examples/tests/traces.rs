@@ -25,11 +25,7 @@ async fn fleet(receiver: &Receiver, name: &str) -> anyhow::Result<(Proc, Proc)> 
     }
     let pb = pb.start();
     let mut worker = RustWorker::new(example_binary("counter").await?, &pb.url)
-        .envs(&[
-            ("PORT", "0"),
-            ("HOST", "127.0.0.1"),
-            ("ADVERTISE_URL", "http://127.0.0.1:0"),
-        ])
+        .on_any_port()
         .name(&format!("{name}-counter"));
     for (k, v) in &otel {
         worker = worker.env(k, v);

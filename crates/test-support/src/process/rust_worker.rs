@@ -44,6 +44,17 @@ impl RustWorker {
         vars.iter().fold(self, |w, (k, v)| w.env(k, v))
     }
 
+    /// Binds a port the system picks on `127.0.0.1` and registers under it
+    /// (`PORT=0`, `HOST=127.0.0.1`, `ADVERTISE_URL=http://127.0.0.1:0`): how
+    /// the examples run beside each other in a test.
+    pub fn on_any_port(self) -> Self {
+        self.envs(&[
+            ("PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("ADVERTISE_URL", "http://127.0.0.1:0"),
+        ])
+    }
+
     /// Names its log file after `name` (default `rust-worker`).
     pub fn name(mut self, name: &str) -> Self {
         self.name = name.to_owned();
