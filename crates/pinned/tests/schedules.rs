@@ -12,7 +12,7 @@ use axum::extract::{Path, Query};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use parking_lot::Mutex;
-use pinned::pinned_store::{InstanceKey, MemoryStore, StateStore, TrayKey};
+use pinned::pinned_store::{MemoryStore, TrayKey};
 use pinned::{AlarmError, BoxError, Context, Object, Options, MAX_SCHEDULES};
 use serde::Deserialize;
 use serde_json::json;
@@ -134,15 +134,9 @@ async fn planner() -> (support::TestWorker, Arc<MemoryStore>) {
 }
 
 async fn alarm_doc(store: &MemoryStore, id: &str) -> Option<serde_json::Value> {
-    store
-        .get_tray(
-            InstanceKey::new("/p", id),
-            TrayKey::new("pinned", "alarm"),
-            0,
-        )
+    support::stored_tray(store, "/p", id, TrayKey::new("pinned", "alarm"))
         .await
-        .unwrap()
-        .map(|row| serde_json::Value::Object(row.doc))
+        .map(|(_, doc)| doc)
 }
 
 #[tokio::test(start_paused = true)]

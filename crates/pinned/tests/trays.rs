@@ -434,15 +434,7 @@ async fn row(
     tray_ns: &str,
     tray_id: &str,
 ) -> Option<(bool, serde_json::Value)> {
-    store
-        .get_tray(
-            InstanceKey::new("/runners", id),
-            TrayKey::new(tray_ns, tray_id),
-            0,
-        )
-        .await
-        .unwrap()
-        .map(|tray| (tray.marked, serde_json::Value::Object(tray.doc)))
+    support::stored_tray(store, "/runners", id, TrayKey::new(tray_ns, tray_id)).await
 }
 
 /// Writes a row of `/runners/<id>` directly, as another worker would have.

@@ -644,11 +644,7 @@ async fn the_references_contract_holds_on_the_sweep_lane_port_after_a_crash_at_e
 
 /// Row `tray` of instance `id`: `(marked, doc)`.
 async fn row(store: &dyn StateStore, id: &str, tray: &str) -> Option<(bool, Json)> {
-    store
-        .get_tray(InstanceKey::new(NS, id), TrayKey::singleton(tray), 0)
-        .await
-        .unwrap()
-        .map(|row| (row.marked, Json::Object(row.doc)))
+    support::stored_tray(store, NS, id, TrayKey::singleton(tray)).await
 }
 
 #[tokio::test]

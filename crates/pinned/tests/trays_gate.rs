@@ -14,7 +14,7 @@ use axum::extract::Path;
 use axum::routing::post;
 use axum::{Json, Router};
 use parking_lot::Mutex;
-use pinned::pinned_store::{FailingStore, InstanceKey, MemoryStore, StateStore, TrayKey};
+use pinned::pinned_store::{FailingStore, MemoryStore, StateStore, TrayKey};
 use pinned::tray::{Fields, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value};
 use pinned::{BoxError, Context, Object, Options};
 use serde_json::json;
@@ -54,17 +54,8 @@ impl Tray for Replies {
 
 /// The names in instance `id`'s `done`, as the store holds them now.
 async fn stored(store: &MemoryStore, id: &str) -> Vec<String> {
-    let row = store
-        .get_tray(
-            InstanceKey::new("/rooms", id),
-            TrayKey::singleton("replies"),
-            // Local mode's epoch: a read fences, and must not fence the
-            // live worker out.
-            0,
-        )
-        .await
-        .expect("memory store read");
-    row.and_then(|row| serde_json::from_value(row.doc.get("done")?.clone()).ok())
+    let row = support::stored_tray(store, "/rooms", id, TrayKey::singleton("replies")).await;
+    row.and_then(|(_, doc)| serde_json::from_value(doc.get("done")?.clone()).ok())
         .unwrap_or_default()
 }
 

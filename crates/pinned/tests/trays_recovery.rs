@@ -19,9 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use parking_lot::Mutex;
-use pinned::pinned_store::{
-    InstanceKey, SqliteOptions, SqliteStore, StateStore, TrayKey, SINGLETON_TRAY_ID,
-};
+use pinned::pinned_store::{SqliteOptions, SqliteStore, TrayKey, SINGLETON_TRAY_ID};
 use pinned::tray::{
     Fields, Outbox, Queue, Tray, TrayCtx, TrayError, TrayHandle, TrayHandler, Trays, Value,
 };
@@ -418,15 +416,7 @@ async fn row(
     tray_ns: &str,
     tray_id: &str,
 ) -> Option<(bool, serde_json::Value)> {
-    store
-        .get_tray(
-            InstanceKey::new("/runners", id),
-            TrayKey::new(tray_ns, tray_id),
-            0,
-        )
-        .await
-        .unwrap()
-        .map(|tray| (tray.marked, serde_json::Value::Object(tray.doc)))
+    support::stored_tray(store, "/runners", id, TrayKey::new(tray_ns, tray_id)).await
 }
 
 #[tokio::test]

@@ -137,3 +137,19 @@ impl Object for Counter {
             )
     }
 }
+
+/// The stored row `tray` of instance `id` under namespace `ns`:
+/// `(marked, doc)`, `None` when there is none. Read at epoch 0, local
+/// mode's: a read fences, and must not fence a live worker out.
+pub async fn stored_tray(
+    store: &dyn pinned::pinned_store::StateStore,
+    ns: &str,
+    id: &str,
+    tray: pinned::pinned_store::TrayKey<'_>,
+) -> Option<(bool, Value)> {
+    store
+        .get_tray(pinned::pinned_store::InstanceKey::new(ns, id), tray, 0)
+        .await
+        .expect("the store reads")
+        .map(|row| (row.marked, Value::Object(row.doc)))
+}
