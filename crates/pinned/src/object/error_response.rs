@@ -30,6 +30,7 @@
 //! | `TrayError::Deleted`, `TrayError::NotParked`, `AlarmError::TooManySchedules` | 409 | the error's text |
 //! | `ClusterError::NoSession`, `TagError::Unreachable` | 503 + `Retry-After: 1` | the error's text |
 //! | `ClusterError::Transport` | 502 (504 on a timeout) | `cluster call failed` / `cluster call timed out` |
+//! | `ClusterError::TooDeep` | 500 (its line written by the call, at ERROR; the answer's at DEBUG) | `Internal Server Error` |
 //! | every other variant (no store, undeclared tray, a row or value that does not convert, a hook that failed, a panic, a bad cluster path) | 500 | `Internal Server Error` |
 //!
 //! The 503s are not pinboard's retryable refusals (pinboard relays them as
@@ -92,15 +93,24 @@ impl Line {
     /// The target stays this module's, where the lines were written before.
     fn write(&self, instance: Option<(&dyn Display, &dyn Display)>) {
         let (error, message) = (&self.error, self.message);
-        match (self.level == Level::ERROR, instance) {
-            (true, Some((ns, id))) => {
+        let (ns, id): (&dyn Display, &dyn Display) = instance.unwrap_or((&"", &""));
+        let named = instance.is_some();
+        if self.level == Level::ERROR {
+            if named {
                 tracing::error!(namespace = %ns, id = %id, %error, "{message}");
+            } else {
+                tracing::error!(%error, "{message}");
             }
-            (false, Some((ns, id))) => {
+        } else if self.level == Level::WARN {
+            if named {
                 tracing::warn!(namespace = %ns, id = %id, %error, "{message}");
+            } else {
+                tracing::warn!(%error, "{message}");
             }
-            (true, None) => tracing::error!(%error, "{message}"),
-            (false, None) => tracing::warn!(%error, "{message}"),
+        } else if named {
+            tracing::debug!(namespace = %ns, id = %id, %error, "{message}");
+        } else {
+            tracing::debug!(%error, "{message}");
         }
     }
 }
@@ -254,8 +264,16 @@ impl IntoResponse for ClusterError {
                 };
                 with_failure(answer, Level::WARN, "cluster call failed", Chain(&self))
             }
-            ClusterError::TooDeep { .. }
-            | ClusterError::BadPath(_)
+            // Written at the call already (ERROR, with the caller and the
+            // path, as the reference writes it): the answer's line is DEBUG,
+            // so at `info` one line tells of one refused call.
+            ClusterError::TooDeep { .. } => with_failure(
+                response::internal_error(),
+                Level::DEBUG,
+                "request failed",
+                Chain(&self),
+            ),
+            ClusterError::BadPath(_)
             | ClusterError::UnknownTarget(_)
             | ClusterError::WorkerGone
             | ClusterError::Request(_) => internal(&self),
@@ -291,6 +309,20 @@ mod tests {
     /// The stack writes a failure once, naming the instance, and takes it
     /// out of the answer; one it never saw is written when dropped, without
     /// the instance, never lost.
+    #[test]
+    fn a_call_refused_for_its_depth_answers_500_without_a_second_line() {
+        let lines = written(|| {
+            let mut answer = ClusterError::TooDeep {
+                path: "/desks/b/x".into(),
+                max: 50,
+            }
+            .into_response();
+            assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+            log_failure(&mut answer, &"/desks", &"a");
+        });
+        assert!(lines.is_empty(), "{lines:#?}");
+    }
+
     #[test]
     fn a_failure_is_written_once_by_the_stack_or_when_dropped() {
         let lines = written(|| {
