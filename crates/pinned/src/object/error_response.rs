@@ -93,24 +93,21 @@ impl Line {
     /// The target stays this module's, where the lines were written before.
     fn write(&self, instance: Option<(&dyn Display, &dyn Display)>) {
         let (error, message) = (&self.error, self.message);
-        let (ns, id): (&dyn Display, &dyn Display) = instance.unwrap_or((&"", &""));
-        let named = instance.is_some();
-        if self.level == Level::ERROR {
-            if named {
-                tracing::error!(namespace = %ns, id = %id, %error, "{message}");
-            } else {
-                tracing::error!(%error, "{message}");
-            }
-        } else if self.level == Level::WARN {
-            if named {
-                tracing::warn!(namespace = %ns, id = %id, %error, "{message}");
-            } else {
-                tracing::warn!(%error, "{message}");
-            }
-        } else if named {
-            tracing::debug!(namespace = %ns, id = %id, %error, "{message}");
-        } else {
-            tracing::debug!(%error, "{message}");
+        // `tracing`'s macros take their level as a constant.
+        macro_rules! line {
+            ($event:ident) => {
+                match instance {
+                    Some((ns, id)) => {
+                        tracing::$event!(namespace = %ns, id = %id, %error, "{message}")
+                    }
+                    None => tracing::$event!(%error, "{message}"),
+                }
+            };
+        }
+        match self.level {
+            Level::ERROR => line!(error),
+            Level::WARN => line!(warn),
+            _ => line!(debug),
         }
     }
 }
@@ -306,9 +303,8 @@ mod tests {
         LogLines::during(Level::INFO, run)
     }
 
-    /// The stack writes a failure once, naming the instance, and takes it
-    /// out of the answer; one it never saw is written when dropped, without
-    /// the instance, never lost.
+    /// A depth refusal was written by the call: its answer adds nothing at
+    /// `info`.
     #[test]
     fn a_call_refused_for_its_depth_answers_500_without_a_second_line() {
         let lines = written(|| {
@@ -323,6 +319,9 @@ mod tests {
         assert!(lines.is_empty(), "{lines:#?}");
     }
 
+    /// The stack writes a failure once, naming the instance, and takes it
+    /// out of the answer; one it never saw is written when dropped, without
+    /// the instance, never lost.
     #[test]
     fn a_failure_is_written_once_by_the_stack_or_when_dropped() {
         let lines = written(|| {
