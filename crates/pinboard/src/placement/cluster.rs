@@ -565,8 +565,9 @@ impl PlacementStore for ClusterStore {
         // a shard without one lost its data. Not found, the store is being
         // opened, by this node and maybe by others at once: a shard takes
         // whichever cold-start proposal reaches it first, and none of them
-        // is a loss (judged one, the node that lost the store-wide race
-        // kept the shards it wrote first from placing for a loss window).
+        // is a loss. (Written first, `P{g}` let a node started beside the
+        // opener find shards not written yet and quarantine them for a
+        // loss window: each id's first request through it answered 503.)
         let joining = self.global.generation().await?.is_some();
         let now = self.clock.now();
         let (token, _) = proposal.0.rsplit_once('@').unwrap_or((&proposal.0, ""));
