@@ -246,6 +246,85 @@ async fn two_nodes_agree_on_one_owner_per_id_in_every_shard() {
     }
 }
 
+/// Every shard quarantined on `s`, by number.
+fn quarantined(s: &ClusterStore) -> BTreeSet<usize> {
+    (0..SHARDS)
+        .filter(|n| s.shard_quarantine_left_ms(*n) > 0)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_opening_an_empty_store_at_once_quarantine_no_shard() {
+    // Two nodes started together on an empty cluster (every deployment's
+    // first start, and each fault test's): each proposes its own
+    // generation. The one that loses the store-wide race must not take
+    // the shards the winner has not written yet for shards that lost
+    // their data (it wrote loss generations into them and kept them from
+    // placing for a loss window: the first request of each id through it
+    // answered 503 "pinboard is starting").
+    let cluster = RedisCluster::start(3, 1).await;
+    for round in 0..4 {
+        let prefix = format!("{}:", unique());
+        let (a, b) = (
+            store(&cluster, &prefix, settings()).await,
+            store(&cluster, &prefix, settings()).await,
+        );
+        let (pa, pb) = (Generation::new(&unique(), 0), Generation::new(&unique(), 0));
+        let (ha, hb) = tokio::join!(a.open_generation(&pa), b.open_generation(&pb));
+        let (ha, hb) = (ha.expect("open a"), hb.expect("open b"));
+        assert_eq!(ha, hb, "round {round}: one store-wide generation");
+        for s in [&a, &b] {
+            assert_eq!(
+                quarantined(s),
+                BTreeSet::new(),
+                "round {round}: a cold start is no shard's loss"
+            );
+        }
+        for n in 0..SHARDS {
+            assert_eq!(
+                a.shard_generation(n),
+                b.shard_generation(n),
+                "round {round}: shard {n}"
+            );
+        }
+        // A node joining the opened store finds every shard's generation.
+        let c = store(&cluster, &prefix, settings()).await;
+        c.open_generation(&Generation::new(&unique(), 0))
+            .await
+            .expect("open c");
+        assert_eq!(quarantined(&c), BTreeSet::new(), "round {round}");
+    }
+
+    // What a joining node must still see: a shard that lost its data
+    // while no node ran (its master flushed) is quarantined, alone.
+    let prefix = format!("{}:", unique());
+    let a = store(&cluster, &prefix, settings()).await;
+    open(&[&a]).await;
+    let global = cluster
+        .master_of(&format!("{prefix}{{g}}gen"))
+        .await
+        .expect("a master for {g}");
+    let victim = *cluster
+        .masters()
+        .await
+        .iter()
+        .find(|m| **m != global)
+        .expect("another master");
+    let mut lost = BTreeSet::new();
+    for n in 0..SHARDS {
+        if cluster.master_of(&format!("{prefix}{{s{n}}}gen")).await == Some(victim) {
+            lost.insert(n);
+        }
+    }
+    assert!(!lost.is_empty(), "the victim serves shards");
+    cluster.flushall(victim).await;
+    let c = store(&cluster, &prefix, settings()).await;
+    c.open_generation(&Generation::new(&unique(), 0))
+        .await
+        .expect("open c");
+    assert_eq!(quarantined(&c), lost);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_master_quarantines_only_its_shards_and_epochs_keep_rising() {
     let cluster = RedisCluster::start(3, 1).await;

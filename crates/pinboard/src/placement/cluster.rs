@@ -52,6 +52,18 @@
 //! A flushed master loses the shards whose slots it serves; the store-wide
 //! `P{g}` generation going is a loss of the whole store as on one Redis.
 //!
+//! # Opening
+//!
+//! A node opening the store reads the `P{g}` generation first. Found, it
+//! joins: every shard holds a generation (a shard without one lost its data
+//! while no node watched, and is quarantined as above). Not found, the
+//! store is new: the node writes its proposal into every shard that has
+//! none, *then* into `P{g}`, and adopts whatever each shard holds with the
+//! cold-start quarantine. So `P{g}` holding a generation means every shard
+//! does, and nodes starting together (each with its own proposal, shards
+//! going to whichever reaches them first) never take a shard the other is
+//! still writing for a lost one.
+//!
 //! # Failover: a claim waits for a replica
 //!
 //! Replication is asynchronous: a promoted replica can lack the last
@@ -548,22 +560,28 @@ impl PlacementStore for ClusterStore {
     }
 
     async fn open_generation(&self, proposal: &Generation) -> Result<Generation, StoreError> {
-        let held = self.global.open_generation(proposal).await?;
-        let written = &held == proposal;
+        // The store-wide generation is written last (see the module doc's
+        // "Opening"): found, every shard got its generation before it, so
+        // a shard without one lost its data. Not found, the store is being
+        // opened, by this node and maybe by others at once: a shard takes
+        // whichever cold-start proposal reaches it first, and none of them
+        // is a loss. (Written first, `P{g}` let a node started beside the
+        // opener find shards not written yet and quarantine them for a
+        // loss window: each id's first request through it answered 503.)
+        let joining = self.global.generation().await?.is_some();
         let now = self.clock.now();
         let (token, _) = proposal.0.rsplit_once('@').unwrap_or((&proposal.0, ""));
-        let (cap, until) = if written {
-            let until = proposal.quarantine_until_wall_ms().unwrap_or(now.wall_ms);
-            (self.settings.quarantine_ms, until)
+        let window = self.settings.loss_quarantine_ms;
+        let cap = if joining {
+            window
         } else {
-            let window = self.settings.loss_quarantine_ms;
-            (window, now.wall_ms.saturating_add(window))
+            self.settings.quarantine_ms
         };
         let opened = try_join_all(self.shards.iter().enumerate().map(|(n, shard)| {
-            let proposal = if written {
-                proposal.clone()
+            let proposal = if joining {
+                Generation::new(&format!("{token}-s{n}"), now.wall_ms.saturating_add(window))
             } else {
-                Generation::new(&format!("{token}-s{n}"), until)
+                proposal.clone()
             };
             async move {
                 let held = shard.open_generation(&proposal).await?;
@@ -571,8 +589,9 @@ impl PlacementStore for ClusterStore {
             }
         }))
         .await?;
+        let held = self.global.open_generation(proposal).await?;
         for (n, (shard_held, shard_written)) in opened.into_iter().enumerate() {
-            if shard_written && !written {
+            if shard_written && joining {
                 tracing::warn!(target: "pinboard::placement", shard = n, "a Redis Cluster shard held no generation in a store that does: quarantined as a loss");
             }
             self.standing[n]
