@@ -30,7 +30,6 @@
 //! | `TrayError::Deleted`, `TrayError::NotParked`, `AlarmError::TooManySchedules` | 409 | the error's text |
 //! | `ClusterError::NoSession`, `TagError::Unreachable` | 503 + `Retry-After: 1` | the error's text |
 //! | `ClusterError::Transport` | 502 (504 on a timeout) | `cluster call failed` / `cluster call timed out` |
-//! | `ClusterError::TooDeep` | 500 (its line written by the call, at ERROR; the answer's at DEBUG) | `Internal Server Error` |
 //! | every other variant (no store, undeclared tray, a row or value that does not convert, a hook that failed, a panic, a bad cluster path) | 500 | `Internal Server Error` |
 //!
 //! The 503s are not pinboard's retryable refusals (pinboard relays them as
@@ -106,8 +105,7 @@ impl Line {
         }
         match self.level {
             Level::ERROR => line!(error),
-            Level::WARN => line!(warn),
-            _ => line!(debug),
+            _ => line!(warn),
         }
     }
 }
@@ -261,16 +259,8 @@ impl IntoResponse for ClusterError {
                 };
                 with_failure(answer, Level::WARN, "cluster call failed", Chain(&self))
             }
-            // Written at the call already (ERROR, with the caller and the
-            // path, as the reference writes it): the answer's line is DEBUG,
-            // so at `info` one line tells of one refused call.
-            ClusterError::TooDeep { .. } => with_failure(
-                response::internal_error(),
-                Level::DEBUG,
-                "request failed",
-                Chain(&self),
-            ),
-            ClusterError::BadPath(_)
+            ClusterError::TooDeep { .. }
+            | ClusterError::BadPath(_)
             | ClusterError::UnknownTarget(_)
             | ClusterError::WorkerGone
             | ClusterError::Request(_) => internal(&self),
@@ -303,10 +293,10 @@ mod tests {
         LogLines::during(Level::INFO, run)
     }
 
-    /// A depth refusal was written by the call: its answer adds nothing at
-    /// `info`.
+    /// A call refused for its depth is one ERROR line, written by the
+    /// answer, naming the calling instance and the limit.
     #[test]
-    fn a_call_refused_for_its_depth_answers_500_without_a_second_line() {
+    fn a_call_refused_for_its_depth_answers_500_with_one_line() {
         let lines = written(|| {
             let mut answer = ClusterError::TooDeep {
                 path: "/desks/b/x".into(),
@@ -316,7 +306,13 @@ mod tests {
             assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
             log_failure(&mut answer, &"/desks", &"a");
         });
-        assert!(lines.is_empty(), "{lines:#?}");
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(
+            lines[0].contains(" ERROR ")
+                && lines[0].contains("request failed namespace=/desks id=a")
+                && lines[0].contains("exceeds subrequest depth 50"),
+            "{lines:#?}"
+        );
     }
 
     /// The stack writes a failure once, naming the instance, and takes it

@@ -131,9 +131,8 @@ impl Cluster {
     pub async fn send(&self, request: Request<Body>) -> Result<Response, ClusterError> {
         let path = request.uri().path().to_owned();
         if self.depth > i64::from(headers::MAX_SUBREQUEST_DEPTH) {
-            // The caller is `<ns>/<id>`, and a namespace holds no '/'.
-            let (namespace, id) = self.caller.split_once('/').unwrap_or((&self.caller, ""));
-            tracing::error!(namespace, id, %path, "cluster call exceeds the subrequest depth");
+            // Not logged here: a handler that answers with it writes its
+            // line once, naming the calling instance (`error_response`).
             return Err(ClusterError::TooDeep {
                 path,
                 max: headers::MAX_SUBREQUEST_DEPTH,
