@@ -303,19 +303,10 @@ async fn got_list(w: &TestWorker) -> Vec<String> {
 
 /// The sender's `orders` row: its mark and its `~outgoing` entry.
 async fn sender_row(store: &SqliteStore, id: &str) -> (bool, serde_json::Value) {
-    let row = store
-        .get_tray(
-            InstanceKey::new("/shops", id),
-            TrayKey::singleton("orders"),
-            0,
-        )
+    let (marked, doc) = support::stored_tray(store, "/shops", id, TrayKey::singleton("orders"))
         .await
-        .unwrap()
-        .unwrap();
-    (
-        row.marked,
-        row.doc.get("~outgoing").cloned().unwrap_or_default(),
-    )
+        .expect("the sender's row");
+    (marked, doc.get("~outgoing").cloned().unwrap_or_default())
 }
 
 /// Every sender's notes appear once each, in the order sent.

@@ -1056,15 +1056,7 @@ async fn a_write_that_changes_nothing_goes_nowhere() {
 
 /// The `jobs` row of `/runners/<id>` on a memory store, as `(marked, doc)`.
 async fn memory_row(store: &MemoryStore, id: &str) -> Option<(bool, serde_json::Value)> {
-    store
-        .get_tray(
-            InstanceKey::new("/runners", id),
-            TrayKey::singleton("jobs"),
-            0,
-        )
-        .await
-        .unwrap()
-        .map(|row| (row.marked, serde_json::Value::Object(row.doc)))
+    support::stored_tray(store, "/runners", id, TrayKey::singleton("jobs")).await
 }
 
 #[tokio::test]

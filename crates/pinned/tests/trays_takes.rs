@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::routing::post;
 use axum::Router;
-use pinned::pinned_store::{InstanceKey, MemoryStore, StateStore, TrayKey};
+use pinned::pinned_store::{MemoryStore, TrayKey};
 use pinned::tray::{Fields, Queue, Tray, TrayCtx, TrayError, TrayHandler, Trays, Value};
 use pinned::{BoxError, Context, Object, Options};
 use serde_json::json;
@@ -88,20 +88,15 @@ async fn a_failed_runs_takes_are_back_at_the_front_for_its_redelivery() {
     let w = start(Options::new().host::<Plant>("/plants").store(store.clone())).await;
     assert_eq!(w.post("/plants/p/build").await.status(), 200);
     let doc = eventually("the item acked", PATIENCE, || async {
-        let row = store
-            .get_tray(
-                InstanceKey::new("/plants", "p"),
-                TrayKey::singleton("assembly"),
-                0,
-            )
-            .await
-            .unwrap()
-            .unwrap();
-        (!row.marked).then_some(row.doc)
+        let (marked, doc) =
+            support::stored_tray(&*store, "/plants", "p", TrayKey::singleton("assembly"))
+                .await
+                .expect("the assembly row");
+        (!marked).then_some(doc)
     })
     .await;
     assert_eq!(
-        serde_json::Value::Object(doc),
+        doc,
         json!({"parts": ["b"], "used": ["a"]}),
         "the redelivery took the part the failed run took, and its take landed with the ack"
     );

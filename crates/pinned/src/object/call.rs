@@ -4,14 +4,13 @@
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
-use http::StatusCode;
 use pinned_wire::attestation::Caller;
 
 use crate::instance::Instance;
 use crate::namespace::context::Context;
 use crate::object::error_response::with_failure;
 use crate::plane::cluster::Cluster;
-use crate::response::detail;
+use crate::response::internal_error;
 
 /// What the request stack hands a request it admitted: the request's
 /// [`Call`] and the object's state, the one value an instance route's
@@ -114,7 +113,7 @@ impl IntoResponse for NotAnInstanceRoute {
     fn into_response(self) -> Response {
         // Written by the request stack, naming the instance.
         with_failure(
-            detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error"),
+            internal_error(),
             tracing::Level::ERROR,
             "extractor misuse",
             &self,

@@ -16,11 +16,10 @@ use std::ops::Deref;
 use axum::extract::FromRequestParts;
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
-use http::StatusCode;
 
 use crate::object::call::Admitted;
 use crate::object::error_response::with_failure;
-use crate::response::detail;
+use crate::response::internal_error;
 
 /// Extracts application state `S` (given with
 /// [`Options::state`](crate::Options::state)) in a handler of an object's
@@ -77,7 +76,7 @@ impl IntoResponse for MissingState {
     fn into_response(self) -> Response {
         // Written by the request stack, naming the instance.
         with_failure(
-            detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error"),
+            internal_error(),
             tracing::Level::ERROR,
             "State extractor",
             &self,

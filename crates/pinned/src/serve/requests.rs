@@ -64,10 +64,6 @@ pub(crate) struct Requests {
     extensions: Extensions,
 }
 
-/// A request's answer on its way: a namespace's dispatch, or the
-/// application's router ([`dispatch::Routing::App`]).
-pub(crate) type Routed = dispatch::Routing;
-
 impl Requests {
     /// The routing of the connection from `peer`.
     pub(crate) fn new(app: Router, hosts: Namespaces, peer: SocketAddr) -> Self {
@@ -84,7 +80,7 @@ impl Requests {
     /// only what the object's routes started (no copy of the request held
     /// beside).
     #[inline]
-    pub(crate) fn route(&self, mut request: Request<Body>, own: Extensions) -> Routed {
+    pub(crate) fn route(&self, mut request: Request<Body>, own: Extensions) -> dispatch::Routing {
         let mut extensions = self.extensions.clone();
         extensions.extend(own);
         *request.extensions_mut() = extensions;
