@@ -31,7 +31,10 @@ use crate::serve::namespaces::Namespaces;
 /// for the entries a namespace request gathers on its way (the worker's
 /// own, then axum's `OriginalUri`, `MatchedPath` and path parameters).
 /// An empty map is created for three and would be regrown, rehashed and
-/// freed at the fourth insert of every request.
+/// freed at the fourth insert of every request; `http::Extensions` has no
+/// `with_capacity`, so placeholders size it once per connection
+/// (`proxy-bench instructions`, 2026-12-06: 17 668 a warm request without
+/// them, 17 232 with).
 fn request_extensions(peer: std::net::SocketAddr) -> Extensions {
     /// Placeholder entries that size the map, removed again.
     #[derive(Clone)]
