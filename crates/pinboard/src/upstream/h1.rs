@@ -132,7 +132,10 @@ impl Conn {
 
     /// Whether an idle connection can carry another request: nothing is
     /// buffered, and the worker has neither closed it nor sent anything
-    /// unasked (one non-blocking read finds nothing to read).
+    /// unasked (one non-blocking read finds nothing to read). The read is
+    /// a syscall only when the socket turned readable since its last read
+    /// drained it (tokio's readiness, see [`poll_fill`](Self::poll_fill)),
+    /// so a worker's close is seen once the runtime has taken its event.
     pub fn is_reusable(&self) -> bool {
         if !self.read.is_empty() {
             return false;
@@ -143,17 +146,18 @@ impl Conn {
 
     /// Reads what the socket has into the read buffer: the byte count, 0
     /// at end of stream.
+    ///
+    /// Through tokio's `poll_read`, which takes a read that left room in
+    /// the buffer as proof the socket is drained and forgets its
+    /// readiness: the next [`is_reusable`](Self::is_reusable) then answers
+    /// from that readiness, without a syscall (a `try_read` here kept it,
+    /// and every reuse cost a `recvfrom` answering `EAGAIN`; nginx reuses
+    /// its keep-alive connections without one either).
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.io.poll_read_ready(cx))?;
-            if self.read.capacity() - self.read.len() < READ_ROOM / 4 {
-                self.read.reserve(READ_ROOM);
-            }
-            match self.io.try_read_buf(&mut self.read) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                done => return Poll::Ready(done),
-            }
+        if self.read.capacity() - self.read.len() < READ_ROOM / 4 {
+            self.read.reserve(READ_ROOM);
         }
+        tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut self.io), cx, &mut self.read)
     }
 
     /// Writes the request and reads its response head. The body comes
