@@ -134,8 +134,8 @@ impl Conn {
     /// buffered, and the worker has neither closed it nor sent anything
     /// unasked (one non-blocking read finds nothing to read). The read is
     /// a syscall only when the socket turned readable since its last read
-    /// drained it (tokio's readiness, see [`poll_fill`](Self::poll_fill)),
-    /// so a worker's close is seen once the runtime has taken its event.
+    /// drained it (tokio's readiness, kept by `poll_fill`), so a worker's
+    /// close is seen once the runtime has taken its event.
     pub fn is_reusable(&self) -> bool {
         if !self.read.is_empty() {
             return false;
