@@ -150,14 +150,14 @@ impl Conn {
     /// Through tokio's `poll_read`, which takes a read that left room in
     /// the buffer as proof the socket is drained and forgets its
     /// readiness: the next [`is_reusable`](Self::is_reusable) then answers
-    /// from that readiness, without a syscall (a `try_read` here kept it,
-    /// and every reuse cost a `recvfrom` answering `EAGAIN`; nginx reuses
-    /// its keep-alive connections without one either).
+    /// from that readiness without a syscall. A read that kept the
+    /// readiness would cost every reuse a `recvfrom` answering `EAGAIN`,
+    /// three reads a proxied request where nginx makes two.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.read.capacity() - self.read.len() < READ_ROOM / 4 {
             self.read.reserve(READ_ROOM);
         }
-        tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut self.io), cx, &mut self.read)
+        tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read)
     }
 
     /// Writes the request and reads its response head. The body comes
