@@ -560,14 +560,9 @@ impl PlacementStore for ClusterStore {
     }
 
     async fn open_generation(&self, proposal: &Generation) -> Result<Generation, StoreError> {
-        // The store-wide generation is written last (see the module doc's
-        // "Opening"): found, every shard got its generation before it, so
-        // a shard without one lost its data. Not found, the store is being
-        // opened, by this node and maybe by others at once: a shard takes
-        // whichever cold-start proposal reaches it first, and none of them
-        // is a loss. (Written first, `P{g}` let a node started beside the
-        // opener find shards not written yet and quarantine them for a
-        // loss window: each id's first request through it answered 503.)
+        // The store-wide generation is written last (the module doc's
+        // "Opening"), so only a node that finds it may judge a missing
+        // shard generation a loss.
         let joining = self.global.generation().await?.is_some();
         let now = self.clock.now();
         let (token, _) = proposal.0.rsplit_once('@').unwrap_or((&proposal.0, ""));
