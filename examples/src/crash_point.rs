@@ -110,6 +110,15 @@ impl<S: StateStore> StateStore for AbortAfterWrite<S> {
         self.inner.list(instance, epoch, tray_ns, marked).await
     }
 
+    async fn list_marked_and(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+        tray: TrayKey<'_>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        self.inner.list_marked_and(instance, epoch, tray).await
+    }
+
     async fn apply_batch(
         &self,
         instance: InstanceKey<'_>,

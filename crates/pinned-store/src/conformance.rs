@@ -304,7 +304,7 @@ pub async fn docs_round_trip_exactly(store: Arc<dyn StateStore>, ns: &str) {
 }
 
 /// `list` returns only this instance's rows, byte-ordered by `(tray_ns, tray_id)`, with
-/// the two filters ANDed.
+/// the two filters ANDed; `list_marked_and` the marked ones and one named row, likewise.
 pub async fn list_filters_and_order(store: Arc<dyn StateStore>, ns: &str) {
     let s = store.as_ref();
     // Inserted out of order; byte order puts "A" < "a" < "b" < "~" < "é".
@@ -420,6 +420,48 @@ pub async fn list_filters_and_order(store: Arc<dyn StateStore>, ns: &str) {
         .await
         .unwrap()
         .is_empty());
+
+    // The marked rows and one named row, once, in the same order; fenced like `list`.
+    let marked_and = |tray: (&'static str, &'static str)| {
+        let instance = InstanceKey::new(ns, "i");
+        async move {
+            keys(
+                s.list_marked_and(instance, 3, TrayKey::new(tray.0, tray.1))
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    let with = |extra: Option<(&'static str, &'static str, bool)>| {
+        owned(
+            want.iter()
+                .copied()
+                .filter(|r| r.2 || Some(*r) == extra)
+                .collect(),
+        )
+    };
+    assert_eq!(
+        marked_and(("A", "z")).await,
+        with(Some(("A", "z", false))),
+        "an unmarked row joins the marked ones in order"
+    );
+    assert_eq!(marked_and(("b", "1")).await, with(Some(("b", "1", false))));
+    assert_eq!(
+        marked_and(("a", "1")).await,
+        with(None),
+        "a marked row comes once"
+    );
+    assert_eq!(
+        marked_and(("none", "x")).await,
+        with(None),
+        "an absent row is left out"
+    );
+    assert_fence_lost(
+        s.list_marked_and(InstanceKey::new(ns, "i"), 2, TrayKey::new("A", "z"))
+            .await,
+        &format!("{ns}/i"),
+        2,
+    );
 }
 
 /// A batch applies its ops in order: later ops see earlier ones, deletes included.

@@ -163,6 +163,16 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         self.inner.list(instance, epoch, tray_ns, marked).await
     }
 
+    async fn list_marked_and(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+        tray: TrayKey<'_>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        self.reachable(false)?;
+        self.inner.list_marked_and(instance, epoch, tray).await
+    }
+
     async fn apply_batch(
         &self,
         instance: InstanceKey<'_>,

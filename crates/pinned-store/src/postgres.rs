@@ -98,6 +98,10 @@ WHERE ns = $1 AND id = $2 AND tray_ns = $3 AND tray_id = $4";
 const LIST_TRAYS: &str = "SELECT tray_ns, tray_id, marked, doc FROM pinned_tray_index \
 WHERE ns = $1 AND id = $2 AND ($3::text IS NULL OR tray_ns = $3) \
 AND ($4::boolean IS NULL OR marked = $4) ORDER BY tray_ns COLLATE \"C\", tray_id COLLATE \"C\"";
+/// The marked rows and one named row (`StateStore::list_marked_and`), byte order.
+const LIST_MARKED_AND: &str = "SELECT tray_ns, tray_id, marked, doc FROM pinned_tray_index \
+WHERE ns = $1 AND id = $2 AND (marked OR (tray_ns = $3 AND tray_id = $4)) \
+ORDER BY tray_ns COLLATE \"C\", tray_id COLLATE \"C\"";
 /// One page of a namespace's ids holding rows (`StateStore::instance_ids`), byte order.
 const INSTANCE_IDS: &str = "SELECT DISTINCT id COLLATE \"C\" AS id FROM pinned_tray_index \
 WHERE ns = $1 AND ($2::text IS NULL OR id > $2 COLLATE \"C\") ORDER BY 1 LIMIT $3";
@@ -216,6 +220,10 @@ enum Body<'a> {
         tray_ns: Option<&'a str>,
         marked: Option<bool>,
     },
+    ListMarkedAnd {
+        tray_ns: &'a str,
+        tray_id: &'a str,
+    },
     Batch(&'a [BatchOp]),
     DeleteInstance,
 }
@@ -225,7 +233,10 @@ impl Body<'_> {
     fn is_write(&self) -> bool {
         match self {
             Body::Set { .. } | Body::Delete { .. } | Body::Batch(_) => true,
-            Body::Get { .. } | Body::List { .. } | Body::DeleteInstance => false,
+            Body::Get { .. }
+            | Body::List { .. }
+            | Body::ListMarkedAnd { .. }
+            | Body::DeleteInstance => false,
         }
     }
 }
@@ -281,7 +292,10 @@ impl Body<'_> {
                     }
                 }
             }
-            Body::Get { .. } | Body::List { .. } | Body::DeleteInstance => {}
+            Body::Get { .. }
+            | Body::List { .. }
+            | Body::ListMarkedAnd { .. }
+            | Body::DeleteInstance => {}
         }
         write
     }
@@ -750,20 +764,12 @@ impl PostgresStore {
             Body::List { tray_ns, marked } => {
                 let stmt = conn.prepare_cached(LIST_TRAYS).await?;
                 let rows = conn.query(&stmt, &[&ns, &id, &tray_ns, &marked]).await?;
-                let mut out = Vec::with_capacity(rows.len());
-                for row in rows {
-                    let tray_ns: String = row.try_get(0)?;
-                    let tray_id: String = row.try_get(1)?;
-                    let marked: bool = row.try_get(2)?;
-                    let doc = as_doc(row.try_get(3)?, || format!("{ns}/{id} {tray_ns}/{tray_id}"))?;
-                    out.push(TrayRow {
-                        tray_ns,
-                        tray_id,
-                        marked,
-                        doc,
-                    });
-                }
-                Ok(Output::Rows(out))
+                tray_rows(rows, (ns, id)).map(Output::Rows)
+            }
+            Body::ListMarkedAnd { tray_ns, tray_id } => {
+                let stmt = conn.prepare_cached(LIST_MARKED_AND).await?;
+                let rows = conn.query(&stmt, &[&ns, &id, &tray_ns, &tray_id]).await?;
+                tray_rows(rows, (ns, id)).map(Output::Rows)
             }
             Body::Batch(ops) => {
                 for op in ops {
@@ -864,6 +870,24 @@ async fn delete(
     let stmt = conn.prepare_cached(DELETE_TRAY).await?;
     conn.execute(&stmt, &[&ns, &id, &tray_ns, &tray_id]).await?;
     Ok(())
+}
+
+/// `(tray_ns, tray_id, marked, doc)` rows of instance `(ns, id)`, decoded.
+fn tray_rows(rows: Vec<Row>, (ns, id): (&str, &str)) -> Result<Vec<TrayRow>, StoreError> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let tray_ns: String = row.try_get(0)?;
+        let tray_id: String = row.try_get(1)?;
+        let marked: bool = row.try_get(2)?;
+        let doc = as_doc(row.try_get(3)?, || format!("{ns}/{id} {tray_ns}/{tray_id}"))?;
+        out.push(TrayRow {
+            tray_ns,
+            tray_id,
+            marked,
+            doc,
+        });
+    }
+    Ok(out)
 }
 
 /// A stored `doc` must be a JSON object.
@@ -1019,6 +1043,23 @@ impl StateStore for PostgresStore {
         let InstanceKey { ns, id } = instance;
         match self
             .run(ns, id, epoch, Body::List { tray_ns, marked })
+            .await?
+        {
+            Output::Rows(rows) => Ok(rows),
+            Output::Done | Output::Tray(_) => Ok(Vec::new()),
+        }
+    }
+
+    async fn list_marked_and(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+        tray: TrayKey<'_>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        let InstanceKey { ns, id } = instance;
+        let TrayKey { tray_ns, tray_id } = tray;
+        match self
+            .run(ns, id, epoch, Body::ListMarkedAnd { tray_ns, tray_id })
             .await?
         {
             Output::Rows(rows) => Ok(rows),

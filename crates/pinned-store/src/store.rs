@@ -311,6 +311,37 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
         epoch: u64,
     ) -> Result<(), StoreError>;
 
+    /// Fences, then returns the marked rows of `instance` and the row `tray` whether
+    /// marked or not (once), ordered as [`list`](Self::list): what an activation reads
+    /// before anything of it runs (its pending work and one row of its own) in one call.
+    /// The default makes two calls, `list` of the marked rows then `get_tray`; a backend
+    /// whose every call is a round trip answers both with one.
+    async fn list_marked_and(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+        tray: TrayKey<'_>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        let mut rows = self.list(instance, epoch, None, Some(true)).await?;
+        let wanted = (tray.tray_ns, tray.tray_id);
+        if let Err(at) =
+            rows.binary_search_by(|row| (row.tray_ns.as_str(), row.tray_id.as_str()).cmp(&wanted))
+        {
+            if let Some(found) = self.get_tray(instance, tray, epoch).await? {
+                rows.insert(
+                    at,
+                    TrayRow {
+                        tray_ns: tray.tray_ns.to_owned(),
+                        tray_id: tray.tray_id.to_owned(),
+                        marked: found.marked,
+                        doc: found.doc,
+                    },
+                );
+            }
+        }
+        Ok(rows)
+    }
+
     /// Fences, then deletes every row of `instance` at once (its trays, its
     /// alarm): what is left is an instance never written, except that its
     /// epoch stays, so an older owner still cannot write. Atomic.
@@ -450,6 +481,15 @@ impl<S: StateStore + ?Sized> StateStore for std::sync::Arc<S> {
         epoch: u64,
     ) -> Result<(), StoreError> {
         (**self).apply_batch(instance, ops, epoch).await
+    }
+
+    async fn list_marked_and(
+        &self,
+        instance: InstanceKey<'_>,
+        epoch: u64,
+        tray: TrayKey<'_>,
+    ) -> Result<Vec<TrayRow>, StoreError> {
+        (**self).list_marked_and(instance, epoch, tray).await
     }
 
     async fn delete_instance(

@@ -1578,3 +1578,76 @@ async fn the_storage_inspector_lists_shows_and_steers_one_key_on_the_embedded_st
     assert_eq!(shown["rows"], json!(0), "{shown}");
     assert_eq!(done_list(&w, "p").await["done"], json!([]));
 }
+
+/// An activation reads the id's pause row and its pending work in one
+/// store call, before the object activates, and the trays open from those
+/// rows (no second read of the marked rows); a pause row refuses the
+/// activation with the reference's 503 after that one read.
+#[tokio::test]
+async fn an_activation_reads_its_pause_row_and_pending_work_in_one_store_call() {
+    let setup = sqlite().await;
+    // Work another worker left, and an id an operator paused.
+    seed(
+        &setup.store,
+        "p",
+        "jobs",
+        true,
+        json!({ "queue": ["left"] }),
+    )
+    .await;
+    let serde_json::Value::Object(pause) = json!({ "atMs": 1, "by": "test" }) else {
+        unreachable!()
+    };
+    setup
+        .store
+        .set_tray(
+            InstanceKey::new("/runners", "q"),
+            TrayKey::new("pinned", "paused"),
+            false,
+            pause,
+            0,
+        )
+        .await
+        .unwrap();
+    let counting = Arc::new(support::counting::Counting::new(setup.store.clone()));
+    let lab = Lab::default();
+    let w = worker(counting.clone(), &lab).await;
+    eventually("the left job done", PATIENCE, || async {
+        (done_list(&w, "p").await["done"] == json!(["left"])).then_some(())
+    })
+    .await;
+    let calls = counting.calls("p");
+    assert_eq!(
+        calls.first().map(String::as_str),
+        Some("list_marked_and /runners/p pinned/paused"),
+        "{calls:?}"
+    );
+    assert!(
+        !calls
+            .iter()
+            .any(|call| call.starts_with("list ") && call.ends_with("Some(true)")),
+        "the marked rows are read once: {calls:?}"
+    );
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|call| call.contains("pinned/paused"))
+            .count(),
+        1,
+        "{calls:?}"
+    );
+
+    let (status, body) = json(w.get("/runners/q/done").await).await;
+    assert_eq!(
+        (status, body),
+        (
+            503,
+            json!({ "detail": "instance paused by an operator; resume it to serve" })
+        )
+    );
+    assert_eq!(
+        counting.calls("q"),
+        ["list_marked_and /runners/q pinned/paused"],
+        "nothing of a paused id's activation runs after its read"
+    );
+}

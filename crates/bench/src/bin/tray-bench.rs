@@ -27,6 +27,11 @@
 //!    writes are part of the cost, as in service). Each id's `done` list
 //!    grows by one name per job and every row write carries the whole doc,
 //!    so the rate falls as a run goes on: compare runs of equal `--seconds`.
+//! 3. **activations.** On the same server, one client reads `done` of a
+//!    fresh runner id per request, one after another, for `--seconds`: the
+//!    latency of an activation, its store round trips included (a runner
+//!    with no rows: the reads before its object activates, then its tray's
+//!    row).
 //!
 //! Each figure comes with the server's CPU time (user + system, from
 //! `/proc/<pid>/stat`) per operation over the same window (for admissions
@@ -188,10 +193,14 @@ struct Figures {
     admission_pg: Option<PgCounters>,
     /// Postgres's counters over the drain.
     drain_pg: Option<PgCounters>,
+    /// Activations of fresh ids, one client.
+    activations: Report,
+    /// CPU per activation.
+    activation_cpu: OperationCpu,
 }
 
-/// CPU per admission over the measured window, microseconds.
-struct AdmissionCpu {
+/// CPU per operation over a measured window, microseconds.
+struct OperationCpu {
     /// The server's.
     server: Option<f64>,
     /// This process's: the load generator (a figure counts only if it is
@@ -534,14 +543,14 @@ impl Bench<'_> {
         &self,
         kind: Kind,
         server: &Server,
-    ) -> anyhow::Result<(Report, AdmissionCpu)> {
-        let warmup = Duration::from_secs(self.cli.warmup);
-        let on_postgres = kind != Kind::RustSqlite;
-        let (report, (cpu_before, client_before, pg_before, counters_before)) = tokio::join!(
-            load::run(Load {
+    ) -> anyhow::Result<(Report, OperationCpu)> {
+        self.measured(
+            kind,
+            server,
+            Load {
                 addr: server.addr,
                 connections: self.cli.clients,
-                warmup,
+                warmup: Duration::from_secs(self.cli.warmup),
                 duration: Duration::from_secs(self.cli.seconds),
                 method: Method::POST,
                 paths: Paths::PerConnection {
@@ -551,8 +560,51 @@ impl Bench<'_> {
                 headers: vec![("content-type".to_owned(), "application/json".to_owned())],
                 body: Some(Bytes::from_static(br#"{"name":"x"}"#)),
                 rate: None,
-            }),
-            async {
+            },
+        )
+        .await
+    }
+
+    /// One client reading a fresh runner id per request, with the server's
+    /// CPU per activation over the measured window.
+    async fn activations(
+        &self,
+        kind: Kind,
+        server: &Server,
+    ) -> anyhow::Result<(Report, OperationCpu)> {
+        self.measured(
+            kind,
+            server,
+            Load {
+                addr: server.addr,
+                connections: 1,
+                warmup: Duration::from_secs(self.cli.warmup),
+                duration: Duration::from_secs(self.cli.seconds),
+                method: Method::GET,
+                paths: Paths::Unique {
+                    prefix: format!("{NAMESPACE}/{}{}-n", self.prefix, kind.tag()),
+                    suffix: "/done".to_owned(),
+                },
+                headers: Vec::new(),
+                body: None,
+                rate: None,
+            },
+        )
+        .await
+    }
+
+    /// `load` against `server`, with the CPU each side spent per request
+    /// over its measured window.
+    async fn measured(
+        &self,
+        kind: Kind,
+        server: &Server,
+        load: Load,
+    ) -> anyhow::Result<(Report, OperationCpu)> {
+        let warmup = load.warmup;
+        let on_postgres = kind != Kind::RustSqlite;
+        let (report, (cpu_before, client_before, pg_before, counters_before)) =
+            tokio::join!(load::run(load), async {
                 tokio::time::sleep(warmup).await;
                 (
                     server.cpu_time(),
@@ -560,15 +612,14 @@ impl Bench<'_> {
                     child::cpu_time_of("postgres"),
                     self.pg_counters(on_postgres).await,
                 )
-            }
-        );
+            });
         let report = report?;
         let cpu_after = server.cpu_time();
         let client_after = child::own_cpu_time();
         let pg_after = child::cpu_time_of("postgres");
         let counters = PgCounters::delta(counters_before, self.pg_counters(on_postgres).await);
         let requests = usize::try_from(report.ok + report.errors).unwrap_or(usize::MAX);
-        let cpu = AdmissionCpu {
+        let cpu = OperationCpu {
             server: cpu_us(spent(cpu_before, cpu_after), requests),
             client: cpu_us(spent(client_before, client_after), requests),
             postgres: (kind != Kind::RustSqlite)
@@ -641,6 +692,14 @@ impl Bench<'_> {
                 PgCounters::show(cpu.counters, operations).trim_start_matches(", ")
             );
         }
+        let (activations, activation_cpu) = self.activations(kind, &server).await?;
+        println!(
+            "  activation {activations}  cpu/activation {} (bench client {}, postgres {})  [load {}]",
+            show_cpu(activation_cpu.server),
+            show_cpu(activation_cpu.client),
+            show_cpu(activation_cpu.postgres),
+            load_average(),
+        );
         server.kill().await?;
         Ok(Figures {
             kind,
@@ -651,6 +710,8 @@ impl Bench<'_> {
             admission_pg_cpu_us: cpu.postgres,
             admission_pg: cpu.counters,
             drain_pg,
+            activations,
+            activation_cpu,
         })
     }
 }
@@ -804,12 +865,23 @@ fn summary(figures: &[Figures]) {
             _ => "-".to_owned(),
         };
         println!(
-            "  Rust/Python on Postgres: admissions {:.1}x, dispatches {:.1}x (targets >= 20x, >= 30x); \
-             CPU per operation Python/Rust: admission {}, dispatch {}",
+            "  Rust/Python on Postgres: admissions {:.1}x, dispatches {:.1}x (targets >= 20x, >= 30x), \
+             activations {:.1}x; CPU per operation Python/Rust: admission {}, dispatch {}, activation {}",
             rust.admissions.ratio(&python.admissions),
             ratio(rust.drain.rate(), python.drain.rate()),
+            rust.activations.ratio(&python.activations),
             cpu_ratio(rust.admission_cpu_us, python.admission_cpu_us),
             cpu_ratio(rust.drain.cpu_us, python.drain.cpu_us),
+            cpu_ratio(rust.activation_cpu.server, python.activation_cpu.server),
+        );
+    }
+    for f in figures {
+        println!(
+            "  {:<18} activation of a fresh id, one client: p50 {} us, {:.0}/s, cpu/activation {}",
+            f.kind.label(),
+            f.activations.p50_us,
+            f.activations.rps,
+            show_cpu(f.activation_cpu.server),
         );
     }
     for f in figures.iter().filter(|f| f.kind != Kind::RustSqlite) {

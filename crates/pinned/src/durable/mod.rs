@@ -65,18 +65,22 @@ impl Durable {
 }
 
 impl Durability for Durable {
-    fn admits<'a>(&'a self, record: &'a Arc<Record>) -> BoxFuture<'a, Result<bool, BoxError>> {
-        inspect::admits(&self.holds, &*self.store, record)
-    }
-
-    fn opening(&self, record: &Arc<Record>) {
-        if !self.declared.is_empty() {
-            record.set_trays(InstanceTrays::new(
-                record,
-                self.declared.clone(),
-                self.store.clone(),
-            ));
+    fn open<'a>(&'a self, record: &'a Arc<Record>) -> BoxFuture<'a, Result<bool, BoxError>> {
+        async move {
+            let Some(marked) = inspect::admits(&self.holds, &*self.store, record).await? else {
+                return Ok(false);
+            };
+            if !self.declared.is_empty() {
+                record.set_trays(InstanceTrays::new(
+                    record,
+                    self.declared.clone(),
+                    self.store.clone(),
+                    marked,
+                ));
+            }
+            Ok(true)
         }
+        .boxed()
     }
 
     fn resume<'a>(&'a self, record: &'a Arc<Record>) -> BoxFuture<'a, Result<(), BoxError>> {

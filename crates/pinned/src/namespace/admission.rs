@@ -365,7 +365,7 @@ impl Namespace {
             let slot = task_slot;
             let entry = entry;
             if let Some(durable) = &host.durable {
-                let admits = durable.admits(&slot).await;
+                let admits = durable.open(&slot).await;
                 if !matches!(admits, Ok(true)) {
                     if let Err(error) = &admits {
                         tracing::error!(namespace = %host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&**error), "cannot read whether the instance is paused");
@@ -377,7 +377,6 @@ impl Namespace {
                         Err(_) => Activation::Failed,
                     };
                 }
-                durable.opening(&slot);
             }
             let activate = AssertUnwindSafe(async {
                 let instance = (host.lifecycle.activate)(slot.clone()).await?;

@@ -19,15 +19,13 @@ use crate::BoxError;
 pub(crate) trait Durability: Any + Send + Sync {
     /// Before anything of an activation runs: false when the id is paused
     /// by an operator or held by an operator action under way (the
-    /// activation is then refused with [`Admission::Paused`](super::Admission::Paused)).
-    fn admits<'a>(&'a self, record: &'a Arc<Record>) -> BoxFuture<'a, Result<bool, BoxError>>;
-
-    /// Before the object activates: hang what the instance will hold (its
-    /// trays) on its record.
-    fn opening(&self, record: &Arc<Record>);
+    /// activation is then refused with [`Admission::Paused`](super::Admission::Paused)),
+    /// else hang what the instance will hold (its trays, with the pending
+    /// work read in the same store call) on its record.
+    fn open<'a>(&'a self, record: &'a Arc<Record>) -> BoxFuture<'a, Result<bool, BoxError>>;
 
     /// Once the object's state exists and before the instance serves:
-    /// resume what `opening` hung (the trays' handlers need the object).
+    /// resume what `open` hung (the trays' handlers need the object).
     fn resume<'a>(&'a self, record: &'a Arc<Record>) -> BoxFuture<'a, Result<(), BoxError>>;
 
     /// The instance went live: re-arm its stored timers.

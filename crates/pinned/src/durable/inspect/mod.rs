@@ -9,7 +9,8 @@
 //!
 //! - **Pause**: the unmarked row `("pinned", "paused")`, doc
 //!   `{"atMs": <when>, "by": <who>}`. Every activation of a durable
-//!   namespace reads it first (one point read) and a paused id answers 503
+//!   namespace reads it first (in the same fenced call as the id's marked
+//!   rows, which the trays open afterwards) and a paused id answers 503
 //!   [`PAUSED_DETAIL`]; a resume deletes the row. It lives in the store, so
 //!   it holds on every worker and across restarts.
 //! - **Dead letters**: a skipped head item is acked without its handler
@@ -28,7 +29,7 @@ use dashmap::DashMap;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use http::StatusCode;
-use pinned_store::{InstanceKey, TrayKey};
+use pinned_store::{InstanceKey, TrayKey, TrayRow};
 
 use crate::namespace::Record;
 use crate::response;
@@ -87,20 +88,25 @@ impl Drop for Hold<'_> {
     }
 }
 
-/// Whether `record`'s id may activate: not held here, and no pause row.
+/// Whether `record`'s id may activate (not held here, and no pause row):
+/// `None` when it may not, else its marked rows, read with the pause row in
+/// one fenced call (the activation's pending work).
 pub(crate) fn admits<'a>(
     holds: &'a Holds,
     store: &'a dyn pinned_store::StateStore,
     record: &'a Arc<Record>,
-) -> BoxFuture<'a, Result<bool, BoxError>> {
+) -> BoxFuture<'a, Result<Option<Vec<TrayRow>>, BoxError>> {
     async move {
         if holds.holds(&record.id) {
-            return Ok(false);
+            return Ok(None);
         }
         let epoch = record.epoch().unwrap_or(0);
         let key = InstanceKey::new(&record.host.ns, &record.id);
-        let paused = store.get_tray(key, PAUSE_TRAY, epoch).await?;
-        Ok(paused.is_none())
+        let rows = store.list_marked_and(key, epoch, PAUSE_TRAY).await?;
+        let paused = rows
+            .iter()
+            .any(|row| row.tray_ns == PAUSE_TRAY.tray_ns && row.tray_id == PAUSE_TRAY.tray_id);
+        Ok((!paused).then_some(rows))
     }
     .boxed()
 }

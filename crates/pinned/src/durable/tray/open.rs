@@ -2,9 +2,11 @@
 //! (from a row, or fresh) and hydrated at activation, and how they are
 //! settled at teardown.
 //!
-//! At activation one `list(marked = true)` plus one `list(tray_ns)` per
-//! always-open keyed type fetch every row to open; a marked row with no
-//! declaration, or of the other kind, fails the activation. Openings are
+//! At activation the marked rows (read before the object activated, with
+//! the id's pause row: `StateStore::list_marked_and`) plus one
+//! `list(tray_ns)` per always-open keyed type are every row to open; a
+//! marked row with no declaration, or of the other kind, fails the
+//! activation. Openings are
 //! serialized per instance (they are rare, a store read each), so a key is
 //! never open twice. This module owns the open map and nothing else: the
 //! pump and the write path live with the tray, which reaches back to the
@@ -14,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use pinned_store::{Doc, InstanceKey, StateStore, TrayKey};
+use pinned_store::{Doc, InstanceKey, StateStore, TrayKey, TrayRow};
 
 use super::env::{OpenMap, TrayEnv};
 use super::frontier::Frontier;
@@ -41,6 +43,9 @@ pub(crate) struct InstanceTrays {
     env: TrayEnv,
     open: Mutex<HashMap<Key, Arc<dyn Opened>>>,
     opening: tokio::sync::Mutex<()>,
+    /// The marked rows the activation read, until [`hydrate`](Self::hydrate)
+    /// opens them.
+    marked: Mutex<Vec<TrayRow>>,
 }
 
 impl InstanceTrays {
@@ -54,10 +59,12 @@ impl InstanceTrays {
         record.take_trays()?.downcast().ok()
     }
 
+    /// The trays of `slot`, whose marked rows the activation read (`marked`).
     pub(crate) fn new(
         slot: &Arc<Record>,
         declared: Arc<Declared>,
         store: Arc<dyn StateStore>,
+        marked: Vec<TrayRow>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|map: &Weak<InstanceTrays>| {
             let frontier = Arc::new(Frontier::new(store.clone(), Arc::downgrade(slot)));
@@ -74,6 +81,7 @@ impl InstanceTrays {
                 store,
                 open: Mutex::new(HashMap::new()),
                 opening: tokio::sync::Mutex::new(()),
+                marked: Mutex::new(marked),
             }
         })
     }
@@ -240,17 +248,15 @@ impl InstanceTrays {
     }
 
     /// Opens every marked row and every always-open tray, starting their
-    /// pumps: the activation's share of the trays.
+    /// pumps: the activation's share of the trays. A marked row is the
+    /// instance's own to change, so the rows read before the object
+    /// activated are still its rows: a tray the object opened meanwhile is
+    /// open already and skipped.
     pub(crate) async fn hydrate(self: &Arc<Self>) -> Result<(), TrayError> {
         let slot = self.slot()?;
         let epoch = slot.epoch().unwrap_or(0);
         let (ns, id) = (&slot.host.ns, &slot.id);
-        let mut rows = Self::fenced(
-            &slot,
-            self.store
-                .list(InstanceKey::new(ns, id), epoch, None, Some(true))
-                .await,
-        )?;
+        let mut rows = std::mem::take(&mut *self.marked.lock());
         for spec in &self.declared.specs {
             if spec.always_open && spec.keyed {
                 rows.extend(Self::fenced(
