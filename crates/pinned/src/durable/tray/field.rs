@@ -266,7 +266,8 @@ pub struct Queue<T> {
 /// lends items out only shared, so the text encoded at the first write
 /// stays true; without it a backlog of `n` items cost `n` serializations
 /// a write (`tray-bench --jobs 40000`: half the server's CPU in string
-/// escaping, 158 µs a dispatch against 90 with the text kept).
+/// escaping, 146-156 µs of it a dispatch against 98-131 with the text
+/// kept).
 #[derive(Debug, Clone)]
 struct Queued<T> {
     item: T,
