@@ -5,10 +5,12 @@
 //! A failed write models a crash between two writes (the write is not
 //! applied) or an indeterminate commit (applied, then reported failed); an
 //! outage models an unreachable database. Every other call passes straight
-//! through to the wrapped store.
+//! through to the wrapped store, and each call on an instance is written in
+//! a journal ([`FailingStore::calls`]), for a test that must show which
+//! store calls a path makes.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 
@@ -47,6 +49,8 @@ pub struct FailingStore<S> {
     writes: AtomicUsize,
     failed: AtomicBool,
     outage: AtomicU8,
+    /// `(ns, id, "<method> <what>")` of every call on an instance, in order.
+    journal: Mutex<Vec<(String, String, String)>>,
 }
 
 impl<S: StateStore> FailingStore<S> {
@@ -61,6 +65,7 @@ impl<S: StateStore> FailingStore<S> {
             writes: AtomicUsize::new(0),
             failed: AtomicBool::new(false),
             outage: AtomicU8::new(Outage::None as u8),
+            journal: Mutex::new(Vec::new()),
         }
     }
 
@@ -96,6 +101,27 @@ impl<S: StateStore> FailingStore<S> {
         self.failed.load(Ordering::SeqCst)
     }
 
+    /// The calls made on `instance` so far, in order, each as `"<method>
+    /// <what>"`: `"get_tray <tray_ns>/<tray_id>"`, `"list <tray_ns filter>
+    /// <marked filter>"` (`Debug` of the options), `"list_marked_and
+    /// <tray_ns>/<tray_id>"`, `"apply_batch <n> ops"`, and so on.
+    pub fn calls(&self, instance: InstanceKey<'_>) -> Vec<String> {
+        self.journal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(ns, id, _)| ns == instance.ns && id == instance.id)
+            .map(|(_, _, call)| call.clone())
+            .collect()
+    }
+
+    fn note(&self, instance: InstanceKey<'_>, call: String) {
+        self.journal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((instance.ns.to_owned(), instance.id.to_owned(), call));
+    }
+
     /// Counts a write: `Err` for the chosen one once `apply` ran (when the
     /// failure is after applying) or instead of it. A write an outage
     /// refuses is not counted (it never reached the store).
@@ -128,6 +154,10 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         doc: Doc,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        self.note(
+            instance,
+            format!("set_tray {}/{}", tray.tray_ns, tray.tray_id),
+        );
         self.write(self.inner.set_tray(instance, tray, marked, doc, epoch))
             .await
     }
@@ -138,6 +168,10 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        self.note(
+            instance,
+            format!("delete_tray {}/{}", tray.tray_ns, tray.tray_id),
+        );
         self.write(self.inner.delete_tray(instance, tray, epoch))
             .await
     }
@@ -148,6 +182,10 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         tray: TrayKey<'_>,
         epoch: u64,
     ) -> Result<Option<Tray>, StoreError> {
+        self.note(
+            instance,
+            format!("get_tray {}/{}", tray.tray_ns, tray.tray_id),
+        );
         self.reachable(false)?;
         self.inner.get_tray(instance, tray, epoch).await
     }
@@ -159,6 +197,7 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         tray_ns: Option<&str>,
         marked: Option<bool>,
     ) -> Result<Vec<TrayRow>, StoreError> {
+        self.note(instance, format!("list {tray_ns:?} {marked:?}"));
         self.reachable(false)?;
         self.inner.list(instance, epoch, tray_ns, marked).await
     }
@@ -169,6 +208,10 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         epoch: u64,
         tray: TrayKey<'_>,
     ) -> Result<Vec<TrayRow>, StoreError> {
+        self.note(
+            instance,
+            format!("list_marked_and {}/{}", tray.tray_ns, tray.tray_id),
+        );
         self.reachable(false)?;
         self.inner.list_marked_and(instance, epoch, tray).await
     }
@@ -179,6 +222,7 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         ops: Vec<BatchOp>,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        self.note(instance, format!("apply_batch {} ops", ops.len()));
         self.write(self.inner.apply_batch(instance, ops, epoch))
             .await
     }
@@ -188,6 +232,7 @@ impl<S: StateStore> StateStore for FailingStore<S> {
         instance: InstanceKey<'_>,
         epoch: u64,
     ) -> Result<(), StoreError> {
+        self.note(instance, "delete_instance".to_owned());
         self.write(self.inner.delete_instance(instance, epoch))
             .await
     }

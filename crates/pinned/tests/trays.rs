@@ -1609,17 +1609,17 @@ async fn an_activation_reads_its_pause_row_and_pending_work_in_one_store_call() 
         )
         .await
         .unwrap();
-    let counting = Arc::new(support::counting::Counting::new(setup.store.clone()));
+    let journaled = Arc::new(FailingStore::passing(setup.store.clone()));
     let lab = Lab::default();
-    let w = worker(counting.clone(), &lab).await;
+    let w = worker(journaled.clone(), &lab).await;
     eventually("the left job done", PATIENCE, || async {
         (done_list(&w, "p").await["done"] == json!(["left"])).then_some(())
     })
     .await;
-    let calls = counting.calls("p");
+    let calls = journaled.calls(InstanceKey::new("/runners", "p"));
     assert_eq!(
         calls.first().map(String::as_str),
-        Some("list_marked_and /runners/p pinned/paused"),
+        Some("list_marked_and pinned/paused"),
         "{calls:?}"
     );
     assert!(
@@ -1646,8 +1646,8 @@ async fn an_activation_reads_its_pause_row_and_pending_work_in_one_store_call() 
         )
     );
     assert_eq!(
-        counting.calls("q"),
-        ["list_marked_and /runners/q pinned/paused"],
+        journaled.calls(InstanceKey::new("/runners", "q")),
+        ["list_marked_and pinned/paused"],
         "nothing of a paused id's activation runs after its read"
     );
 }

@@ -11,8 +11,6 @@ use pinned::{BoxError, Context, Object, Options, Worker};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-pub mod counting;
-
 pub struct TestWorker {
     pub url: String,
     pub worker: Worker,
