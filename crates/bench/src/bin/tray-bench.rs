@@ -185,12 +185,8 @@ struct Figures {
     backlog: Backlog,
     drain: Drain,
     admissions: Report,
-    /// Server CPU per admission, microseconds.
-    admission_cpu_us: Option<f64>,
-    /// Postgres's CPU (every `postgres` process) per admission, microseconds.
-    admission_pg_cpu_us: Option<f64>,
-    /// Postgres's counters over the admissions window.
-    admission_pg: Option<PgCounters>,
+    /// CPU per admission, and Postgres's counters over the admissions.
+    admission_cpu: OperationCpu,
     /// Postgres's counters over the drain.
     drain_pg: Option<PgCounters>,
     /// Activations of fresh ids, one client.
@@ -706,9 +702,7 @@ impl Bench<'_> {
             backlog,
             drain,
             admissions,
-            admission_cpu_us: cpu.server,
-            admission_pg_cpu_us: cpu.postgres,
-            admission_pg: cpu.counters,
+            admission_cpu: cpu,
             drain_pg,
             activations,
             activation_cpu,
@@ -850,11 +844,11 @@ fn summary(figures: &[Figures]) {
             "  {:<18} {:>13.0} {:>14} {:>13.0} {:>14} {:>12.0} {:>13}",
             f.kind.label(),
             f.admissions.rps,
-            show_cpu(f.admission_cpu_us),
+            show_cpu(f.admission_cpu.server),
             f.drain.rate(),
             show_cpu(f.drain.cpu_us),
             f.backlog.jobs as f64 / f.backlog.elapsed.as_secs_f64().max(1e-9),
-            show_cpu(f.admission_pg_cpu_us),
+            show_cpu(f.admission_cpu.postgres),
         );
     }
     let find = |kind| figures.iter().find(|f| f.kind == kind);
@@ -870,7 +864,7 @@ fn summary(figures: &[Figures]) {
             rust.admissions.ratio(&python.admissions),
             ratio(rust.drain.rate(), python.drain.rate()),
             rust.activations.ratio(&python.activations),
-            cpu_ratio(rust.admission_cpu_us, python.admission_cpu_us),
+            cpu_ratio(rust.admission_cpu.server, python.admission_cpu.server),
             cpu_ratio(rust.drain.cpu_us, python.drain.cpu_us),
             cpu_ratio(rust.activation_cpu.server, python.activation_cpu.server),
         );
@@ -889,7 +883,7 @@ fn summary(figures: &[Figures]) {
         println!(
             "  {:<18} Postgres per admission{}; per dispatch{}",
             f.kind.label(),
-            PgCounters::show(f.admission_pg, admitted).trim_start_matches(','),
+            PgCounters::show(f.admission_cpu.counters, admitted).trim_start_matches(','),
             PgCounters::show(f.drain_pg, f.drain.drained).trim_start_matches(','),
         );
     }
