@@ -365,14 +365,14 @@ impl Namespace {
             let slot = task_slot;
             let entry = entry;
             if let Some(durable) = &host.durable {
-                let admits = durable.open(&slot).await;
-                if !matches!(admits, Ok(true)) {
-                    if let Err(error) = &admits {
+                let opened = durable.open(&slot).await;
+                if !matches!(opened, Ok(true)) {
+                    if let Err(error) = &opened {
                         tracing::error!(namespace = %host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&**error), "cannot read whether the instance is paused");
                     }
                     slot.cancel();
                     host.remove(&slot);
-                    return match admits {
+                    return match opened {
                         Ok(_) => Activation::Paused,
                         Err(_) => Activation::Failed,
                     };
