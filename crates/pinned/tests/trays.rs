@@ -1595,16 +1595,13 @@ async fn an_activation_reads_its_pause_row_and_pending_work_in_one_store_call() 
         json!({ "queue": ["left"] }),
     )
     .await;
-    let serde_json::Value::Object(pause) = json!({ "atMs": 1, "by": "test" }) else {
-        unreachable!()
-    };
     setup
         .store
         .set_tray(
             InstanceKey::new("/runners", "q"),
             TrayKey::new("pinned", "paused"),
             false,
-            pause,
+            pinned::pinned_store::conformance::doc(json!({ "atMs": 1, "by": "test" })),
             0,
         )
         .await

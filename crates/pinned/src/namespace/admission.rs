@@ -368,7 +368,7 @@ impl Namespace {
                 let opened = durable.open(&slot).await;
                 if !matches!(opened, Ok(true)) {
                     if let Err(error) = &opened {
-                        tracing::error!(namespace = %host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&**error), "cannot read whether the instance is paused");
+                        tracing::error!(namespace = %host.ns, id = %slot.id, error = %pinned_edge::logging::Chain(&**error), "cannot read the instance's pause row and pending tray rows");
                     }
                     slot.cancel();
                     host.remove(&slot);
