@@ -36,12 +36,19 @@ pub enum Paths {
         suffix: String,
     },
     /// `prefix + c + suffix` for connection `c` (an id of its own per
-    /// connection, reused by each of its requests).
+    /// connection, reused by each of its requests), or, with `per_id`,
+    /// `prefix + c + "-" + g + suffix`: the connection moves to a fresh id
+    /// (`g` counts up from 0) after every `per_id` requests, so the work
+    /// behind one request does not grow with how many the server answered
+    /// before it.
     PerConnection {
         /// Before the connection's number.
         prefix: String,
         /// After the connection's number.
         suffix: String,
+        /// Requests one id receives before its connection moves on (`None`:
+        /// one id for the whole run; `Some(0)` counts as `Some(1)`).
+        per_id: Option<u64>,
     },
 }
 
@@ -209,6 +216,7 @@ async fn connection(
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let host = load.addr.to_string();
+    let mut sent = 0u64;
     loop {
         let now = Instant::now();
         if now >= end {
@@ -222,8 +230,18 @@ async fn connection(
                     counter.fetch_add(1, Ordering::Relaxed)
                 )
             }
-            Paths::PerConnection { prefix, suffix } => format!("{prefix}{lane}{suffix}"),
+            Paths::PerConnection {
+                prefix,
+                suffix,
+                per_id: None,
+            } => format!("{prefix}{lane}{suffix}"),
+            Paths::PerConnection {
+                prefix,
+                suffix,
+                per_id: Some(per_id),
+            } => format!("{prefix}{lane}-{}{suffix}", sent / (*per_id).max(1)),
         };
+        sent += 1;
         let mut request = Request::builder()
             .method(load.method.clone())
             .uri(path)

@@ -21,12 +21,20 @@
 //!    Python reference refuses activations beyond its queue, asking for a
 //!    retry) is retried after `--poll-ms`, inside the clock, and counted.
 //! 2. **admissions/s.** On that second server, `--clients` closed-loop
-//!    keep-alive connections each enqueue into a runner id of their own;
-//!    every answer waits until the admission is durable. The handler does no
+//!    keep-alive connections each enqueue into a runner id of their own,
+//!    and move to a fresh runner after `--jobs-per-runner` jobs; every
+//!    answer waits until the admission is durable. The handler does no
 //!    work, so each job is also dispatched while admissions go on (its
 //!    writes are part of the cost, as in service). Each id's `done` list
-//!    grows by one name per job and every row write carries the whole doc,
-//!    so the rate falls as a run goes on: compare runs of equal `--seconds`.
+//!    grows by one name per job and every row write carries the whole doc
+//!    (the reference's row), which Postgres parses again at each write, so
+//!    a runner's cost per admission grows with the jobs it took. The
+//!    turnover gives both servers rows of the same sizes, whatever their
+//!    speed. A second run keeps one runner per client for the whole run, as
+//!    this bench did before: there the faster server's rows grow faster
+//!    (Rust's runners end near 1 700 names where the reference's end near
+//!    120), so its figure mixes speed with row size. It is printed beside
+//!    the first, never instead of it.
 //! 3. **activations.** On the same server, one client reads `done` of a
 //!    fresh runner id per request, one after another, for `--seconds`: the
 //!    latency of an activation, its store round trips included (a runner
@@ -103,6 +111,11 @@ struct Cli {
     /// Measured seconds of the admissions run.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// Jobs an admissions client sends one runner before it moves to a
+    /// fresh one (its activation is part of the run); 0 skips that run and
+    /// keeps only the one with a runner per client for the whole run.
+    #[arg(long, default_value_t = 200)]
+    jobs_per_runner: u64,
     /// Warm-up seconds of the admissions run.
     #[arg(long, default_value_t = 1)]
     warmup: u64,
@@ -184,15 +197,43 @@ struct Figures {
     kind: Kind,
     backlog: Backlog,
     drain: Drain,
-    admissions: Report,
-    /// CPU per admission, and Postgres's counters over the admissions.
-    admission_cpu: OperationCpu,
+    /// Admissions with runners of at most `--jobs-per-runner` jobs (`None`
+    /// when that is 0).
+    admissions: Option<(Report, OperationCpu)>,
+    /// Admissions with one runner per client for the whole run.
+    growing: (Report, OperationCpu),
     /// Postgres's counters over the drain.
     drain_pg: Option<PgCounters>,
     /// Activations of fresh ids, one client.
     activations: Report,
     /// CPU per activation.
     activation_cpu: OperationCpu,
+}
+
+impl Figures {
+    /// The admissions figure that compares servers: runners of
+    /// `--jobs-per-runner` jobs, else the run with a runner per client.
+    fn admissions(&self) -> &(Report, OperationCpu) {
+        self.admissions.as_ref().unwrap_or(&self.growing)
+    }
+}
+
+/// One admissions run's lines: its figures and, on Postgres, its counters.
+fn show_admissions(shape: &str, (report, cpu): &(Report, OperationCpu), on_postgres: bool) {
+    println!(
+        "  admission  {report}  cpu/admission {} (bench client {}, postgres {})  [{shape}; load {}]",
+        show_cpu(cpu.server),
+        show_cpu(cpu.client),
+        show_cpu(cpu.postgres),
+        load_average(),
+    );
+    if on_postgres {
+        let operations = usize::try_from(report.ok + report.errors).unwrap_or(usize::MAX);
+        println!(
+            "            {}",
+            PgCounters::show(cpu.counters, operations).trim_start_matches(", ")
+        );
+    }
 }
 
 /// CPU per operation over a measured window, microseconds.
@@ -533,13 +574,16 @@ impl Bench<'_> {
         })
     }
 
-    /// Closed-loop admissions, one runner id per client, with the server's
-    /// CPU per admission over the measured window.
+    /// Closed-loop admissions, one runner id per client at a time (a fresh
+    /// one after every `per_id` jobs, or one for the whole run), with the
+    /// server's CPU per admission over the measured window.
     async fn admissions(
         &self,
         kind: Kind,
         server: &Server,
+        per_id: Option<u64>,
     ) -> anyhow::Result<(Report, OperationCpu)> {
+        let shape = if per_id.is_some() { "a" } else { "g" };
         self.measured(
             kind,
             server,
@@ -550,8 +594,9 @@ impl Bench<'_> {
                 duration: Duration::from_secs(self.cli.seconds),
                 method: Method::POST,
                 paths: Paths::PerConnection {
-                    prefix: format!("{NAMESPACE}/{}{}-a", self.prefix, kind.tag()),
+                    prefix: format!("{NAMESPACE}/{}{}-{shape}", self.prefix, kind.tag()),
                     suffix: "/enqueue".to_owned(),
+                    per_id,
                 },
                 headers: vec![("content-type".to_owned(), "application/json".to_owned())],
                 body: Some(Bytes::from_static(br#"{"name":"x"}"#)),
@@ -671,23 +716,18 @@ impl Bench<'_> {
                 drain.wrong.join(", ")
             );
         }
+        let per_runner = self.cli.jobs_per_runner;
+        let admissions = if per_runner > 0 {
+            self.vacuum_unless_autovacuum().await?;
+            let run = self.admissions(kind, &server, Some(per_runner)).await?;
+            show_admissions(&format!("runners of {per_runner} jobs"), &run, on_postgres);
+            Some(run)
+        } else {
+            None
+        };
         self.vacuum_unless_autovacuum().await?;
-        let (admissions, cpu) = self.admissions(kind, &server).await?;
-        println!(
-            "  admission  {admissions}  cpu/admission {} (bench client {}, postgres {})  [load {}]",
-            show_cpu(cpu.server),
-            show_cpu(cpu.client),
-            show_cpu(cpu.postgres),
-            load_average(),
-        );
-        if on_postgres {
-            let operations =
-                usize::try_from(admissions.ok + admissions.errors).unwrap_or(usize::MAX);
-            println!(
-                "            {}",
-                PgCounters::show(cpu.counters, operations).trim_start_matches(", ")
-            );
-        }
+        let growing = self.admissions(kind, &server, None).await?;
+        show_admissions("a runner per client", &growing, on_postgres);
         let (activations, activation_cpu) = self.activations(kind, &server).await?;
         println!(
             "  activation {activations}  cpu/activation {} (bench client {}, postgres {})  [load {}]",
@@ -702,7 +742,7 @@ impl Bench<'_> {
             backlog,
             drain,
             admissions,
-            admission_cpu: cpu,
+            growing,
             drain_pg,
             activations,
             activation_cpu,
@@ -827,28 +867,31 @@ async fn clean_up(url: &str, prefix: &str) -> anyhow::Result<(u64, u64)> {
     Ok((trays, epochs))
 }
 
-fn summary(figures: &[Figures]) {
+fn summary(figures: &[Figures], per_runner: u64) {
     println!("\nsummary");
     println!(
-        "  {:<18} {:>13} {:>14} {:>13} {:>14} {:>12} {:>13}",
+        "  {:<18} {:>13} {:>14} {:>13} {:>13} {:>14} {:>12} {:>13}",
         "server",
         "admissions/s",
         "cpu/admission",
+        "(one runner)",
         "dispatches/s",
         "cpu/dispatch",
         "backlog in/s",
         "pg/admission"
     );
     for f in figures {
+        let (admissions, admission_cpu) = f.admissions();
         println!(
-            "  {:<18} {:>13.0} {:>14} {:>13.0} {:>14} {:>12.0} {:>13}",
+            "  {:<18} {:>13.0} {:>14} {:>13.0} {:>13.0} {:>14} {:>12.0} {:>13}",
             f.kind.label(),
-            f.admissions.rps,
-            show_cpu(f.admission_cpu.server),
+            admissions.rps,
+            show_cpu(admission_cpu.server),
+            f.growing.0.rps,
             f.drain.rate(),
             show_cpu(f.drain.cpu_us),
             f.backlog.jobs as f64 / f.backlog.elapsed.as_secs_f64().max(1e-9),
-            show_cpu(f.admission_cpu.postgres),
+            show_cpu(admission_cpu.postgres),
         );
     }
     let find = |kind| figures.iter().find(|f| f.kind == kind);
@@ -858,13 +901,21 @@ fn summary(figures: &[Figures]) {
             (Some(rust), Some(python)) if rust > 0.0 => format!("{:.1}x", python / rust),
             _ => "-".to_owned(),
         };
+        let shapes = if per_runner > 0 {
+            format!(
+                "runners of {per_runner} jobs; {:.1}x with a runner per client",
+                rust.growing.0.ratio(&python.growing.0)
+            )
+        } else {
+            "a runner per client".to_owned()
+        };
         println!(
-            "  Rust/Python on Postgres: admissions {:.1}x, dispatches {:.1}x (targets >= 20x, >= 30x), \
+            "  Rust/Python on Postgres: admissions {:.1}x ({shapes}), dispatches {:.1}x (targets >= 20x, >= 30x), \
              activations {:.1}x; CPU per operation Python/Rust: admission {}, dispatch {}, activation {}",
-            rust.admissions.ratio(&python.admissions),
+            rust.admissions().0.ratio(&python.admissions().0),
             ratio(rust.drain.rate(), python.drain.rate()),
             rust.activations.ratio(&python.activations),
-            cpu_ratio(rust.admission_cpu.server, python.admission_cpu.server),
+            cpu_ratio(rust.admissions().1.server, python.admissions().1.server),
             cpu_ratio(rust.drain.cpu_us, python.drain.cpu_us),
             cpu_ratio(rust.activation_cpu.server, python.activation_cpu.server),
         );
@@ -879,11 +930,12 @@ fn summary(figures: &[Figures]) {
         );
     }
     for f in figures.iter().filter(|f| f.kind != Kind::RustSqlite) {
-        let admitted = usize::try_from(f.admissions.ok + f.admissions.errors).unwrap_or(usize::MAX);
+        let (admissions, admission_cpu) = f.admissions();
+        let admitted = usize::try_from(admissions.ok + admissions.errors).unwrap_or(usize::MAX);
         println!(
             "  {:<18} Postgres per admission{}; per dispatch{}",
             f.kind.label(),
-            PgCounters::show(f.admission_cpu.counters, admitted).trim_start_matches(','),
+            PgCounters::show(admission_cpu.counters, admitted).trim_start_matches(','),
             PgCounters::show(f.drain_pg, f.drain.drained).trim_start_matches(','),
         );
     }
@@ -909,10 +961,12 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
     };
     println!(
         "tray-bench: dispatch drains a backlog of {} jobs over {} ids; admissions from {} clients \
-         (an id each) for {} s after {} s warm-up; Postgres {}; ids {}*; loopback, {} CPUs",
+         (an id each, a fresh one every {} jobs, then one for the whole run) for {} s after {} s warm-up; \
+         Postgres {}; ids {}*; loopback, {} CPUs",
         cli.jobs,
         cli.ids,
         cli.clients,
+        cli.jobs_per_runner,
         cli.seconds,
         cli.warmup,
         cli.database_url,
@@ -959,7 +1013,7 @@ async fn run(cli: &Cli) -> anyhow::Result<()> {
         }
     }
     if !figures.is_empty() {
-        summary(&figures);
+        summary(&figures, cli.jobs_per_runner);
     }
     match clean_up(&cli.database_url, &bench.prefix).await {
         Ok((trays, epochs)) => println!(
