@@ -52,6 +52,33 @@ pub enum Paths {
     },
 }
 
+impl Paths {
+    /// The path of connection `lane`'s request number `sent` (from 0);
+    /// `counter` numbers the fresh ids of [`Paths::Unique`] across
+    /// connections.
+    fn nth(&self, lane: usize, sent: u64, counter: &AtomicU64) -> String {
+        match self {
+            Self::Fixed(path) => path.clone(),
+            Self::Unique { prefix, suffix } => {
+                format!(
+                    "{prefix}{}{suffix}",
+                    counter.fetch_add(1, Ordering::Relaxed)
+                )
+            }
+            Self::PerConnection {
+                prefix,
+                suffix,
+                per_id: None,
+            } => format!("{prefix}{lane}{suffix}"),
+            Self::PerConnection {
+                prefix,
+                suffix,
+                per_id: Some(per_id),
+            } => format!("{prefix}{lane}-{}{suffix}", sent / (*per_id).max(1)),
+        }
+    }
+}
+
 /// One load run.
 #[derive(Clone, Debug)]
 pub struct Load {
@@ -222,25 +249,7 @@ async fn connection(
         if now >= end {
             break;
         }
-        let path = match &load.paths {
-            Paths::Fixed(path) => path.clone(),
-            Paths::Unique { prefix, suffix } => {
-                format!(
-                    "{prefix}{}{suffix}",
-                    counter.fetch_add(1, Ordering::Relaxed)
-                )
-            }
-            Paths::PerConnection {
-                prefix,
-                suffix,
-                per_id: None,
-            } => format!("{prefix}{lane}{suffix}"),
-            Paths::PerConnection {
-                prefix,
-                suffix,
-                per_id: Some(per_id),
-            } => format!("{prefix}{lane}-{}{suffix}", sent / (*per_id).max(1)),
-        };
+        let path = load.paths.nth(lane, sent, &counter);
         sent += 1;
         let mut request = Request::builder()
             .method(load.method.clone())
@@ -296,4 +305,50 @@ async fn connection(
         }
     }
     Ok((histogram, ok, errors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn per_connection(per_id: Option<u64>) -> Paths {
+        Paths::PerConnection {
+            prefix: "/runners/r".to_owned(),
+            suffix: "/enqueue".to_owned(),
+            per_id,
+        }
+    }
+
+    #[test]
+    fn a_connection_moves_to_a_fresh_id_after_per_id_requests() {
+        let counter = AtomicU64::new(0);
+        let paths = per_connection(Some(3));
+        let ids: Vec<String> = (0..7).map(|sent| paths.nth(2, sent, &counter)).collect();
+        assert_eq!(
+            ids,
+            [
+                "/runners/r2-0/enqueue",
+                "/runners/r2-0/enqueue",
+                "/runners/r2-0/enqueue",
+                "/runners/r2-1/enqueue",
+                "/runners/r2-1/enqueue",
+                "/runners/r2-1/enqueue",
+                "/runners/r2-2/enqueue",
+            ]
+        );
+        // Another connection never shares an id with this one.
+        assert_eq!(paths.nth(12, 0, &counter), "/runners/r12-0/enqueue");
+        assert_ne!(paths.nth(1, 20, &counter), paths.nth(12, 0, &counter));
+    }
+
+    #[test]
+    fn without_per_id_a_connection_keeps_one_id() {
+        let counter = AtomicU64::new(0);
+        let paths = per_connection(None);
+        assert_eq!(paths.nth(4, 0, &counter), "/runners/r4/enqueue");
+        assert_eq!(paths.nth(4, 1_000, &counter), "/runners/r4/enqueue");
+        // Zero counts as one request per id, not a division by zero.
+        let zero = per_connection(Some(0));
+        assert_eq!(zero.nth(4, 5, &counter), "/runners/r4-5/enqueue");
+    }
 }
