@@ -630,7 +630,11 @@ async fn the_references_contract_holds_on_the_sweep_lane_port_after_a_crash_at_e
     assert_eq!(clean.lanes["relay"].acked, [201, 202, 209]);
     assert_eq!(clean.lanes["k2"].acked, [102]);
     eprintln!("a clean run makes {writes} writes");
-    assert!(writes >= 20, "{writes} writes");
+    // How many writes carry the workload depends on how the scheduler lets
+    // them coalesce (19 to 25 on 2 cores): the acked lists above show it ran
+    // whole, and this floor only catches a crash loop grown too short to
+    // cover its phases.
+    assert!(writes >= 15, "{writes} writes");
     let mut runs = vec![clean];
     for applied in [false, true] {
         for fail_at in 1..=writes + 1 {
