@@ -35,7 +35,7 @@
 //!    Python reference takes about 90 jobs a client). A second run keeps one
 //!    runner per client for the whole run, as this bench did before: there
 //!    the faster server's rows grow faster (in one run the Rust example's
-//!    runners ended near 1 700 names, the reference's near 120), so its
+//!    runners ended near 1 500 names, the reference's near 90), so its
 //!    figure mixes speed with row size. It is printed beside the first,
 //!    never instead of it.
 //! 3. **activations.** On the same server, one client reads `done` of a
