@@ -40,6 +40,13 @@ pub struct TrayRow {
     pub doc: Doc,
 }
 
+impl TrayRow {
+    /// The row's key; keys order as [`StateStore::list`] orders rows.
+    pub fn key(&self) -> TrayKey<'_> {
+        TrayKey::new(&self.tray_ns, &self.tray_id)
+    }
+}
+
 /// The alarm row's tray namespace (wire.md §12.5): an instance's alarm is the row
 /// `(ns, id, ALARM_TRAY_NS, ALARM_TRAY_ID)` with doc `{"at": <epoch ms>, "nonce": <id>}`.
 pub const ALARM_TRAY_NS: &str = "pinned";
@@ -323,10 +330,7 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
         tray: TrayKey<'_>,
     ) -> Result<Vec<TrayRow>, StoreError> {
         let mut rows = self.list(instance, epoch, None, Some(true)).await?;
-        let wanted = (tray.tray_ns, tray.tray_id);
-        if let Err(at) =
-            rows.binary_search_by(|row| (row.tray_ns.as_str(), row.tray_id.as_str()).cmp(&wanted))
-        {
+        if let Err(at) = rows.binary_search_by(|row| row.key().cmp(&tray)) {
             if let Some(found) = self.get_tray(instance, tray, epoch).await? {
                 rows.insert(
                     at,

@@ -202,7 +202,7 @@ struct Figures {
     drain: Drain,
     /// Admissions with runners of at most `--jobs-per-runner` jobs (`None`
     /// when that is 0).
-    admissions: Option<(Report, OperationCpu)>,
+    turnover: Option<(Report, OperationCpu)>,
     /// Admissions with one runner per client for the whole run.
     growing: (Report, OperationCpu),
     /// Postgres's counters over the drain.
@@ -217,7 +217,7 @@ impl Figures {
     /// The admissions figure that compares servers: runners of
     /// `--jobs-per-runner` jobs, else the run with a runner per client.
     fn admissions(&self) -> &(Report, OperationCpu) {
-        self.admissions.as_ref().unwrap_or(&self.growing)
+        self.turnover.as_ref().unwrap_or(&self.growing)
     }
 }
 
@@ -720,7 +720,7 @@ impl Bench<'_> {
             );
         }
         let per_runner = self.cli.jobs_per_runner;
-        let admissions = if per_runner > 0 {
+        let turnover = if per_runner > 0 {
             self.vacuum_unless_autovacuum().await?;
             let run = self.admissions(kind, &server, Some(per_runner)).await?;
             show_admissions(&format!("runners of {per_runner} jobs"), &run, on_postgres);
@@ -744,7 +744,7 @@ impl Bench<'_> {
             kind,
             backlog,
             drain,
-            admissions,
+            turnover,
             growing,
             drain_pg,
             activations,

@@ -103,9 +103,7 @@ pub(crate) fn admits<'a>(
         let epoch = record.epoch().unwrap_or(0);
         let key = InstanceKey::new(&record.host.ns, &record.id);
         let rows = store.list_marked_and(key, epoch, PAUSE_TRAY).await?;
-        let paused = rows
-            .iter()
-            .any(|row| row.tray_ns == PAUSE_TRAY.tray_ns && row.tray_id == PAUSE_TRAY.tray_id);
+        let paused = rows.iter().any(|row| row.key() == PAUSE_TRAY);
         Ok((!paused).then_some(rows))
     }
     .boxed()
